@@ -1,0 +1,218 @@
+"""The one frozen run configuration, and how it is resolved from its sources.
+
+Precedence, lowest to highest: field defaults < YAML file (``--config``) <
+flagfile and command line (command line last, so it wins). Only the
+entrypoint (``tfgpu.train``) talks to absl; it hands this module a dict of
+the flags the user set explicitly. Every field becomes a flag of the same
+name, with the help text and group given here.
+"""
+import dataclasses
+import os
+import typing
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A bad option value; ``flag`` names the option so the user knows what to fix."""
+
+    def __init__(self, flag: str, message: str):
+        super().__init__(f"--{flag}: {message}")
+        self.flag = flag
+
+
+def _opt(default, help: str, group: str, choices: tuple | None = None):
+    return dataclasses.field(default=default, metadata={"help": help, "group": group, "choices": choices})
+
+
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker_mirrored")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    # -- experiment ---------------------------------------------------------
+    task: str = _opt("classification", "What a step computes: classification or gan.", "experiment")
+    model_dir: str = _opt("", "Directory for checkpoints, summaries, config.yaml and metrics.json. Required.", "experiment")
+    seed: int = _opt(42, "Seed for weights, data order and augmentation.", "experiment")
+    deterministic: bool = _opt(False, "Bit-reproducible run: op determinism and a deterministic input pipeline "
+                               "(slower; same flags give the same weights).", "experiment")
+    train_steps: int = _opt(0, "Optimizer steps to train; wins over --epochs when > 0.", "experiment")
+    epochs: float = _opt(1.0, "Passes over the train split, used when --train_steps is 0.", "experiment")
+    steps_per_loop: int = _opt(100, "Train steps inside one tf.function call (one host round trip).", "experiment")
+    checkpoint_every_steps: int = _opt(1000, "Save a checkpoint every N steps (and always at the end); 0 = end only.",
+                                       "experiment")
+    keep_checkpoints: int = _opt(3, "How many recent checkpoints to keep.", "experiment")
+    eval_every_steps: int = _opt(0, "Evaluate every N steps (and always at the end); 0 = end only.", "experiment")
+    eval_steps: int = _opt(0, "Eval batches per evaluation; 0 = the whole eval split exactly once.", "experiment")
+    # -- distribute ---------------------------------------------------------
+    distribution_strategy: str = _opt("auto", "auto: multi_worker_mirrored when the cluster has more than one worker, "
+                                      "mirrored when more than one GPU is visible, else one_device.", "distribute",
+                                      STRATEGIES)
+    num_gpus: int = _opt(-1, "GPUs to use on this host; -1 = all visible.", "distribute")
+    all_reduce_alg: str = _opt("", "Cross-device all-reduce: nccl|hierarchical_copy (mirrored), auto|ring|nccl "
+                               "(multi_worker_mirrored); empty = TensorFlow's default.", "distribute",
+                               ("", "nccl", "hierarchical_copy", "auto", "ring"))
+    cpu_logical_devices: int = _opt(0, "Split the CPU into N logical devices so mirrored runs N replicas on CPU "
+                                    "(testing without GPUs); 0 = off.", "distribute")
+    gpu_memory_growth: bool = _opt(True, "Allocate GPU memory as needed instead of all at start.", "distribute")
+    # -- precision ----------------------------------------------------------
+    precision: str = _opt("float32", "Compute dtype policy; logits and losses stay float32.", "precision", PRECISIONS)
+    jit_compile: bool = _opt(False, "Compile the replica step with XLA (takes effect under every strategy).",
+                             "precision")
+    initial_loss_scale: float = _opt(32768.0, "Starting dynamic loss scale for mixed_float16.", "precision")
+    loss_scale_growth_steps: int = _opt(2000, "Finite steps before the float16 loss scale doubles.", "precision")
+    # -- data ---------------------------------------------------------------
+    dataset: str = _opt("", "Built-in dataset (digits, synthetic) or tfds:NAME; ignored when --data_dir is set.",
+                        "data")
+    data_dir: str = _opt("", "A dataset converted by tfgpu.convert (directory with dataset.json).", "data")
+    data_cache_dir: str = _opt("", "Where built-in datasets are converted to TFRecords once; "
+                               "default $TFGPU_DATA_CACHE or ~/.cache/tfgpu.", "data")
+    train_split: str = _opt("train", "Split to train on.", "data")
+    eval_split: str = _opt("", "Split to evaluate on; empty = val, validation or test, whichever exists; "
+                           "'none' = no evaluation.", "data")
+    image_size: int = _opt(0, "Training crop size in pixels; 0 = the dataset's own size.", "data")
+    global_batch_size: int = _opt(128, "Examples per optimizer step, summed over all replicas.", "data")
+    eval_batch_size: int = _opt(0, "Global eval batch; 0 = --global_batch_size.", "data")
+    augment: str = _opt("none", "Training augmentation: none, flip, cifar (pad-crop-flip), "
+                        "imagenet (random-resized-crop + flip).", "data", ("none", "flip", "cifar", "imagenet"))
+    shuffle_buffer: int = _opt(10000, "Records in the shuffle buffer (per input pipeline).", "data")
+    cache: bool = _opt(False, "Cache decoded eval data and encoded train records in memory.", "data")
+    # -- model --------------------------------------------------------------
+    model: str = _opt("resnet20", "Registered model name (see tfgpu.models.list_models()).", "model")
+    num_classes: int = _opt(0, "Classes; 0 = from the dataset manifest.", "model")
+    sync_batch_norm: bool = _opt(False, "Synchronize BatchNorm statistics across replicas.", "model")
+    zero_init_residual: bool = _opt(False, "Zero-init the last BN gamma of each residual block.", "model")
+    # -- optimizer ----------------------------------------------------------
+    optimizer: str = _opt("sgd", "sgd (with momentum), adam or adamw.", "optimizer", ("sgd", "adam", "adamw"))
+    base_learning_rate: float = _opt(0.1, "Learning rate per 256 examples; scaled linearly with "
+                                     "--global_batch_size.", "optimizer")
+    lr_schedule: str = _opt("cosine", "After warmup: cosine decay to 0, step decay, or constant.", "optimizer",
+                            ("cosine", "step", "constant"))
+    warmup_epochs: float = _opt(0.0, "Linear warmup length in epochs.", "optimizer")
+    warmup_steps: int = _opt(0, "Linear warmup length in steps; wins over --warmup_epochs when > 0.", "optimizer")
+    lr_decay_epochs: tuple = _opt((), "Epochs at which the step schedule multiplies the LR by --lr_decay_factor "
+                                  "(comma separated).", "optimizer")
+    lr_decay_factor: float = _opt(0.1, "Step schedule decay factor.", "optimizer")
+    momentum: float = _opt(0.9, "SGD momentum.", "optimizer")
+    nesterov: bool = _opt(False, "Nesterov momentum for sgd.", "optimizer")
+    weight_decay: float = _opt(0.0, "Decoupled weight decay; never applied to BatchNorm parameters or biases.",
+                               "optimizer")
+    label_smoothing: float = _opt(0.0, "Label smoothing for the cross-entropy loss.", "optimizer")
+    grad_clip_norm: float = _opt(0.0, "Clip the all-reduced gradient to this global norm; 0 = off.", "optimizer")
+    grad_accum_steps: int = _opt(1, "Split each per-replica batch into N micro-batches and sum their gradients "
+                                 "(same step, 1/N activation memory).", "optimizer")
+    # -- output -------------------------------------------------------------
+    tensorboard: bool = _opt(True, "Write TensorBoard scalars to <model_dir>/summaries.", "output")
+    verbose: int = _opt(-1, "Progress output: 0 silent, 1 progress bar, 2 one line per loop; "
+                        "-1 = bar on a terminal, lines otherwise.", "output", (-1, 0, 1, 2))
+
+    # -- derived values -----------------------------------------------------
+    @property
+    def compute_dtype(self) -> str:
+        return {"float32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}[self.precision]
+
+    def validate(self) -> "Config":
+        """Checks values that need no runtime; raises ConfigError naming the flag."""
+        if not self.model_dir:
+            raise ConfigError("model_dir", "is required (where checkpoints and metrics go)")
+        for name in ("global_batch_size", "steps_per_loop", "keep_checkpoints", "grad_accum_steps"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(name, f"must be positive, got {getattr(self, name)}")
+        for name in ("train_steps", "checkpoint_every_steps", "eval_every_steps", "eval_steps", "eval_batch_size",
+                     "cpu_logical_devices", "image_size", "num_classes", "warmup_steps", "warmup_epochs",
+                     "weight_decay", "grad_clip_norm", "shuffle_buffer"):
+            if getattr(self, name) < 0:
+                raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
+        if self.train_steps == 0 and self.epochs <= 0:
+            raise ConfigError("epochs", f"must be positive when --train_steps is 0, got {self.epochs}")
+        if self.base_learning_rate <= 0:
+            raise ConfigError("base_learning_rate", f"must be positive, got {self.base_learning_rate}")
+        if not 0 <= self.label_smoothing < 1:
+            raise ConfigError("label_smoothing", f"must be in [0, 1), got {self.label_smoothing}")
+        if self.global_batch_size % self.grad_accum_steps:
+            raise ConfigError("grad_accum_steps", f"{self.grad_accum_steps} does not divide --global_batch_size "
+                              f"{self.global_batch_size}")
+        if not (self.data_dir or self.dataset):
+            raise ConfigError("dataset", "no data: set --dataset (digits, synthetic, tfds:NAME) or --data_dir")
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            if choices and getattr(self, f.name) not in choices:
+                raise ConfigError(f.name, f"{getattr(self, f.name)!r} is not one of {', '.join(map(str, choices))}")
+        from tfgpu.models.registry import get_spec  # cheap: no TensorFlow work
+        try:
+            get_spec(self.model)
+        except ValueError as e:
+            raise ConfigError("model", str(e)) from None
+        return self
+
+    def to_dict(self) -> dict:
+        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v)
+                for f in dataclasses.fields(self)}
+
+
+def fields() -> tuple:
+    return dataclasses.fields(Config)
+
+
+def field_type(f: dataclasses.Field):
+    hints = typing.get_type_hints(Config)
+    return hints[f.name]
+
+
+def coerce(name: str, value):
+    """Converts a YAML/flag value to the field's type; raises ConfigError on a mismatch."""
+    by_name = {f.name: f for f in fields()}
+    if name not in by_name:
+        close = [n for n in by_name if n.split("_")[0] == name.split("_")[0]]
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise ConfigError(name, f"unknown option{hint}")
+    kind = field_type(by_name[name])
+    try:
+        if kind is tuple:
+            if isinstance(value, str):
+                value = [v for v in value.split(",") if v.strip()]
+            return tuple(float(v) for v in value)
+        if kind is bool:
+            if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
+                return value.lower() in ("true", "1")
+            if not isinstance(value, bool):
+                raise TypeError
+            return value
+        if kind is int and isinstance(value, float) and not value.is_integer():
+            raise TypeError
+        if kind is float and isinstance(value, bool):
+            raise TypeError
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(name, f"expected {kind.__name__}, got {value!r}") from None
+
+
+def load_yaml(path: str) -> dict:
+    if not os.path.exists(path):
+        raise ConfigError("config", f"file {path!r} does not exist")
+    with open(path) as f:
+        data = yaml.safe_load(f) or {}
+    if not isinstance(data, dict):
+        raise ConfigError("config", f"{path} must hold a mapping of option: value, got {type(data).__name__}")
+    return data
+
+
+def resolve(explicit: dict, yaml_path: str = "") -> Config:
+    """Builds the validated Config: defaults < YAML < ``explicit`` (flagfile + command line)."""
+    values = {}
+    if yaml_path:
+        for name, value in load_yaml(yaml_path).items():
+            values[name] = coerce(name, value)
+    for name, value in explicit.items():
+        values[name] = coerce(name, value)
+    return Config(**values).validate()
+
+
+def save_yaml(config: Config, path: str) -> None:
+    """Writes the effective config so ``--config=<model_dir>/config.yaml`` repeats the run."""
+    from tfgpu.fileio import atomic_write_bytes
+
+    text = "# Effective tfgpu config; rerun with --config=<this file>.\n" + yaml.safe_dump(
+        config.to_dict(), sort_keys=False)
+    atomic_write_bytes(path, text.encode())

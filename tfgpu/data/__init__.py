@@ -1,0 +1,1 @@
+"""Datasets: TFRecord schema and writer, built-in sources, tf.data pipelines."""

@@ -1,0 +1,176 @@
+"""The one TFRecord schema, shared by the writer (converter) and the reader.
+
+Records are ``tf.train.Example`` with the keys tensorflow/models uses for
+ImageNet. A dataset directory holds ``<split>-SSSSS-of-NNNNN.tfrecord`` shards
+and ``dataset.json`` (the manifest), which is written last: a directory
+without a manifest is an unfinished conversion, never a dataset.
+
+Every file is written under a temporary name and renamed when complete, so an
+interrupted writer leaves nothing that looks finished.
+"""
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+
+import numpy as np
+import tensorflow as tf
+
+from tfgpu.fileio import atomic_write_bytes, fsync_dir
+
+MANIFEST = "dataset.json"
+FORMAT_VERSION = 1
+
+# Feature keys (tensorflow/models ImageNet convention).
+ENCODED = "image/encoded"
+FORMAT = "image/format"
+LABEL = "image/class/label"
+HEIGHT = "image/height"
+WIDTH = "image/width"
+CHANNELS = "image/channels"
+FILENAME = "image/filename"
+
+FEATURE_SPEC = {
+    ENCODED: tf.io.FixedLenFeature([], tf.string),
+    FORMAT: tf.io.FixedLenFeature([], tf.string, default_value="png"),
+    LABEL: tf.io.FixedLenFeature([], tf.int64, default_value=-1),
+    HEIGHT: tf.io.FixedLenFeature([], tf.int64, default_value=0),
+    WIDTH: tf.io.FixedLenFeature([], tf.int64, default_value=0),
+    CHANNELS: tf.io.FixedLenFeature([], tf.int64, default_value=0),
+    FILENAME: tf.io.FixedLenFeature([], tf.string, default_value=""),
+}
+
+COMPRESSIONS = {"none": "", "gzip": "GZIP"}
+
+
+def shard_name(split: str, index: int, num_shards: int) -> str:
+    return f"{split}-{index:05d}-of-{num_shards:05d}.tfrecord"
+
+
+def make_example(encoded: bytes, image_format: str, label: int, height: int, width: int, channels: int,
+                 filename: str = "") -> bytes:
+    """Serializes one image record; ``encoded`` is PNG/JPEG bytes or raw uint8 HWC."""
+
+    def b(v):
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[v]))
+
+    def i(v):
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v)]))
+
+    features = {
+        ENCODED: b(encoded), FORMAT: b(image_format.encode()), LABEL: i(label),
+        HEIGHT: i(height), WIDTH: i(width), CHANNELS: i(channels), FILENAME: b(filename.encode()),
+    }
+    return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
+
+
+def encode_image(image: np.ndarray, image_format: str, jpeg_quality: int = 95) -> bytes:
+    """Encodes a uint8 HWC array as ``png``, ``jpeg`` or ``raw`` bytes."""
+    if image.dtype != np.uint8 or image.ndim != 3:
+        raise ValueError(f"expected a uint8 HxWxC image, got dtype {image.dtype} shape {image.shape}")
+    if image_format == "png":
+        return tf.io.encode_png(image).numpy()
+    if image_format == "jpeg":
+        return tf.io.encode_jpeg(image, quality=jpeg_quality).numpy()
+    if image_format == "raw":
+        return image.tobytes()
+    raise ValueError(f"unknown image format {image_format!r}; use png, jpeg or raw")
+
+
+def write_shard(path: str, records, compression: str = "none") -> dict:
+    """Writes serialized records to one shard atomically; returns its manifest entry."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    os.close(fd)
+    count = 0
+    try:
+        options = tf.io.TFRecordOptions(compression_type=COMPRESSIONS[compression])
+        with tf.io.TFRecordWriter(tmp, options) as writer:
+            for record in records:
+                writer.write(record)
+                count += 1
+        digest = sha256_file(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(directory)
+    return {"file": os.path.basename(path), "num_examples": count, "sha256": digest}
+
+
+def sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_manifest(directory: str, manifest: dict) -> None:
+    """Writes ``dataset.json`` atomically; call it last, after every shard is in place."""
+    manifest = {"format_version": FORMAT_VERSION, **manifest}
+    atomic_write_bytes(os.path.join(directory, MANIFEST), json.dumps(manifest, indent=2, sort_keys=True).encode())
+
+
+def read_manifest(directory: str) -> dict:
+    path = os.path.join(directory, MANIFEST)
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"{path} not found: {directory!r} is not a converted tfgpu dataset (or its conversion did not finish); "
+            "run `python -m tfgpu.convert --source=... --output_dir=...` first")
+    with open(path) as f:
+        manifest = json.load(f)
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{path}: format_version {manifest.get('format_version')} is not {FORMAT_VERSION}")
+    return manifest
+
+
+def write_arrays(directory: str, split: str, images: np.ndarray, labels: np.ndarray, num_shards: int,
+                 image_format: str = "png", compression: str = "none") -> dict:
+    """Writes in-memory uint8 images (N,H,W,C) and int labels as shards of one split.
+
+    Returns the split's manifest entry (``num_examples``, ``shards``, ``class_counts``).
+    """
+    if len(images) != len(labels):
+        raise ValueError(f"{len(images)} images but {len(labels)} labels")
+    num_shards = max(1, min(num_shards, len(images)))
+    os.makedirs(directory, exist_ok=True)
+    bounds = np.linspace(0, len(images), num_shards + 1).astype(int)
+    shards = []
+    for s in range(num_shards):
+        lo, hi = bounds[s], bounds[s + 1]
+        records = (
+            make_example(encode_image(images[i], image_format), image_format, int(labels[i]),
+                         *images[i].shape, filename=f"{split}/{i}")
+            for i in range(lo, hi))
+        shards.append(write_shard(os.path.join(directory, shard_name(split, s, num_shards)), records, compression))
+    classes, counts = np.unique(labels, return_counts=True)
+    return {
+        "num_examples": int(sum(s["num_examples"] for s in shards)),
+        "shards": shards,
+        "class_counts": {str(int(c)): int(n) for c, n in zip(classes, counts)},
+    }
+
+
+def parse_example(serialized):
+    """Parses one serialized record into the feature dict of ``FEATURE_SPEC``."""
+    return tf.io.parse_single_example(serialized, FEATURE_SPEC)
+
+
+def decode_image(features, channels: int):
+    """Decodes PNG/JPEG/GIF/BMP or raw bytes to a uint8 HxWxC tensor."""
+    encoded = features[ENCODED]
+
+    def raw():
+        shape = tf.stack([features[HEIGHT], features[WIDTH], features[CHANNELS]])
+        return tf.reshape(tf.io.decode_raw(encoded, tf.uint8), tf.cast(shape, tf.int32))
+
+    def compressed():
+        return tf.io.decode_image(encoded, channels=channels, expand_animations=False)
+
+    image = tf.cond(tf.equal(features[FORMAT], "raw"), raw, compressed)
+    return tf.ensure_shape(image, [None, None, channels])
