@@ -1,0 +1,63 @@
+"""Every registered classifier builds, gives float32 logits under mixed precision and trains one step."""
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfgpu.models import create_model, get_spec, list_models, register_model
+
+# Deep or wide nets: the mixed_float16 variant (slow on CPU) runs only with -m slow.
+_BIG = {"resnet101", "resnet110", "resnet152", "convnext_tiny"}
+
+
+def _cases():
+    for name in list_models(family="classifier"):
+        yield pytest.param(name, "mixed_bfloat16", id=f"{name}-bf16")
+        yield pytest.param(name, "mixed_float16", id=f"{name}-fp16",
+                           marks=[pytest.mark.slow] if name in _BIG else [])
+
+
+def _batch(size=32, channels=3, n=4, classes=10):
+    rng = np.random.default_rng(0)
+    images = rng.uniform(-1, 1, (n, size, size, channels)).astype("float32")
+    return images, rng.integers(0, classes, n)
+
+
+@pytest.mark.parametrize("name,policy", list(_cases()))
+def test_classifier_gives_float32_logits_and_trains_one_step(name, policy):
+    keras.mixed_precision.set_global_policy(policy)
+    model = create_model(name, (32, 32, 3), num_classes=10)
+    images, labels = _batch()
+    assert model(images, training=False).dtype == "float32"
+
+    first, head = model.trainable_variables[0], model.get_layer("logits").kernel
+    before = [first.numpy(), head.numpy()]
+    optimizer = keras.optimizers.SGD(0.1)
+    with tf.GradientTape() as tape:
+        logits = model(images, training=True)
+        loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
+    optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+
+    assert logits.shape == (4, 10) and logits.dtype == "float32"
+    assert np.isfinite(loss.numpy())
+    # The first trainable weight changes only if the gradient made it back through the whole net.
+    assert not np.allclose(first.numpy(), before[0]), f"{first.path} did not change"
+    assert not np.allclose(head.numpy(), before[1])
+
+
+def test_registering_a_taken_name_raises_and_keeps_the_original():
+    original = get_spec("resnet50").builder
+    with pytest.raises(ValueError, match="resnet50.*registered twice"):
+        register_model("resnet50")(lambda input_shape, num_classes: None)
+    assert get_spec("resnet50").builder is original
+
+
+def test_unknown_model_lists_the_known_names():
+    with pytest.raises(ValueError, match="unknown model 'resnet5'.*efficientnet_b0.*resnet50"):
+        create_model("resnet5", (32, 32, 3), 10)
+
+
+def test_classifiers_accept_any_channel_count():
+    images, _ = _batch(channels=1, n=2)
+    for name in ("resnet18", "efficientnet_b0", "mobilenet_v2"):
+        assert create_model(name, (32, 32, 1), 7)(images).shape == (2, 7)
