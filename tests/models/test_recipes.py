@@ -1,0 +1,44 @@
+"""The model zoo recipes in configs/ parse with absl and resolve to a valid Config."""
+import pathlib
+
+import pytest
+from absl import flags
+
+from tfgpu import config
+
+_CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
+_RECIPES = ["imagenet_resnet50.flags", "cifar10_resnet56.flags", "cifar10_resnet20_bf16_cpu.flags"]
+
+
+def _flags_in(path) -> dict:
+    argv = flags.FlagValues().read_flags_from_files(["prog", f"--flagfile={path}"])[1:]
+    values = {}
+    for arg in argv:
+        name, sep, value = arg[2:].partition("=")
+        assert arg.startswith("--") and sep, f"{path.name}: {arg!r} is not --name=value"
+        assert "#" not in value, f"{path.name}: absl has no inline comments: {arg!r}"
+        assert name not in values, f"{path.name}: --{name} set twice"
+        values[name] = value
+    return values
+
+
+@pytest.mark.parametrize("recipe", _RECIPES)
+def test_recipe_resolves_to_a_valid_config(recipe, tmp_path):
+    values = _flags_in(_CONFIGS / recipe)
+    resolved = config.resolve({**values, "model_dir": str(tmp_path)})
+    assert resolved.model == values["model"]
+    assert "model_dir" not in values  # every run names its own directory
+
+
+@pytest.mark.parametrize("recipe", _RECIPES)
+def test_recipe_header_says_how_to_run_it_and_what_to_expect(recipe):
+    header = (_CONFIGS / recipe).read_text().split("\n\n")[0]
+    assert all(line.startswith("#") for line in header.splitlines())
+    for word in ("# Run", f"tfgpu-train --flagfile=configs/{recipe}", "Hardware:", "Expected:"):
+        assert word in header, f"{recipe}: header lacks {word!r}"
+
+
+def test_imagenet_recipe_keeps_the_reference_hyperparameters():
+    resolved = config.resolve({**_flags_in(_CONFIGS / "imagenet_resnet50.flags"), "model_dir": "/tmp/x"})
+    assert (resolved.global_batch_size, resolved.base_learning_rate, resolved.epochs) == (1024, 0.1, 90)
+    assert (resolved.precision, resolved.jit_compile, resolved.image_size) == ("mixed_float16", True, 224)
