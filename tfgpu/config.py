@@ -56,6 +56,11 @@ class Config:
     cpu_logical_devices: int = _opt(0, "Split the CPU into N logical devices so mirrored runs N replicas on CPU "
                                     "(testing without GPUs); 0 = off.", "distribute")
     gpu_memory_growth: bool = _opt(True, "Allocate GPU memory as needed instead of all at start.", "distribute")
+    cluster: str = _opt("auto", "Where multi-worker cluster membership comes from: auto (TF_CONFIG, else Slurm), "
+                        "tf_config or slurm.", "distribute", ("auto", "tf_config", "slurm"))
+    collective_timeout_s: float = _opt(0.0, "Fail a multi-worker collective (all-reduce) that waits longer than "
+                                       "this, so survivors of a dead worker exit instead of hanging; 0 = never.",
+                                       "distribute")
     # -- precision ----------------------------------------------------------
     precision: str = _opt("float32", "Compute dtype policy; logits and losses stay float32.", "precision", PRECISIONS)
     jit_compile: bool = _opt(False, "Compile the replica step with XLA (takes effect under every strategy).",
@@ -77,6 +82,7 @@ class Config:
     augment: str = _opt("none", "Training augmentation: none, flip, cifar (pad-crop-flip), "
                         "imagenet (random-resized-crop + flip).", "data", ("none", "flip", "cifar", "imagenet"))
     shuffle_buffer: int = _opt(10000, "Records in the shuffle buffer (per input pipeline).", "data")
+    data_workers: int = _opt(0, "Parallel decode/augment calls per input pipeline; 0 = tf.data AUTOTUNE.", "data")
     cache: bool = _opt(False, "Cache decoded eval data and encoded train records in memory.", "data")
     # -- model --------------------------------------------------------------
     model: str = _opt("resnet20", "Registered model name (see tfgpu.models.list_models()).", "model")
@@ -96,14 +102,42 @@ class Config:
     lr_decay_factor: float = _opt(0.1, "Step schedule decay factor.", "optimizer")
     momentum: float = _opt(0.9, "SGD momentum.", "optimizer")
     nesterov: bool = _opt(False, "Nesterov momentum for sgd.", "optimizer")
-    weight_decay: float = _opt(0.0, "Decoupled weight decay; never applied to BatchNorm parameters or biases.",
-                               "optimizer")
+    weight_decay: float = _opt(0.0, "Weight decay, never applied to BatchNorm parameters or biases: sgd and adam "
+                               "add weight_decay * w to the gradient (L2, as in the ResNet papers and PyTorch); "
+                               "adamw decays decoupled.", "optimizer")
     label_smoothing: float = _opt(0.0, "Label smoothing for the cross-entropy loss.", "optimizer")
     grad_clip_norm: float = _opt(0.0, "Clip the all-reduced gradient to this global norm; 0 = off.", "optimizer")
     grad_accum_steps: int = _opt(1, "Split each per-replica batch into N micro-batches and sum their gradients "
                                  "(same step, 1/N activation memory).", "optimizer")
+    # -- gan ----------------------------------------------------------------
+    latent_dim: int = _opt(128, "GAN: size of the generator's latent vector.", "gan")
+    conditional: bool = _opt(False, "GAN: class-conditional generator and discriminator.", "gan")
+    gan_loss: str = _opt("non_saturating", "GAN loss: non_saturating, minimax, wasserstein or hinge.", "gan",
+                         ("non_saturating", "minimax", "wasserstein", "hinge"))
+    gradient_penalty: float = _opt(0.0, "GAN: WGAN-GP gradient penalty weight (10 in the paper); 0 = off.", "gan")
+    r1_gamma: float = _opt(0.0, "GAN: R1 penalty weight on real images; 0 = off.", "gan")
+    n_critic: int = _opt(1, "GAN: discriminator steps per generator step.", "gan")
+    g_learning_rate: float = _opt(2e-4, "GAN: generator learning rate (not scaled with batch).", "gan")
+    d_learning_rate: float = _opt(2e-4, "GAN: discriminator learning rate; differs from the generator's for TTUR.",
+                                  "gan")
+    adam_beta1: float = _opt(0.5, "GAN: Adam beta_1 of both optimizers.", "gan")
+    adam_beta2: float = _opt(0.999, "GAN: Adam beta_2 of both optimizers.", "gan")
+    ema_decay: float = _opt(0.999, "GAN: decay of the generator weights' moving average used for evaluation "
+                            "and samples; 0 = off.", "gan")
+    diffaugment: str = _opt("", "GAN: DiffAugment policy, comma separated from color,translation,cutout; "
+                            "empty = off.", "gan")
+    fid_num_samples: int = _opt(2000, "GAN: generated and real images per FID/KID evaluation.", "gan")
+    inception_weights: str = _opt("", "GAN: local InceptionV3 weights file (.h5/.weights.h5) for the standard FID; "
+                                  "empty = use --fid_feature_model_dir.", "gan")
+    fid_feature_model_dir: str = _opt("", "GAN: model_dir of a tfgpu classifier whose penultimate features "
+                                      "score FID/KID offline.", "gan")
+    max_nonfinite_steps: int = _opt(20, "Stop the run when this many consecutive steps have a non-finite loss "
+                                    "or gradient (each such step is skipped).", "gan")
     # -- output -------------------------------------------------------------
     tensorboard: bool = _opt(True, "Write TensorBoard scalars to <model_dir>/summaries.", "output")
+    profile_input: bool = _opt(False, "Time the input pipeline alone against the train step and report the "
+                               "share of step time spent waiting for data.", "output")
+    profile_steps: str = _opt("", "Capture a TensorBoard profile for steps A,B (e.g. 20,25).", "output")
     verbose: int = _opt(-1, "Progress output: 0 silent, 1 progress bar, 2 one line per loop; "
                         "-1 = bar on a terminal, lines otherwise.", "output", (-1, 0, 1, 2))
 
@@ -116,12 +150,14 @@ class Config:
         """Checks values that need no runtime; raises ConfigError naming the flag."""
         if not self.model_dir:
             raise ConfigError("model_dir", "is required (where checkpoints and metrics go)")
-        for name in ("global_batch_size", "steps_per_loop", "keep_checkpoints", "grad_accum_steps"):
+        for name in ("global_batch_size", "steps_per_loop", "keep_checkpoints", "grad_accum_steps", "n_critic",
+                     "latent_dim", "fid_num_samples", "max_nonfinite_steps"):
             if getattr(self, name) <= 0:
                 raise ConfigError(name, f"must be positive, got {getattr(self, name)}")
         for name in ("train_steps", "checkpoint_every_steps", "eval_every_steps", "eval_steps", "eval_batch_size",
                      "cpu_logical_devices", "image_size", "num_classes", "warmup_steps", "warmup_epochs",
-                     "weight_decay", "grad_clip_norm", "shuffle_buffer"):
+                     "weight_decay", "grad_clip_norm", "shuffle_buffer", "collective_timeout_s",
+                     "gradient_penalty", "r1_gamma", "ema_decay", "data_workers"):
             if getattr(self, name) < 0:
                 raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
         if self.train_steps == 0 and self.epochs <= 0:
