@@ -1,0 +1,280 @@
+"""Input pipelines: a converted dataset (or a built-in one) to per-replica batches.
+
+``prepare`` resolves where the data is and what it looks like (classes, image
+shape, split sizes) from the manifest, converting a built-in dataset to
+TFRecords once under the data cache. ``train_dataset_fn`` / ``eval_dataset_fn``
+return the functions ``strategy.distribute_datasets_from_function`` calls once
+per input pipeline (one per worker).
+
+Training order is a pure function of (seed, position): each epoch shuffles the
+pipeline's files and records with seeds derived from the epoch number, and a
+resumed run skips the records the checkpointed steps consumed (cheap: before
+decoding). So a run resumed at step N sees exactly the batches an uninterrupted
+run sees from step N on. Evaluation visits every example exactly once across all
+pipelines; pipelines are padded with weight-0 examples so all replicas run the
+same number of steps.
+"""
+import dataclasses
+import logging
+import math
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from tfgpu.config import Config, ConfigError
+from tfgpu.data import augment, builtin, tfrecord
+
+log = logging.getLogger("tfgpu")
+EVAL_SPLITS = ("val", "validation", "test")
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+    """What the model and the loop need to know about the data."""
+    name: str
+    directory: str  # "" for synthetic data
+    classes: tuple
+    image_shape: tuple  # (height, width, channels) the model sees
+    split_sizes: dict
+    split_files: dict  # split -> tuple of (file, num_examples)
+    compression: str
+    train_split: str
+    eval_split: str  # "" when there is no evaluation
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def num_train_examples(self) -> int:
+        return self.split_sizes[self.train_split]
+
+
+def default_cache_dir() -> str:
+    return os.environ.get("TFGPU_DATA_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "tfgpu")
+
+
+def _builtin_dir(config: Config, name: str) -> str:
+    """Converts a built-in dataset to TFRecords once (atomic shards, manifest last) and returns its dir."""
+    directory = os.path.join(config.data_cache_dir or default_cache_dir(), f"{name}-v{tfrecord.FORMAT_VERSION}")
+    if os.path.exists(os.path.join(directory, tfrecord.MANIFEST)):
+        return directory
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as e:
+        raise ConfigError("data_cache_dir", f"cannot create {directory}: {e.strerror}") from None
+    data = builtin.load_builtin(name)
+    splits = {}
+    for split, (images, labels) in data["splits"].items():
+        splits[split] = tfrecord.write_arrays(directory, split, images, labels, num_shards=2, image_format="png")
+    h, w, c = next(iter(data["splits"].values()))[0].shape[1:]
+    tfrecord.write_manifest(directory, {
+        "name": name, "classes": data["classes"], "splits": splits, "compression": "none",
+        "image_shape": {"height": int(h), "width": int(w), "channels": int(c)}})
+    log.info("converted built-in dataset %s to %s", name, directory)
+    return directory
+
+
+def _manifest_image_shape(manifest: dict, directory: str):
+    """(height, width, channels) from the manifest; height/width None when images vary in size."""
+    shape = manifest.get("image_shape") or {}
+    if "height" in shape:
+        return shape["height"], shape["width"], shape["channels"]
+    # Converter manifests keep min/max statistics; a fixed size means min == max.
+    h, w = shape.get("height_min"), shape.get("width_min")
+    same = h == shape.get("height_max") and w == shape.get("width_max")
+    channels = shape.get("channels")
+    if not channels:
+        raise ValueError(f"{directory}/{tfrecord.MANIFEST} gives no image channels")
+    return (h if same else None), (w if same else None), channels
+
+
+def prepare(config: Config) -> DatasetInfo:
+    """Finds the dataset the config names and describes it; raises ConfigError naming the flag when it can't."""
+    if not config.data_dir and config.dataset == "synthetic":
+        size = config.image_size or 32
+        n = config.num_classes or 10
+        return DatasetInfo("synthetic", "", tuple(str(i) for i in range(n)), (size, size, 3),
+                           {"train": 1_281_167, "val": 0}, {}, "none", "train", "")
+    if config.data_dir:
+        directory, flag = config.data_dir, "data_dir"
+    elif config.dataset in builtin.BUILTIN:
+        directory, flag = _builtin_dir(config, config.dataset), "dataset"
+    elif config.dataset.startswith("tfds:"):
+        directory, flag = _tfds_dir(config), "dataset"
+    else:
+        raise ConfigError("dataset", f"unknown dataset {config.dataset!r}; use one of "
+                          f"{', '.join(builtin.BUILTIN + ('synthetic',))}, tfds:NAME, or --data_dir")
+    try:
+        manifest = tfrecord.read_manifest(directory)
+    except (FileNotFoundError, ValueError) as e:
+        raise ConfigError(flag, str(e)) from None
+    splits = manifest["splits"]
+    if config.train_split not in splits:
+        raise ConfigError("train_split", f"split {config.train_split!r} not in {directory} "
+                          f"(splits: {', '.join(splits)})")
+    eval_split = config.eval_split
+    if eval_split == "none":
+        eval_split = ""
+    elif not eval_split:
+        eval_split = next((s for s in EVAL_SPLITS if s in splits), "")
+    elif eval_split not in splits:
+        raise ConfigError("eval_split", f"split {eval_split!r} not in {directory} (splits: {', '.join(splits)})")
+    h, w, c = _manifest_image_shape(manifest, directory)
+    if config.image_size:
+        h = w = config.image_size
+    elif h is None:
+        raise ConfigError("image_size", f"images in {directory} vary in size; set --image_size")
+    files = {}
+    for split, entry in splits.items():
+        files[split] = tuple((os.path.join(directory, s["file"]), int(s["num_examples"])) for s in entry["shards"])
+        missing = [f for f, _ in files[split] if not os.path.exists(f)]
+        if missing:
+            raise ConfigError(flag, f"{directory} is incomplete: {missing[0]} is missing")
+    classes = tuple(manifest.get("classes") or ())
+    if config.num_classes and classes and config.num_classes != len(classes):
+        raise ConfigError("num_classes", f"{config.num_classes} but {directory} has {len(classes)} classes")
+    if not classes:
+        classes = tuple(str(i) for i in range(config.num_classes))
+    return DatasetInfo(manifest.get("name", os.path.basename(directory.rstrip("/"))), directory, classes,
+                       (int(h), int(w), int(c)), {s: int(e["num_examples"]) for s, e in splits.items()}, files,
+                       manifest.get("compression", "none"), config.train_split, eval_split)
+
+
+def _tfds_dir(config: Config) -> str:
+    """A tfds:NAME dataset converted once into the data cache by tfgpu's converter."""
+    name = config.dataset[len("tfds:"):]
+    directory = os.path.join(config.data_cache_dir or default_cache_dir(), f"tfds-{name.replace('/', '-')}")
+    if not os.path.exists(os.path.join(directory, tfrecord.MANIFEST)):
+        try:
+            from tfgpu.data import convert
+        except ImportError:
+            raise ConfigError("dataset", f"{config.dataset}: convert it first with "
+                              f"`python -m tfgpu.convert --source={config.dataset} --output_dir=DIR` and pass "
+                              "--data_dir=DIR") from None
+        convert.main([f"--source={config.dataset}", f"--output_dir={directory}"])
+    return directory
+
+
+def _pipeline_files(info: DatasetInfo, split: str, num_pipelines: int, pipeline_id: int):
+    """This pipeline's files and its record count; file-level sharding when every pipeline gets a file."""
+    files = info.split_files[split]
+    if len(files) >= num_pipelines:
+        mine = files[pipeline_id::num_pipelines]
+        return [f for f, _ in mine], sum(n for _, n in mine), False
+    total = sum(n for _, n in files)
+    return [f for f, _ in files], len(range(pipeline_id, total, num_pipelines)), True
+
+
+def _records(file_ds, num_files, compression, workers):
+    """Records of the files in ``file_ds``, interleaved in a fixed order."""
+    return file_ds.interleave(
+        lambda f: tf.data.TFRecordDataset(f, compression_type="GZIP" if compression == "gzip" else None),
+        cycle_length=min(num_files, 16), block_length=1, num_parallel_calls=workers, deterministic=True)
+
+
+def train_dataset_fn(config: Config, info: DatasetInfo, start_step: int):
+    """Returns ``fn(input_context) -> Dataset`` of per-replica (image, label) batches, resumed at ``start_step``."""
+    workers = config.data_workers or tf.data.AUTOTUNE
+
+    def dataset_fn(ctx: tf.distribute.InputContext):
+        per_replica = ctx.get_per_replica_batch_size(config.global_batch_size)
+        replicas_here = ctx.num_replicas_in_sync // ctx.num_input_pipelines
+        if info.name == "synthetic":
+            return _synthetic(info, per_replica, config.seed + ctx.input_pipeline_id)
+        files, epoch_size, element_shard = _pipeline_files(
+            info, info.train_split, ctx.num_input_pipelines, ctx.input_pipeline_id)
+        if epoch_size < per_replica:
+            raise ConfigError("global_batch_size", f"{config.global_batch_size} is larger than the "
+                              f"{info.num_train_examples} examples of split {info.train_split!r}")
+        consumed = start_step * replicas_here * per_replica
+        start_epoch, offset = divmod(consumed, epoch_size)
+        seed = config.seed * 1_000_003 + ctx.input_pipeline_id
+
+        def epoch(e):
+            file_ds = tf.data.Dataset.from_tensor_slices(files).shuffle(len(files), seed=seed + e * 7919)
+            records = _records(file_ds, len(files), info.compression, workers)
+            if element_shard:
+                records = records.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+            if config.shuffle_buffer > 1:
+                records = records.shuffle(config.shuffle_buffer, seed=seed + e * 104729 + 1)
+            return records.skip(tf.where(e == start_epoch, tf.constant(offset, tf.int64), 0))
+
+        records = tf.data.Dataset.range(start_epoch, 1 << 40).flat_map(epoch)
+        indexed = tf.data.Dataset.zip(tf.data.Dataset.counter(start=consumed), records)
+        h, w, c = info.image_shape
+
+        def parse(index, serialized):
+            features = tfrecord.parse_example(serialized)
+            image = augment.preprocess_train(features, h, c, config.augment, tf.stack([seed, index]))
+            return tf.ensure_shape(image, [h, w, c]), features[tfrecord.LABEL]
+
+        ds = indexed.map(parse, num_parallel_calls=workers, deterministic=True)
+        return ds.batch(per_replica, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+    return dataset_fn
+
+
+def _synthetic(info: DatasetInfo, per_replica: int, seed: int):
+    """One random batch repeated forever: measures the model, not the input pipeline."""
+    h, w, c = info.image_shape
+    rng = np.random.default_rng(seed)
+    images = rng.uniform(-1, 1, (per_replica, h, w, c)).astype(np.float32)
+    labels = rng.integers(0, info.num_classes, per_replica).astype(np.int64)
+    return tf.data.Dataset.from_tensors((images, labels)).repeat()
+
+
+def eval_steps(config: Config, info: DatasetInfo, num_pipelines: int, num_replicas: int) -> int:
+    """Eval batches each replica runs so that every example is seen once (or --eval_steps)."""
+    if config.eval_steps:
+        return config.eval_steps
+    global_batch = config.eval_batch_size or config.global_batch_size
+    per_replica = global_batch // num_replicas
+    replicas_here = num_replicas // num_pipelines
+    most = max(_pipeline_files(info, info.eval_split, num_pipelines, p)[1] for p in range(num_pipelines))
+    return max(1, math.ceil(most / (per_replica * replicas_here)))
+
+
+def eval_dataset_fn(config: Config, info: DatasetInfo, steps: int):
+    """Returns ``fn(input_context)`` of per-replica (image, label, weight) batches; padding has weight 0."""
+    workers = config.data_workers or tf.data.AUTOTUNE
+    global_batch = config.eval_batch_size or config.global_batch_size
+
+    def dataset_fn(ctx: tf.distribute.InputContext):
+        per_replica = ctx.get_per_replica_batch_size(global_batch)
+        replicas_here = ctx.num_replicas_in_sync // ctx.num_input_pipelines
+        h, w, c = info.image_shape
+        files, count, element_shard = _pipeline_files(
+            info, info.eval_split, ctx.num_input_pipelines, ctx.input_pipeline_id)
+        records = _records(tf.data.Dataset.from_tensor_slices(files), len(files), info.compression, workers)
+        if element_shard:
+            records = records.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+
+        def parse(serialized):
+            features = tfrecord.parse_example(serialized)
+            image = augment.preprocess_eval(features, h, c)
+            return tf.ensure_shape(image, [h, w, c]), features[tfrecord.LABEL], tf.constant(1.0)
+
+        ds = records.map(parse, num_parallel_calls=workers, deterministic=True)
+        if config.cache:
+            ds = ds.cache()
+        needed = steps * replicas_here * per_replica
+        padding = tf.data.Dataset.from_tensors(
+            (tf.zeros([h, w, c]), tf.constant(0, tf.int64), tf.constant(0.0))).repeat(max(0, needed - count))
+        return ds.concatenate(padding).take(needed).batch(per_replica, drop_remainder=True).prefetch(
+            tf.data.AUTOTUNE)
+
+    return dataset_fn
+
+
+def steps_per_epoch(config: Config, info: DatasetInfo) -> float:
+    return info.num_train_examples / config.global_batch_size
+
+
+def resolve_train_steps(config: Config, info: DatasetInfo) -> int:
+    """--train_steps, or --epochs converted to optimizer steps."""
+    if config.train_steps:
+        return config.train_steps
+    return max(1, math.ceil(config.epochs * steps_per_epoch(config, info)))
+

@@ -1,0 +1,99 @@
+"""The Task interface: what one training or evaluation step computes.
+
+The trainer owns the loop, the strategy and the checkpoints; a task owns the
+models, optimizers and the math of a step. Every number a step returns is this
+replica's *share* of the global value, so summing over replicas gives the
+global value of the step (a loss is summed over the replica's examples and
+divided by the global batch). The trainer sums shares over replicas and
+averages over the steps of a loop.
+"""
+import abc
+
+from tfgpu.config import Config
+
+_TASKS: dict = {}
+
+
+def register_task(name: str):
+    """Registers a Task subclass under ``--task=name``."""
+
+    def decorator(cls):
+        if name in _TASKS:
+            raise ValueError(f"task {name!r} is registered twice")
+        _TASKS[name] = cls
+        cls.name = name
+        return cls
+
+    return decorator
+
+
+def get_task(name: str):
+    from tfgpu.tasks import classification  # noqa: F401  (registers)
+
+    try:
+        __import__("tfgpu.tasks.gan")
+    except ModuleNotFoundError as e:
+        if e.name != "tfgpu.tasks.gan":
+            raise
+    if name not in _TASKS:
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(_TASKS))}")
+    return _TASKS[name]
+
+
+class Task(abc.ABC):
+    name = ""
+
+    def __init__(self, config: Config, info, placement, total_steps: int):
+        self.config = config
+        self.info = info  # tfgpu.data.pipeline.DatasetInfo
+        self.placement = placement  # tfgpu.distribute.Placement
+        self.total_steps = total_steps
+
+    @abc.abstractmethod
+    def build(self) -> None:
+        """Creates models and optimizers (and builds the optimizers); called inside ``strategy.scope()``."""
+
+    @property
+    @abc.abstractmethod
+    def train_metric_names(self) -> tuple:
+        """Keys of the dict ``train_step`` returns."""
+
+    @abc.abstractmethod
+    def train_step(self, batch) -> dict:
+        """One optimizer step on this replica's batch, run inside ``strategy.run``; returns metric shares."""
+
+    @abc.abstractmethod
+    def checkpoint_items(self) -> dict:
+        """Trackables to save and restore (models, optimizers, EMA, ...), by name."""
+
+    def eval_metric_names(self) -> tuple:
+        return ()
+
+    def eval_step(self, batch) -> dict:
+        """Per-replica sums over one eval batch (weighted by the batch's 0/1 weights)."""
+        raise NotImplementedError
+
+    def evaluate(self, run_eval, step: int, model_dir: str) -> dict:
+        """Metrics of one evaluation. ``run_eval()`` runs ``eval_step`` over the eval split and returns the
+        sums over all replicas and batches as floats."""
+        return {}
+
+    def learning_rates(self) -> dict:
+        """Current learning rates for logs, by name (e.g. {"learning_rate": 0.1})."""
+        return {}
+
+    def loss_scales(self) -> dict:
+        """Current dynamic loss scales for logs, by name; empty without loss scaling."""
+        return {}
+
+    def describe(self) -> str:
+        """One line about the models (parameters, FLOPs) for the start-of-run log."""
+        return ""
+
+    def export(self, path: str) -> None:
+        """Saves the model users deploy to ``path`` (a .keras file)."""
+
+    @property
+    def loop_outputs(self) -> tuple:
+        """Train metrics the trainer averages; ``nonfinite_steps`` is summed and watched by the NaN guard."""
+        return self.train_metric_names

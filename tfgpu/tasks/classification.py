@@ -1,0 +1,127 @@
+"""Image classification: softmax cross-entropy over a registered classifier.
+
+Losses are summed over the replica's examples and divided by the global batch,
+so the optimizer's all-reduce (a sum) yields the mean gradient of the global
+batch whatever the replica count. With --grad_accum_steps=k each replica's
+batch is cut into k micro-batches whose gradients are summed before one update.
+"""
+import keras
+import tensorflow as tf
+
+from tfgpu import optimizers, precision
+from tfgpu.models import create_model, get_spec
+from tfgpu.tasks.base import Task, register_task
+
+
+@register_task("classification")
+class ClassificationTask(Task):
+
+    def build(self):
+        config = self.config
+        if get_spec(config.model).family != "classifier":
+            raise ValueError(f"--model={config.model} is not a classifier; use --task=gan")
+        self.model = create_model(config.model, self.info.image_shape, self.info.num_classes,
+                                  sync_batch_norm=config.sync_batch_norm,
+                                  zero_init_residual=config.zero_init_residual)
+        from tfgpu.data.pipeline import steps_per_epoch
+
+        self.schedule = optimizers.learning_rate_schedule(config, self.total_steps, steps_per_epoch(config, self.info))
+        self.optimizer = precision.wrap_optimizer(optimizers.create_optimizer(config, self.schedule), config)
+        optimizers.exclude_from_decay(self.optimizer, self.model.trainable_variables)
+        self.optimizer.build(self.model.trainable_variables)
+        self._grads_fn = tf.function(self._gradients, jit_compile=self.jit_compile)
+
+    @property
+    def jit_compile(self) -> bool:
+        return self.config.jit_compile and not self.placement.on_logical_cpus
+
+    @property
+    def train_metric_names(self):
+        clipping = ("grad_norm",) if self.config.grad_clip_norm else ()
+        return ("loss", "accuracy") + clipping + ("nonfinite_steps",)
+
+    def checkpoint_items(self):
+        return {"model": self.model, "optimizer": self.optimizer}
+
+    def _per_example_loss(self, labels, logits):
+        logits = tf.cast(logits, tf.float32)
+        num_classes = self.info.num_classes
+        targets = tf.one_hot(labels, num_classes)
+        if self.config.label_smoothing:
+            targets = targets * (1.0 - self.config.label_smoothing) + self.config.label_smoothing / num_classes
+        return tf.nn.softmax_cross_entropy_with_logits(targets, logits)
+
+    def _gradients(self, images, labels):
+        """Gradients of the (loss-scaled) global-batch loss share, summed over micro-batches."""
+        config, model = self.config, self.model
+        variables = model.trainable_variables
+        num_replicas = self.placement.num_replicas
+        micro_images = tf.split(images, config.grad_accum_steps)
+        micro_labels = tf.split(labels, config.grad_accum_steps)
+        grads = [tf.zeros_like(v) for v in variables]
+        loss_sum = tf.constant(0.0)
+        correct = tf.constant(0.0)
+        for i, (x, y) in enumerate(zip(micro_images, micro_labels)):
+            with tf.GradientTape() as tape:
+                logits = model(x, training=True)
+                loss = tf.reduce_sum(self._per_example_loss(y, logits)) / config.global_batch_size
+                if i == 0:  # the L2 term counts once per step
+                    loss += optimizers.l2_penalty(config, variables, num_replicas)
+                scaled = precision.scale_loss(self.optimizer, loss)
+            micro_grads = tape.gradient(scaled, variables)
+            grads = [g + tf.cast(m, g.dtype) for g, m in zip(grads, micro_grads)]
+            loss_sum += tf.reduce_sum(self._per_example_loss(y, logits))
+            correct += tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1), y), tf.float32))
+        return grads, loss_sum / config.global_batch_size, correct / config.global_batch_size
+
+    def train_step(self, batch):
+        images, labels = batch
+        grads, loss, accuracy = self._grads_fn(images, labels)
+        num_replicas = self.placement.num_replicas
+        scale = precision.current_loss_scale(self.optimizer)
+        metrics = {"loss": loss, "accuracy": accuracy}
+        if self.config.grad_clip_norm:
+            grads, norm = optimizers.clip_by_global_norm(grads, self.config.grad_clip_norm, scale, num_replicas)
+            metrics["grad_norm"] = norm / num_replicas
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+        if not isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+            # Without loss scaling nothing else guards the weights: a non-finite step applies zero gradients.
+            grads = [tf.where(finite, g, tf.zeros_like(g)) for g in grads]
+        self.optimizer.apply(grads, self.model.trainable_variables)
+        metrics["nonfinite_steps"] = tf.cast(tf.logical_not(finite), tf.float32) / num_replicas
+        return metrics
+
+    def eval_metric_names(self):
+        return ("loss_sum", "correct", "correct_top5", "count")
+
+    def eval_step(self, batch):
+        images, labels, weights = batch
+        logits = tf.cast(self.model(images, training=False), tf.float32)
+        loss = self._per_example_loss(labels, logits)
+        k = min(5, self.info.num_classes)
+        top5 = tf.cast(tf.nn.in_top_k(labels, logits, k), tf.float32)
+        top1 = tf.cast(tf.equal(tf.argmax(logits, -1), labels), tf.float32)
+        return {"loss_sum": tf.reduce_sum(loss * weights), "correct": tf.reduce_sum(top1 * weights),
+                "correct_top5": tf.reduce_sum(top5 * weights), "count": tf.reduce_sum(weights)}
+
+    def evaluate(self, run_eval, step, model_dir):
+        sums = run_eval()
+        count = max(sums["count"], 1.0)
+        return {"val_loss": sums["loss_sum"] / count, "val_accuracy": sums["correct"] / count,
+                "val_top5_accuracy": sums["correct_top5"] / count, "val_examples": int(sums["count"])}
+
+    def learning_rates(self):
+        return {"learning_rate": float(self.schedule(self.optimizer.iterations))}
+
+    def loss_scales(self):
+        if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+            return {"loss_scale": float(precision.current_loss_scale(self.optimizer))}
+        return {}
+
+    def describe(self):
+        from tfgpu.models.summary import count_params
+
+        return f"model={self.config.model} params={count_params(self.model):,} input={self.info.image_shape}"
+
+    def export(self, path):
+        self.model.save(path)

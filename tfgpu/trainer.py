@@ -1,0 +1,288 @@
+"""The training loop: several steps per host call under any tf.distribute strategy.
+
+One ``tf.function`` runs ``steps_per_loop`` replica steps
+(``for _ in tf.range(n): strategy.run(step, (next(iterator),))``), which is
+what Keras 3 ``fit`` cannot do under MirroredStrategy with
+``steps_per_execution > 1`` or under MultiWorkerMirroredStrategy. Loops end
+early at checkpoint, evaluation and profiling boundaries, so those happen at
+exact steps. Metric shares returned by the task are accumulated per replica in
+sync-on-read variables and summed across replicas once per loop.
+"""
+import json
+import logging
+import math
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from tfgpu import checkpoint as checkpoint_lib
+from tfgpu.config import Config
+from tfgpu.data import pipeline
+from tfgpu.distribute import Placement
+
+log = logging.getLogger("tfgpu")
+PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: Kubeflow and Slurm retry it
+
+
+class Preempted(SystemExit):
+    """Raised after the coordinated checkpoint that follows a SIGTERM."""
+
+    def __init__(self, step):
+        super().__init__(PREEMPTED_EXIT_CODE)
+        self.step = step
+
+
+class NonFiniteError(RuntimeError):
+    pass
+
+
+def _accumulators(strategy, names):
+    """Per-replica float32 sums that read as the sum over replicas."""
+    with strategy.scope():
+        return {name: tf.Variable(0.0, trainable=False, name=f"sum_{name}",
+                                  synchronization=tf.VariableSynchronization.ON_READ,
+                                  aggregation=tf.VariableAggregation.SUM) for name in names}
+
+
+class History:
+    """Appends one JSON object per loop or evaluation to ``<model_dir>/history.jsonl`` (chief only)."""
+
+    def __init__(self, model_dir: str, enabled: bool):
+        self.path = os.path.join(model_dir, "history.jsonl")
+        self.enabled = enabled
+
+    def write(self, kind: str, step: int, values: dict) -> None:
+        if not self.enabled:
+            return
+        line = json.dumps({"kind": kind, "step": step, "time": round(time.time(), 3), **values})
+        with open(self.path, "a") as f:
+            f.write(line + "\n")
+            f.flush()
+
+
+class Trainer:
+    def __init__(self, config: Config, placement: Placement, task, info, total_steps: int):
+        self.config = config
+        self.placement = placement
+        self.strategy = placement.strategy
+        self.task = task
+        self.info = info
+        self.total_steps = total_steps
+        self.model_dir = config.model_dir
+        self.chief = placement.is_chief
+        self.history = History(self.model_dir, self.chief)
+        self._preempt_requested = False
+
+    # -- setup ---------------------------------------------------------------
+    def _build(self):
+        with self.strategy.scope():
+            self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
+                                    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+            self.task.build()
+        self.train_sums = _accumulators(self.strategy, self.task.train_metric_names)
+        self.eval_sums = _accumulators(self.strategy, self.task.eval_metric_names())
+        self.checkpointer = checkpoint_lib.Checkpointer(
+            self.model_dir, self.placement, self.task.checkpoint_items(), self.step, self.config.keep_checkpoints)
+
+        def replica_train_step(batch):
+            for name, value in self.task.train_step(batch).items():
+                self.train_sums[name].assign_add(tf.cast(value, tf.float32))
+
+        @tf.function
+        def train_loop(iterator, num_steps):
+            for _ in tf.range(num_steps):
+                self.strategy.run(replica_train_step, args=(next(iterator),))
+                self.step.assign_add(1)
+
+        def replica_eval_step(batch):
+            for name, value in self.task.eval_step(batch).items():
+                self.eval_sums[name].assign_add(tf.cast(value, tf.float32))
+
+        @tf.function
+        def eval_loop(iterator, num_steps):
+            for _ in tf.range(num_steps):
+                self.strategy.run(replica_eval_step, args=(next(iterator),))
+
+        self._train_loop, self._eval_loop = train_loop, eval_loop
+
+    @staticmethod
+    def _read_and_reset(sums: dict) -> dict:
+        values = {name: float(var.read_value().numpy()) for name, var in sums.items()}
+        for var in sums.values():
+            var.assign(tf.zeros_like(var))
+        return values
+
+    def _boundaries(self) -> list:
+        c = self.config
+        every = [c.checkpoint_every_steps, c.eval_every_steps if self.info.eval_split else 0]
+        marks = set()
+        for n in every:
+            if n:
+                marks.update(range(n, self.total_steps, n))
+        if c.profile_steps:
+            marks.update(int(s) for s in c.profile_steps.split(","))
+        return sorted(m for m in marks if 0 < m < self.total_steps) + [self.total_steps]
+
+    # -- preemption ------------------------------------------------------------
+    def _on_sigterm(self, signum, frame):
+        self._preempt_requested = True
+        log.warning("SIGTERM: saving a checkpoint at the end of this loop, then exiting %d", PREEMPTED_EXIT_CODE)
+
+    def _any_worker_preempted(self) -> bool:
+        if self.placement.num_workers == 1:
+            return self._preempt_requested
+        flag = tf.constant(1.0 if self._preempt_requested else 0.0)
+        per_replica = self.strategy.experimental_distribute_values_from_function(lambda ctx: flag)
+        return float(self.strategy.reduce(tf.distribute.ReduceOp.MAX, per_replica, axis=None)) > 0
+
+    # -- evaluation ------------------------------------------------------------
+    def evaluate(self, step: int) -> dict:
+        if not self.info.eval_split and self.task.name == "classification":
+            return {}
+
+        def run_eval():
+            steps = pipeline.eval_steps(self.config, self.info, self.placement.num_workers,
+                                        self.placement.num_replicas)
+            dataset = self.strategy.distribute_datasets_from_function(
+                pipeline.eval_dataset_fn(self.config, self.info, steps))
+            self._eval_loop(iter(dataset), tf.constant(steps))
+            return self._read_and_reset(self.eval_sums)
+
+        start = time.time()
+        metrics = self.task.evaluate(run_eval, step, self.model_dir)
+        if metrics:
+            metrics["eval_time_s"] = round(time.time() - start, 3)
+            self.history.write("eval", step, metrics)
+            self._summaries("eval", step, metrics)
+            log.info("eval step %d: %s", step, _fmt(metrics))
+        return metrics
+
+    # -- logging ---------------------------------------------------------------
+    def _summaries(self, kind: str, step: int, values: dict):
+        if self._writer is None:
+            return
+        with self._writer.as_default(step=step):
+            for name, value in values.items():
+                if isinstance(value, (int, float)) and math.isfinite(value):
+                    tf.summary.scalar(f"{kind}/{name}", value)
+        self._writer.flush()
+
+    # -- the loop ----------------------------------------------------------------
+    def train(self) -> dict:
+        """Trains to ``total_steps`` (resuming from the latest checkpoint) and returns the final metrics."""
+        config = self.config
+        self._build()
+        start_step = self.checkpointer.restore_latest()
+        if self.task.describe():
+            log.info("%s", self.task.describe())
+        self._writer = (tf.summary.create_file_writer(os.path.join(self.model_dir, "summaries"))
+                        if self.chief and config.tensorboard else None)
+        previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+        try:
+            return self._train_from(start_step)
+        finally:
+            signal.signal(signal.SIGTERM, previous_handler)
+            self.checkpointer.close()
+
+    def _train_from(self, start_step: int) -> dict:
+        config = self.config
+        step = start_step
+        last_train, last_eval, rates = {}, {}, []
+        if step < self.total_steps:
+            dataset = self.strategy.distribute_datasets_from_function(
+                pipeline.train_dataset_fn(config, self.info, step))
+            iterator = iter(dataset)
+            progress = _Progress(config, self.total_steps, step, self.chief)
+            profile = [int(s) for s in config.profile_steps.split(",")] if config.profile_steps else []
+            consecutive_nonfinite = 0
+            for boundary in (b for b in self._boundaries() if b > step):
+                while step < boundary:
+                    if profile and step == profile[0] and self.chief:
+                        tf.profiler.experimental.start(os.path.join(self.model_dir, "profile"))
+                    num_steps = min(config.steps_per_loop, boundary - step)
+                    started = time.perf_counter()
+                    self._train_loop(iterator, tf.constant(num_steps, tf.int64))
+                    sums = self._read_and_reset(self.train_sums)  # reading waits for the steps to finish
+                    elapsed = time.perf_counter() - started
+                    first_loop = step == start_step
+                    step += num_steps
+                    if profile and step == profile[-1] and self.chief:
+                        tf.profiler.experimental.stop()
+                    nonfinite = sums.pop("nonfinite_steps", 0.0)
+                    values = {k: v / num_steps for k, v in sums.items()}
+                    values["nonfinite_steps"] = int(round(nonfinite))
+                    values.update(self.task.learning_rates())
+                    values.update(self.task.loss_scales())
+                    values["examples_per_sec"] = num_steps * config.global_batch_size / elapsed
+                    values["step_time_ms"] = 1000 * elapsed / num_steps
+                    if not first_loop:  # the first loop includes tracing and compilation
+                        rates.append(values["examples_per_sec"])
+                    last_train = values
+                    self.history.write("train", step, values)
+                    self._summaries("train", step, values)
+                    progress.update(step, values)
+                    consecutive_nonfinite = consecutive_nonfinite + int(round(nonfinite)) if nonfinite else 0
+                    if consecutive_nonfinite >= config.max_nonfinite_steps:
+                        raise NonFiniteError(
+                            f"{consecutive_nonfinite} consecutive steps had a non-finite loss or gradient (ending at "
+                            f"step {step}); their updates were skipped. The last good checkpoint is in "
+                            f"{self.checkpointer.real_dir}. Lower --base_learning_rate, set --grad_clip_norm, or "
+                            "use --precision=float32/mixed_bfloat16.")
+                    if self._any_worker_preempted():
+                        self.checkpointer.save()
+                        log.warning("preempted: checkpoint saved at step %d; rerun the same command to resume", step)
+                        raise Preempted(step)
+                if step < self.total_steps:
+                    if config.checkpoint_every_steps and step % config.checkpoint_every_steps == 0:
+                        self.checkpointer.save()
+                    if config.eval_every_steps and step % config.eval_every_steps == 0:
+                        last_eval = self.evaluate(step)
+            progress.close()
+            self.checkpointer.save()
+        else:
+            log.info("already trained to step %d (--train_steps=%d); evaluating only", step, self.total_steps)
+        last_eval = self.evaluate(step) or last_eval
+        final = {"step": step}
+        if last_train:
+            final.update({f"train_{k}" if not k.startswith(("learning_rate", "loss_scale")) else k: v
+                          for k, v in last_train.items() if k not in ("examples_per_sec", "step_time_ms")})
+        final["examples_per_sec"] = float(np.median(rates)) if rates else last_train.get("examples_per_sec", 0.0)
+        final.update(last_eval)
+        return final
+
+
+def _fmt(values: dict) -> str:
+    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
+
+
+class _Progress:
+    """A Keras-style progress bar on a terminal, one line per loop otherwise; chief only."""
+
+    KEYS = ("loss", "accuracy", "d_loss", "g_loss", "learning_rate", "loss_scale", "examples_per_sec",
+            "step_time_ms")
+
+    def __init__(self, config: Config, total: int, start: int, chief: bool):
+        self.total = total
+        verbose = config.verbose if config.verbose >= 0 else (1 if sys.stdout.isatty() else 2)
+        self.verbose = verbose if chief else 0
+        self.bar = None
+        if self.verbose == 1:
+            import keras
+
+            self.bar = keras.utils.Progbar(total, stateful_metrics=self.KEYS, unit_name="step")
+            self.bar.update(start)
+
+    def update(self, step: int, values: dict):
+        shown = [(k, values[k]) for k in self.KEYS if k in values]
+        if self.bar is not None:
+            self.bar.update(step, shown)
+        elif self.verbose == 2:
+            print(f"step {step}/{self.total} " + " ".join(f"{k}={v:.4g}" for k, v in shown), flush=True)
+
+    def close(self):
+        if self.bar is not None:
+            print(flush=True)
