@@ -1,0 +1,1 @@
+"""Tasks: what a training step computes (classification, gan)."""
