@@ -60,6 +60,9 @@ def run(config: Config) -> dict:
     if config.jit_compile and placement.on_logical_cpus:
         log.warning("--jit_compile is off for this run: XLA cannot compile one replica's step across logical CPU "
                     "devices (it does take effect on GPUs and with one device)")
+    elif config.jit_compile and config.sync_batch_norm and placement.num_replicas > 1:
+        log.warning("--jit_compile is off for this run: --sync_batch_norm all-reduces inside the forward pass, "
+                    "which XLA cannot compile")
     info = pipeline.prepare(config)
     total_steps = pipeline.resolve_train_steps(config, info)
     log.info("data: %s %s train=%d eval=%s(%d) classes=%d; %d steps of %d examples (%.2f epochs)", info.name,

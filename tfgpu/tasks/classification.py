@@ -29,11 +29,14 @@ class ClassificationTask(Task):
         self.optimizer = precision.wrap_optimizer(optimizers.create_optimizer(config, self.schedule), config)
         optimizers.exclude_from_decay(self.optimizer, self.model.trainable_variables)
         self.optimizer.build(self.model.trainable_variables)
-        self._grads_fn = tf.function(self._gradients, jit_compile=self.jit_compile)
+        # XLA compiles the forward and backward pass; the all-reduce and the update stay outside it.
+        self._grads_fn = tf.function(self._gradients, jit_compile=True) if self.jit_compile else self._gradients
 
     @property
     def jit_compile(self) -> bool:
-        return self.config.jit_compile and not self.placement.on_logical_cpus
+        """--jit_compile, unless the replicas are logical CPUs or BatchNorm synchronizes inside the pass."""
+        synced_bn = self.config.sync_batch_norm and self.placement.num_replicas > 1
+        return self.config.jit_compile and not self.placement.on_logical_cpus and not synced_bn
 
     @property
     def train_metric_names(self):
