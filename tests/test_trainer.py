@@ -1,0 +1,110 @@
+"""The training loop under each strategy: agreement across replicas, exact resume, preemption, quickstart."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO, checkpoint_weights, read_history, read_metrics
+
+SMALL = ["--dataset=digits", "--model=resnet20", "--global_batch_size=64", "--eval_split=none", "--verbose=2"]
+
+
+def _model_weights(model_dir):
+    return {k: v for k, v in checkpoint_weights(model_dir).items() if k.startswith("model/")}
+
+
+def test_mirrored_two_replicas_matches_one_device(run_train, tmp_path):
+    """2 logical CPU replicas, 4 steps per loop, synchronized BN: same losses and weights as one device.
+
+    Tolerance: 1e-4 on the per-loop mean loss; 1e-4 absolute plus 1e-4 relative on weights and BN statistics
+    (float32 sums taken in another order).
+    """
+    common = SMALL + ["--train_steps=8", "--steps_per_loop=4", "--sync_batch_norm", "--deterministic",
+                      "--cpu_logical_devices=2"]
+    run_train(*common, "--distribution_strategy=one_device", f"--model_dir={tmp_path / 'one'}")
+    mirrored = run_train(*common, "--distribution_strategy=mirrored", f"--model_dir={tmp_path / 'two'}")
+    assert "strategy=mirrored replicas=2" in mirrored.output
+    one, two = read_history(tmp_path / "one"), read_history(tmp_path / "two")
+    assert [r["step"] for r in one] == [r["step"] for r in two] == [4, 8]
+    np.testing.assert_allclose([r["loss"] for r in two], [r["loss"] for r in one], atol=1e-4)
+    assert one[-1]["loss"] < one[0]["loss"]
+    w1, w2 = _model_weights(tmp_path / "one"), _model_weights(tmp_path / "two")
+    assert w1.keys() == w2.keys() and len(w1) > 10
+    for name in w1:
+        np.testing.assert_allclose(w2[name], w1[name], rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def test_continuing_a_finished_run_equals_one_long_run(run_train, tmp_path):
+    """Train N steps, rerun with 2N: resumes at N and ends with the weights of an uninterrupted 2N run."""
+    common = SMALL + ["--lr_schedule=constant", "--deterministic", "--steps_per_loop=3", "--shuffle_buffer=64"]
+    run_train(*common, "--train_steps=12", f"--model_dir={tmp_path / 'straight'}")
+    run_train(*common, "--train_steps=6", f"--model_dir={tmp_path / 'split'}")
+    second = run_train(*common, "--train_steps=12", f"--model_dir={tmp_path / 'split'}")
+    assert "resuming at step 6" in second.output
+    assert [r["step"] for r in read_history(tmp_path / "split")] == [3, 6, 9, 12]
+    straight, split = _model_weights(tmp_path / "straight"), _model_weights(tmp_path / "split")
+    for name in straight:
+        np.testing.assert_array_equal(split[name], straight[name], err_msg=name)
+    assert read_metrics(tmp_path / "split")["step"] == 12
+
+
+def test_sigterm_saves_exits_143_and_resume_is_exact(run_train, data_cache, tmp_path):
+    """Preemption: SIGTERM mid-run checkpoints at a loop boundary and exits 143; the rerun finishes with the
+    weights of an uninterrupted run (cosine schedule, deterministic mode)."""
+    common = SMALL + ["--train_steps=120", "--steps_per_loop=2", "--deterministic", "--checkpoint_every_steps=0"]
+    run_train(*common, f"--model_dir={tmp_path / 'straight'}")
+    model_dir = tmp_path / "preempted"
+    env = {**os.environ, "TFGPU_DATA_CACHE": data_cache, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    proc = subprocess.Popen([sys.executable, "-m", "tfgpu.train", *common, f"--model_dir={model_dir}"], cwd=REPO,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 120
+        history = model_dir / "history.jsonl"
+        while not (history.exists() and history.read_text().count("\n") >= 2):
+            assert proc.poll() is None and time.time() < deadline, "run ended before it could be preempted"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, output[-3000:]
+    assert "preempted: checkpoint saved at step" in output
+    stopped_at = read_history(model_dir)[-1]["step"]
+    assert 0 < stopped_at < 120
+    resumed = run_train(*common, f"--model_dir={model_dir}")
+    assert f"resuming at step {stopped_at}" in resumed.output
+    straight, split = _model_weights(tmp_path / "straight"), _model_weights(model_dir)
+    for name in straight:
+        np.testing.assert_array_equal(split[name], straight[name], err_msg=name)
+
+
+def test_quickstart_reduced_trains_evaluates_and_exports(run_train, tmp_path):
+    model_dir = tmp_path / "qs"
+    proc = run_train("--flagfile=configs/quickstart.flags", "--epochs=4", "--eval_every_steps=45",
+                     f"--model_dir={model_dir}")
+    metrics = read_metrics(model_dir)
+    for key in ("step", "train_loss", "val_loss", "val_accuracy", "examples_per_sec"):
+        assert key in metrics
+    assert metrics["step"] == 90 and metrics["val_accuracy"] > 0.8, metrics
+    assert "final: step=90" in proc.stdout
+    evals = read_history(model_dir, "eval")
+    assert [e["step"] for e in evals] == [45, 90] and evals[-1]["val_examples"] == 359
+    assert (model_dir / "config.yaml").exists() and (model_dir / "export" / "model.keras").exists()
+    assert os.listdir(model_dir / "summaries")
+
+
+@pytest.mark.slow
+def test_quickstart_reaches_097(run_train, tmp_path):
+    run_train("--flagfile=configs/quickstart.flags", f"--model_dir={tmp_path}", timeout=600)
+    assert read_metrics(tmp_path)["val_accuracy"] >= 0.97
+
+
+def test_mirrored_multiloop_eval_covers_every_example_once(run_train, tmp_path):
+    """Eval under 2 replicas with a batch that does not divide the split: padding is weighted out."""
+    run_train("--dataset=digits", "--model=small_cnn", "--global_batch_size=64", "--eval_batch_size=50",
+              "--train_steps=4", "--steps_per_loop=2", "--cpu_logical_devices=2", f"--model_dir={tmp_path}")
+    assert read_history(tmp_path, "eval")[-1]["val_examples"] == 359
