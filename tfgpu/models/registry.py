@@ -61,5 +61,5 @@ def create_model(name: str, input_shape, num_classes: int, **kwargs) -> keras.Mo
     model = get_spec(name).builder(tuple(input_shape), num_classes, **kwargs)
     if model.outputs[0].dtype != "float32":
         logits = keras.layers.Activation("linear", dtype="float32", name="float32_logits")(model.outputs[0])
-        model = keras.Model(model.inputs, logits, name=model.name)
+        model = keras.Model(model.input, logits, name=model.name)
     return model
