@@ -1,0 +1,64 @@
+"""Learning-rate scaling and schedules, weight decay that skips BN/bias, global-norm clipping."""
+import dataclasses
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfgpu import optimizers
+from tfgpu.config import Config
+
+BASE = Config(model_dir="unused", dataset="digits", global_batch_size=1024, base_learning_rate=0.1)
+
+
+def test_peak_learning_rate_scales_linearly_with_global_batch():
+    assert optimizers.peak_learning_rate(BASE) == pytest.approx(0.4)
+    assert optimizers.peak_learning_rate(dataclasses.replace(BASE, global_batch_size=256)) == pytest.approx(0.1)
+
+
+def test_warmup_then_cosine_to_zero():
+    schedule = optimizers.learning_rate_schedule(dataclasses.replace(BASE, warmup_epochs=5), 1000, 10.0)
+    lrs = [float(schedule(s)) for s in (0, 24, 49, 50, 525, 999)]
+    assert lrs[0] == pytest.approx(0.4 / 50) and lrs[1] == pytest.approx(0.4 * 25 / 50)
+    assert lrs[2] == pytest.approx(0.4) and lrs[3] == pytest.approx(0.4)
+    assert lrs[4] == pytest.approx(0.2, rel=1e-3) and lrs[5] < 1e-5
+
+
+def test_step_schedule_decays_at_epoch_boundaries():
+    config = dataclasses.replace(BASE, lr_schedule="step", lr_decay_epochs=(30.0, 60.0), lr_decay_factor=0.1)
+    schedule = optimizers.learning_rate_schedule(config, 900, 10.0)
+    assert [round(float(schedule(s)), 6) for s in (0, 299, 300, 599, 600)] == [0.4, 0.4, 0.04, 0.04, 0.004]
+
+
+def test_l2_penalty_adds_wd_times_w_to_kernels_only():
+    config = dataclasses.replace(BASE, weight_decay=1e-2)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.BatchNormalization()])
+    with tf.GradientTape() as tape:
+        penalty = optimizers.l2_penalty(config, model.trainable_variables, num_replicas=2)
+    grads = tape.gradient(penalty, model.trainable_variables)
+    for var, grad in zip(model.trainable_variables, grads):
+        if len(var.shape) > 1:
+            np.testing.assert_allclose(2 * grad, 1e-2 * var.numpy(), rtol=1e-6)  # summed over 2 replicas
+        else:
+            assert grad is None  # bias, BN gamma and beta never decay
+    assert float(optimizers.l2_penalty(dataclasses.replace(config, optimizer="adamw"), model.variables, 1)) == 0
+
+
+def test_adamw_excludes_bn_and_bias_from_decoupled_decay():
+    config = dataclasses.replace(BASE, optimizer="adamw", weight_decay=0.5)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    opt = optimizers.create_optimizer(config, 0.1)
+    optimizers.exclude_from_decay(opt, model.trainable_variables)
+    kernel, bias = (v.numpy().copy() for v in model.trainable_variables)
+    model.trainable_variables[1].assign(np.ones(2, np.float32))
+    opt.apply([tf.zeros_like(v) for v in model.trainable_variables], model.trainable_variables)
+    np.testing.assert_allclose(model.trainable_variables[0].numpy(), kernel * (1 - 0.1 * 0.5), rtol=1e-6)
+    np.testing.assert_allclose(model.trainable_variables[1].numpy(), np.ones(2))
+
+
+def test_clip_by_global_norm_measures_the_unscaled_gradient():
+    grads = [tf.constant([3.0, 0.0]) * 8, tf.constant([[4.0]]) * 8]  # norm 5, loss scale 8
+    clipped, norm = optimizers.clip_by_global_norm(grads, 1.0, tf.constant(8.0), num_replicas=1)
+    assert float(norm) == pytest.approx(5.0)
+    assert float(tf.linalg.global_norm(clipped)) / 8 == pytest.approx(1.0)
