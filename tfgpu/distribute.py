@@ -109,11 +109,16 @@ def choose_kind(config: Config, num_gpus: int, num_workers: int) -> str:
 
 def build_strategy(config: Config) -> Placement:
     """Creates the strategy for ``config``; call ``configure_devices`` first."""
-    gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
-    cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
+    # MultiWorkerMirroredStrategy must exist before TensorFlow initialises its runtime, so nothing below
+    # lists logical devices until the strategy kind is known.
+    visible_gpus = tf.config.get_visible_devices("GPU")
     cluster_desc = _cluster(config)
     num_workers = cluster_desc["num_workers"] if cluster_desc else 1
-    kind = choose_kind(config, len(gpus), num_workers)
+    kind = choose_kind(config, len(visible_gpus), num_workers)
+    if kind == "multi_worker_mirrored":
+        return _multi_worker(config, cluster_desc, num_workers)
+    gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
+    cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
 
     if kind == "one_device":
         device = gpus[0] if gpus else cpus[0]
@@ -125,16 +130,21 @@ def build_strategy(config: Config) -> Placement:
             devices=devices, cross_device_ops=_mirrored_cross_device_ops(config.all_reduce_alg))
         return Placement(strategy, kind, strategy.num_replicas_in_sync, 1, 0, True, tuple(devices),
                          not gpus and len(devices) > 1)
-    # multi_worker_mirrored
-    from tfgpu import cluster
 
-    resolver = cluster.make_cluster_resolver(cluster_desc) if cluster_desc else None
+
+def _multi_worker(config: Config, cluster_desc, num_workers: int) -> Placement:
+    try:
+        from tfgpu import cluster
+        resolver = cluster.make_cluster_resolver(cluster_desc) if cluster_desc else None
+        is_chief = cluster.is_chief(cluster_desc) if cluster_desc else True
+    except ImportError:  # TODO(lead): remove once tfgpu.cluster lands
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        is_chief = not cluster_desc or cluster_desc["task_id"] == 0
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
         cluster_resolver=resolver, communication_options=_collective_options(config))
-    is_chief = cluster.is_chief(cluster_desc) if cluster_desc else True
     index = cluster_desc["task_id"] if cluster_desc else 0
-    local = gpus or cpus[:1]
-    return Placement(strategy, kind, strategy.num_replicas_in_sync, num_workers, index, is_chief,
+    local = [d.name for d in tf.config.list_logical_devices("GPU")] or ["/device:CPU:0"]
+    return Placement(strategy, "multi_worker_mirrored", strategy.num_replicas_in_sync, num_workers, index, is_chief,
                      tuple(local), False)
 
 

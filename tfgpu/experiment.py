@@ -41,10 +41,10 @@ def run(config: Config) -> dict:
     distribute.configure_devices(config)
     if config.deterministic:
         tf.config.experimental.enable_op_determinism()
+    placement = distribute.build_strategy(config)
     import keras
 
     keras.utils.set_random_seed(config.seed)
-    placement = distribute.build_strategy(config)
     log.info("%s", placement.describe())
     if config.global_batch_size % placement.num_replicas:
         raise ConfigError("global_batch_size", f"{config.global_batch_size} is not divisible by the "

@@ -137,7 +137,7 @@ class Trainer:
             return self._preempt_requested
         flag = tf.constant(1.0 if self._preempt_requested else 0.0)
         per_replica = self.strategy.experimental_distribute_values_from_function(lambda ctx: flag)
-        return float(self.strategy.reduce(tf.distribute.ReduceOp.MAX, per_replica, axis=None)) > 0
+        return float(self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)) > 0
 
     # -- evaluation ------------------------------------------------------------
     def evaluate(self, step: int) -> dict:
