@@ -3,6 +3,7 @@
 Everything that can be checked cheaply is checked before the first heavy step,
 so a bad option costs seconds, not a compiled model.
 """
+import dataclasses
 import json
 import logging
 import os
@@ -26,10 +27,23 @@ def check_model_dir(model_dir: str) -> None:
         raise ConfigError("model_dir", f"{model_dir!r} is not writable: {e.strerror or e}") from None
 
 
-def run(config: Config) -> dict:
-    """Trains (or resumes) the run described by ``config``; returns the final metrics the chief writes."""
+@dataclasses.dataclass
+class Setup:
+    """The pieces of a run, built and checked, before any training: what run, evaluate, export and the
+    benchmark share."""
+    config: Config
+    placement: object  # tfgpu.distribute.Placement
+    info: object  # tfgpu.data.pipeline.DatasetInfo
+    task: object  # tfgpu.tasks.base.Task
+    trainer: object  # tfgpu.trainer.Trainer
+    total_steps: int
+
+
+def setup(config: Config, write_config: bool = True) -> Setup:
+    """Devices, strategy, data description, task and trainer for ``config``; raises ConfigError early."""
     check_model_dir(config.model_dir)
     # TensorFlow is imported only now, after the cheap checks.
+    import keras
     import tensorflow as tf
 
     from tfgpu import distribute, precision
@@ -37,26 +51,13 @@ def run(config: Config) -> dict:
     from tfgpu.tasks.base import get_task
     from tfgpu.trainer import Trainer
 
-    started = time.time()
     distribute.configure_devices(config)
     if config.deterministic:
         tf.config.experimental.enable_op_determinism()
     placement = distribute.build_strategy(config)
-    import keras
-
     keras.utils.set_random_seed(config.seed)
     log.info("%s", placement.describe())
-    if config.global_batch_size % placement.num_replicas:
-        raise ConfigError("global_batch_size", f"{config.global_batch_size} is not divisible by the "
-                          f"{placement.num_replicas} replicas")
-    per_replica = config.global_batch_size // placement.num_replicas
-    if per_replica % config.grad_accum_steps:
-        raise ConfigError("grad_accum_steps", f"{config.grad_accum_steps} does not divide the per-replica batch "
-                          f"{per_replica}")
-    eval_batch = config.eval_batch_size or config.global_batch_size
-    if eval_batch % placement.num_replicas:
-        raise ConfigError("eval_batch_size", f"{eval_batch} is not divisible by the {placement.num_replicas} "
-                          "replicas")
+    _check_batches(config, placement.num_replicas)
     if config.jit_compile and placement.on_logical_cpus:
         log.warning("--jit_compile is off for this run: XLA cannot compile one replica's step across logical CPU "
                     "devices (it does take effect on GPUs and with one device)")
@@ -69,30 +70,56 @@ def run(config: Config) -> dict:
              info.image_shape, info.num_train_examples, info.eval_split or "none",
              info.split_sizes.get(info.eval_split, 0), info.num_classes, total_steps, config.global_batch_size,
              total_steps / pipeline.steps_per_epoch(config, info))
-    if placement.is_chief:
+    if placement.is_chief and write_config:
         save_yaml(config, os.path.join(config.model_dir, "config.yaml"))
     precision.set_policy(config.precision)
     try:
         task = get_task(config.task)(config, info, placement, total_steps)
     except ValueError as e:
         raise ConfigError("task", str(e)) from None
-    trainer = Trainer(config, placement, task, info, total_steps)
-    metrics = trainer.train()
+    return Setup(config, placement, info, task, Trainer(config, placement, task, info, total_steps), total_steps)
+
+
+def _check_batches(config: Config, num_replicas: int) -> None:
+    if config.global_batch_size % num_replicas:
+        raise ConfigError("global_batch_size", f"{config.global_batch_size} is not divisible by the "
+                          f"{num_replicas} replicas")
+    per_replica = config.global_batch_size // num_replicas
+    if per_replica % config.grad_accum_steps:
+        raise ConfigError("grad_accum_steps", f"{config.grad_accum_steps} does not divide the per-replica batch "
+                          f"{per_replica}")
+    eval_batch = config.eval_batch_size or config.global_batch_size
+    if eval_batch % num_replicas:
+        raise ConfigError("eval_batch_size", f"{eval_batch} is not divisible by the {num_replicas} replicas")
+
+
+def run(config: Config) -> dict:
+    """Trains (or resumes) the run described by ``config``; returns the final metrics the chief writes."""
+    started = time.time()
+    built = setup(config)
+    placement, task = built.placement, built.task
+    metrics = built.trainer.train()
     metrics.update({"task": config.task, "model": config.model, "precision": config.precision,
                     "strategy": placement.kind, "num_replicas": placement.num_replicas,
                     "num_workers": placement.num_workers, "global_batch_size": config.global_batch_size,
                     "wall_time_s": round(time.time() - started, 1)})
     if placement.is_chief:
-        export_path = os.path.join(config.model_dir, "export", "model.keras")
-        os.makedirs(os.path.dirname(export_path), exist_ok=True)
-        tmp = os.path.join(os.path.dirname(export_path), f".tmp-{os.getpid()}.keras")
-        task.export(tmp)
-        if os.path.exists(tmp):
-            os.replace(tmp, export_path)
+        export_model(task, config.model_dir)
         atomic_write_bytes(os.path.join(config.model_dir, "metrics.json"),
                            json.dumps(metrics, indent=2, sort_keys=True).encode())
         _write_report(config.model_dir)
     return metrics
+
+
+def export_model(task, model_dir: str) -> str:
+    """Saves the task's deployable model to ``<model_dir>/export/model.keras`` (atomic rename)."""
+    export_path = os.path.join(model_dir, "export", "model.keras")
+    os.makedirs(os.path.dirname(export_path), exist_ok=True)
+    tmp = os.path.join(os.path.dirname(export_path), f".tmp-{os.getpid()}.keras")
+    task.export(tmp)
+    if os.path.exists(tmp):
+        os.replace(tmp, export_path)
+    return export_path
 
 
 def _write_report(model_dir: str) -> None:

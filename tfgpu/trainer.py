@@ -172,15 +172,24 @@ class Trainer:
         self._writer.flush()
 
     # -- the loop ----------------------------------------------------------------
-    def train(self) -> dict:
-        """Trains to ``total_steps`` (resuming from the latest checkpoint) and returns the final metrics."""
-        config = self.config
+    def restore(self, checkpoint_path: str = "") -> int:
+        """Builds the task's models and optimizers and restores the latest (or the given) checkpoint;
+        returns its step (0 when there is none)."""
         self._build()
-        start_step = self.checkpointer.restore_latest()
+        if checkpoint_path:
+            self.checkpointer.checkpoint.restore(checkpoint_path).expect_partial()
+            step = int(self.step.numpy())
+        else:
+            step = self.checkpointer.restore_latest()
         if self.task.describe():
             log.info("%s", self.task.describe())
         self._writer = (tf.summary.create_file_writer(os.path.join(self.model_dir, "summaries"))
-                        if self.chief and config.tensorboard else None)
+                        if self.chief and self.config.tensorboard else None)
+        return step
+
+    def train(self) -> dict:
+        """Trains to ``total_steps`` (resuming from the latest checkpoint) and returns the final metrics."""
+        start_step = self.restore()
         previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
         try:
             return self._train_from(start_step)
