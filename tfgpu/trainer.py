@@ -140,7 +140,8 @@ class Trainer:
         return float(self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)) > 0
 
     # -- evaluation ------------------------------------------------------------
-    def evaluate(self, step: int) -> dict:
+    def evaluate(self, step: int, record: bool = True) -> dict:
+        """Runs the task's evaluation; ``record`` appends it to history.jsonl and TensorBoard."""
         if not self.info.eval_split and self.task.name == "classification":
             return {}
 
@@ -154,7 +155,7 @@ class Trainer:
 
         start = time.time()
         metrics = self.task.evaluate(run_eval, step, self.model_dir)
-        if metrics:
+        if metrics and record:
             metrics["eval_time_s"] = round(time.time() - start, 3)
             self.history.write("eval", step, metrics)
             self._summaries("eval", step, metrics)

@@ -1,0 +1,83 @@
+"""Commands around training: evaluate a checkpoint under any strategy; export a model that loads without tfgpu."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO, read_history
+
+RUN = ["--dataset=digits", "--model=small_cnn", "--global_batch_size=32", "--train_steps=30", "--steps_per_loop=10",
+       "--precision=mixed_bfloat16", "--base_learning_rate=0.8"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, data_cache):
+    model_dir = tmp_path_factory.mktemp("run")
+    env = {**os.environ, "TFGPU_DATA_CACHE": data_cache, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    subprocess.run([sys.executable, "-m", "tfgpu.train", *RUN, f"--model_dir={model_dir}"], cwd=REPO, env=env,
+                   check=True, capture_output=True, timeout=300)
+    return model_dir, env
+
+
+def _tool(name, args, env, check=True):
+    proc = subprocess.run([sys.executable, "-m", f"tfgpu.{name}", *args], cwd=REPO, env=env, text=True,
+                          capture_output=True, timeout=300)
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_evaluate_reproduces_the_runs_final_eval_under_another_strategy(trained):
+    model_dir, env = trained
+    final = read_history(model_dir, "eval")[-1]
+    out = os.path.join(model_dir, "eval-two-replicas.json")
+    _tool("evaluate", [f"--model_dir={model_dir}", "--cpu_logical_devices=2", f"--output_json={out}"], env)
+    with open(out) as f:
+        metrics = json.load(f)
+    assert metrics["step"] == 30 and metrics["val_examples"] == 359
+    assert metrics["val_accuracy"] == pytest.approx(final["val_accuracy"], abs=1e-6)
+    assert metrics["val_loss"] == pytest.approx(final["val_loss"], rel=1e-3)
+
+
+def test_evaluate_without_a_run_dir_names_the_flag(tmp_path, trained):
+    proc = _tool("evaluate", [f"--model_dir={tmp_path}"], trained[1], check=False)
+    assert proc.returncode == 1 and "--model_dir" in proc.stderr and "config.yaml not found" in proc.stderr
+
+
+def test_exports_load_without_tfgpu_and_predict_like_the_trained_model(trained, tmp_path):
+    model_dir, env = trained
+    _tool("export", [f"--model_dir={model_dir}", "--format=saved_model", f"--output={tmp_path / 'sm'}"], env)
+    _tool("export", [f"--model_dir={model_dir}", "--format=keras", f"--output={tmp_path / 'm.keras'}"], env)
+    batch = np.random.default_rng(0).uniform(-1, 1, (5, 8, 8, 1)).astype(np.float32)
+    np.save(tmp_path / "batch.npy", batch)
+    reference = f"""
+import numpy as np
+from tfgpu import train, experiment
+config = train.parse(["--config={model_dir}/config.yaml"])
+built = experiment.setup(config, write_config=False)
+built.trainer.restore()
+np.save("{tmp_path}/reference.npy", np.asarray(built.task.model(np.load("{tmp_path}/batch.npy"), training=False)))
+"""
+    subprocess.run([sys.executable, "-c", reference], cwd=REPO, env=env, check=True, capture_output=True, timeout=300)
+    without_tfgpu = f"""
+import sys
+sys.modules["tfgpu"] = None  # any import of tfgpu now fails
+import numpy as np, keras, tensorflow as tf
+batch = np.load("{tmp_path}/batch.npy")
+saved_model = tf.saved_model.load("{tmp_path}/sm")  # keep a reference: its variables live in it
+served = saved_model.serve(tf.constant(batch))
+loaded = keras.saving.load_model("{tmp_path}/m.keras")(batch, training=False)
+assert served.dtype == tf.float32 and loaded.dtype == tf.float32, (served.dtype, loaded.dtype)
+np.save("{tmp_path}/served.npy", served.numpy()); np.save("{tmp_path}/loaded.npy", np.asarray(loaded))
+"""
+    subprocess.run([sys.executable, "-c", without_tfgpu], cwd=str(tmp_path), env=env, check=True, timeout=300)
+    reference = np.load(tmp_path / "reference.npy")
+    assert reference.shape == (5, 10)
+    # The run computes in bfloat16 (8 significant bits): graph and eager execution may round differently.
+    for name in ("served.npy", "loaded.npy"):
+        exported = np.load(tmp_path / name)
+        np.testing.assert_allclose(exported, reference, atol=1e-2, err_msg=name)
+        np.testing.assert_array_equal(exported.argmax(-1), reference.argmax(-1))
