@@ -108,3 +108,16 @@ def test_mirrored_multiloop_eval_covers_every_example_once(run_train, tmp_path):
     run_train("--dataset=digits", "--model=small_cnn", "--global_batch_size=64", "--eval_batch_size=50",
               "--train_steps=4", "--steps_per_loop=2", "--cpu_logical_devices=2", f"--model_dir={tmp_path}")
     assert read_history(tmp_path, "eval")[-1]["val_examples"] == 359
+
+
+def test_profile_input_reports_wait_share_and_leaves_training_unchanged(run_train, tmp_path):
+    common = SMALL + ["--model=small_cnn", "--train_steps=30", "--steps_per_loop=5", "--deterministic"]
+    run_train(*common, f"--model_dir={tmp_path / 'plain'}")
+    proc = run_train(*common, "--profile_input", "--profile_steps=10,15", f"--model_dir={tmp_path / 'profiled'}")
+    profile = __import__("json").loads((tmp_path / "profiled" / "input_profile.json").read_text())
+    assert 0.0 <= profile["input_wait_fraction"] <= 1.0 and profile["input_examples_per_sec"] > 0
+    assert "input-bound" in profile["verdict"] and "input profile:" in proc.output
+    assert list((tmp_path / "profiled" / "profile").rglob("*.xplane.pb"))
+    plain, profiled = _model_weights(tmp_path / "plain"), _model_weights(tmp_path / "profiled")
+    for name in plain:
+        np.testing.assert_array_equal(profiled[name], plain[name], err_msg=name)

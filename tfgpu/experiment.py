@@ -48,6 +48,7 @@ def setup(config: Config, write_config: bool = True) -> Setup:
 
     from tfgpu import distribute, precision
     from tfgpu.data import pipeline
+    from tfgpu.models import list_models
     from tfgpu.tasks.base import get_task
     from tfgpu.trainer import Trainer
 
@@ -55,6 +56,12 @@ def setup(config: Config, write_config: bool = True) -> Setup:
     if config.deterministic:
         tf.config.experimental.enable_op_determinism()
     placement = distribute.build_strategy(config)
+    try:
+        task_class = get_task(config.task)
+    except ValueError as e:
+        raise ConfigError("task", str(e)) from None
+    list_models()  # imports every model family now: some imports draw random numbers
+    keras.backend.clear_session()  # a second run in one process starts from the same state as the first
     keras.utils.set_random_seed(config.seed)
     log.info("%s", placement.describe())
     _check_batches(config, placement.num_replicas)
@@ -73,10 +80,7 @@ def setup(config: Config, write_config: bool = True) -> Setup:
     if placement.is_chief and write_config:
         save_yaml(config, os.path.join(config.model_dir, "config.yaml"))
     precision.set_policy(config.precision)
-    try:
-        task = get_task(config.task)(config, info, placement, total_steps)
-    except ValueError as e:
-        raise ConfigError("task", str(e)) from None
+    task = task_class(config, info, placement, total_steps)
     return Setup(config, placement, info, task, Trainer(config, placement, task, info, total_steps), total_steps)
 
 

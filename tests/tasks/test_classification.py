@@ -1,0 +1,53 @@
+"""What a classification step computes: micro-batch accumulation, clipping and smoothing, run in-process."""
+import dataclasses
+import json
+
+import keras
+import numpy as np
+import pytest
+
+from tests.conftest import checkpoint_weights
+from tfgpu import experiment
+from tfgpu.config import Config
+from tfgpu.models import register_model
+
+
+@register_model("test_mlp_without_bn")
+def _mlp(input_shape, num_classes, **_):
+    """No BatchNorm: its gradient does not depend on how the batch is split."""
+    inputs = keras.Input(input_shape)
+    x = keras.layers.Dense(32, activation="relu")(keras.layers.Flatten()(inputs))
+    return keras.Model(inputs, keras.layers.Dense(num_classes)(x))
+
+
+@pytest.fixture
+def base(tmp_path, data_cache):
+    return Config(model_dir=str(tmp_path / "a"), dataset="digits", data_cache_dir=data_cache,
+                  model="test_mlp_without_bn", global_batch_size=64, train_steps=6, steps_per_loop=3,
+                  deterministic=True, eval_split="none", tensorboard=False, verbose=0, lr_schedule="constant",
+                  weight_decay=1e-3)
+
+
+def _train(config):
+    metrics = experiment.run(config)
+    keras.backend.clear_session()
+    return metrics, {k: v for k, v in checkpoint_weights(config.model_dir).items() if k.startswith("model/")}
+
+
+def test_gradient_accumulation_equals_the_full_batch_step(base, tmp_path):
+    full_metrics, full = _train(base)
+    accum_metrics, accum = _train(dataclasses.replace(base, model_dir=str(tmp_path / "b"), grad_accum_steps=4))
+    assert accum_metrics["train_loss"] == pytest.approx(full_metrics["train_loss"], rel=1e-5)
+    for name in full:
+        np.testing.assert_allclose(accum[name], full[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_global_norm_clipping_limits_the_update(base, tmp_path):
+    _, free = _train(base)
+    metrics, clipped = _train(dataclasses.replace(base, model_dir=str(tmp_path / "b"), grad_clip_norm=0.05))
+    assert metrics["train_grad_norm"] > 0.05  # the measured norm is the unclipped one
+    moved_free = sum(float(np.abs(v).sum()) for v in free.values())
+    moved_clipped = sum(float(np.abs(v).sum()) for v in clipped.values())
+    assert moved_clipped != pytest.approx(moved_free)
+    with open(f"{base.model_dir}/history.jsonl") as f:
+        assert all("grad_norm" not in json.loads(line) for line in f)  # only measured when clipping
