@@ -14,7 +14,9 @@ SMALL = ["--dataset=digits", "--model=resnet20", "--global_batch_size=64", "--ev
 
 
 def _model_weights(model_dir):
-    return {k: v for k, v in checkpoint_weights(model_dir).items() if k.startswith("model/")}
+    weights = checkpoint_weights(model_dir)
+    assert any("kernel" in k or "_trainable_variables" in k for k in weights), sorted(weights)
+    return weights
 
 
 def test_mirrored_two_replicas_matches_one_device(run_train, tmp_path):
