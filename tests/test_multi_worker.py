@@ -2,12 +2,15 @@
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
+import numpy as np
 import portpicker
 
-from tests.conftest import REPO, read_history, read_metrics
+from tests.conftest import REPO, checkpoint_weights, read_history, read_metrics
 
 
 def _start_workers(args, data_cache, num_workers=2):
@@ -50,3 +53,63 @@ def test_two_workers_train_agree_and_only_the_chief_writes(tmp_path, data_cache)
     assert sorted(f for f in os.listdir(model_dir / "checkpoints") if f.endswith(".index")) == \
         ["ckpt-4.index", "ckpt-8.index"]
     assert read_history(model_dir, "eval")[-1]["val_examples"] == 359
+
+
+LONG = ["--dataset=digits", "--model=small_cnn", "--global_batch_size=64", "--train_steps=60", "--steps_per_loop=5",
+        "--checkpoint_every_steps=10", "--deterministic", "--eval_split=none", "--verbose=2",
+        "--collective_timeout_s=20"]
+
+
+def _wait_for_history(model_dir, procs, lines=3, timeout=120):
+    history = model_dir / "history.jsonl"
+    deadline = time.time() + timeout
+    while not (history.exists() and history.read_text().count("\n") >= lines):
+        assert all(p.poll() is None for p in procs) and time.time() < deadline, "run ended too early"
+        time.sleep(0.05)
+
+
+def _weights(model_dir):
+    return checkpoint_weights(model_dir)
+
+
+def test_worker_death_stops_the_survivor_and_a_relaunch_resumes_exactly(tmp_path, data_cache):
+    straight = tmp_path / "straight"
+    outputs = _finish(_start_workers(LONG + [f"--model_dir={straight}"], data_cache))
+    assert all("final: step=60" in out for out in outputs), outputs[0][-2000:]
+
+    model_dir = tmp_path / "crashed"
+    procs = _start_workers(LONG + [f"--model_dir={model_dir}"], data_cache)
+    try:
+        _wait_for_history(model_dir, procs, lines=3)  # past the step-10 checkpoint
+        procs[1].kill()
+        started = time.time()
+        survivor = procs[0].communicate(timeout=90)[0]
+        assert time.time() - started < 60, "the surviving worker hung"
+    finally:
+        for p in procs:
+            p.kill()
+    assert procs[0].returncode == 129, survivor[-3000:]
+    assert "error: worker 0: a collective failed" in survivor and "rerun the same launch" in survivor
+
+    outputs = _finish(_start_workers(LONG + [f"--model_dir={model_dir}"], data_cache))
+    assert all("final: step=60" in out for out in outputs), outputs[0][-2000:]
+    assert re.search(r"resuming at step (10|20|30|40|50)", outputs[0])
+    expected, resumed = _weights(straight), _weights(model_dir)
+    for name in expected:
+        np.testing.assert_array_equal(resumed[name], expected[name], err_msg=name)
+
+
+def test_sigterm_to_one_worker_checkpoints_all_at_the_same_step(tmp_path, data_cache):
+    model_dir = tmp_path / "run"
+    procs = _start_workers(LONG + ["--train_steps=400", f"--model_dir={model_dir}"], data_cache)
+    try:
+        _wait_for_history(model_dir, procs, lines=2)
+        procs[1].send_signal(signal.SIGTERM)
+        outputs = [p.communicate(timeout=90)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [143, 143], outputs[0][-2000:] + outputs[1][-2000:]
+    steps = {re.search(r"checkpoint saved at step (\d+)", out).group(1) for out in outputs}
+    assert len(steps) == 1
+    assert os.path.exists(model_dir / "checkpoints" / f"ckpt-{steps.pop()}.index")

@@ -132,6 +132,9 @@ def main(argv=None) -> int:
         except trainer.NonFiniteError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+        except trainer.WorkerLost as e:
+            print(f"error: {e}", file=sys.stderr)
+            return trainer.WORKER_LOST_EXIT_CODE
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -38,8 +38,19 @@ class Preempted(SystemExit):
         self.step = step
 
 
+WORKER_LOST_EXIT_CODE = 129  # 128+: Kubeflow's ExitCode restart policy retries it; 1-127 are permanent
+
+
 class NonFiniteError(RuntimeError):
     pass
+
+
+class WorkerLost(RuntimeError):
+    """A collective failed or timed out because another worker died, hung or became unreachable."""
+
+# Errors a collective raises when a peer is gone (connection reset, --collective_timeout_s exceeded, aborted).
+_PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.CancelledError,
+                tf.errors.UnknownError, tf.errors.InternalError, tf.errors.AbortedError)
 
 
 def _accumulators(strategy, names):
@@ -272,8 +283,18 @@ class Trainer:
                         tf.profiler.experimental.start(os.path.join(self.model_dir, "profile"))
                     num_steps = min(config.steps_per_loop, boundary - step)
                     started = time.perf_counter()
-                    self._train_loop(iterator, tf.constant(num_steps, tf.int64))
-                    sums = self._read_and_reset(self.train_sums)  # reading waits for the steps to finish
+                    try:
+                        self._train_loop(iterator, tf.constant(num_steps, tf.int64))
+                        sums = self._read_and_reset(self.train_sums)  # reading waits for the steps to finish
+                    except _PEER_ERRORS as e:
+                        if self.placement.num_workers == 1:
+                            raise
+                        last = tf.train.latest_checkpoint(self.checkpointer.real_dir)
+                        raise WorkerLost(
+                            f"worker {self.placement.worker_index}: a collective failed during steps {step + 1}-"
+                            f"{step + num_steps} ({type(e).__name__}: {_cause(e)}); "
+                            f"another worker died, hung or became unreachable. Last checkpoint: {last or 'none'}; "
+                            "rerun the same launch to resume from it.") from None
                     elapsed = time.perf_counter() - started
                     first_loop = step == start_step
                     step += num_steps
@@ -323,6 +344,16 @@ class Trainer:
         final["examples_per_sec"] = float(np.median(rates)) if rates else last_train.get("examples_per_sec", 0.0)
         final.update(last_eval)
         return final
+
+
+def _cause(error: Exception) -> str:
+    """The line of a TensorFlow error message that says what happened to the peer."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for line in lines:
+        if any(word in line for word in ("aborted by", "Connection", "Deadline", "timed out", "unreachable",
+                                          "timeout")):
+            return line[:300]
+    return lines[0][:300] if lines else ""
 
 
 def _fmt(values: dict) -> str:
