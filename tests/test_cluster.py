@@ -1,0 +1,174 @@
+"""tfgpu.cluster: TF_CONFIG and Slurm environments → one cluster description and a ClusterResolver."""
+import json
+
+import pytest
+
+from tfgpu import cluster
+
+# The environment `srun` gave task 1 of a 2-node, 1-task-per-node step (sbatch --nodes=2 --ntasks-per-node=1),
+# trimmed to the SLURM_* variables plus the ones Slurm exports alongside them.
+RECORDED_SRUN_TASK1 = {
+    "SLURM_CLUSTER_NAME": "hpc",
+    "SLURM_CPUS_ON_NODE": "32",
+    "SLURM_GTIDS": "1",
+    "SLURM_JOBID": "734215",
+    "SLURM_JOB_ID": "734215",
+    "SLURM_JOB_NAME": "tfgpu-train",
+    "SLURM_JOB_NODELIST": "node[01-02]",
+    "SLURM_JOB_NUM_NODES": "2",
+    "SLURM_LAUNCH_NODE_IPADDR": "10.1.0.11",
+    "SLURM_LOCALID": "0",
+    "SLURM_NNODES": "2",
+    "SLURM_NODEID": "1",
+    "SLURM_NODELIST": "node[01-02]",
+    "SLURM_NPROCS": "2",
+    "SLURM_NTASKS": "2",
+    "SLURM_NTASKS_PER_NODE": "1",
+    "SLURM_PRIO_PROCESS": "0",
+    "SLURM_PROCID": "1",
+    "SLURM_STEPID": "0",
+    "SLURM_STEP_ID": "0",
+    "SLURM_STEP_LAUNCHER_PORT": "40137",
+    "SLURM_STEP_NODELIST": "node[01-02]",
+    "SLURM_STEP_NUM_NODES": "2",
+    "SLURM_STEP_NUM_TASKS": "2",
+    "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+    "SLURM_SUBMIT_DIR": "/home/ana/tfgpu",
+    "SLURM_SUBMIT_HOST": "login1",
+    "SLURM_TASKS_PER_NODE": "1(x2)",
+    "SLURM_TASK_PID": "201877",
+    "SLURM_TOPOLOGY_ADDR": "node02",
+    "SLURMD_NODENAME": "node02",
+    "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
+}
+
+
+def _tf_config(cluster_spec, task_type="worker", index=0):
+    return {"TF_CONFIG": json.dumps({"cluster": cluster_spec, "task": {"type": task_type, "index": index}})}
+
+
+TWO_WORKERS = {"worker": ["localhost:2222", "localhost:2223"]}
+
+
+def test_no_cluster_means_single_worker():
+    assert cluster.resolve_cluster("auto", {}) is None
+    assert cluster.resolve_cluster("tf_config", {}) is None
+    assert cluster.resolve_cluster("auto", _tf_config({"worker": ["localhost:2222"]})) is None
+    assert cluster.is_chief(None)
+
+
+def test_workers_only_tf_config_makes_worker_0_the_chief():
+    desc = cluster.resolve_cluster("auto", _tf_config(TWO_WORKERS, index=1))
+    assert desc == {"cluster_spec": TWO_WORKERS, "task_type": "worker", "task_id": 1, "num_workers": 2,
+                    "worker_index": 1, "is_chief": False, "rpc_layer": "grpc", "source": "tf_config"}
+    assert cluster.resolve_cluster("tf_config", _tf_config(TWO_WORKERS, index=0))["is_chief"]
+
+
+def test_chief_plus_workers():
+    spec = {"chief": ["c:2222"], "worker": ["w0:2222", "w1:2222"], "evaluator": ["e:2222"]}
+    chief = cluster.resolve_cluster("auto", _tf_config(spec, "chief", 0))
+    worker0 = cluster.resolve_cluster("auto", _tf_config(spec, "worker", 0))
+    assert chief["is_chief"] and not worker0["is_chief"]
+    assert chief["num_workers"] == worker0["num_workers"] == 3  # the evaluator trains nothing
+    assert (chief["worker_index"], worker0["worker_index"]) == (0, 1)
+
+
+@pytest.mark.parametrize("raw, message", [
+    ("{not json", "TF_CONFIG is not valid JSON"),
+    ("[1, 2]", "must be a JSON object"),
+    (json.dumps({"cluster": TWO_WORKERS}), "needs 'task'"),
+    (json.dumps({"cluster": TWO_WORKERS, "task": {"type": "worker", "index": 2}}),
+     "task index 2 is out of range: cluster has 2 worker task(s), valid indices 0..1"),
+    (json.dumps({"cluster": TWO_WORKERS, "task": {"type": "worker", "index": -1}}), "out of range"),
+    (json.dumps({"cluster": TWO_WORKERS, "task": {"type": "chief", "index": 0}}), "task type 'chief' is not in"),
+    (json.dumps({"cluster": {"worker": ["localhost", "localhost:1"]}, "task": {"type": "worker", "index": 0}}),
+     "'localhost' is not 'host:port'"),
+    (json.dumps({"cluster": {"worker": "a:1,b:2"}, "task": {"type": "worker", "index": 0}}),
+     "lists of 'host:port' strings"),
+    (json.dumps({"cluster": {"worker": ["a:1"], "ps": ["p:1"]}, "task": {"type": "worker", "index": 0}}),
+     "parameter-server clusters are not supported"),
+])
+def test_malformed_tf_config_is_a_clear_error(raw, message):
+    for source in ("auto", "tf_config"):
+        with pytest.raises(ValueError) as e:
+            cluster.resolve_cluster(source, {"TF_CONFIG": raw})
+        assert message in str(e.value)
+        assert "\n" not in str(e.value)
+
+
+def test_unknown_source():
+    with pytest.raises(ValueError, match="one of auto, tf_config, slurm"):
+        cluster.resolve_cluster("kubernetes", {})
+
+
+def test_recorded_slurm_step():
+    desc = cluster.resolve_cluster("slurm", RECORDED_SRUN_TASK1)
+    port = cluster.slurm_port_base(RECORDED_SRUN_TASK1)
+    assert desc["cluster_spec"] == {"worker": [f"node01:{port}", f"node02:{port}"]}
+    assert (desc["task_type"], desc["task_id"], desc["num_workers"], desc["is_chief"]) == ("worker", 1, 2, False)
+    assert desc["source"] == "slurm"
+    assert cluster.resolve_cluster("auto", RECORDED_SRUN_TASK1) == desc  # auto finds Slurm without TF_CONFIG
+    chief_env = {**RECORDED_SRUN_TASK1, "SLURM_PROCID": "0", "SLURMD_NODENAME": "node01", "SLURM_NODEID": "0"}
+    assert cluster.resolve_cluster("auto", chief_env)["is_chief"]
+
+
+def test_tf_config_wins_over_slurm_in_auto():
+    env = {**RECORDED_SRUN_TASK1, **_tf_config(TWO_WORKERS, index=0)}
+    assert cluster.resolve_cluster("auto", env)["source"] == "tf_config"
+    assert cluster.resolve_cluster("slurm", env)["source"] == "slurm"
+
+
+def test_slurm_one_task_per_gpu_gives_consecutive_ports_per_node():
+    env = {**RECORDED_SRUN_TASK1, "SLURM_NTASKS": "8", "SLURM_STEP_NUM_TASKS": "8", "SLURM_PROCID": "5",
+           "SLURM_STEP_TASKS_PER_NODE": "4(x2)", "SLURM_TASKS_PER_NODE": "4(x2)", "TFGPU_SLURM_PORT_BASE": "23000"}
+    desc = cluster.resolve_cluster("slurm", env)
+    assert desc["cluster_spec"]["worker"] == [f"node0{n}:{23000 + i}" for n in (1, 2) for i in range(4)]
+    assert desc["task_id"] == 5 and desc["num_workers"] == 8
+
+
+def test_slurm_matches_tensorflows_own_resolver(monkeypatch):
+    import tensorflow as tf
+
+    for name, value in RECORDED_SRUN_TASK1.items():
+        monkeypatch.setenv(name, value)
+    port = cluster.slurm_port_base(RECORDED_SRUN_TASK1)
+    theirs = tf.distribute.cluster_resolver.SlurmClusterResolver(
+        port_base=port, gpus_per_node=8, gpus_per_task=8, auto_set_gpu=False)
+    ours = cluster.make_cluster_resolver(cluster.resolve_cluster("slurm"))
+    assert ours.cluster_spec().as_dict() == theirs.cluster_spec().as_dict()
+    assert (ours.task_type, ours.task_id) == theirs.get_task_info()
+
+
+def test_slurm_errors():
+    with pytest.raises(ValueError, match="SLURM_JOB_ID is not set"):
+        cluster.resolve_cluster("slurm", {})
+    batch_script = {k: v for k, v in RECORDED_SRUN_TASK1.items() if not k.startswith(("SLURM_STEP", "SLURM_STEPID"))}
+    with pytest.raises(ValueError, match="not in an srun step: start training with `srun"):
+        cluster.resolve_cluster("auto", batch_script)
+    with pytest.raises(ValueError, match="SLURM_PROCID is not set"):
+        cluster.resolve_cluster("slurm", {k: v for k, v in RECORDED_SRUN_TASK1.items() if k != "SLURM_PROCID"})
+    with pytest.raises(ValueError, match="--distribution=block"):
+        cluster.resolve_cluster("slurm", {**RECORDED_SRUN_TASK1, "SLURMD_NODENAME": "node01"})
+    with pytest.raises(ValueError, match="add up to 4, not the 2 tasks"):
+        cluster.resolve_cluster("slurm", {**RECORDED_SRUN_TASK1, "SLURM_STEP_TASKS_PER_NODE": "2(x2)"})
+    with pytest.raises(ValueError, match="malformed"):
+        cluster.resolve_cluster("slurm", {**RECORDED_SRUN_TASK1, "SLURM_STEP_NODELIST": "node[01-"})
+    # A single-task Slurm job trains alone.
+    assert cluster.resolve_cluster("slurm", {"SLURM_JOB_ID": "1", "SLURM_NTASKS": "1"}) is None
+
+
+def test_expand_hostlist():
+    assert cluster.expand_hostlist("node[01-02,05],gpu3") == ["node01", "node02", "node05", "gpu3"]
+    assert cluster.expand_hostlist("n[8-10]") == ["n8", "n9", "n10"]
+    assert cluster.expand_hostlist("rack[1-2]-n[1-2]") == ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]
+    assert cluster.expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+
+
+def test_tf_config_resolver_round_trip(monkeypatch):
+    spec = {"chief": ["c:2222"], "worker": ["w0:2222"]}
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": spec, "task": {"type": "worker", "index": 0}}))
+    desc = cluster.resolve_cluster("auto")
+    resolver = cluster.make_cluster_resolver(desc)
+    assert resolver.cluster_spec().as_dict() == spec
+    assert (resolver.task_type, resolver.task_id) == ("worker", 0)
+    assert "worker 0" in cluster.describe(desc) and "(chief)" not in cluster.describe(desc)
