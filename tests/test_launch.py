@@ -1,0 +1,251 @@
+"""tfgpu.launch: local multi-worker jobs start, fail fast, stop on signals and leave no process behind.
+
+Most tests launch a tiny worker module written to tmp_path (no TensorFlow, so they take about a second);
+one runs a real MultiWorkerMirroredStrategy all-reduce, one runs tfgpu.train end to end.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from tests.conftest import REPO, read_metrics
+from tfgpu import launch
+
+# A worker that follows its TF_CONFIG and does what TINY_MODE says: "ok" prints and exits 0, "fail:I:CODE" makes
+# worker I exit CODE after some output while the others wait, "stubborn" ignores SIGTERM, "save" exits 143 on
+# SIGTERM like a tfgpu trainer that saved, "child" also starts a grandchild that sleeps.
+TINY_WORKER = '''
+import json, os, signal, subprocess, sys, time
+task = json.loads(os.environ["TF_CONFIG"])
+index = task["task"]["index"]
+mode = os.environ.get("TINY_MODE", "ok")
+print(f"pid={os.getpid()} index={index} of {len(task['cluster']['worker'])} "
+      f"cluster={','.join(task['cluster']['worker'])} cores={sorted(os.sched_getaffinity(0))} args={sys.argv[1:]}")
+if mode == "ok":
+    sys.exit(0)
+if mode == "save":
+    signal.signal(signal.SIGTERM, lambda *_: (print("saved a checkpoint"), sys.exit(143)))
+if mode == "stubborn":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if mode == "child":
+    child = subprocess.Popen(["sleep", "300"])
+    print(f"grandchild={child.pid}")
+if mode.startswith("fail:"):
+    _, bad, code = mode.split(":")
+    if index == int(bad):
+        for i in range(30):
+            print(f"step {i}")
+        print("Traceback: something broke", file=sys.stderr)
+        time.sleep(0.3)
+        sys.exit(int(code))
+print("ready", flush=True)
+time.sleep(300)
+'''
+
+MWMS_WORKER = '''
+import os
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+import tensorflow as tf
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+index = strategy.cluster_resolver.task_id
+value = strategy.run(lambda: tf.constant(float(index + 1)))
+total = strategy.reduce("SUM", value, axis=None)
+print(f"replicas={strategy.num_replicas_in_sync} sum={float(total)}")
+'''
+
+
+@pytest.fixture
+def worker_module(tmp_path):
+    (tmp_path / "tiny_worker.py").write_text(TINY_WORKER)
+    (tmp_path / "mwms_worker.py").write_text(MWMS_WORKER)
+    return tmp_path
+
+
+def _start(worker_dir, *args, mode="ok", module="tiny_worker", env=None):
+    env = {**os.environ, "PYTHONPATH": f"{worker_dir}{os.pathsep}{REPO}", "TINY_MODE": mode,
+           "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+    return subprocess.Popen([sys.executable, "-m", "tfgpu.launch", f"--module={module}", *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _run(worker_dir, *args, timeout=60, **kwargs):
+    proc = _start(worker_dir, *args, **kwargs)
+    try:
+        output = proc.communicate(timeout=timeout)[0]
+    finally:
+        proc.kill()
+    return proc.returncode, output
+
+
+def _pids(output, key="pid"):
+    return [int(p) for p in re.findall(rf"\b{key}=(\d+)", output)]
+
+
+def _gone(pid):
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _wait_for_lines(proc, pattern, count, timeout=30):
+    """Reads the launcher's output until ``count`` lines match ``pattern``; returns what it read."""
+    seen, lines = 0, []
+    deadline = time.time() + timeout
+    while seen < count:
+        assert time.time() < deadline, "".join(lines)
+        line = proc.stdout.readline()
+        assert line, "launcher ended early:\n" + "".join(lines)
+        lines.append(line)
+        seen += bool(re.search(pattern, line))
+    return "".join(lines)
+
+
+def test_success_gives_each_worker_its_tf_config_and_prefixed_output(worker_module):
+    code, output = _run(worker_module, "--num_workers=3", "--", "--model_dir=/x", "--train_steps=5")
+    assert code == 0, output
+    clusters = set(re.findall(r"cluster=(\S+)", output))
+    assert len(clusters) == 1  # every worker sees the same cluster
+    addresses = clusters.pop().split(",")
+    assert len(addresses) == 3 and len({a.split(":")[1] for a in addresses}) == 3
+    for i in range(3):
+        assert re.search(rf"^\[worker {i}\] pid=\d+ index={i} of 3 .* args=\['--model_dir=/x', '--train_steps=5'\]$",
+                         output, re.M), output
+    assert "all 3 workers finished" in output
+
+
+def test_failing_worker_stops_the_others_and_is_named(worker_module):
+    started = time.time()
+    code, output = _run(worker_module, "--num_workers=3", "--stop_grace_s=5", mode="fail:1:3")
+    assert code == 3, output
+    assert time.time() - started < 20
+    assert "error: worker 1 failed with exit code 3. Its last 20 lines:" in output
+    tail = output.split("Its last 20 lines:")[1]
+    assert "step 29" in tail and "Traceback: something broke" in tail and "step 10" not in tail
+    assert re.search(r"exit codes: worker 0=143, worker 1=3, worker 2=143", output), output  # SIGTERM → 128+15
+    assert all(_gone(pid) for pid in _pids(output))
+
+
+def test_worker_that_ignores_sigterm_is_killed_after_the_grace_period(worker_module):
+    proc = _start(worker_module, "--num_workers=2", "--stop_grace_s=1", mode="stubborn")
+    try:
+        head = _wait_for_lines(proc, r"\] ready", 2)
+        proc.send_signal(signal.SIGINT)
+        started = time.time()
+        rest = proc.communicate(timeout=20)[0]
+    finally:
+        proc.kill()
+    assert time.time() - started < 10
+    assert proc.returncode == 137, head + rest  # SIGKILL: 128 + 9
+    assert "SIGINT: forwarding SIGTERM to every worker" in rest
+    assert all(_gone(pid) for pid in _pids(head))
+
+
+def test_sigterm_to_the_launcher_lets_workers_save_and_exits_143(worker_module):
+    proc = _start(worker_module, "--num_workers=2", mode="save")
+    try:
+        head = _wait_for_lines(proc, r"\] ready", 2)
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.communicate(timeout=20)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, head + rest
+    assert rest.count("saved a checkpoint") == 2
+    assert all(_gone(pid) for pid in _pids(head))
+
+
+def test_killed_launcher_takes_workers_and_their_children_with_it(worker_module):
+    proc = _start(worker_module, "--num_workers=2", mode="child")
+    try:
+        head = _wait_for_lines(proc, r"\] ready", 2)
+        proc.kill()  # SIGKILL: the launcher cannot clean up; PR_SET_PDEATHSIG must
+        proc.wait()
+    finally:
+        proc.kill()
+    workers = _pids(head)
+    deadline = time.time() + 10
+    while not all(_gone(pid) for pid in workers) and time.time() < deadline:
+        time.sleep(0.1)
+    assert all(_gone(pid) for pid in workers)
+    # Grandchildren are not covered by PDEATHSIG; they only die when the launcher exits normally.
+    for pid in _pids(head, "grandchild"):
+        if not _gone(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_normal_exit_kills_leftover_grandchildren(worker_module):
+    proc = _start(worker_module, "--num_workers=2", "--stop_grace_s=1", mode="child")
+    try:
+        head = _wait_for_lines(proc, r"\] ready", 2)
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.communicate(timeout=20)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, head + rest
+    grandchildren = _pids(head, "grandchild")
+    assert len(grandchildren) == 2 and all(_gone(pid) for pid in grandchildren)
+
+
+def test_timeout_stops_the_job(worker_module):
+    code, output = _run(worker_module, "--num_workers=2", "--worker_timeout_s=1", "--stop_grace_s=1", mode="hang")
+    assert code == 124, output
+    assert "ran longer than --worker_timeout_s=1" in output
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
+def test_cores_are_pinned_per_worker(worker_module):
+    cores = sorted(os.sched_getaffinity(0))
+    code, output = _run(worker_module, "--num_workers=2", "--cpu_cores_per_worker=1")
+    assert code == 0, output
+    assert f"[worker 0] pid" in output
+    assert re.search(rf"index=0 .*cores=\[{cores[0]}\]", output) and re.search(rf"index=1 .*cores=\[{cores[1]}\]",
+                                                                                   output), output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--num_workers=0"], "--num_workers must be at least 1"),
+    (["--num_workers=2", "--cpu_cores_per_worker=100000"], "--cpu_cores_per_worker=100000 x --num_workers=2 needs 200000 cores"),
+    (["--num_workers=two"], "argument --num_workers: invalid int value: 'two'"),
+    (["--num_workers=2", "--python=/no/such/python"], "cannot start /no/such/python"),
+    ([], "the following arguments are required: --num_workers"),
+])
+def test_bad_launcher_flags_exit_1_before_starting(worker_module, args, message):
+    code, output = _run(worker_module, *args)
+    assert code == 1 and f"error: {message}" in output, output
+    assert "started" not in output
+
+
+def test_exit_code_rules():
+    assert launch.exit_code(-9) == 137 and launch.exit_code(3) == 3
+    assert launch.worst_exit_code([0, 0]) == 0
+    assert launch.worst_exit_code([143, 0]) == 143
+    assert launch.worst_exit_code([143, 137, 1]) == 137
+    assert launch.split_argv(["--num_workers=2", "--", "--x", "--", "y"]) == (["--num_workers=2"], ["--x", "--", "y"])
+    configs = [json.loads(c) for c in launch.tf_configs("localhost", [1, 2])]
+    assert configs[1] == {"cluster": {"worker": ["localhost:1", "localhost:2"]}, "task": {"type": "worker", "index": 1}}
+
+
+def test_two_workers_all_reduce_over_multi_worker_mirrored_strategy(worker_module):
+    code, output = _run(worker_module, "--num_workers=2", module="mwms_worker", timeout=120)
+    assert code == 0, output
+    assert "[worker 0] replicas=2 sum=3.0" in output and "[worker 1] replicas=2 sum=3.0" in output, output
+
+
+def test_train_end_to_end(tmp_path, data_cache):
+    model_dir = tmp_path / "run"
+    env = {**os.environ, "TFGPU_DATA_CACHE": data_cache, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "tfgpu.launch", "--num_workers=2", "--", "--dataset=digits", "--model=small_cnn",
+         "--global_batch_size=64", "--train_steps=8", "--steps_per_loop=4", f"--model_dir={model_dir}"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert re.search(r"^\[worker 0\] final: step=8", proc.stdout, re.M), proc.stdout[-4000:]
+    metrics = read_metrics(model_dir)
+    assert metrics["num_workers"] == 2 and metrics["step"] == 8

@@ -1,0 +1,343 @@
+"""Entrypoint: ``python -m tfgpu.launch --num_workers=N [--cpu_cores_per_worker=K] -- <train flags>``.
+
+Starts N MultiWorkerMirroredStrategy workers on this host (``python -m tfgpu.train <train flags>``
+each, with free localhost ports and its own TF_CONFIG), prefixes their output with
+``[worker i]``, and supervises them:
+
+- all exit 0 → exit 0;
+- one exits non-zero → the others get SIGTERM, then SIGKILL after ``--stop_grace_s``, and
+  the launcher exits with that worker's code and prints its last lines;
+- SIGINT/SIGTERM to the launcher → forwarded to every worker as SIGTERM (so they can save
+  a checkpoint and exit 143), SIGKILL after the grace period; the exit code is the worst
+  worker code (a failure beats 143, 143 beats 0);
+- ``--worker_timeout_s`` → the whole job is stopped the same way and the launcher exits 124.
+
+Workers run in their own process groups and die with the launcher (PR_SET_PDEATHSIG).
+"""
+import argparse
+import collections
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+USAGE = "python -m tfgpu.launch --num_workers=N [--cpu_cores_per_worker=K] [launcher flags] -- <train flags>"
+PREEMPTED_EXIT_CODE = 143  # what a worker returns after saving on SIGTERM (tfgpu.trainer)
+TIMEOUT_EXIT_CODE = 124  # like coreutils timeout(1)
+CONFIG_ERROR_EXIT_CODE = 1
+LAST_LINES = 20
+
+
+class LaunchError(Exception):
+    """A bad launcher flag or host setting, found before any worker starts."""
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    def error(self, message):
+        raise LaunchError(message)
+
+
+def _parser():
+    p = _ArgumentParser(prog="tfgpu.launch", usage=USAGE, description=__doc__.split("\n\n")[0])
+    p.add_argument("--num_workers", type=int, required=True, help="Worker processes to start on this host.")
+    p.add_argument("--cpu_cores_per_worker", type=int, default=0,
+                   help="Pin worker i to cores [i*K, (i+1)*K) of the cores this launcher may use; 0 = no pinning.")
+    p.add_argument("--worker_timeout_s", type=float, default=0.0,
+                   help="Stop every worker and exit 124 when the job runs longer than this; 0 = no limit.")
+    p.add_argument("--stop_grace_s", type=float, default=30.0,
+                   help="After SIGTERM, seconds a worker gets to save and exit before SIGKILL.")
+    p.add_argument("--python", default=sys.executable, help="Python interpreter for the workers.")
+    p.add_argument("--module", default="tfgpu.train", help="Module each worker runs with `python -m`.")
+    p.add_argument("--host", default="localhost", help="Address the workers use to reach each other.")
+    return p
+
+
+def split_argv(argv):
+    """(launcher args, worker args): everything after the first ``--`` goes to the workers unchanged."""
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
+
+
+def parse_args(argv):
+    """Launcher flags → namespace; raises LaunchError naming the bad flag."""
+    args = _parser().parse_args(argv)
+    if args.num_workers < 1:
+        raise LaunchError(f"--num_workers must be at least 1, got {args.num_workers}")
+    if args.cpu_cores_per_worker < 0:
+        raise LaunchError(f"--cpu_cores_per_worker must be >= 0, got {args.cpu_cores_per_worker}")
+    if args.worker_timeout_s < 0 or args.stop_grace_s < 0:
+        raise LaunchError("--worker_timeout_s and --stop_grace_s must be >= 0")
+    return args
+
+
+def core_sets(num_workers: int, cores_per_worker: int, available=None):
+    """Disjoint core sets, one per worker, from the cores this process may run on (sorted)."""
+    if cores_per_worker <= 0:
+        return [None] * num_workers
+    available = sorted(os.sched_getaffinity(0) if available is None else available)
+    needed = num_workers * cores_per_worker
+    if needed > len(available):
+        raise LaunchError(f"--cpu_cores_per_worker={cores_per_worker} x --num_workers={num_workers} needs {needed} "
+                          f"cores but this process may use {len(available)} ({_ranges(available)})")
+    return [set(available[i * cores_per_worker:(i + 1) * cores_per_worker]) for i in range(num_workers)]
+
+
+def _ranges(cores):
+    return ",".join(map(str, cores))
+
+
+def free_ports(n: int) -> list:
+    """n distinct free TCP ports on this host (portpicker when installed, else the kernel's choice)."""
+    try:
+        import portpicker
+    except ImportError:
+        portpicker = None
+    ports = []
+    while len(ports) < n:
+        if portpicker is not None:
+            port = portpicker.pick_unused_port()
+        else:
+            import socket
+            with socket.socket() as s:
+                s.bind(("", 0))
+                port = s.getsockname()[1]
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
+def tf_configs(host: str, ports: list) -> list:
+    """One TF_CONFIG JSON string per worker: a workers-only cluster, worker 0 is the chief."""
+    cluster = {"worker": [f"{host}:{p}" for p in ports]}
+    return [json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}) for i in range(len(ports))]
+
+
+def exit_code(returncode: int) -> int:
+    """A Popen returncode as a shell would report it: killed by signal s → 128 + s."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def worst_exit_code(codes) -> int:
+    """The code a whole job reports: a real failure beats 143 (saved after SIGTERM), which beats 0."""
+    codes = [c for c in codes if c is not None]
+    failures = [c for c in codes if c not in (0, PREEMPTED_EXIT_CODE)]
+    if failures:
+        return failures[0]
+    return PREEMPTED_EXIT_CODE if PREEMPTED_EXIT_CODE in codes else 0
+
+
+def _child_setup(cores):
+    """Runs in the child between fork and exec: die with the launcher, then pin cores."""
+    def setup():
+        with contextlib.suppress(Exception):
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG: no orphaned workers if the launcher is killed
+        if cores:
+            os.sched_setaffinity(0, cores)
+    return setup
+
+
+class Worker:
+    """One worker process, the thread that copies its output and the last lines it printed."""
+
+    def __init__(self, index, proc, out):
+        self.index = index
+        self.proc = proc
+        self.last_lines = collections.deque(maxlen=LAST_LINES)
+        self.exit_code = None
+        self.exited_at = None  # monotonic time the process ended, to tell the first failure from its echoes
+        self._reaped_group = False
+        self._out = out
+        self._reader = threading.Thread(target=self._copy_output, daemon=True)
+        self._waiter = threading.Thread(target=self._wait, daemon=True)
+
+    def start_threads(self):
+        self._reader.start()
+        self._waiter.start()
+
+    def _wait(self):
+        self.proc.wait()
+        self.exited_at = time.monotonic()
+
+    def _copy_output(self):
+        prefix = f"[worker {self.index}] ".encode()
+        for raw in iter(self.proc.stdout.readline, b""):
+            line = raw.rstrip(b"\n")
+            self.last_lines.append(line.decode("utf-8", "replace"))
+            self._out(prefix + line + b"\n")
+        self.proc.stdout.close()
+
+    def finish_output(self, timeout=5.0):
+        self._reader.join(timeout)
+
+    def finish_waiter(self):
+        self._waiter.join()
+
+    def running(self):
+        return self.exited_at is None
+
+    def signal(self, signum):
+        """Sends ``signum`` to the worker's whole process group (it started its own)."""
+        if self._reaped_group:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signum)
+
+    def kill_leftovers(self):
+        """After the worker exited: SIGKILL anything it started that is still in its process group, once."""
+        self.signal(signal.SIGKILL)
+        self._reaped_group = True
+
+
+class Launcher:
+    """Starts and supervises the workers; ``run`` returns the job's exit code."""
+
+    def __init__(self, args, worker_args, out=None, err=None):
+        self.args = args
+        self.worker_args = list(worker_args)
+        self._out_lock = threading.Lock()
+        self._stdout = out or sys.stdout.buffer
+        self._stderr = err or sys.stderr
+        self.workers = []
+        self._signal = None
+
+    def _write(self, data: bytes):
+        with self._out_lock:
+            self._stdout.write(data)
+            self._stdout.flush()
+
+    def say(self, message):
+        with self._out_lock:
+            print(f"tfgpu.launch: {message}", file=self._stderr, flush=True)
+
+    def start(self):
+        """Starts every worker; no thread of ours runs yet (preexec_fn is not thread-safe)."""
+        n = self.args.num_workers
+        cores = core_sets(n, self.args.cpu_cores_per_worker)
+        configs = tf_configs(self.args.host, free_ports(n))
+        command = [self.args.python, "-m", self.args.module, *self.worker_args]
+        try:
+            for index in range(n):
+                env = {**os.environ, "TF_CONFIG": configs[index], "PYTHONUNBUFFERED": "1"}
+                proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, start_new_session=True,
+                                        preexec_fn=_child_setup(cores[index]))
+                self.workers.append(Worker(index, proc, self._write))
+        except OSError as e:
+            raise LaunchError(f"cannot start {' '.join(command[:3])}: {e} (check --python)") from None
+        finally:
+            for worker in self.workers:  # also those started before a failure, so stop() can reap them
+                worker.start_threads()
+        pinned = "" if cores[0] is None else " pinned to cores " + " | ".join(_ranges(sorted(c)) for c in cores)
+        self.say(f"started {n} worker(s): {' '.join(command)}{pinned}")
+
+    def _on_signal(self, signum, frame):
+        if self._signal is not None:  # second Ctrl-C: no more waiting
+            for worker in self.workers:
+                worker.signal(signal.SIGKILL)
+        self._signal = signum
+
+    def run(self) -> int:
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self.start()
+            return self._supervise()
+        finally:
+            self.stop(grace_s=0.0)  # whatever happened above, no worker outlives the launcher
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _supervise(self) -> int:
+        started = time.monotonic()
+        timeout = self.args.worker_timeout_s
+        while True:
+            for worker in self.workers:
+                if worker.exit_code is None and not worker.running():
+                    worker.exit_code = exit_code(worker.proc.returncode)
+            failures = [w for w in self.workers if w.exit_code not in (None, 0)]
+            if failures:  # the first to fail is the cause; peers that lost it exit a moment later
+                return self._worker_failed(min(failures, key=lambda w: w.exited_at))
+            if all(w.exit_code is not None for w in self.workers):
+                for worker in self.workers:
+                    worker.finish_output()
+                self.say(f"all {len(self.workers)} workers finished")
+                return 0
+            if self._signal is not None:
+                return self._interrupted(self._signal)
+            if timeout and time.monotonic() - started > timeout:
+                self.say(f"error: the job ran longer than --worker_timeout_s={timeout:g}; stopping every worker")
+                self.stop(self.args.stop_grace_s)
+                self._report_codes()
+                return TIMEOUT_EXIT_CODE
+            time.sleep(0.05)
+
+    def _worker_failed(self, failed) -> int:
+        others = [w for w in self.workers if w.exit_code is None]
+        if others:
+            self.say(f"worker {failed.index} exited with code {failed.exit_code}; stopping the other "
+                     f"{len(others)} worker(s) (SIGTERM, SIGKILL after {self.args.stop_grace_s:g}s)")
+        self.stop(self.args.stop_grace_s)
+        failed.finish_output()
+        lines = "\n".join(f"  {line}" for line in failed.last_lines) or "  (no output)"
+        self._report_codes()
+        self.say(f"error: worker {failed.index} failed with exit code {failed.exit_code}. "
+                 f"Its last {len(failed.last_lines)} lines:\n{lines}")
+        return failed.exit_code
+
+    def _interrupted(self, signum) -> int:
+        name = signal.Signals(signum).name
+        self.say(f"{name}: forwarding SIGTERM to every worker so they can save "
+                 f"(SIGKILL after {self.args.stop_grace_s:g}s)")
+        self.stop(self.args.stop_grace_s)
+        codes = [w.exit_code for w in self.workers]
+        self._report_codes()
+        code = worst_exit_code(codes)
+        return code if code else 128 + signum
+
+    def _report_codes(self):
+        self.say("exit codes: " + ", ".join(f"worker {w.index}={w.exit_code}" for w in self.workers))
+
+    def stop(self, grace_s: float):
+        """SIGTERM to every running worker, SIGKILL to those still running after ``grace_s``; waits for all."""
+        running = [w for w in self.workers if w.running()]
+        for worker in running:
+            worker.signal(signal.SIGTERM if grace_s > 0 else signal.SIGKILL)
+        deadline = time.monotonic() + grace_s
+        while any(w.running() for w in running) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for worker in self.workers:
+            if worker.running():
+                worker.signal(signal.SIGKILL)
+            worker.proc.wait()
+            worker.finish_waiter()
+            if worker.exit_code is None:
+                worker.exit_code = exit_code(worker.proc.returncode)
+            worker.kill_leftovers()
+        for worker in self.workers:
+            worker.finish_output(timeout=2.0)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    launcher_argv, worker_argv = split_argv(argv)
+    if any(a in ("-h", "--help") for a in launcher_argv):
+        _parser().print_help()
+        return 0
+    try:
+        args = parse_args(launcher_argv)
+        launcher = Launcher(args, worker_argv)
+        return launcher.run()
+    except LaunchError as e:
+        print(f"error: {e}\nusage: {USAGE}", file=sys.stderr)
+        return CONFIG_ERROR_EXIT_CODE
+
+
+if __name__ == "__main__":
+    sys.exit(main())
