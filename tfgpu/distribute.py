@@ -56,14 +56,8 @@ def configure_devices(config: Config) -> None:
 
 def _cluster(config: Config):
     """The multi-worker cluster description from tfgpu.cluster, or None for a single worker."""
-    try:
-        from tfgpu import cluster
-    except ImportError:  # TODO(lead): remove once tfgpu.cluster lands
-        import json
-        import os
-        tf_config = json.loads(os.environ.get("TF_CONFIG") or "{}")
-        n = sum(len(v) for v in tf_config.get("cluster", {}).values())
-        return {"num_workers": n, "task_id": tf_config["task"]["index"]} if n > 1 else None
+    from tfgpu import cluster
+
     try:
         return cluster.resolve_cluster(config.cluster)
     except ValueError as e:
@@ -133,16 +127,15 @@ def build_strategy(config: Config) -> Placement:
 
 
 def _multi_worker(config: Config, cluster_desc, num_workers: int) -> Placement:
-    try:
-        from tfgpu import cluster
-        resolver = cluster.make_cluster_resolver(cluster_desc) if cluster_desc else None
-        is_chief = cluster.is_chief(cluster_desc) if cluster_desc else True
-    except ImportError:  # TODO(lead): remove once tfgpu.cluster lands
-        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-        is_chief = not cluster_desc or cluster_desc["task_id"] == 0
+    from tfgpu import cluster
+
+    resolver = cluster.make_cluster_resolver(cluster_desc) if cluster_desc else None
+    is_chief = cluster.is_chief(cluster_desc) if cluster_desc else True
+    if cluster_desc:
+        log.info("%s", cluster.describe(cluster_desc))
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
         cluster_resolver=resolver, communication_options=_collective_options(config))
-    index = cluster_desc["task_id"] if cluster_desc else 0
+    index = cluster_desc["worker_index"] if cluster_desc else 0
     local = [d.name for d in tf.config.list_logical_devices("GPU")] or ["/device:CPU:0"]
     return Placement(strategy, "multi_worker_mirrored", strategy.num_replicas_in_sync, num_workers, index, is_chief,
                      tuple(local), False)
