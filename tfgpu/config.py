@@ -83,6 +83,13 @@ class Config:
                         "imagenet (random-resized-crop + flip).", "data", ("none", "flip", "cifar", "imagenet"))
     shuffle_buffer: int = _opt(10000, "Records in the shuffle buffer (per input pipeline).", "data")
     data_workers: int = _opt(0, "Parallel decode/augment calls per input pipeline; 0 = tf.data AUTOTUNE.", "data")
+    deterministic_input: bool = _opt(True, "Keep the input order a pure function of seed and step (exact resume); "
+                                     "false lets tf.data hand out elements as soon as they are ready.", "data")
+    data_threadpool_size: int = _opt(0, "Private tf.data threadpool per input pipeline; 0 = the shared pool.", "data")
+    data_service: str = _opt("", "Run preprocessing on a tf.data service (grpc://dispatcher:port) when it "
+                             "outgrows this host; the order is then no longer tied to the step.", "data")
+    skip_corrupt_records: bool = _opt(False, "Skip unreadable records (logged; eval reports how many) instead of "
+                                      "stopping with the shard's name and record index.", "data")
     cache: bool = _opt(False, "Cache decoded eval data and encoded train records in memory.", "data")
     # -- model --------------------------------------------------------------
     model: str = _opt("resnet20", "Registered model name (see tfgpu.models.list_models()).", "model")
@@ -157,7 +164,7 @@ class Config:
         for name in ("train_steps", "checkpoint_every_steps", "eval_every_steps", "eval_steps", "eval_batch_size",
                      "cpu_logical_devices", "image_size", "num_classes", "warmup_steps", "warmup_epochs",
                      "weight_decay", "grad_clip_norm", "shuffle_buffer", "collective_timeout_s",
-                     "gradient_penalty", "r1_gamma", "ema_decay", "data_workers"):
+                     "gradient_penalty", "r1_gamma", "ema_decay", "data_workers", "data_threadpool_size"):
             if getattr(self, name) < 0:
                 raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
         if self.train_steps == 0 and self.epochs <= 0:
@@ -171,6 +178,8 @@ class Config:
                               f"{self.global_batch_size}")
         if not (self.data_dir or self.dataset):
             raise ConfigError("dataset", "no data: set --dataset (digits, synthetic, tfds:NAME) or --data_dir")
+        if self.data_service and not self.data_service.startswith(("grpc://", "grpc+local://")):
+            raise ConfigError("data_service", f"{self.data_service!r} is not a grpc://host:port address")
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             if choices and getattr(self, f.name) not in choices:

@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgpu import checkpoint as checkpoint_lib
-from tfgpu.config import Config
+from tfgpu.config import Config, ConfigError
 from tfgpu.data import pipeline
 from tfgpu.distribute import Placement
 from tfgpu.fileio import atomic_write_bytes
@@ -140,6 +140,12 @@ class Trainer:
             marks.update(int(s) for s in c.profile_steps.split(","))
         return sorted(m for m in marks if 0 < m < self.total_steps) + [self.total_steps]
 
+    def _corrupt_data_error(self):
+        found = pipeline.find_corrupt_record(self.info)
+        where = f"{found[0]}: record {found[1]} is unreadable ({found[2]})" if found else "a record is unreadable"
+        return ConfigError("data_dir" if self.config.data_dir else "dataset",
+                           f"{where}; convert the dataset again, or pass --skip_corrupt_records to skip such records")
+
     # -- input profiling ---------------------------------------------------------
     def _profile_input(self, start_step: int, batches: int = 20) -> dict:
         """Times the input pipeline alone and the train step alone (on one cached batch, with every variable
@@ -221,7 +227,15 @@ class Trainer:
             return self._read_and_reset(self.eval_sums)
 
         start = time.time()
-        metrics = self.task.evaluate(run_eval, step, self.model_dir)
+        try:
+            metrics = self.task.evaluate(run_eval, step, self.model_dir)
+        except tf.errors.DataLossError:
+            raise self._corrupt_data_error() from None
+        if self.config.skip_corrupt_records and "val_examples" in metrics:
+            skipped = self.info.split_sizes.get(self.info.eval_split, 0) - metrics["val_examples"]
+            if skipped:
+                metrics["skipped_corrupt_records"] = skipped
+                log.warning("eval skipped %d unreadable records of split %s", skipped, self.info.eval_split)
         if metrics and record:
             metrics["eval_time_s"] = round(time.time() - start, 3)
             self.history.write("eval", step, metrics)
@@ -286,6 +300,8 @@ class Trainer:
                     try:
                         self._train_loop(iterator, tf.constant(num_steps, tf.int64))
                         sums = self._read_and_reset(self.train_sums)  # reading waits for the steps to finish
+                    except tf.errors.DataLossError:
+                        raise self._corrupt_data_error() from None
                     except _PEER_ERRORS as e:
                         if self.placement.num_workers == 1:
                             raise

@@ -167,11 +167,39 @@ def _pipeline_files(info: DatasetInfo, split: str, num_pipelines: int, pipeline_
     return [f for f, _ in files], len(range(pipeline_id, total, num_pipelines)), True
 
 
-def _records(file_ds, num_files, compression, workers):
-    """Records of the files in ``file_ds``, interleaved in a fixed order."""
-    return file_ds.interleave(
-        lambda f: tf.data.TFRecordDataset(f, compression_type="GZIP" if compression == "gzip" else None),
-        cycle_length=min(num_files, 16), block_length=1, num_parallel_calls=workers, deterministic=True)
+def _records(file_ds, num_files, compression, workers, skip_corrupt=False):
+    """Records of the files in ``file_ds``, interleaved in a fixed order (parallel reads)."""
+
+    def read(filename):
+        records = tf.data.TFRecordDataset(filename, compression_type="GZIP" if compression == "gzip" else None)
+        return records.ignore_errors(log_warning=True) if skip_corrupt else records
+
+    return file_ds.interleave(read, cycle_length=min(num_files, 16), block_length=1, num_parallel_calls=workers,
+                              deterministic=True)
+
+
+def _with_options(ds, config: Config, deterministic: bool):
+    options = tf.data.Options()
+    options.deterministic = deterministic
+    if config.data_threadpool_size:
+        options.threading.private_threadpool_size = config.data_threadpool_size
+    return ds.with_options(options)
+
+
+def find_corrupt_record(info: DatasetInfo):
+    """Scans the dataset's shards on the host for the first unreadable record: (file, index, reason) or None.
+
+    Called after a read failed, because tf.data's DataLossError names neither the file nor the record."""
+    for split in info.split_files:
+        for filename, _ in info.split_files[split]:
+            index = 0
+            try:
+                for _ in tf.data.TFRecordDataset(filename, compression_type="GZIP" if info.compression == "gzip"
+                                                 else None):
+                    index += 1
+            except (tf.errors.DataLossError, tf.errors.OutOfRangeError) as e:
+                return filename, index, e.message.split("\n")[0].strip()
+    return None
 
 
 def train_dataset_fn(config: Config, info: DatasetInfo, start_step: int):
@@ -194,7 +222,7 @@ def train_dataset_fn(config: Config, info: DatasetInfo, start_step: int):
 
         def epoch(e):
             file_ds = tf.data.Dataset.from_tensor_slices(files).shuffle(len(files), seed=seed + e * 7919)
-            records = _records(file_ds, len(files), info.compression, workers)
+            records = _records(file_ds, len(files), info.compression, workers, config.skip_corrupt_records)
             if element_shard:
                 records = records.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
             if config.shuffle_buffer > 1:
@@ -210,8 +238,13 @@ def train_dataset_fn(config: Config, info: DatasetInfo, start_step: int):
             image = augment.preprocess_train(features, h, c, config.augment, tf.stack([seed, index]))
             return tf.ensure_shape(image, [h, w, c]), features[tfrecord.LABEL]
 
-        ds = indexed.map(parse, num_parallel_calls=workers, deterministic=True)
-        return ds.batch(per_replica, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+        ds = indexed.map(parse, num_parallel_calls=workers, deterministic=config.deterministic_input)
+        ds = ds.batch(per_replica, drop_remainder=True)
+        if config.data_service:
+            # Each input pipeline's (already sharded) dataset is produced by the service's workers.
+            ds = ds.apply(tf.data.experimental.service.distribute(
+                processing_mode=tf.data.experimental.service.ShardingPolicy.OFF, service=config.data_service))
+        return _with_options(ds.prefetch(tf.data.AUTOTUNE), config, config.deterministic_input)
 
     return dataset_fn
 
@@ -247,7 +280,8 @@ def eval_dataset_fn(config: Config, info: DatasetInfo, steps: int):
         h, w, c = info.image_shape
         files, count, element_shard = _pipeline_files(
             info, info.eval_split, ctx.num_input_pipelines, ctx.input_pipeline_id)
-        records = _records(tf.data.Dataset.from_tensor_slices(files), len(files), info.compression, workers)
+        records = _records(tf.data.Dataset.from_tensor_slices(files), len(files), info.compression, workers,
+                           config.skip_corrupt_records)
         if element_shard:
             records = records.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
 
@@ -260,10 +294,11 @@ def eval_dataset_fn(config: Config, info: DatasetInfo, steps: int):
         if config.cache:
             ds = ds.cache()
         needed = steps * replicas_here * per_replica
+        # Endless weight-0 padding: every pipeline yields exactly `needed` examples, even if records were skipped.
         padding = tf.data.Dataset.from_tensors(
-            (tf.zeros([h, w, c]), tf.constant(0, tf.int64), tf.constant(0.0))).repeat(max(0, needed - count))
-        return ds.concatenate(padding).take(needed).batch(per_replica, drop_remainder=True).prefetch(
-            tf.data.AUTOTUNE)
+            (tf.zeros([h, w, c]), tf.constant(0, tf.int64), tf.constant(0.0))).repeat()
+        ds = ds.concatenate(padding).take(needed).batch(per_replica, drop_remainder=True)
+        return _with_options(ds.prefetch(tf.data.AUTOTUNE), config, True)
 
     return dataset_fn
 
