@@ -82,3 +82,14 @@ def test_unknown_split_names_the_flag(digits):
 def test_missing_data_dir_names_the_flag(tmp_path):
     with pytest.raises(ConfigError, match="--data_dir: .*dataset.json not found"):
         pipeline.prepare(Config(model_dir="unused", data_dir=str(tmp_path)))
+
+
+def test_a_glob_trains_on_the_matching_shards_only(digits):
+    config, info = digits()
+    glob_config = Config(model_dir="unused", data_dir=f"{info.directory}/train-00000-of-*.tfrecord")
+    subset = pipeline.prepare(glob_config)
+    assert len(subset.split_files["train"]) == 1
+    assert subset.num_train_examples == subset.split_files["train"][0][1] < info.num_train_examples
+    assert subset.classes == info.classes and subset.eval_split == "val"
+    with pytest.raises(ConfigError, match="--data_dir: .* matches none"):
+        pipeline.prepare(Config(model_dir="unused", data_dir=f"{info.directory}/nothing-*.tfrecord"))

@@ -15,6 +15,7 @@ pipelines; pipelines are padded with weight-0 examples so all replicas run the
 same number of steps.
 """
 import dataclasses
+import glob
 import logging
 import math
 import os
@@ -97,7 +98,11 @@ def prepare(config: Config) -> DatasetInfo:
         n = config.num_classes or 10
         return DatasetInfo("synthetic", "", tuple(str(i) for i in range(n)), (size, size, 3),
                            {"train": 1_281_167, "val": 0}, {}, "none", "train", "")
-    if config.data_dir:
+    pattern = ""
+    if config.data_dir and any(ch in config.data_dir for ch in "*?["):
+        # A glob over a converted dataset's shards: train on the matching shards only.
+        pattern, directory, flag = config.data_dir, os.path.dirname(config.data_dir), "data_dir"
+    elif config.data_dir:
         directory, flag = config.data_dir, "data_dir"
     elif config.dataset in builtin.BUILTIN:
         directory, flag = _builtin_dir(config, config.dataset), "dataset"
@@ -132,13 +137,22 @@ def prepare(config: Config) -> DatasetInfo:
         missing = [f for f, _ in files[split] if not os.path.exists(f)]
         if missing:
             raise ConfigError(flag, f"{directory} is incomplete: {missing[0]} is missing")
+    sizes = {s: int(e["num_examples"]) for s, e in splits.items()}
+    if pattern:
+        matched = {os.path.abspath(f) for f in glob.glob(pattern)}
+        chosen = tuple((f, n) for f, n in files[config.train_split] if os.path.abspath(f) in matched)
+        if not chosen:
+            raise ConfigError("data_dir", f"{pattern!r} matches none of the {config.train_split!r} shards in "
+                              f"{directory}")
+        files[config.train_split] = chosen
+        sizes[config.train_split] = sum(n for _, n in chosen)
     classes = tuple(manifest.get("classes") or ())
     if config.num_classes and classes and config.num_classes != len(classes):
         raise ConfigError("num_classes", f"{config.num_classes} but {directory} has {len(classes)} classes")
     if not classes:
         classes = tuple(str(i) for i in range(config.num_classes))
     return DatasetInfo(manifest.get("name", os.path.basename(directory.rstrip("/"))), directory, classes,
-                       (int(h), int(w), int(c)), {s: int(e["num_examples"]) for s, e in splits.items()}, files,
+                       (int(h), int(w), int(c)), sizes, files,
                        manifest.get("compression", "none"), config.train_split, eval_split)
 
 
