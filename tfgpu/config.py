@@ -90,7 +90,8 @@ class Config:
                              "outgrows this host; the order is then no longer tied to the step.", "data")
     skip_corrupt_records: bool = _opt(False, "Skip unreadable records (logged; eval reports how many) instead of "
                                       "stopping with the shard's name and record index.", "data")
-    cache: bool = _opt(False, "Cache decoded eval data and encoded train records in memory.", "data")
+    cache: bool = _opt(False, "Hold encoded train records and decoded eval images in memory after the first "
+                       "pass (datasets that fit in RAM).", "data")
     # -- model --------------------------------------------------------------
     model: str = _opt("resnet20", "Registered model name (see tfgpu.models.list_models()).", "model")
     num_classes: int = _opt(0, "Classes; 0 = from the dataset manifest.", "model")

@@ -35,8 +35,9 @@ def test_manifest_describes_the_data(digits):
     assert info.split_sizes == {"train": 1438, "val": 359} and info.eval_split == "val"
 
 
-def test_resumed_pipeline_yields_the_batches_of_an_uninterrupted_one(digits):
-    config, info = digits(global_batch_size=64, augment="cifar")
+@pytest.mark.parametrize("cache", [False, True])
+def test_resumed_pipeline_yields_the_batches_of_an_uninterrupted_one(digits, cache):
+    config, info = digits(global_batch_size=64, augment="cifar", cache=cache)
     for pipelines, replicas in ((1, 1), (2, 2)):
         for pid in range(pipelines):
             ctx = _ctx(pipelines, pid, replicas)
@@ -47,8 +48,9 @@ def test_resumed_pipeline_yields_the_batches_of_an_uninterrupted_one(digits):
                 np.testing.assert_array_equal(ya, yb)
 
 
-def test_each_epoch_is_a_fresh_permutation_of_the_split(digits):
-    config, info = digits(global_batch_size=1)
+@pytest.mark.parametrize("cache", [False, True])
+def test_each_epoch_is_a_fresh_permutation_of_the_split(digits, cache):
+    config, info = digits(global_batch_size=1, cache=cache)
     images = [x[0] for x, _ in pipeline.train_dataset_fn(config, info, 0)(_ctx()).take(2 * 1438).as_numpy_iterator()]
     first, second = [_key(x) for x in images[:1438]], [_key(x) for x in images[1438:]]
     assert collections.Counter(first) == collections.Counter(second)

@@ -243,7 +243,10 @@ def train_dataset_fn(config: Config, info: DatasetInfo, start_step: int):
                 records = records.shuffle(config.shuffle_buffer, seed=seed + e * 104729 + 1)
             return records.skip(tf.where(e == start_epoch, tf.constant(offset, tf.int64), 0))
 
-        records = tf.data.Dataset.range(start_epoch, 1 << 40).flat_map(epoch)
+        if config.cache:
+            records = _cached_epochs(config, info, files, element_shard, ctx, workers, seed, consumed)
+        else:
+            records = tf.data.Dataset.range(start_epoch, 1 << 40).flat_map(epoch)
         indexed = tf.data.Dataset.zip(tf.data.Dataset.counter(start=consumed), records)
         h, w, c = info.image_shape
 
@@ -261,6 +264,19 @@ def train_dataset_fn(config: Config, info: DatasetInfo, start_step: int):
         return _with_options(ds.prefetch(tf.data.AUTOTUNE), config, config.deterministic_input)
 
     return dataset_fn
+
+
+def _cached_epochs(config, info, files, element_shard, ctx, workers, seed, consumed):
+    """--cache: this pipeline's encoded records held in memory, reshuffled every epoch (a fixed sequence for
+    the seed) and positioned by skipping the records already consumed; skipping cached bytes is cheap."""
+    records = _records(tf.data.Dataset.from_tensor_slices(files), len(files), info.compression, workers,
+                       config.skip_corrupt_records)
+    if element_shard:
+        records = records.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+    records = records.cache()
+    if config.shuffle_buffer > 1:
+        records = records.shuffle(config.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    return records.repeat().skip(consumed)
 
 
 def _synthetic(info: DatasetInfo, per_replica: int, seed: int):
