@@ -1,8 +1,15 @@
 """tfgpu.cluster: TF_CONFIG and Slurm environments → one cluster description and a ClusterResolver."""
 import json
+import os
+import socket
+import stat
+import subprocess
+import sys
 
+import portpicker
 import pytest
 
+from tests.conftest import REPO, read_metrics
 from tfgpu import cluster
 
 # The environment `srun` gave task 1 of a 2-node, 1-task-per-node step (sbatch --nodes=2 --ntasks-per-node=1),
@@ -172,3 +179,72 @@ def test_tf_config_resolver_round_trip(monkeypatch):
     assert resolver.cluster_spec().as_dict() == spec
     assert (resolver.task_type, resolver.task_id) == ("worker", 0)
     assert "worker 0" in cluster.describe(desc) and "(chief)" not in cluster.describe(desc)
+
+
+# Stands in for Slurm's srun on a machine without Slurm: starts SLURM_NTASKS copies of the command on this host
+# with the variables a real srun step sets, prefixes output like --label, and stops the rest when one fails
+# (--kill-on-bad-exit). Everything it runs (the sbatch template, tfgpu.train, tfgpu.cluster) is real.
+FAKE_SRUN = r'''#!/usr/bin/env python3
+import os, subprocess, sys, threading
+args = sys.argv[1:]
+while args and args[0].startswith("-"):
+    args.pop(0)
+n = int(os.environ["SLURM_NTASKS"])
+procs = []
+for rank in range(n):
+    env = {**os.environ, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_STEP_ID": "0",
+           "SLURM_STEPID": "0", "SLURM_STEP_NUM_TASKS": str(n), "SLURM_STEP_NODELIST": "localhost",
+           "SLURM_STEP_TASKS_PER_NODE": str(n), "SLURMD_NODENAME": "localhost", "SLURM_NODEID": "0"}
+    procs.append(subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+def copy(rank, proc):
+    for line in proc.stdout:
+        sys.stdout.write(f"{rank}: {line}")
+threads = [threading.Thread(target=copy, args=(r, p)) for r, p in enumerate(procs)]
+for t in threads:
+    t.start()
+codes = [p.wait(timeout=600) for p in procs]
+for t in threads:
+    t.join()
+sys.exit(max(codes))
+'''
+
+
+def _two_free_consecutive_ports():
+    while True:
+        port = portpicker.pick_unused_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("", port + 1))
+            except OSError:
+                continue
+        return port
+
+
+def test_sbatch_template_trains_two_slurm_tasks(tmp_path, data_cache):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    srun = bin_dir / "srun"
+    srun.write_text(FAKE_SRUN)
+    srun.chmod(srun.stat().st_mode | stat.S_IEXEC)
+    flags = tmp_path / "tiny.flags"
+    flags.write_text("--dataset=digits\n--model=small_cnn\n--global_batch_size=64\n--train_steps=8\n"
+                     "--steps_per_loop=4\n")
+    model_dir = tmp_path / "run"
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "TFGPU_PYTHON": sys.executable,
+           "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "localhost",
+           "TFGPU_SLURM_PORT_BASE": str(_two_free_consecutive_ports()), "TFGPU_DATA_CACHE": data_cache,
+           "TF_CPP_MIN_LOG_LEVEL": "2"}
+    proc = subprocess.run(["bash", os.path.join(REPO, "tools", "slurm", "train.sbatch"), str(flags), str(model_dir),
+                           "--eval_split=none"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "0: final: step=8" in proc.stdout and "1: final: step=8" in proc.stdout, proc.stdout[-4000:]
+    assert "tfgpu: finished" in proc.stdout
+    assert read_metrics(model_dir)["num_workers"] == 2
+
+
+def test_sbatch_template_rejects_a_missing_flagfile(tmp_path):
+    proc = subprocess.run(["bash", os.path.join(REPO, "tools", "slurm", "train.sbatch"), str(tmp_path / "no.flags"),
+                           str(tmp_path / "run")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=30)
+    assert proc.returncode == 1 and "error: flagfile" in proc.stdout

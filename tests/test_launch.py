@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import psutil
@@ -204,7 +203,7 @@ def test_cores_are_pinned_per_worker(worker_module):
     cores = sorted(os.sched_getaffinity(0))
     code, output = _run(worker_module, "--num_workers=2", "--cpu_cores_per_worker=1")
     assert code == 0, output
-    assert f"[worker 0] pid" in output
+    assert "[worker 0] pid" in output
     assert re.search(rf"index=0 .*cores=\[{cores[0]}\]", output) and re.search(rf"index=1 .*cores=\[{cores[1]}\]",
                                                                                    output), output
 
