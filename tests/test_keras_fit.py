@@ -140,7 +140,7 @@ def test_guard_rejects_unverified_keras(monkeypatch):
     from tfgpu import keras_fit
 
     monkeypatch.setattr(keras, "__version__", "3.16.0")
-    with pytest.raises(keras_fit.KerasInternalsChanged, match=r"supports Keras 3.10 up to \(not including\) 3.16, "
+    with pytest.raises(keras_fit.KerasInternalsChanged, match=r"supports Keras 3.12 up to \(not including\) 3.16, "
                                                                r"found 3.16.0"):
         keras_fit.patch()
     monkeypatch.undo()

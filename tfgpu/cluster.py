@@ -81,7 +81,8 @@ def describe(desc) -> str:
         return "cluster: single worker"
     role = " (chief)" if desc["is_chief"] else ""
     return (f"cluster: {desc['num_workers']} workers from {desc['source']}, this is "
-            f"{desc['task_type']} {desc['task_id']}{role} at {desc['cluster_spec'][desc['task_type']][desc['task_id']]}")
+            f"{desc['task_type']} {desc['task_id']}{role} at "
+            f"{desc['cluster_spec'][desc['task_type']][desc['task_id']]}")
 
 
 def _describe(cluster_spec, task_type, task_id, source, rpc_layer="grpc"):

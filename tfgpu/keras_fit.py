@@ -44,14 +44,14 @@ import tensorflow as tf
 
 log = logging.getLogger("tfgpu")
 
-SUPPORTED_KERAS = ((3, 10), (3, 16))  # [low, high): the versions whose trainer this patch was written for
+SUPPORTED_KERAS = ((3, 12), (3, 16))  # [low, high): verified on 3.12.4, 3.13.2, 3.14.1 and 3.15.1
 # sha256 of inspect.getsource() of each replaced method, for every Keras release it was verified against.
 VERIFIED_SOURCES = {
     "_make_function": {
-        "bb33b7a0da3d27406c70fac54b8e9617156ef225f452b93f6addf8cc34aca0d0": "3.15.1",
+        "bb33b7a0da3d27406c70fac54b8e9617156ef225f452b93f6addf8cc34aca0d0": "3.12.4-3.15.1",
     },
     "_maybe_symbolic_build": {
-        "92a504f5eba9b29f81f1bf26180bdd5bf5186b06b7bda426534b90d2d02bc1c2": "3.15.1",
+        "92a504f5eba9b29f81f1bf26180bdd5bf5186b06b7bda426534b90d2d02bc1c2": "3.12.4-3.15.1",
     },
 }
 # Calls inside Keras that must still go through the replaced methods (else the patch silently does nothing).
@@ -174,6 +174,7 @@ def _make_function(self, step_function):
     if getattr(self, "unrolled_steps_per_execution", 1) > 1:
         log.warning("tfgpu.keras_fit ignores unrolled_steps_per_execution=%d", self.unrolled_steps_per_execution)
 
+    @tf.autograph.experimental.do_not_convert  # as Keras does: explicit tf.while_loop/tf.cond below, no autograph
     def one_step_on_data(data):
         outputs = self.distribute_strategy.run(step_function, args=(data,))
         return _reduce_logs(outputs, self.distribute_strategy)
@@ -182,6 +183,7 @@ def _make_function(self, step_function):
         one_step_on_data = tf.function(one_step_on_data, reduce_retracing=True, jit_compile=self.jit_compile)
     one_step_on_data = self._autoconvert_optionals(one_step_on_data)
 
+    @tf.autograph.experimental.do_not_convert
     def multi_step_on_iterator(iterator):
         # The first step is outside the loop; an exhausted iterator raises OutOfRangeError here, which Keras'
         # epoch iterator turns into the end of the epoch (as it does for Keras' own empty Optional).
@@ -357,8 +359,15 @@ class ChiefBackupAndRestore(keras.callbacks.Callback):
         if not _is_multi_worker(strategy):
             return
         value = tf.constant([float(epoch), float(epoch) ** 2, 1.0])
-        total = tf.function(lambda: strategy.reduce("SUM", strategy.run(lambda: tf.identity(value)), axis=None))()
-        total = total.numpy()
+
+        def replica_value():
+            return tf.identity(value)
+
+        @tf.function(autograph=False)
+        def all_reduce():
+            return strategy.reduce("SUM", strategy.run(replica_value), axis=None)
+
+        total = all_reduce().numpy()
         if abs(total[2] * total[1] - total[0] ** 2) > 1e-6 * max(1.0, total[0] ** 2):
             raise RuntimeError(f"workers found different backups in {self.backup_dir} (this worker: last completed "
                                f"epoch {epoch + 1}); backup_dir must be on storage every worker sees")
