@@ -72,7 +72,8 @@ out["evaluate"] = model.evaluate(dataset(48), verbose=0, return_dict=True)
 print("RESULT " + json.dumps(out))
 '''
 
-# One worker of a 2-worker MWMS job (started by tfgpu.launch). argv: model_dir [crash_after_epoch].
+# One worker of a 2-worker MWMS job (started by tfgpu.launch). argv: model_dir [crash_after_epoch [split]];
+# "split" points the non-chief at a backup dir of its own (storage that is not shared).
 FIT_WORKER = COMMON.format(devices="") + '''
 keras_fit.patch()
 strategy = keras_fit.make_strategy(collective_timeout_s=60)
@@ -88,7 +89,9 @@ class Crash(keras.callbacks.Callback):
             os._exit(3)
 
 
-backup = keras_fit.ChiefBackupAndRestore(os.path.join(model_dir, "backup"), delete_on_success=False)
+split = len(sys.argv) > 3 and sys.argv[3] == "split" and not chief
+backup = keras_fit.ChiefBackupAndRestore(os.path.join(model_dir, "elsewhere" if split else "backup"),
+                                         delete_on_success=False)
 callbacks = [backup, Crash(), keras_fit.ChiefModelCheckpoint(os.path.join(model_dir, "ckpt", "model.keras")),
              keras_fit.ChiefTensorBoard(os.path.join(model_dir, "logs"))]
 model = build(strategy, 4)
@@ -232,6 +235,8 @@ def test_multi_worker_fit_resumes_from_the_backup_after_a_worker_dies(fit_worker
     model_dir = worker_dir / "crashed"
     code, output = _launch(worker_dir, model_dir, "1", scratch=scratch)  # worker 1 dies after epoch 2
     assert code == 3 and "error: worker 1 failed with exit code 3" in output, output[-4000:]
+    code, output = _launch(worker_dir, model_dir, "-1", "split", scratch=scratch)  # backups not shared: refused
+    assert code == 1 and "workers found different backups" in output, output[-4000:]
     code, output = _launch(worker_dir, model_dir, scratch=scratch)
     assert code == 0, output[-4000:]
     resumed = _results(output)
