@@ -9,21 +9,22 @@ import time
 
 import numpy as np
 import portpicker
+import pytest
 
 from tests.conftest import REPO, checkpoint_weights, read_history, read_metrics
 
 
-def _start_workers(args, data_cache, num_workers=2):
-    ports = [portpicker.pick_unused_port() for _ in range(num_workers)]
-    cluster = {"worker": [f"localhost:{p}" for p in ports]}
-    procs = []
-    for index in range(num_workers):
-        tf_config = {"cluster": cluster, "task": {"type": "worker", "index": index}}
-        env = {**os.environ, "TF_CONFIG": json.dumps(tf_config), "TFGPU_DATA_CACHE": data_cache,
-               "TF_CPP_MIN_LOG_LEVEL": "2"}
-        procs.append(subprocess.Popen([sys.executable, "-m", "tfgpu.train", *args], cwd=REPO, env=env, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    return procs
+def _worker(args, data_cache, cluster, index):
+    tf_config = {"cluster": cluster, "task": {"type": "worker", "index": index}}
+    env = {**os.environ, "TF_CONFIG": json.dumps(tf_config), "TFGPU_DATA_CACHE": data_cache,
+           "TF_CPP_MIN_LOG_LEVEL": "2"}
+    return subprocess.Popen([sys.executable, "-m", "tfgpu.train", *args], cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def _start_workers(args, data_cache, num_workers=2, cluster=None):
+    cluster = cluster or {"worker": [f"localhost:{portpicker.pick_unused_port()}" for _ in range(num_workers)]}
+    return [_worker(args, data_cache, cluster, index) for index in range(num_workers)]
 
 
 def _finish(procs, timeout=240):
@@ -72,11 +73,16 @@ def _weights(model_dir):
     return checkpoint_weights(model_dir)
 
 
-def test_worker_death_stops_the_survivor_and_a_relaunch_resumes_exactly(tmp_path, data_cache):
-    straight = tmp_path / "straight"
-    outputs = _finish(_start_workers(LONG + [f"--model_dir={straight}"], data_cache))
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory, data_cache):
+    """An uninterrupted 2-worker run of LONG: the weights a resumed run must end with."""
+    model_dir = tmp_path_factory.mktemp("straight")
+    outputs = _finish(_start_workers(LONG + [f"--model_dir={model_dir}"], data_cache))
     assert all("final: step=60" in out for out in outputs), outputs[0][-2000:]
+    return model_dir
 
+
+def test_worker_death_stops_the_survivor_and_a_relaunch_resumes_exactly(straight, tmp_path, data_cache):
     model_dir = tmp_path / "crashed"
     procs = _start_workers(LONG + [f"--model_dir={model_dir}"], data_cache)
     try:
@@ -97,6 +103,31 @@ def test_worker_death_stops_the_survivor_and_a_relaunch_resumes_exactly(tmp_path
     expected, resumed = _weights(straight), _weights(model_dir)
     for name in expected:
         np.testing.assert_array_equal(resumed[name], expected[name], err_msg=name)
+
+
+def test_max_restarts_lets_the_survivor_wait_for_a_replaced_worker(straight, tmp_path, data_cache):
+    """Like a cluster that restarts a lost pod: the survivor re-executes itself, the replacement joins, and
+    the job finishes with the weights of an uninterrupted run."""
+    cluster = {"worker": [f"localhost:{portpicker.pick_unused_port()}" for _ in range(2)]}
+    model_dir = tmp_path / "healed"
+    args = LONG + ["--max_restarts=1", f"--model_dir={model_dir}"]
+    procs = _start_workers(args, data_cache, cluster=cluster)
+    try:
+        _wait_for_history(model_dir, procs, lines=3)
+        procs[1].kill()
+        procs[1].wait()
+        replacement = _worker(args, data_cache, cluster, 1)
+        procs.append(replacement)
+        survivor, replaced = procs[0].communicate(timeout=180)[0], replacement.communicate(timeout=180)[0]
+    finally:
+        for p in procs:
+            p.kill()
+    assert procs[0].returncode == 0 and replacement.returncode == 0, survivor[-3000:]
+    assert "restarting this worker (1 of --max_restarts=1)" in survivor
+    assert "final: step=60" in survivor and "final: step=60" in replaced
+    expected, healed = _weights(straight), _weights(model_dir)
+    for name in expected:
+        np.testing.assert_array_equal(healed[name], expected[name], err_msg=name)
 
 
 def test_sigterm_to_one_worker_checkpoints_all_at_the_same_step(tmp_path, data_cache):

@@ -61,6 +61,9 @@ class Config:
     collective_timeout_s: float = _opt(0.0, "Fail a multi-worker collective (all-reduce) that waits longer than "
                                        "this, so survivors of a dead worker exit instead of hanging; 0 = never.",
                                        "distribute")
+    max_restarts: int = _opt(0, "After a failed collective (exit 129), restart this worker process up to N times "
+                             "(same PID, resumes from the last checkpoint) instead of exiting; for clusters that "
+                             "restart the lost worker themselves.", "distribute")
     # -- precision ----------------------------------------------------------
     precision: str = _opt("float32", "Compute dtype policy; logits and losses stay float32.", "precision", PRECISIONS)
     jit_compile: bool = _opt(False, "Compile the replica step with XLA (takes effect under every strategy).",
@@ -165,7 +168,7 @@ class Config:
         for name in ("train_steps", "checkpoint_every_steps", "eval_every_steps", "eval_steps", "eval_batch_size",
                      "cpu_logical_devices", "image_size", "num_classes", "warmup_steps", "warmup_epochs",
                      "weight_decay", "grad_clip_norm", "shuffle_buffer", "collective_timeout_s",
-                     "gradient_penalty", "r1_gamma", "ema_decay", "data_workers", "data_threadpool_size"):
+                     "gradient_penalty", "r1_gamma", "ema_decay", "data_workers", "data_threadpool_size", "max_restarts"):
             if getattr(self, name) < 0:
                 raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
         if self.train_steps == 0 and self.epochs <= 0:

@@ -112,6 +112,28 @@ def help_text() -> str:
     return f"usage: {USAGE}\n\n" + flag_values.get_help(include_special_flags=False)
 
 
+RESTARTS_ENV = "TFGPU_RESTARTS"
+RESTART_DELAY_S = 5.0
+
+
+def _restart_if_allowed(max_restarts: int, argv: list) -> None:
+    """Re-executes this worker (same PID, fresh TensorFlow runtime) to resume from the last checkpoint.
+
+    A failed collective leaves TensorFlow's collective runtime unusable, so the retry replaces the process
+    image instead of looping inside it. Returns only when no restart is left."""
+    done = int(os.environ.get(RESTARTS_ENV, "0"))
+    if done >= max_restarts:
+        return
+    print(f"restarting this worker ({done + 1} of --max_restarts={max_restarts}) in {RESTART_DELAY_S:.0f} s",
+          file=sys.stderr, flush=True)
+    import time
+
+    time.sleep(RESTART_DELAY_S)
+    os.environ[RESTARTS_ENV] = str(done + 1)
+    sys.stdout.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "tfgpu.train", *argv])
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if any(a in ("--help", "-h", "--helpfull", "-help", "--helpshort") for a in argv):
@@ -134,6 +156,7 @@ def main(argv=None) -> int:
             return 2
         except trainer.WorkerLost as e:
             print(f"error: {e}", file=sys.stderr)
+            _restart_if_allowed(config.max_restarts, argv)
             return trainer.WORKER_LOST_EXIT_CODE
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
