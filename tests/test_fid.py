@@ -1,0 +1,112 @@
+"""FID and KID: closed forms for Gaussians, identity, monotonicity, and the classifier feature extractor."""
+import numpy as np
+import pytest
+
+from tfgpu import fid
+
+
+def test_frechet_distance_matches_closed_form_for_diagonal_gaussians():
+    rng = np.random.default_rng(0)
+    mu1, mu2 = rng.normal(size=16), rng.normal(size=16)
+    s1, s2 = rng.uniform(0.1, 3.0, 16), rng.uniform(0.1, 3.0, 16)
+    expected = np.sum((mu1 - mu2) ** 2) + np.sum((np.sqrt(s1) - np.sqrt(s2)) ** 2)
+    assert fid.frechet_distance(mu1, np.diag(s1), mu2, np.diag(s2)) == pytest.approx(expected, rel=1e-9)
+
+
+def test_frechet_distance_matches_closed_form_for_commuting_full_covariances():
+    """Same eigenvectors, different eigenvalues: tr sqrt(S1 S2) = sum sqrt(l1 l2)."""
+    rng = np.random.default_rng(1)
+    q, _ = np.linalg.qr(rng.normal(size=(8, 8)))
+    l1, l2 = rng.uniform(0.5, 2.0, 8), rng.uniform(0.5, 2.0, 8)
+    s1, s2 = q @ np.diag(l1) @ q.T, q @ np.diag(l2) @ q.T
+    mu = rng.normal(size=8)
+    expected = np.sum((np.sqrt(l1) - np.sqrt(l2)) ** 2)
+    assert fid.frechet_distance(mu, s1, mu, s2) == pytest.approx(expected, rel=1e-8)
+
+
+def test_frechet_distance_agrees_with_scipy_sqrtm_on_random_covariances():
+    scipy_linalg = pytest.importorskip("scipy.linalg")
+    rng = np.random.default_rng(2)
+    a, b = rng.normal(size=(12, 12)), rng.normal(size=(12, 12))
+    s1, s2 = a @ a.T + 0.1 * np.eye(12), b @ b.T + 0.1 * np.eye(12)
+    covmean = scipy_linalg.sqrtm(s1 @ s2).real
+    expected = np.trace(s1) + np.trace(s2) - 2 * np.trace(covmean)
+    assert fid.frechet_distance(np.zeros(12), s1, np.zeros(12), s2) == pytest.approx(expected, rel=1e-6)
+
+
+def test_singular_covariance_from_few_samples_is_finite():
+    """Fewer samples than dimensions give singular covariances; the result must stay real and finite."""
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(10, 64)), rng.normal(size=(10, 64)) + 1.0
+    value = fid.fid_from_features(x, y)
+    assert np.isfinite(value) and value > 0
+
+
+def test_fid_of_a_set_against_itself_is_zero_and_grows_with_noise_and_shift():
+    rng = np.random.default_rng(4)
+    features = rng.normal(size=(2000, 32)) @ rng.normal(size=(32, 32))
+    assert fid.fid_from_features(features, features) == pytest.approx(0.0, abs=1e-6)
+    values = [fid.fid_from_features(features, features + sigma * rng.normal(size=features.shape))
+              for sigma in (0.1, 0.5, 1.0, 2.0)]
+    assert values == sorted(values) and values[0] > 0
+    shifted = [fid.fid_from_features(features, features + shift) for shift in (0.1, 1.0, 3.0)]
+    assert shifted == sorted(shifted)
+    # A pure shift of every feature by s adds exactly D * s^2.
+    assert shifted[1] == pytest.approx(32 * 1.0, rel=1e-6)
+
+
+def test_kid_is_unbiased_near_zero_for_one_distribution_and_positive_for_two():
+    rng = np.random.default_rng(5)
+    x, y = rng.normal(size=(1000, 16)), rng.normal(size=(1000, 16))
+    same, same_std = fid.kid_from_features(x, y, num_subsets=20, subset_size=500)
+    assert abs(same) < 3 * same_std + 1e-3  # unbiased: centred on 0, may be negative
+    different, _ = fid.kid_from_features(x, y + 0.5, num_subsets=20, subset_size=500)
+    assert different > 10 * max(abs(same), 1e-4)
+
+
+def test_unbiased_mmd_matches_closed_form_for_point_masses():
+    """x all at a, y all at b: MMD^2 = k(a,a) + k(b,b) - 2 k(a,b) exactly (the estimator is unbiased)."""
+    a, b = np.array([[1.0, 0.0]]), np.array([[0.0, 2.0]])
+    x, y = np.repeat(a, 5, axis=0), np.repeat(b, 5, axis=0)
+    k = lambda p, q: (p @ q.T / 2 + 1.0) ** 3  # noqa: E731
+    expected = (k(a, a) + k(b, b) - 2 * k(a, b)).item()
+    assert fid.kernel_mmd2_unbiased(x, y) == pytest.approx(expected)
+
+
+def test_scores_name_the_extractor():
+    rng = np.random.default_rng(6)
+    result = fid.scores(rng.normal(size=(100, 4)), rng.normal(size=(100, 4)), "my-extractor", kid_subsets=5)
+    assert result["feature_extractor"] == "my-extractor"
+    assert {"fid", "kid", "kid_std", "fid_num_real", "fid_num_fake"} <= result.keys()
+
+
+def test_inception_extractor_refuses_a_missing_weights_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        fid.InceptionFeatures(str(tmp_path / "missing.h5"))
+
+
+def test_classifier_extractor_gives_penultimate_features_and_fid_separates_digits(tmp_path):
+    """A small classifier trained on real digits: features are the last Dense layer's input; FID between
+    two halves of the digits is far lower than between digits and noise."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = (digits.images[..., None] / 8.0 - 1.0).astype(np.float32)
+    labels = digits.target
+    metrics = fid.train_feature_classifier((images[:1400], labels[:1400]), (images[1400:], labels[1400:]),
+                                           str(tmp_path / "clf"), seed=0, epochs=8)
+    assert metrics["val_accuracy"] > 0.8
+    extractor = fid.ClassifierFeatures(str(tmp_path / "clf"))
+    assert "classifier_penultimate" in extractor.name and "model.keras" in extractor.name
+    features = extractor(images)
+    assert features.shape == (len(images), extractor.feature_size)
+    rng = np.random.default_rng(0)
+    noise = rng.uniform(-1, 1, images.shape).astype(np.float32)
+    halves = fid.fid_from_features(features[::2], features[1::2])
+    versus_noise = fid.fid_from_features(features[::2], extractor(noise[::2]))
+    assert versus_noise > 10 * halves
+    # Larger images are resized to the classifier's input.
+    big = np.repeat(np.repeat(images[:8], 2, axis=1), 2, axis=2)
+    assert extractor(big).shape == (8, extractor.feature_size)
+    with pytest.raises(FileNotFoundError, match="export/model.keras"):
+        fid.ClassifierFeatures(str(tmp_path / "nothing-here"))

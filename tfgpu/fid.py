@@ -1,0 +1,248 @@
+"""FID and KID between generated and real images, and the feature extractors they are measured with.
+
+Two extractors, and every result names the one it used (``feature_extractor``)
+so scores from different extractors are never compared by mistake:
+
+- ``InceptionFeatures``: InceptionV3 pool3 (2048-d, images resized to 299x299),
+  the standard FID, from a local weights file; nothing is ever downloaded.
+- ``ClassifierFeatures``: the penultimate layer (the input of the last Dense) of a
+  classifier trained by tfgpu (``<model_dir>/export/model.keras``), for offline
+  use on any dataset tfgpu can train on. Its scores are comparable only with
+  scores from the same classifier.
+
+FID (Heusel et al. 2017) is the Frechet distance between Gaussians fitted to the
+two feature sets; KID (Binkowski et al. 2018) is the unbiased MMD^2 with the
+cubic polynomial kernel, averaged over random subsets.
+"""
+import contextlib
+import logging
+import os
+
+import numpy as np
+
+log = logging.getLogger("tfgpu")
+
+
+# -- the statistics ------------------------------------------------------------
+def feature_statistics(features):
+    """Mean and covariance (float64, unbiased) of an (N, D) feature matrix."""
+    features = np.asarray(features, np.float64)
+    if features.ndim != 2 or len(features) < 2:
+        raise ValueError(f"need an (N >= 2, D) feature matrix, got shape {features.shape}")
+    return features.mean(axis=0), np.cov(features, rowvar=False)
+
+
+def trace_sqrt_product(sigma1, sigma2):
+    """Trace of sqrt(sigma1 @ sigma2) for covariance matrices, computed stably.
+
+    sqrt(S1 S2) has the eigenvalues of sqrt(S1^1/2 S2 S1^1/2), a symmetric PSD
+    matrix, so the trace is the sum of the square roots of that matrix's
+    eigenvalues (clipped at 0). This avoids the complex results and failures
+    scipy.linalg.sqrtm gives on the singular covariances of small samples.
+    """
+    eigvals, eigvecs = np.linalg.eigh(sigma1)
+    root1 = (eigvecs * np.sqrt(np.clip(eigvals, 0.0, None))) @ eigvecs.T
+    middle = root1 @ sigma2 @ root1
+    middle = (middle + middle.T) / 2.0
+    return float(np.sqrt(np.clip(np.linalg.eigvalsh(middle), 0.0, None)).sum())
+
+
+def frechet_distance(mu1, sigma1, mu2, sigma2) -> float:
+    """|mu1 - mu2|^2 + tr(S1 + S2 - 2 sqrt(S1 S2)); never negative."""
+    mu1, mu2 = np.atleast_1d(mu1).astype(np.float64), np.atleast_1d(mu2).astype(np.float64)
+    sigma1, sigma2 = np.atleast_2d(sigma1).astype(np.float64), np.atleast_2d(sigma2).astype(np.float64)
+    if mu1.shape != mu2.shape or sigma1.shape != sigma2.shape:
+        raise ValueError(f"feature sizes differ: {mu1.shape} vs {mu2.shape}")
+    diff = mu1 - mu2
+    value = diff @ diff + np.trace(sigma1) + np.trace(sigma2) - 2.0 * trace_sqrt_product(sigma1, sigma2)
+    return max(float(value), 0.0)
+
+
+def fid_from_features(features1, features2) -> float:
+    return frechet_distance(*feature_statistics(features1), *feature_statistics(features2))
+
+
+def polynomial_kernel(x, y):
+    """k(x, y) = (x.y / d + 1)^3, the kernel of the KID paper."""
+    return (x @ y.T / x.shape[1] + 1.0) ** 3
+
+
+def kernel_mmd2_unbiased(x, y) -> float:
+    """Unbiased MMD^2 between samples ``x`` and ``y`` (same size) under ``polynomial_kernel``."""
+    m = len(x)
+    kxx, kyy, kxy = polynomial_kernel(x, x), polynomial_kernel(y, y), polynomial_kernel(x, y)
+    return float((kxx.sum() - np.trace(kxx)) / (m * (m - 1)) + (kyy.sum() - np.trace(kyy)) / (m * (m - 1))
+                 - 2.0 * kxy.mean())
+
+
+def kid_from_features(features1, features2, num_subsets: int = 100, subset_size: int = 1000, seed: int = 0):
+    """KID: mean and standard deviation of the unbiased MMD^2 over random subsets of both sets."""
+    x, y = np.asarray(features1, np.float64), np.asarray(features2, np.float64)
+    size = min(subset_size, len(x), len(y))
+    if size < 2:
+        raise ValueError(f"KID needs at least 2 examples per set, got {len(x)} and {len(y)}")
+    rng = np.random.default_rng(seed)
+    values = [kernel_mmd2_unbiased(x[rng.choice(len(x), size, replace=False)],
+                                   y[rng.choice(len(y), size, replace=False)]) for _ in range(num_subsets)]
+    return float(np.mean(values)), float(np.std(values))
+
+
+def scores(real_features, fake_features, extractor_name: str, kid_subsets: int = 100) -> dict:
+    """FID and KID of ``fake_features`` against ``real_features``, with the extractor's name and counts."""
+    kid, kid_std = kid_from_features(real_features, fake_features, num_subsets=kid_subsets)
+    return {"fid": fid_from_features(real_features, fake_features), "kid": kid, "kid_std": kid_std,
+            "feature_extractor": extractor_name, "fid_num_real": len(real_features),
+            "fid_num_fake": len(fake_features)}
+
+
+# -- feature extractors ----------------------------------------------------------
+@contextlib.contextmanager
+def float32_policy():
+    """Builds models in float32 whatever the run's dtype policy (features are compared across runs)."""
+    import keras
+
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("float32")
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+
+
+class FeatureExtractor:
+    """Maps a batch of NHWC images in [-1, 1] to an (N, D) float32 feature array."""
+    name = ""
+    batch_size = 256
+
+    def _features(self, images):
+        raise NotImplementedError
+
+    def __call__(self, images) -> np.ndarray:
+        import tensorflow as tf
+
+        out = []
+        for start in range(0, len(images), self.batch_size):
+            batch = tf.convert_to_tensor(images[start:start + self.batch_size], tf.float32)
+            out.append(np.asarray(self._features(batch), np.float32))
+        return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
+
+
+class InceptionFeatures(FeatureExtractor):
+    """InceptionV3 pool3 features (2048-d) from a local weights file: the standard FID."""
+    batch_size = 64
+
+    def __init__(self, weights_path: str):
+        import keras
+        import tensorflow as tf
+
+        if not os.path.isfile(weights_path):
+            raise FileNotFoundError(f"InceptionV3 weights file {weights_path!r} does not exist")
+        with float32_policy():
+            self.model = keras.applications.InceptionV3(include_top=False, pooling="avg", weights=weights_path,
+                                                        input_shape=(299, 299, 3))
+        self.name = f"inception_v3_pool3:{os.path.abspath(weights_path)}"
+
+        @tf.function(reduce_retracing=True)
+        def features(images):
+            if images.shape[-1] == 1:
+                images = tf.image.grayscale_to_rgb(images)
+            # InceptionV3 takes [-1, 1] input, tfgpu's range; bilinear resize as in the TF-GAN reference.
+            resized = tf.image.resize(images, [299, 299], method="bilinear")
+            return self.model(resized, training=False)
+
+        self._features = features
+
+
+def _last_dense(model):
+    import keras
+
+    dense = [layer for layer in model._flatten_layers(include_self=False) if isinstance(layer, keras.layers.Dense)]
+    if not dense:
+        raise ValueError(f"{model.name} has no Dense layer whose input could serve as features")
+    return dense[-1]
+
+
+def classifier_model_path(model_dir_or_file: str) -> str:
+    """``<model_dir>/export/model.keras`` for a run directory, or the .keras file itself."""
+    if model_dir_or_file.endswith(".keras"):
+        return model_dir_or_file
+    return os.path.join(model_dir_or_file, "export", "model.keras")
+
+
+class ClassifierFeatures(FeatureExtractor):
+    """Penultimate-layer features of a tfgpu classifier (the input of its last Dense layer)."""
+
+    def __init__(self, model_dir_or_file: str, label: str = ""):
+        import keras
+        import tensorflow as tf
+
+        import tfgpu.models  # noqa: F401  (registers tfgpu's custom layers for loading)
+
+        path = classifier_model_path(model_dir_or_file)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"no exported classifier at {path}; train one with "
+                                    "`python -m tfgpu.train --task=classification ...` (it writes export/model.keras)")
+        with float32_policy():
+            classifier = keras.models.load_model(path, compile=False)
+        head = _last_dense(classifier)
+        self.model = keras.Model(classifier.inputs, head.input)
+        self.input_shape = tuple(classifier.inputs[0].shape[1:])
+        self.feature_size = int(head.input.shape[-1])
+        self.name = f"classifier_penultimate:{os.path.abspath(path)}" + (f" ({label})" if label else "")
+
+        @tf.function(reduce_retracing=True)
+        def features(images):
+            h, w, c = self.input_shape
+            if images.shape[-1] != c:
+                raise ValueError(f"images have {images.shape[-1]} channels, the classifier expects {c}")
+            if (images.shape[1], images.shape[2]) != (h, w):
+                images = tf.image.resize(images, [h, w], method="bilinear", antialias=True)
+            return tf.cast(self.model(images, training=False), tf.float32)
+
+        self._features = features
+
+
+# -- a classifier for offline features, trained on the spot -------------------------
+def feature_classifier(input_shape, num_classes):
+    """A small BatchNorm-free CNN (its 128-d penultimate layer is the feature): no batch statistics, so its
+    features do not depend on how long BN moving averages had to settle."""
+    import keras
+    from keras import layers
+
+    inputs = keras.Input(tuple(input_shape))
+    x = inputs
+    for filters, stride in ((32, 1), (64, 2), (128, 2)):
+        x = layers.Conv2D(filters, 3, strides=stride, padding="same", activation="relu")(x)
+    x = layers.Dense(128, activation="relu", name="features")(layers.GlobalAveragePooling2D()(x))
+    return keras.Model(inputs, layers.Dense(num_classes, name="logits")(x), name="fid_feature_classifier")
+
+
+def train_feature_classifier(train, val, out_dir: str, seed: int, epochs: int = 30, batch_size: int = 64) -> dict:
+    """Trains ``feature_classifier`` on (images in [-1, 1], labels) and exports it to
+    ``<out_dir>/export/model.keras`` (atomic rename), the layout ``ClassifierFeatures`` reads. Returns
+    {"val_accuracy": ...} (also in ``<out_dir>/metrics.json``). Used when a GAN run names no extractor."""
+    import json
+
+    import keras
+
+    from tfgpu.fileio import atomic_write_bytes
+
+    images, labels = train
+    num_classes = int(max(labels.max(), val[1].max() if val is not None and len(val[1]) else 0)) + 1
+    keras.utils.set_random_seed(seed)
+    with float32_policy():
+        model = feature_classifier(images.shape[1:], num_classes)
+        model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True), metrics=["accuracy"])
+        model.fit(images, labels, batch_size=batch_size, epochs=epochs, verbose=0, shuffle=True)
+        metrics = {}
+        if val is not None and len(val[0]):
+            metrics["val_accuracy"] = float(model.evaluate(val[0], val[1], verbose=0, return_dict=True)["accuracy"])
+    export = os.path.join(out_dir, "export")
+    os.makedirs(export, exist_ok=True)
+    tmp = os.path.join(export, f".tmp-{os.getpid()}.keras")
+    model.save(tmp)
+    os.replace(tmp, os.path.join(export, "model.keras"))
+    atomic_write_bytes(os.path.join(out_dir, "metrics.json"), json.dumps(
+        {"model": model.name, "epochs": epochs, "train_examples": len(images), **metrics}, indent=2).encode())
+    return metrics
