@@ -144,3 +144,33 @@ def test_sigterm_to_one_worker_checkpoints_all_at_the_same_step(tmp_path, data_c
     steps = {re.search(r"checkpoint saved at step (\d+)", out).group(1) for out in outputs}
     assert len(steps) == 1
     assert os.path.exists(model_dir / "checkpoints" / f"ckpt-{steps.pop()}.index")
+
+
+def test_two_workers_through_the_launcher_match_mirrored_two_replicas(run_train, tmp_path, data_cache):
+    """Same global batches either way: one shard read element-sharded by 2 workers (0,2,4.. and 1,3,5..) or by
+    one pipeline feeding 2 replicas (0..31 and 32..63), unshuffled; BatchNorm synchronized.
+    Tolerance: 1e-4 on per-loop losses, 1e-4 absolute + 1e-4 relative on every variable."""
+    from tfgpu.data import builtin, tfrecord
+
+    data = builtin.load_builtin("digits")
+    images, labels = data["splits"]["train"]
+    one_shard = tmp_path / "digits-one-shard"
+    split = tfrecord.write_arrays(str(one_shard), "train", images, labels, num_shards=1)
+    tfrecord.write_manifest(str(one_shard), {"classes": data["classes"], "splits": {"train": split},
+                                             "image_shape": {"height": 8, "width": 8, "channels": 1}})
+    common = [f"--data_dir={one_shard}", "--model=resnet20", "--global_batch_size=64", "--train_steps=8",
+              "--steps_per_loop=4", "--shuffle_buffer=1", "--sync_batch_norm", "--deterministic", "--verbose=2"]
+    run_train(*common, "--cpu_logical_devices=2", "--distribution_strategy=mirrored",
+              f"--model_dir={tmp_path / 'mirrored'}")
+    env = {**os.environ, "TFGPU_DATA_CACHE": data_cache, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    launch = subprocess.run([sys.executable, "-m", "tfgpu.launch", "--num_workers=2", "--", *common,
+                             f"--model_dir={tmp_path / 'workers'}"], cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    assert launch.returncode == 0, launch.stdout[-3000:]
+    assert read_metrics(tmp_path / "workers")["strategy"] == "multi_worker_mirrored"
+    mirrored, workers = read_history(tmp_path / "mirrored"), read_history(tmp_path / "workers")
+    np.testing.assert_allclose([r["loss"] for r in workers], [r["loss"] for r in mirrored], atol=1e-4)
+    expected, actual = _weights(tmp_path / "mirrored"), _weights(tmp_path / "workers")
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        np.testing.assert_allclose(actual[name], expected[name], rtol=1e-4, atol=1e-4, err_msg=name)
