@@ -174,3 +174,17 @@ def test_two_workers_through_the_launcher_match_mirrored_two_replicas(run_train,
     assert expected.keys() == actual.keys()
     for name in expected:
         np.testing.assert_allclose(actual[name], expected[name], rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def test_port_in_use_is_a_clear_error_not_a_hang(tmp_path, data_cache):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("localhost", 0))
+        busy.listen()
+        cluster = {"worker": [f"localhost:{busy.getsockname()[1]}", f"localhost:{portpicker.pick_unused_port()}"]}
+        proc = _worker(["--dataset=digits", "--model=small_cnn", "--train_steps=2", f"--model_dir={tmp_path}"],
+                       data_cache, cluster, 0)
+        output = _finish([proc], timeout=120)[0]
+    assert proc.returncode == 1, output[-2000:]
+    assert f"error: --cluster: this worker cannot serve on {cluster['worker'][0]}" in output

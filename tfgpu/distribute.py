@@ -133,8 +133,14 @@ def _multi_worker(config: Config, cluster_desc, num_workers: int) -> Placement:
     is_chief = cluster.is_chief(cluster_desc) if cluster_desc else True
     if cluster_desc:
         log.info("%s", cluster.describe(cluster_desc))
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(
-        cluster_resolver=resolver, communication_options=_collective_options(config))
+    try:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=resolver, communication_options=_collective_options(config))
+    except tf.errors.UnknownError as e:
+        address = cluster_desc["cluster_spec"][cluster_desc["task_type"]][cluster_desc["task_id"]] \
+            if cluster_desc else "?"
+        raise ConfigError("cluster", f"this worker cannot serve on {address} (port in use, or not an address "
+                          f"of this host?): {e.message}") from None
     index = cluster_desc["worker_index"] if cluster_desc else 0
     local = [d.name for d in tf.config.list_logical_devices("GPU")] or ["/device:CPU:0"]
     return Placement(strategy, "multi_worker_mirrored", strategy.num_replicas_in_sync, num_workers, index, is_chief,
