@@ -1,0 +1,398 @@
+"""The converter: every source kind, exact round trips, counts that add up, safe reruns and clear errors."""
+import collections
+import csv
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.data.conftest import CLASSES, make_image, save_image, tiny_tfds_examples
+from tfgpu import convert as cli
+from tfgpu.data import builtin, tfrecord
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def convert(*args, capsys=None):
+    """Runs the entrypoint in this process; returns (exit code, stdout, stderr)."""
+    code = cli.main([str(a) for a in args])
+    if capsys is None:
+        return code, "", ""
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def manifest(directory):
+    return tfrecord.read_manifest(str(directory))
+
+
+def read_back(directory, split):
+    """[(filename, label, uint8 image, features)] of a converted split, read with tf.data + parse_example."""
+    m = manifest(directory)
+    files = [os.path.join(directory, s["file"]) for s in m["splits"][split]["shards"]]
+    ds = tf.data.TFRecordDataset(files, compression_type="GZIP" if m["compression"] == "gzip" else None)
+    out = []
+    for serialized in ds.map(tfrecord.parse_example):
+        image = tfrecord.decode_image(serialized, m["image_shape"]["channels"]).numpy()
+        out.append((serialized[tfrecord.FILENAME].numpy().decode(), int(serialized[tfrecord.LABEL]), image,
+                    {k: v.numpy() for k, v in serialized.items()}))
+    return out
+
+
+def shard_files(directory):
+    return sorted(glob.glob(os.path.join(directory, "*.tfrecord")))
+
+
+# -- sources and round trips -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("image_format", ["png", "raw"])
+def test_folder_round_trip_is_pixel_identical_with_labels_and_classes(png_folder, tmp_path, image_format, capsys):
+    root, images = png_folder
+    out = tmp_path / "out"
+    code, stdout, _ = convert(f"--source={root}", f"--output_dir={out}", f"--image_format={image_format}",
+                              "--num_shards=2", capsys=capsys)
+    assert code == 0
+    m = manifest(out)
+    assert m["classes"] == list(CLASSES)
+    assert m["splits"]["train"]["num_examples"] == len(images) == 12
+    assert m["splits"]["train"]["class_counts"] == {"0": 4, "1": 4, "2": 4}
+    assert [s["num_examples"] for s in m["splits"]["train"]["shards"]] == [6, 6]
+    assert m["image_shape"] == {"channels": 3, "channels_seen": {"3": 12}, "height_min": 10, "height_max": 13,
+                                "height_mean": 11.5, "width_min": 12, "width_max": 18, "width_mean": 15.0}
+    for shard in m["splits"]["train"]["shards"]:
+        assert tfrecord.sha256_file(str(out / shard["file"])) == shard["sha256"]
+    records = read_back(str(out), "train")
+    assert sorted(r[0] for r in records) == sorted(images)
+    for filename, label, image, features in records:
+        expected, class_name = images[filename]
+        assert m["classes"][label] == class_name
+        np.testing.assert_array_equal(image, expected)
+        assert features[tfrecord.FORMAT].decode() == image_format
+        assert (features[tfrecord.HEIGHT], features[tfrecord.WIDTH], features[tfrecord.CHANNELS]) == expected.shape
+    # Shards mix classes (the folder listing is sorted by class; the converter shuffles with --seed).
+    first_shard_labels = {r[1] for r in records[:6]}
+    assert len(first_shard_labels) > 1
+    assert "train: 12 examples in 2 shard(s)" in stdout
+
+
+def test_keep_stores_the_source_bytes_untouched(mixed_folder, tmp_path):
+    out = tmp_path / "out"
+    assert convert(f"--source={mixed_folder}", f"--output_dir={out}", "--skip_bad") == (0, "", "")
+    records = read_back(str(out), "train")
+    assert len(records) == 15
+    formats = collections.Counter()
+    for filename, _, image, features in records:
+        with open(os.path.join(mixed_folder, filename), "rb") as f:
+            assert features[tfrecord.ENCODED] == f.read(), filename
+        formats[features[tfrecord.FORMAT].decode()] += 1
+        assert image.shape == (16, 20, 3)
+    assert formats == {"jpeg": 6, "png": 3, "bmp": 3, "gif": 3}
+    assert manifest(out)["image_format"] == "keep"
+
+
+def test_corrupt_image_stops_the_run_naming_it(mixed_folder, tmp_path, capsys):
+    out = tmp_path / "out"
+    code, _, err = convert(f"--source={mixed_folder}", f"--output_dir={out}", capsys=capsys)
+    assert code == 1
+    error = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(error) == 1 and os.path.join(mixed_folder, "dog", "broken.jpg") in error[0], err
+    assert "--skip_bad" in error[0] and "cannot decode" in error[0]
+    assert not os.path.exists(out / "dataset.json")
+    assert shard_files(str(out)) == []
+    assert not [f for f in os.listdir(out) if f.endswith(".tmp")]
+
+
+def test_skip_bad_counts_and_names_the_skipped(mixed_folder, tmp_path, capsys):
+    out = tmp_path / "out"
+    code, stdout, _ = convert(f"--source={mixed_folder}", f"--output_dir={out}", "--skip_bad",
+                              "--split=train:0.6,val:0.4", "--image_format=png", capsys=capsys)
+    assert code == 0
+    m = manifest(out)
+    broken = os.path.join(mixed_folder, "dog", "broken.jpg")
+    assert [s["path"] for s in m["skipped"]] == [broken] and m["num_skipped"] == 1
+    assert "cannot decode" in m["skipped"][0]["reason"]
+    total = sum(e["num_examples"] for e in m["splits"].values())
+    sources = sum(e["num_sources"] for e in m["splits"].values())
+    assert sources == 16 and total == sources - 1 == 15  # counts == sources - skipped
+    for split, entry in m["splits"].items():
+        assert entry["num_examples"] == entry["num_sources"] - entry["num_skipped"]
+        assert entry["num_examples"] == sum(s["num_examples"] for s in entry["shards"])
+        assert entry["num_examples"] == sum(entry["class_counts"].values()) == len(read_back(str(out), split))
+    assert "skipped 1 bad image(s)" in stdout
+
+
+def test_presplit_folders_keep_their_splits(split_folder, tmp_path):
+    out = tmp_path / "out"
+    assert convert(f"--source={split_folder}", f"--output_dir={out}")[0] == 0
+    m = manifest(out)
+    assert m["classes"] == list(CLASSES)
+    assert {s: e["num_examples"] for s, e in m["splits"].items()} == {"train": 9, "val": 3}
+    assert m["splits"]["val"]["class_counts"] == {"0": 1, "1": 1, "2": 1}
+    assert all(name.startswith("val/") for name, *_ in read_back(str(out), "val"))
+    assert m["image_shape"]["height"] == m["image_shape"]["width"] == 8
+
+
+def test_split_of_a_presplit_source_cuts_its_train_split(split_folder, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert convert(f"--source={split_folder}", f"--output_dir={out}", "--split=train:0.67,holdout:0.33")[0] == 0
+    m = manifest(out)
+    assert {s: e["num_examples"] for s, e in m["splits"].items()} == {"train": 6, "holdout": 3, "val": 3}
+    code, _, err = convert(f"--source={split_folder}", f"--output_dir={tmp_path / 'o2'}",
+                           "--split=train:0.5,val:0.5", capsys=capsys)
+    assert code == 1 and "error: --split:" in err and "'val'" in err
+
+
+def test_csv_and_tsv_sources(png_folder, tmp_path):
+    root, images = png_folder
+    listing = os.path.join(root, "labels.csv")
+    with open(listing, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["path", "label"])
+        for rel, (_, c) in images.items():
+            writer.writerow([rel, c])
+    out = tmp_path / "out"
+    assert convert(f"--source={listing}", f"--output_dir={out}", "--image_format=png",
+                   "--split=train:0.75,val:0.25")[0] == 0
+    m = manifest(out)
+    assert m["classes"] == list(CLASSES)
+    assert {s: e["num_examples"] for s, e in m["splits"].items()} == {"train": 9, "val": 3}
+    assert m["splits"]["val"]["class_counts"] == {"0": 1, "1": 1, "2": 1}  # stratified
+    for filename, label, image, _ in read_back(str(out), "train") + read_back(str(out), "val"):
+        np.testing.assert_array_equal(image, images[filename][0])
+        assert m["classes"][label] == images[filename][1]
+
+    # TSV with integer labels and a split column; a path that is absolute.
+    tsv = tmp_path / "list.tsv"
+    rows = [f"{os.path.join(root, rel)}\t{CLASSES.index(c)}\t{'val' if rel.endswith('0.png') else 'train'}"
+            for rel, (_, c) in images.items()]
+    tsv.write_text("\n".join(rows) + "\n")
+    out2 = tmp_path / "out2"
+    assert convert(f"--source={tsv}", f"--output_dir={out2}")[0] == 0
+    m2 = manifest(out2)
+    assert m2["classes"] == ["0", "1", "2"]
+    assert {s: e["num_examples"] for s, e in m2["splits"].items()} == {"train": 9, "val": 3}
+
+
+def test_npz_grayscale_raw_round_trip_and_seeded_stratified_split(tmp_path):
+    rng = np.random.default_rng(4)
+    x = rng.integers(0, 256, (40, 7, 9), dtype=np.uint8)
+    y = np.repeat(np.arange(4), 10)
+    path = tmp_path / "arrays.npz"
+    np.savez(path, x=x, y=y, classes=np.array(["a", "b", "c", "d"]))
+
+    def run(name, seed):
+        out = tmp_path / name
+        assert convert(f"--source={path}", f"--output_dir={out}", "--image_format=raw", "--split=train:0.8,val:0.2",
+                       f"--seed={seed}")[0] == 0
+        return out, manifest(out)
+
+    out, m = run("a", 0)
+    assert m["classes"] == ["a", "b", "c", "d"] and m["image_shape"]["channels"] == 1
+    assert m["splits"]["val"]["class_counts"] == {"0": 2, "1": 2, "2": 2, "3": 2}
+    val = read_back(str(out), "val")
+    for filename, label, image, _ in val + read_back(str(out), "train"):
+        index = int(filename.split("/")[1])
+        np.testing.assert_array_equal(image[..., 0], x[index])
+        assert label == y[index]
+    same = {r[0] for r in read_back(str(run("b", 0)[0]), "val")}
+    other = {r[0] for r in read_back(str(run("c", 1)[0]), "val")}
+    assert same == {r[0] for r in val} and other != same
+
+
+def test_builtin_digits_is_read_by_the_training_pipeline(tmp_path):
+    from tfgpu.config import Config
+    from tfgpu.data import pipeline
+
+    out = tmp_path / "digits"
+    assert convert("--source=digits", f"--output_dir={out}", "--num_shards=3")[0] == 0
+    m = manifest(out)
+    sizes = {s: len(y) for s, (_, y) in builtin.load_builtin("digits")["splits"].items()}
+    assert sum(sizes.values()) == 1797
+    assert {s: e["num_examples"] for s, e in m["splits"].items()} == sizes
+    assert m["classes"] == [str(i) for i in range(10)]
+    info = pipeline.prepare(Config(model_dir="unused", data_dir=str(out)))
+    assert info.image_shape == (8, 8, 1) and info.num_classes == 10 and info.eval_split == "val"
+    assert info.split_sizes == sizes
+
+
+def test_tfds_source_from_a_locally_prepared_builder(tfds_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert convert("--source=tfds:tfgpu_tiny_shapes", f"--tfds_data_dir={tfds_dir}", f"--output_dir={out}")[0] == 0
+    m = manifest(out)
+    assert m["classes"] == list(CLASSES)
+    assert {s: e["num_examples"] for s, e in m["splits"].items()} == {"train": 20, "test": 6}
+    for split, n, seed in (("train", 20, 0), ("test", 6, 1)):
+        expected = collections.Counter((label, image.tobytes()) for image, label in tiny_tfds_examples(n, seed))
+        got = collections.Counter((label, image.tobytes()) for _, label, image, _ in read_back(str(out), split))
+        assert got == expected
+    assert m["image_shape"]["height"] == 12 and m["image_shape"]["width"] == 10
+
+    # --split re-cuts its train split; test stays.
+    out2 = tmp_path / "out2"
+    assert convert("--source=tfds:tfgpu_tiny_shapes", f"--tfds_data_dir={tfds_dir}", f"--output_dir={out2}",
+                   "--split=train:0.75,val:0.25", "--image_format=jpeg")[0] == 0
+    assert {s: e["num_examples"] for s, e in manifest(out2)["splits"].items()} == {"train": 15, "val": 5, "test": 6}
+
+    # Not prepared and no --download: a one-line error, nothing fetched.
+    code, _, err = convert("--source=tfds:mnist", f"--tfds_data_dir={tmp_path / 'empty'}",
+                           f"--output_dir={tmp_path / 'o3'}", capsys=capsys)
+    assert code == 1 and "error: --download: tfds:mnist is not prepared" in err
+
+
+def test_resize_and_gzip(png_folder, tmp_path):
+    root, _ = png_folder
+    out = tmp_path / "short"
+    assert convert(f"--source={root}", f"--output_dir={out}", "--image_format=png", "--resize=6",
+                   "--compression=gzip")[0] == 0
+    m = manifest(out)
+    assert m["compression"] == "gzip" and m["image_shape"]["height_min"] == 6
+    assert all(min(r[2].shape[:2]) == 6 for r in read_back(str(out), "train"))
+    out = tmp_path / "exact"
+    assert convert(f"--source={root}", f"--output_dir={out}", "--image_format=jpeg", "--resize=16x12")[0] == 0
+    assert {r[2].shape for r in read_back(str(out), "train")} == {(12, 16, 3)}
+
+
+def test_two_workers_write_the_same_shards_as_one(png_folder, tmp_path):
+    root, _ = png_folder
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert convert(f"--source={root}", f"--output_dir={one}", "--num_shards=4", "--image_format=png")[0] == 0
+    assert convert(f"--source={root}", f"--output_dir={two}", "--num_shards=4", "--image_format=png",
+                   "--workers=2")[0] == 0
+    shards = lambda d: [(s["file"], s["num_examples"]) for s in manifest(d)["splits"]["train"]["shards"]]  # noqa
+    assert shards(one) == shards(two) and len(shards(one)) == 4
+    for shard, _ in shards(one):
+        content = lambda d: [  # noqa: E731
+            tf.train.Example.FromString(r.numpy()) for r in tf.data.TFRecordDataset(str(d / shard))]
+        assert content(one) == content(two), shard
+
+
+# -- reruns and interruptions ------------------------------------------------------------------------------------
+
+def test_rerun_reuses_verified_shards(png_folder, tmp_path, capsys):
+    root, _ = png_folder
+    out = tmp_path / "out"
+    args = (f"--source={root}", f"--output_dir={out}", "--num_shards=3", "--image_format=png")
+    assert convert(*args, capsys=capsys)[0] == 0
+    before = {f: os.stat(f).st_mtime_ns for f in shard_files(str(out))}
+    first = manifest(out)
+    code, _, err = convert(*args, capsys=capsys)
+    assert code == 0 and "reusing 3 complete, verified shard(s) of 3" in err and "converting" not in err
+    assert {f: os.stat(f).st_mtime_ns for f in shard_files(str(out))} == before
+    assert manifest(out) == first
+
+
+def test_interrupted_run_is_detected_and_redone(png_folder, tmp_path, capsys):
+    root, _ = png_folder
+    out = tmp_path / "out"
+    args = (f"--source={root}", f"--output_dir={out}", "--num_shards=3", "--image_format=png")
+    assert convert(*args)[0] == 0
+    good = manifest(out)
+    # What a killed run leaves: no manifest, a half-written temp shard, a truncated shard.
+    os.unlink(out / "dataset.json")
+    (out / ".train-00001-of-00003.tfrecord.abc123.tmp").write_bytes(b"partial")
+    victim = out / "train-00002-of-00003.tfrecord"
+    victim.write_bytes(victim.read_bytes()[:100])
+    code, _, err = convert(*args, capsys=capsys)
+    assert code == 0
+    assert "reusing 2 complete, verified shard(s) of 3" in err and "converting 4 images into 1 shard(s)" in err
+    assert manifest(out) == good
+    assert not [f for f in os.listdir(out) if f.endswith(".tmp")]
+    assert len(read_back(str(out), "train")) == 12
+
+
+def test_killed_conversion_leaves_nothing_complete_looking_and_a_rerun_finishes(tmp_path):
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "tfgpu.convert", "--source=digits", f"--output_dir={out}", "--num_shards=300",
+            "--workers=1"]
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if len(glob.glob(str(out / ".tfgpu-convert" / "*.tfrecord.json"))) >= 3:
+                break
+            time.sleep(0.005)
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL, "the conversion finished before it could be killed"
+    assert not os.path.exists(out / "dataset.json")
+    written = len(shard_files(str(out)))
+    assert 3 <= written < 600
+    code = cli.main(args[3:])
+    assert code == 0
+    m = manifest(out)
+    assert sum(e["num_examples"] for e in m["splits"].values()) == 1797
+    assert sum(len(read_back(str(out), s)) for s in ("train", "val")) == 1797
+
+
+def test_refuses_a_directory_holding_another_dataset(png_folder, split_folder, tmp_path, capsys):
+    root, _ = png_folder
+    out = tmp_path / "out"
+    assert convert(f"--source={root}", f"--output_dir={out}", "--num_shards=2")[0] == 0
+    code, _, err = convert(f"--source={split_folder}", f"--output_dir={out}", capsys=capsys)
+    assert code == 1 and "error: --output_dir:" in err and "another dataset" in err and "--overwrite" in err
+    assert manifest(out)["splits"]["train"]["num_examples"] == 12  # untouched
+    # Different options over the same source are another dataset too.
+    assert convert(f"--source={root}", f"--output_dir={out}", "--num_shards=3", capsys=capsys)[0] == 1
+    assert convert(f"--source={split_folder}", f"--output_dir={out}", "--overwrite")[0] == 0
+    m = manifest(out)
+    assert set(m["splits"]) == {"train", "val"}
+    listed = {s["file"] for e in m["splits"].values() for s in e["shards"]}
+    assert {os.path.basename(f) for f in shard_files(str(out))} == listed  # the old shards are gone
+
+    unrelated = tmp_path / "notes"
+    unrelated.mkdir()
+    (unrelated / "readme.txt").write_text("mine")
+    code, _, err = convert(f"--source={root}", f"--output_dir={unrelated}", capsys=capsys)
+    assert code == 1 and "not empty" in err
+
+
+# -- bad input ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, flag", [
+    ([], "source"),
+    (["--source=/nonexistent/images"], "source"),
+    (["--source={root}", "--split=train:0.9,val:0.2"], "split"),
+    (["--source={root}", "--split=train0.9"], "split"),
+    (["--source={root}", "--image_format=webp"], "image_format"),
+    (["--source={root}", "--jpeg_quality=0", "--image_format=jpeg"], "jpeg_quality"),
+    (["--source={root}", "--resize=12"], "resize"),
+    (["--source={root}", "--image_format=png", "--resize=big"], "resize"),
+    (["--source={root}", "--num_shards=2", "--shard_size_mb=10"], "num_shards"),
+    (["--source={root}", "--num_shards=val:2"], "num_shards"),
+    (["--source={root}", "--workers=x"], "workers"),
+    (["--source={root}", "--compression=zstd"], "compression"),
+    (["--source={root}", "--bogus=1"], "bogus"),
+    (["--source={empty}"], "source"),
+    (["--source={root}", "--split=train:0.99,val:0.01"], "split"),
+])
+def test_bad_input_is_one_line_naming_the_flag(png_folder, tmp_path, capsys, args, flag):
+    root, _ = png_folder
+    empty = tmp_path / "empty"
+    (empty / "cat").mkdir(parents=True)
+    args = [a.format(root=root, empty=empty) for a in args]
+    code, _, err = convert(*args, f"--output_dir={tmp_path / 'out'}", capsys=capsys)
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 1 and len(errors) == 1 and errors[0].startswith(f"error: --{flag}"), err
+    assert not os.path.exists(tmp_path / "out" / "dataset.json")
+
+
+def test_command_line_exit_code_and_progress_lines(png_folder, tmp_path):
+    root, _ = png_folder
+    run = lambda *a: subprocess.run([sys.executable, "-m", "tfgpu.convert", *a], cwd=REPO,  # noqa: E731
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    bad = run("--source=/nonexistent", f"--output_dir={tmp_path / 'x'}")
+    assert bad.returncode == 1 and "error: --source: /nonexistent does not exist" in bad.stderr
+    good = run(f"--source={root}", f"--output_dir={tmp_path / 'y'}")
+    assert good.returncode == 0, good.stderr[-2000:]
+    progress = [line for line in good.stderr.splitlines() if line.startswith("convert: ")]
+    assert progress and "12/12 images (100.0%)" in progress[-1] and "images/s" in progress[-1]
+    assert "ETA" in progress[-1] and "\r" not in good.stderr

@@ -1,0 +1,103 @@
+"""``python -m tfgpu.convert``: turn an image folder, CSV/TSV, .npz, TFDS or built-in dataset into TFRecords.
+
+    python -m tfgpu.convert --source=/data/imagenet --output_dir=/data/imagenet-tfr --workers=16
+    python -m tfgpu.convert --source=labels.csv --output_dir=out --split=train:0.9,val:0.1 --seed=1
+    python -m tfgpu.convert --source=tfds:cifar10 --tfds_data_dir=~/tensorflow_datasets --output_dir=cifar10
+
+Writes ``<output_dir>/<split>-SSSSS-of-NNNNN.tfrecord`` and, last, ``dataset.json``.
+Rerunning the same command reuses complete, verified shards. Exit code 1 with a
+one-line ``error:`` naming the flag (or the bad image's path) on bad input.
+"""
+import argparse
+import logging
+import os
+import sys
+
+USAGE = "python -m tfgpu.convert --source=SRC --output_dir=DIR [options]"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        from tfgpu.config import ConfigError
+
+        flag = ""
+        for word in message.replace("/", " ").split():
+            if word.startswith("--"):
+                flag = word.strip("'\":,").lstrip("-").split("=")[0]
+                break
+        raise ConfigError(flag or "flags", message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m tfgpu.convert", usage=USAGE, description=__doc__.split("\n\n")[0],
+                formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
+    a = p.add_argument
+    a("--source", default="", help="An image folder (root/<class>/*.jpg, optionally root/train/ and root/val/), "
+      "a .csv/.tsv of path,label[,split] (paths relative to the file), a .npz with x (N,H,W[,C]) uint8 and y (N,) "
+      "(or x_<split>/y_<split>), tfds:NAME[/CONFIG][:VERSION], or a built-in dataset (digits).")
+    a("--output_dir", default="", help="Where the shards and dataset.json go; must be empty or hold this same "
+      "conversion (then complete shards are reused).")
+    a("--split", default="", help="Split the examples, e.g. train:0.9,val:0.1 (stratified by class, seeded). "
+      "A source that has splits already keeps them and has its 'train' split cut. Empty: the source's own splits "
+      "(everything is 'train' for an unsplit source).")
+    a("--seed", type=int, default=0, help="Seed for --split and for the order of examples within a split.")
+    a("--image_format", default="keep", help="keep (store the source bytes untouched; PNG for arrays), png, jpeg "
+      "or raw (uint8 HWC bytes).")
+    a("--jpeg_quality", type=int, default=95, help="Quality for --image_format=jpeg.")
+    a("--resize", default="", help="Resize before storing: the shorter side in pixels (256) or WIDTHxHEIGHT.")
+    a("--num_shards", default="", help="Shards per split (N), or per split name (train:1024,val:128).")
+    a("--shard_size_mb", type=float, default=0.0, help="Target shard size in MiB when --num_shards is not given "
+      "(default 100).")
+    a("--workers", type=int, default=0, help="Worker processes, one shard per task; 0 = one per core for "
+      "datasets of 20,000+ images, else 1.")
+    a("--compression", default="none", help="none or gzip.")
+    a("--skip_bad", action="store_true", help="Skip unreadable or undecodable images (counted and listed in "
+      "dataset.json) instead of stopping at the first one.")
+    a("--overwrite", action="store_true", help="Replace the dataset (or other conversion) in --output_dir.")
+    a("--tfds_data_dir", default="", help="tensorflow_datasets data dir for tfds: sources.")
+    a("--download", action="store_true", help="Let tensorflow_datasets download and prepare a tfds: source "
+      "that is not prepared in --tfds_data_dir (otherwise the converter never touches the network).")
+    return p
+
+
+def parse_args(argv=None):
+    """argv (without the program name) -> tfgpu.data.convert.Options; raises ConfigError naming the flag."""
+    from tfgpu.data.convert import Options
+
+    args = build_parser().parse_args(argv)
+    values = vars(args)
+    values["output_dir"] = os.path.expanduser(values["output_dir"])
+    values["tfds_data_dir"] = os.path.expanduser(values["tfds_data_dir"])
+    if not values["source"].startswith("tfds:"):
+        values["source"] = os.path.expanduser(values["source"])
+    return Options(**values)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(a in ("-h", "--help") for a in argv):
+        build_parser().print_help()
+        return 0
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname).1s tfgpu] %(message)s", datefmt="%H:%M:%S"))
+    logger = logging.getLogger("tfgpu")
+    logger.handlers[:] = [handler]
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    from tfgpu.config import ConfigError
+    from tfgpu.data import convert
+
+    try:
+        convert.convert(parse_args(argv))
+    except (ConfigError, convert.BadImageError) as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        print("error: interrupted; rerun the same command to finish (complete shards are kept)", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
