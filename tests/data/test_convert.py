@@ -2,7 +2,6 @@
 import collections
 import csv
 import glob
-import json
 import os
 import signal
 import subprocess
@@ -13,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.data.conftest import CLASSES, make_image, save_image, tiny_tfds_examples
+from tests.data.conftest import CLASSES, tiny_tfds_examples
 from tfgpu import convert as cli
 from tfgpu.data import builtin, tfrecord
 

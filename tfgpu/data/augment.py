@@ -3,6 +3,10 @@
 Models receive float32 NHWC images scaled to [-1, 1]. Random ops are stateless
 and take an explicit ``seed`` (shape [2] int), so a resumed run augments
 exactly like an uninterrupted one.
+
+``imagenet``: training takes an Inception-style random-resized crop (decoding only
+the crop window of JPEG records, ``tf.image.decode_and_crop_jpeg``) and a flip;
+evaluation resizes the shorter side to size/0.875 and takes the center crop.
 """
 import tensorflow as tf
 
@@ -32,22 +36,87 @@ def pad_crop_flip(image, seed, pad_fraction: float = 0.125):
     return flip(cropped, seeds[1])
 
 
+IMAGENET_CROP_FRACTION = 0.875
+AREA_RANGE = (0.08, 1.0)
+ASPECT_RATIO_RANGE = (3 / 4, 4 / 3)
+
+
+def _is_jpeg(features):
+    """True for JPEG bytes (whatever the record's format field says), never for raw pixels."""
+    encoded = features[tfrecord.ENCODED]
+    return tf.logical_and(tf.not_equal(features[tfrecord.FORMAT], "raw"), tf.io.is_jpeg(encoded))
+
+
+def crop_window(image_shape, seed, area_range=AREA_RANGE, aspect_ratio_range=ASPECT_RATIO_RANGE):
+    """A random [y, x, height, width] window covering ``area_range`` of the image (whole image as fallback)."""
+    begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        tf.cast(image_shape, tf.int32), bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]), seed=seed,
+        min_object_covered=0.1, aspect_ratio_range=aspect_ratio_range, area_range=area_range, max_attempts=10,
+        use_image_if_no_bounding_boxes=True)
+    return tf.stack([begin[0], begin[1], size[0], size[1]])
+
+
+def decode_random_crop(features, channels: int, seed, fused: bool = True):
+    """Decodes a random-resized-crop window of the record's image; JPEG records decode only the window."""
+    encoded = features[tfrecord.ENCODED]
+
+    def jpeg():
+        window = crop_window(tf.image.extract_jpeg_shape(encoded), seed)
+        return tf.image.decode_and_crop_jpeg(encoded, window, channels=channels)
+
+    def other():
+        image = tfrecord.decode_image(features, channels)
+        window = crop_window(tf.shape(image), seed)
+        return tf.slice(image, [window[0], window[1], 0], [window[2], window[3], -1])
+
+    image = tf.cond(_is_jpeg(features), jpeg, other) if fused else other()
+    return tf.ensure_shape(image, [None, None, channels])
+
+
+def random_resized_crop_flip(features, image_size: int, channels: int, seed, fused: bool = True):
+    """ImageNet training augmentation: random-resized crop to ``image_size``, random flip; float32 [0, 255]."""
+    seeds = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), 2)
+    image = decode_random_crop(features, channels, seeds[0], fused)
+    image = tf.image.resize(image, [image_size, image_size], method="bilinear")
+    return flip(image, seeds[1])
+
+
+def center_crop(features, image_size: int, channels: int, crop_fraction: float = IMAGENET_CROP_FRACTION):
+    """ImageNet evaluation: resize the shorter side to ``image_size / crop_fraction``, take the center square."""
+    image = tfrecord.decode_image(features, channels)
+    shape = tf.cast(tf.shape(image)[:2], tf.float32)
+    target = tf.round(image_size / crop_fraction)
+    scale = target / tf.reduce_min(shape)
+    resized_shape = tf.maximum(tf.cast(tf.round(shape * scale), tf.int32), image_size)
+    image = tf.image.resize(image, resized_shape, method="bilinear", antialias=True)
+    top = (resized_shape[0] - image_size) // 2
+    left = (resized_shape[1] - image_size) // 2
+    return tf.slice(image, [top, left, 0], [image_size, image_size, -1])
+
+
 def preprocess_train(features, image_size: int, channels: int, augment: str, seed):
     """Decodes one record and applies ``augment`` (none|flip|cifar|imagenet); returns float32 [-1, 1]."""
+    if augment == "imagenet":
+        if not image_size:
+            raise ValueError("imagenet augmentation needs an image size (set --image_size)")
+        return to_model_range(random_resized_crop_flip(features, image_size, channels, seed))
     image = tfrecord.decode_image(features, channels)
     if image_size:
         image = tf.cast(resize_to(image, image_size), tf.uint8) if _needs_resize(image, image_size) else image
     if augment == "flip":
         image = flip(image, seed)
-    elif augment in ("cifar", "imagenet"):
+    elif augment == "cifar":
         image = pad_crop_flip(image, seed)
     elif augment != "none":
         raise ValueError(f"unknown augmentation {augment!r}")
     return to_model_range(image)
 
 
-def preprocess_eval(features, image_size: int, channels: int):
-    """Decodes one record, resizes it to ``image_size`` if needed; returns float32 [-1, 1]."""
+def preprocess_eval(features, image_size: int, channels: int, augment: str = "none"):
+    """Decodes one record and resizes it to ``image_size`` if needed (``imagenet``: resize and center crop, the
+    evaluation that matches its training crops); returns float32 [-1, 1]."""
+    if augment == "imagenet" and image_size:
+        return to_model_range(center_crop(features, image_size, channels))
     image = tfrecord.decode_image(features, channels)
     if image_size:
         image = tf.cast(resize_to(image, image_size), tf.uint8) if _needs_resize(image, image_size) else image

@@ -1,0 +1,118 @@
+"""ImageNet preprocessing: fused random-resized crop for JPEG records, center-crop evaluation, seeded and exact."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfgpu.data import augment, tfrecord
+
+
+def record(image, image_format="jpeg", quality=95):
+    """A parsed record (the feature dict the pipeline hands to augment) holding ``image``."""
+    encoded = tfrecord.encode_image(image, image_format, quality)
+    serialized = tfrecord.make_example(encoded, image_format, 3, *image.shape)
+    return tfrecord.parse_example(tf.constant(serialized))
+
+
+@pytest.fixture(scope="module")
+def photo():
+    """A smooth 90x140 RGB image (JPEG-friendly, so crops are easy to compare)."""
+    y, x = np.mgrid[0:90, 0:140].astype(np.float32)
+    image = np.stack([x / 140 * 255, y / 90 * 255, (x + y) / 230 * 255], axis=-1)
+    return image.astype(np.uint8)
+
+
+def test_random_resized_crop_is_seeded_and_model_ready(photo):
+    features = record(photo)
+    seed = tf.constant([7, 11], tf.int64)
+    a = augment.preprocess_train(features, 32, 3, "imagenet", seed).numpy()
+    b = augment.preprocess_train(features, 32, 3, "imagenet", seed).numpy()
+    c = augment.preprocess_train(features, 32, 3, "imagenet", tf.constant([7, 12], tf.int64)).numpy()
+    assert a.shape == (32, 32, 3) and a.dtype == np.float32
+    assert -1.0 <= a.min() and a.max() <= 1.0
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+def test_crop_windows_follow_the_inception_ranges(photo):
+    shape = tf.constant(photo.shape)
+    areas, ratios = [], []
+    for i in range(200):
+        y, x, h, w = augment.crop_window(shape, tf.constant([i, 1], tf.int64)).numpy()
+        assert 0 <= y and y + h <= 90 and 0 <= x and x + w <= 140
+        areas.append(h * w / (90 * 140))
+        ratios.append(w / h)
+    areas, ratios = np.array(areas), np.array(ratios)
+    cropped = areas < 0.999  # the rest fell back to the whole image
+    assert cropped.mean() > 0.8
+    assert areas[cropped].min() >= 0.08 - 0.02 and areas[cropped].max() <= 1.0
+    assert ratios[cropped].min() >= 3 / 4 - 0.05 and ratios[cropped].max() <= 4 / 3 + 0.05
+    assert np.median(areas[cropped]) < 0.7  # crops really vary, not near-full images
+
+
+def test_fused_jpeg_crop_matches_decoding_the_whole_image(photo):
+    features = record(photo)
+    for i in range(10):
+        seed = tf.constant([i, 3], tf.int64)
+        fused = augment.decode_random_crop(features, 3, seed, fused=True).numpy()
+        full = augment.decode_random_crop(features, 3, seed, fused=False).numpy()
+        assert fused.shape == full.shape
+        assert np.abs(fused.astype(int) - full.astype(int)).max() <= 2, i
+
+
+@pytest.mark.parametrize("image_format", ["png", "raw"])
+def test_non_jpeg_records_take_the_decode_then_crop_path(photo, image_format):
+    features = record(photo, image_format)
+    seed = tf.constant([5, 5], tf.int64)
+    window = augment.crop_window(tf.constant(photo.shape), seed).numpy()
+    crop = augment.decode_random_crop(features, 3, seed).numpy()
+    y, x, h, w = window
+    np.testing.assert_array_equal(crop, photo[y:y + h, x:x + w])
+
+
+def test_raw_pixels_that_look_like_a_jpeg_header_are_not_decoded_as_jpeg():
+    image = np.zeros((6, 6, 3), np.uint8)
+    image[0, 0] = [0xFF, 0xD8, 0xFF]
+    crop = augment.decode_random_crop(record(image, "raw"), 3, tf.constant([1, 2], tf.int64)).numpy()
+    assert crop.ndim == 3 and crop.shape[-1] == 3
+
+
+def test_center_crop_eval(photo):
+    # A 32x32 image at size 28 is already 28 / 0.875 = 32 on its shorter side: the crop is its center, exactly.
+    square = photo[:32, :32]
+    out = augment.preprocess_eval(record(square, "png"), 28, 3, augment="imagenet").numpy()
+    np.testing.assert_allclose(out, square[2:30, 2:30].astype(np.float32) / 127.5 - 1.0, atol=1e-5)
+    # A wide image: shorter side to 32, then the middle 28x28 (the left and right bands are cut off).
+    wide = np.zeros((40, 120, 3), np.uint8)
+    wide[:, 40:80] = 200
+    out = augment.preprocess_eval(record(wide, "png"), 28, 3, augment="imagenet").numpy()
+    assert out.shape == (28, 28, 3)
+    np.testing.assert_allclose(out, 200 / 127.5 - 1.0, atol=1e-3)
+    # Without augment="imagenet", evaluation keeps its old behaviour (plain resize).
+    plain = augment.preprocess_eval(record(wide, "png"), 28, 3).numpy()
+    assert plain.shape == (28, 28, 3) and plain.min() < -0.9
+
+
+def test_imagenet_training_in_a_tf_data_pipeline_of_mixed_sizes():
+    rng = np.random.default_rng(0)
+    records = [tfrecord.make_example(tfrecord.encode_image(rng.integers(0, 256, (h, w, 3), dtype=np.uint8),
+                                                           fmt), fmt, 1, h, w, 3)
+               for (h, w), fmt in zip([(50, 70), (64, 48), (33, 90), (80, 80)], ["jpeg", "png", "jpeg", "raw"])]
+
+    def parse(index, serialized):
+        features = tfrecord.parse_example(serialized)
+        image = augment.preprocess_train(features, 24, 3, "imagenet", tf.stack([tf.constant(9, tf.int64), index]))
+        return tf.ensure_shape(image, [24, 24, 3])
+
+    ds = tf.data.Dataset.zip(tf.data.Dataset.counter(), tf.data.Dataset.from_tensor_slices(records)).map(parse)
+    batch = next(iter(ds.batch(4))).numpy()
+    assert batch.shape == (4, 24, 24, 3) and np.isfinite(batch).all()
+
+
+def test_cifar_and_flip_paths_are_unchanged():
+    image = np.arange(8 * 8 * 3, dtype=np.uint8).reshape(8, 8, 3)
+    seed = tf.constant([1, 2], tf.int64)
+    out = augment.preprocess_train(record(image, "png"), 8, 3, "cifar", seed).numpy()
+    assert out.shape == (8, 8, 3)
+    flipped = augment.preprocess_train(record(image, "png"), 8, 3, "flip", seed).numpy()
+    expected = image.astype(np.float32) / 127.5 - 1.0
+    assert np.array_equal(flipped, expected) or np.array_equal(flipped, expected[:, ::-1])
