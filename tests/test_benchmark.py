@@ -139,6 +139,17 @@ def test_window_stats_median_and_spread():
     assert stats["step_time_ms"] == 150.0
 
 
+def test_repeats_pool_their_windows():
+    rounds = [{"name": "tfgpu", "status": "ok", "batch_size": 10, "steps_per_window": 10, "peak_memory_bytes": m,
+               "window_examples_per_sec": rates} for m, rates in ((5, [100.0, 200.0, 300.0]), (7, [400.0, 500.0, 600.0]))]
+    pooled = benchmark.pool_rounds(rounds)
+    assert pooled["examples_per_sec"] == pytest.approx(350.0)
+    assert (pooled["examples_per_sec_min"], pooled["examples_per_sec_max"]) == pytest.approx((100.0, 600.0))
+    assert pooled["repeats"] == 2 and pooled["peak_memory_bytes"] == 7 and len(pooled["window_examples_per_sec"]) == 6
+    failed = benchmark.pool_rounds([rounds[0], {"name": "tfgpu", "status": "failed", "reason": "boom"}])
+    assert failed["status"] == "failed" and failed["reason"] == "boom"
+
+
 def _result(name, batch, precision, rate, jit=False, effective=None):
     return {"name": name, "batch_size": batch, "precision": precision, "jit_compile": jit, "examples_per_sec": rate,
             "jit_compile_effective": jit if effective is None else effective}
@@ -211,6 +222,43 @@ def test_auto_batch_size_end_to_end_on_cpu(tmp_path):
     assert "largest per-replica batch that fits = 16" in proc.stdout
 
 
+@pytest.fixture
+def rgb_dataset(tmp_path):
+    """A converted dataset of 64 random 16x16 RGB PNGs in 4 classes (real input pipeline, decode included)."""
+    import numpy as np
+
+    from tfgpu.data import tfrecord
+
+    directory = str(tmp_path / "rgb")
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (64, 16, 16, 3), dtype=np.uint8)
+    labels = rng.integers(0, 4, 64)
+    splits = {"train": tfrecord.write_arrays(directory, "train", images, labels, num_shards=2)}
+    tfrecord.write_manifest(directory, {"name": "rgb", "classes": ["a", "b", "c", "d"], "splits": splits,
+                                        "compression": "none",
+                                        "image_shape": {"height": 16, "width": 16, "channels": 3}})
+    return directory
+
+
+def test_real_data_against_synthetic_input_of_the_same_shape(tmp_path, rgb_dataset):
+    out = tmp_path / "bench.json"
+    proc = run_benchmark(*TINY, "--batch_size=16", f"--data_dir={rgb_dataset}", "--baseline=keras_fit,synthetic",
+                         f"--output_json={out}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = load(out)
+    by_name = {r["name"]: r for r in report["results"]}
+    assert by_name["tfgpu"]["dataset"] == rgb_dataset and by_name["keras_fit"]["dataset"] == rgb_dataset
+    assert by_name["synthetic"]["dataset"] == "synthetic" and by_name["synthetic"]["status"] == "ok"
+    # Same model on the same shape: 4 classes from the manifest, 16x16x3.
+    assert by_name["synthetic"]["macs_per_example"] == by_name["tfgpu"]["macs_per_example"]
+    assert set(report["ratios"]) == {"tfgpu/keras_fit", "tfgpu/synthetic"}
+
+
+def test_synthetic_baseline_needs_real_data(capsys):
+    assert benchmark.main(["--model=small_cnn", "--baseline=synthetic"]) == 1
+    assert capsys.readouterr().err.strip().startswith("error: --baseline: synthetic compares real input")
+
+
 @pytest.mark.slow
 def test_mirrored_on_two_logical_cpus_with_both_baselines(tmp_path):
     out = tmp_path / "bench.json"
@@ -232,9 +280,13 @@ def test_mirrored_on_two_logical_cpus_with_both_baselines(tmp_path):
 
 def test_one_device_skips_keras_fit_strategy_with_a_reason(tmp_path):
     out = tmp_path / "bench.json"
-    proc = run_benchmark(*TINY, "--batch_size=16", "--baseline=keras_fit_strategy", f"--output_json={out}")
+    proc = run_benchmark(*TINY, "--batch_size=16", "--baseline=keras_fit_strategy", "--repeats=2",
+                         f"--output_json={out}")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    skipped = [r for r in load(out)["results"] if r["name"] == "keras_fit_strategy"]
+    results = load(out)["results"]
+    assert [r["name"] for r in results] == ["tfgpu", "keras_fit_strategy"]
+    assert results[0]["repeats"] == 2 and len(results[0]["window_examples_per_sec"]) == 6
+    skipped = [r for r in results if r["name"] == "keras_fit_strategy"]
     assert skipped[0]["status"] == "skipped" and "one_device" in skipped[0]["reason"]
     assert skipped[0]["examples_per_sec"] is None
     assert "skipped: the strategy is one_device" in proc.stdout

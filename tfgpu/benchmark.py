@@ -40,7 +40,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is impor
 
 from tfgpu.config import PRECISIONS, STRATEGIES, ConfigError  # noqa: E402
 
-RUNNERS = ("tfgpu", "keras_fit", "keras_fit_strategy")
+RUNNERS = ("tfgpu", "keras_fit", "keras_fit_strategy", "synthetic")
 BASELINES = RUNNERS[1:]
 
 # Peak dense (no 2:4 sparsity) tensor-core TFLOPS per GPU, from NVIDIA's datasheets; the datasheets print
@@ -281,7 +281,7 @@ def _run_keras_fit(case: dict, config, under_strategy: bool) -> dict:
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"],
                       jit_compile=jit, steps_per_execution=steps_per_execution)
     model.fit(dataset, epochs=1, steps_per_epoch=case["warmup_steps"], verbose=0)
-    timer = _EpochTimer()
+    timer = _epoch_timer()
     model.fit(dataset, epochs=case["windows"], steps_per_epoch=case["steps_per_window"], verbose=0,
               callbacks=[timer])
     out = {"batch_size": config.global_batch_size, "per_replica_batch_size": config.global_batch_size // replicas,
@@ -295,25 +295,23 @@ def _run_keras_fit(case: dict, config, under_strategy: bool) -> dict:
     return out
 
 
-class _EpochTimer:
-    """A Keras callback (epoch hooks only, so fit keeps its per-step behaviour) timing each epoch's wall clock."""
+def _epoch_timer():
+    """A Keras callback timing each epoch's wall clock; epoch hooks only, so fit keeps its per-step behaviour."""
+    import keras
 
-    def __new__(cls):
-        import keras
+    class EpochTimer(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 0:
+                self.marks = [time.perf_counter()]
 
-        class Timer(keras.callbacks.Callback):
-            def on_epoch_begin(self, epoch, logs=None):
-                if epoch == 0:
-                    self.marks = [time.perf_counter()]
+        def on_epoch_end(self, epoch, logs=None):
+            float((logs or {}).get("loss", 0.0))  # the epoch's steps have finished once the loss is read
+            self.marks.append(time.perf_counter())
 
-            def on_epoch_end(self, epoch, logs=None):
-                float((logs or {}).get("loss", 0.0))  # the epoch's steps have finished once the loss is read
-                self.marks.append(time.perf_counter())
+        def seconds(self):
+            return [b - a for a, b in zip(self.marks, self.marks[1:])]
 
-            def seconds(self):
-                return [b - a for a, b in zip(self.marks, self.marks[1:])]
-
-        return Timer()
+    return EpochTimer()
 
 
 def run_case(case: dict) -> dict:
@@ -323,7 +321,7 @@ def run_case(case: dict) -> dict:
     result = {"name": case["runner"], "status": "ok"}
     try:
         config = config_lib.resolve(case["config"])
-        result.update(_run_tfgpu(case, config) if case["runner"] == "tfgpu" else
+        result.update(_run_tfgpu(case, config) if case["runner"] in ("tfgpu", "synthetic") else
                       _run_keras_fit(case, config, case["runner"] == "keras_fit_strategy"))
     except ConfigError as e:
         result.update(status="failed", config_error=True, reason=str(e))
@@ -370,10 +368,13 @@ def _parser() -> argparse.ArgumentParser:
     a("--num_gpus", type=int, default=-1, help="GPUs to use; -1 = all visible.")
     a("--all_reduce_alg", default="", help="Cross-device all-reduce (see tfgpu.train --helpfull).")
     a("--baseline", default="keras_fit,keras_fit_strategy", help="Comma separated from keras_fit, "
-      "keras_fit_strategy, or none.")
+      "keras_fit_strategy, synthetic (tfgpu on synthetic data of the real data's shape: the input pipeline's "
+      "cost), or none.")
     a("--warmup_steps", type=int, default=20, help="Steps before timing (tracing, XLA, autotuning).")
     a("--steps_per_window", type=int, default=20, help="Steps per timed window.")
     a("--windows", type=int, default=5, help="Timed windows; examples/sec is their median.")
+    a("--repeats", type=int, default=1, help="Run every measurement this many times, runners alternating, and "
+      "pool their windows (steadier numbers on a busy machine).")
     a("--steps_per_loop", type=int, default=10, help="tfgpu: steps per tf.function call.")
     a("--keras_steps_per_execution", type=int, default=1, help="keras_fit: steps_per_execution "
       "(1 is what users write; keras_fit_strategy always uses 1).")
@@ -404,14 +405,16 @@ class Plan:
     jits: tuple
     baselines: tuple
     image_size: int
+    data_shape: tuple  # (height, width, channels) of the data the model sees
+    num_classes: int
 
 
 def plan(opts: argparse.Namespace) -> Plan:
     """Checks every flag (and the data) before any measurement starts; raises ConfigError naming the flag."""
     from tfgpu import config as config_lib
 
-    for name in ("warmup_steps", "steps_per_window", "windows", "steps_per_loop", "keras_steps_per_execution",
-                 "batch_granularity"):
+    for name in ("warmup_steps", "steps_per_window", "windows", "repeats", "steps_per_loop",
+                 "keras_steps_per_execution", "batch_granularity"):
         if getattr(opts, name) <= 0:
             raise ConfigError(name, f"must be positive, got {getattr(opts, name)}")
     for name in ("steps_per_window", "warmup_steps"):
@@ -449,13 +452,21 @@ def plan(opts: argparse.Namespace) -> Plan:
         raise ConfigError("model", f"{opts.model} is a {spec.family} model; the benchmark trains classifiers")
     image_size = opts.image_size or (spec.default_image_size or 32 if not opts.data_dir and
                                      opts.dataset == "synthetic" else 0)
-    p = Plan(opts, batches, precisions, jits, baselines, image_size)
+    p = Plan(opts, batches, precisions, jits, baselines, image_size, (), 0)
     first = config_lib.resolve(_explicit(p, batches[0] if batches else opts.batch_granularity, precisions[0],
                                          jits[0], "unused"))
     from tfgpu.data import pipeline
 
-    pipeline.prepare(first)  # data errors name --data_dir/--dataset now; built-in data is converted once, here
-    return p
+    info = pipeline.prepare(first)  # data errors name --data_dir/--dataset now; built-in data converts once, here
+    if "synthetic" in baselines:
+        h, w, c = info.image_shape
+        if info.name == "synthetic":
+            raise ConfigError("baseline", "synthetic compares real input with synthetic input: set --data_dir or "
+                              "a --dataset other than synthetic")
+        if h != w or c != 3:
+            raise ConfigError("baseline", f"synthetic data is square RGB; {info.name} gives {h}x{w}x{c} images "
+                              "(set --image_size, or drop the synthetic baseline)")
+    return dataclasses.replace(p, data_shape=tuple(info.image_shape), num_classes=info.num_classes)
 
 
 def _explicit(p: Plan, batch: int, precision: str, jit: bool, model_dir: str) -> dict:
@@ -491,13 +502,18 @@ class Runner:
                 "keras_steps_per_execution": o.keras_steps_per_execution}
         if probe:
             case["config"].update(train_steps=2, steps_per_loop=1)
+        if runner == "synthetic":  # tfgpu again, on one random batch of the real data's shape
+            case["config"].pop("data_dir", None)
+            case["config"].update(dataset="synthetic", image_size=self.plan.data_shape[0],
+                                  num_classes=self.plan.num_classes, augment="none")
         what = f"{runner} " + (f"per-replica batch {per_replica}" if per_replica else f"batch {batch}") + \
                f" {precision} xla={'on' if jit else 'off'}" + (" (fits?)" if probe else "")
         print(f"[{self.count}] {what} ...", file=sys.stderr, flush=True)
         started = time.time()
         result = self._child(case, os.path.join(self.workdir, f"run{self.count}"))
         result.update(name=runner, precision=precision, jit_compile=jit, model=o.model,
-                      image_size=self.plan.image_size, dataset=o.data_dir or o.dataset,
+                      image_size=self.plan.image_size or self.plan.data_shape[0],
+                      dataset=case["config"].get("data_dir") or case["config"]["dataset"],
                       steps_per_window=o.steps_per_window, windows=o.windows, warmup_steps=o.warmup_steps)
         result.setdefault("batch_size", batch)
         self.environment = result.pop("environment", None) or self.environment
@@ -548,20 +564,37 @@ def _fail_on_config_error(result: dict) -> None:
 
 
 def measure(runner: Runner, batch: int, precision: str, jit: bool, per_replica: int = 0) -> list:
-    """tfgpu then each baseline on the same case."""
-    mine = runner.run("tfgpu", batch, precision, jit, per_replica=per_replica)
-    _fail_on_config_error(mine)
-    results = [mine]
-    global_batch = mine.get("batch_size") or batch
-    for baseline in runner.plan.baselines:
-        if baseline == "keras_fit_strategy" and mine.get("strategy") == "one_device":
-            results.append({**{k: mine.get(k) for k in ("precision", "jit_compile", "model", "image_size",
-                                                        "dataset", "batch_size")},
-                            "name": baseline, "status": "skipped",
-                            "reason": "the strategy is one_device: keras_fit measures the same thing"})
-            continue
-        results.append(runner.run(baseline, global_batch, precision, jit))
-    return results
+    """tfgpu then each baseline on the same case, ``--repeats`` rounds in alternation (so a change in machine
+    load hits every runner alike); each runner's windows from all rounds are pooled."""
+    rounds = {name: [] for name in ("tfgpu",) + runner.plan.baselines}
+    for _ in range(runner.plan.opts.repeats):
+        mine = runner.run("tfgpu", batch, precision, jit, per_replica=per_replica)
+        _fail_on_config_error(mine)
+        rounds["tfgpu"].append(mine)
+        for baseline in runner.plan.baselines:
+            if baseline == "keras_fit_strategy" and mine.get("strategy") == "one_device":
+                rounds[baseline] = [{**{k: mine.get(k) for k in ("precision", "jit_compile", "model", "image_size",
+                                                                 "dataset", "batch_size")},
+                                     "name": baseline, "status": "skipped",
+                                     "reason": "the strategy is one_device: keras_fit measures the same thing"}]
+                continue
+            rounds[baseline].append(runner.run(baseline, mine.get("batch_size") or batch, precision, jit))
+    return [pool_rounds(results) for results in rounds.values()]
+
+
+def pool_rounds(results: list) -> dict:
+    """One result from several rounds of the same measurement: all their windows pooled, the highest peak
+    memory; a round that failed makes the whole measurement fail (its reason is kept)."""
+    failed = [r for r in results if r.get("status") != "ok"]
+    if failed or len(results) == 1:
+        return {**(failed or results)[0], "repeats": len(results)}
+    first = results[0]
+    per_window = first["steps_per_window"] * first["batch_size"]
+    rates = [rate for r in results for rate in r["window_examples_per_sec"]]
+    pooled = {**first, "repeats": len(results), "peak_memory_bytes": max(r["peak_memory_bytes"] for r in results)}
+    pooled.update(window_stats([per_window / rate for rate in rates], per_window, first["steps_per_window"]))
+    pooled["window_examples_per_sec"] = rates
+    return pooled
 
 
 def auto_batch(runner: Runner, precision: str, jit: bool) -> dict:
