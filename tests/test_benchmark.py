@@ -210,16 +210,16 @@ def test_auto_batch_reports_when_nothing_fits():
 
 def test_auto_batch_size_end_to_end_on_cpu(tmp_path):
     out = tmp_path / "bench.json"
-    proc = run_benchmark(*TINY, "--batch_size=auto", "--max_batch_size=16", "--baseline=none",
+    proc = run_benchmark(*TINY, "--batch_size=auto", "--max_batch_size=8", "--baseline=none",
                          f"--output_json={out}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = load(out)
     (search,) = report["auto_batch_size"]
-    assert search["max_per_replica_batch_size"] == 16 and search["limited_by"] == "max_batch_size"
-    assert [p["per_replica_batch_size"] for p in search["probes"]] == [8, 16]
-    assert all(p["fits"] and p["peak_memory_bytes"] > 0 for p in search["probes"])
-    assert [(r["batch_size"], r["status"]) for r in report["results"]] == [(8, "ok"), (16, "ok")]
-    assert "largest per-replica batch that fits = 16" in proc.stdout
+    assert search["max_per_replica_batch_size"] == 8 and search["limited_by"] == "max_batch_size"
+    assert [(p["per_replica_batch_size"], p["fits"]) for p in search["probes"]] == [(8, True)]
+    assert search["probes"][0]["peak_memory_bytes"] > 0
+    assert [(r["batch_size"], r["status"]) for r in report["results"]] == [(8, "ok")]
+    assert "largest per-replica batch that fits = 8" in proc.stdout
 
 
 @pytest.fixture
@@ -242,16 +242,16 @@ def rgb_dataset(tmp_path):
 
 def test_real_data_against_synthetic_input_of_the_same_shape(tmp_path, rgb_dataset):
     out = tmp_path / "bench.json"
-    proc = run_benchmark(*TINY, "--batch_size=16", f"--data_dir={rgb_dataset}", "--baseline=keras_fit,synthetic",
+    proc = run_benchmark(*TINY, "--batch_size=16", f"--data_dir={rgb_dataset}", "--baseline=synthetic",
                          f"--output_json={out}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = load(out)
     by_name = {r["name"]: r for r in report["results"]}
-    assert by_name["tfgpu"]["dataset"] == rgb_dataset and by_name["keras_fit"]["dataset"] == rgb_dataset
+    assert by_name["tfgpu"]["dataset"] == rgb_dataset
     assert by_name["synthetic"]["dataset"] == "synthetic" and by_name["synthetic"]["status"] == "ok"
     # Same model on the same shape: 4 classes from the manifest, 16x16x3.
     assert by_name["synthetic"]["macs_per_example"] == by_name["tfgpu"]["macs_per_example"]
-    assert set(report["ratios"]) == {"tfgpu/keras_fit", "tfgpu/synthetic"}
+    assert list(report["ratios"]) == ["tfgpu/synthetic"]
 
 
 def test_synthetic_baseline_needs_real_data(capsys):
