@@ -76,6 +76,10 @@ class Config:
     data_dir: str = _opt("", "A dataset converted by tfgpu.convert (directory with dataset.json).", "data")
     data_cache_dir: str = _opt("", "Where built-in datasets are converted to TFRecords once; "
                                "default $TFGPU_DATA_CACHE or ~/.cache/tfgpu.", "data")
+    tfds_data_dir: str = _opt("", "tensorflow_datasets data dir for --dataset=tfds:NAME; empty = TFDS's default "
+                              "(~/tensorflow_datasets).", "data")
+    download: bool = _opt(False, "Let --dataset=tfds:NAME download and prepare data missing from "
+                          "--tfds_data_dir; otherwise tfgpu never touches the network.", "data")
     train_split: str = _opt("train", "Split to train on.", "data")
     eval_split: str = _opt("", "Split to evaluate on; empty = val, validation or test, whichever exists; "
                            "'none' = no evaluation.", "data")
@@ -182,6 +186,8 @@ class Config:
                               f"{self.global_batch_size}")
         if not (self.data_dir or self.dataset):
             raise ConfigError("dataset", "no data: set --dataset (digits, synthetic, tfds:NAME) or --data_dir")
+        if self.augment == "imagenet" and not self.image_size:
+            raise ConfigError("image_size", "--augment=imagenet crops to a fixed size; set --image_size (e.g. 224)")
         if self.data_service and not self.data_service.startswith(("grpc://", "grpc+local://")):
             raise ConfigError("data_service", f"{self.data_service!r} is not a grpc://host:port address")
         for f in dataclasses.fields(self):

@@ -55,3 +55,15 @@ def test_training_through_a_tf_data_service(run_train, tmp_path):
               f"--model_dir={model_dir}")
     history = read_history(model_dir)
     assert [r["step"] for r in history] == [3, 6]
+
+
+def test_training_on_a_tfds_dataset_prepared_locally(run_train, tfds_dir, tmp_path):
+    """--dataset=tfds:NAME reads a prepared TFDS dir offline, converts it once into the cache, and trains."""
+    model_dir = tmp_path / "run"
+    proc = run_train("--dataset=tfds:tfgpu_tiny_shapes", f"--tfds_data_dir={tfds_dir}", "--model=small_cnn",
+                     "--global_batch_size=8", "--train_steps=4", "--steps_per_loop=2", f"--model_dir={model_dir}")
+    assert "data: tfgpu_tiny_shapes (12, 10, 3)" in proc.output or "(12, 10, 3)" in proc.output, proc.output[-2000:]
+    assert [r["step"] for r in read_history(model_dir)] == [2, 4]
+    missing = run_train("--dataset=tfds:tfgpu_not_prepared_anywhere", f"--tfds_data_dir={tmp_path}",
+                        f"--model_dir={tmp_path / 'x'}", check=False)
+    assert missing.returncode == 1 and "error: --" in missing.output

@@ -157,17 +157,23 @@ def prepare(config: Config) -> DatasetInfo:
 
 
 def _tfds_dir(config: Config) -> str:
-    """A tfds:NAME dataset converted once into the data cache by tfgpu's converter."""
+    """A tfds:NAME dataset converted once into the data cache by tfgpu's converter (same shards and manifest as
+    ``python -m tfgpu.convert --source=tfds:NAME``)."""
+    from tfgpu import convert as convert_cli
+    from tfgpu.data import convert
+
     name = config.dataset[len("tfds:"):]
     directory = os.path.join(config.data_cache_dir or default_cache_dir(), f"tfds-{name.replace('/', '-')}")
     if not os.path.exists(os.path.join(directory, tfrecord.MANIFEST)):
+        args = [f"--source={config.dataset}", f"--output_dir={directory}"]
+        if config.tfds_data_dir:
+            args.append(f"--tfds_data_dir={config.tfds_data_dir}")
+        if config.download:
+            args.append("--download")
         try:
-            from tfgpu.data import convert
-        except ImportError:
-            raise ConfigError("dataset", f"{config.dataset}: convert it first with "
-                              f"`python -m tfgpu.convert --source={config.dataset} --output_dir=DIR` and pass "
-                              "--data_dir=DIR") from None
-        convert.main([f"--source={config.dataset}", f"--output_dir={directory}"])
+            convert.convert(convert_cli.parse_args(args))
+        except convert.BadImageError as e:
+            raise ConfigError("dataset", f"{config.dataset}: {e}") from None
     return directory
 
 
@@ -252,7 +258,8 @@ def train_dataset_fn(config: Config, info: DatasetInfo, start_step: int):
 
         def parse(index, serialized):
             features = tfrecord.parse_example(serialized)
-            image = augment.preprocess_train(features, h, c, config.augment, tf.stack([seed, index]))
+            image = augment.preprocess_train(features, config.image_size, c, config.augment,
+                                             tf.stack([seed, index]))
             return tf.ensure_shape(image, [h, w, c]), features[tfrecord.LABEL]
 
         ds = indexed.map(parse, num_parallel_calls=workers, deterministic=config.deterministic_input)
@@ -317,7 +324,7 @@ def eval_dataset_fn(config: Config, info: DatasetInfo, steps: int):
 
         def parse(serialized):
             features = tfrecord.parse_example(serialized)
-            image = augment.preprocess_eval(features, h, c)
+            image = augment.preprocess_eval(features, config.image_size, c, config.augment)
             return tf.ensure_shape(image, [h, w, c]), features[tfrecord.LABEL], tf.constant(1.0)
 
         ds = records.map(parse, num_parallel_calls=workers, deterministic=True)
