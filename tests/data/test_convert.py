@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.data.conftest import CLASSES, tiny_tfds_examples
+from tests.data.conftest import CLASSES, save_image, tiny_tfds_examples
 from tfgpu import convert as cli
 from tfgpu.data import builtin, tfrecord
 
@@ -395,3 +395,34 @@ def test_command_line_exit_code_and_progress_lines(png_folder, tmp_path):
     progress = [line for line in good.stderr.splitlines() if line.startswith("convert: ")]
     assert progress and "12/12 images (100.0%)" in progress[-1] and "images/s" in progress[-1]
     assert "ETA" in progress[-1] and "\r" not in good.stderr
+
+
+def test_raw_gives_every_image_the_same_channels(tmp_path):
+    rng = np.random.default_rng(5)
+    root = tmp_path / "mixed_channels"
+    gray = rng.integers(0, 256, (6, 7), dtype=np.uint8)
+    save_image(str(root / "a" / "gray.png"), gray)
+    save_image(str(root / "b" / "rgb.png"), rng.integers(0, 256, (6, 7, 3), dtype=np.uint8))
+    save_image(str(root / "b" / "rgba.png"), rng.integers(0, 256, (6, 7, 4), dtype=np.uint8))
+    out = tmp_path / "out"
+    assert convert(f"--source={root}", f"--output_dir={out}", "--image_format=raw")[0] == 0
+    m = manifest(out)
+    assert m["image_shape"]["channels"] == 3 and m["image_shape"]["channels_seen"] == {"3": 3}
+    records = {r[0]: r for r in read_back(str(out), "train")}
+    np.testing.assert_array_equal(records["a/gray.png"][2], np.repeat(gray[..., None], 3, axis=-1))
+    assert records["b/rgba.png"][3][tfrecord.CHANNELS] == 3  # alpha dropped, as the reader would
+
+
+def test_output_inside_the_source_folder_and_a_second_writer_are_refused(png_folder, tmp_path, capsys):
+    import fcntl
+
+    root, _ = png_folder
+    code, _, err = convert(f"--source={root}", f"--output_dir={os.path.join(root, 'tfr')}", capsys=capsys)
+    assert code == 1 and "error: --output_dir:" in err and "inside the source folder" in err
+    out = tmp_path / "out"
+    os.makedirs(out / ".tfgpu-convert")
+    with open(out / ".tfgpu-convert" / "lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        code, _, err = convert(f"--source={root}", f"--output_dir={out}", capsys=capsys)
+    assert code == 1 and "another tfgpu.convert is writing to" in err
+    assert convert(f"--source={root}", f"--output_dir={out}")[0] == 0  # once the other one is gone

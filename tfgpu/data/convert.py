@@ -354,18 +354,22 @@ class Progress:
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.interval = interval if interval is not None else (0.5 if self.tty else 10.0)
         self.start = self.last = time.monotonic()
+        self.first = None
         self.done = 0
 
     def update(self, done: int, force: bool = False):
         self.done = done
         now = time.monotonic()
+        if self.first is None and done:
+            self.first = (now, done)
         if not force and now - self.last < self.interval:
             return
         self.last = now
-        elapsed = max(now - self.start, 1e-9)
-        rate = done / elapsed
+        # The rate counts from the first images done: worker start-up is not conversion speed.
+        t0, d0 = self.first or (self.start, 0)
+        rate = (done - d0) / (now - t0) if now - t0 > 0.05 else done / max(now - self.start, 1e-9)
         eta = (self.total - done) / rate if rate > 0 else float("nan")
-        eta_text = time.strftime("%H:%M:%S", time.gmtime(eta)) if math.isfinite(eta) else "--:--:--"
+        eta_text = "%d:%02d:%02d" % (eta // 3600, eta % 3600 // 60, eta % 60) if math.isfinite(eta) else "-:--:--"
         pct = 100.0 * done / self.total if self.total else 100.0
         line = f"convert: {done}/{self.total} images ({pct:.1f}%)  {rate:.1f} images/s  ETA {eta_text}"
         if self.tty:
