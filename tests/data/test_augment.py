@@ -116,3 +116,9 @@ def test_cifar_and_flip_paths_are_unchanged():
     flipped = augment.preprocess_train(record(image, "png"), 8, 3, "flip", seed).numpy()
     expected = image.astype(np.float32) / 127.5 - 1.0
     assert np.array_equal(flipped, expected) or np.array_equal(flipped, expected[:, ::-1])
+
+
+def test_imagenet_crop_at_the_native_size_when_no_image_size_is_given(photo):
+    for image_format in ("jpeg", "png"):
+        out = augment.preprocess_train(record(photo, image_format), 0, 3, "imagenet", tf.constant([4, 4], tf.int64))
+        assert out.shape == photo.shape

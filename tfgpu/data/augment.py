@@ -56,28 +56,37 @@ def crop_window(image_shape, seed, area_range=AREA_RANGE, aspect_ratio_range=ASP
     return tf.stack([begin[0], begin[1], size[0], size[1]])
 
 
-def decode_random_crop(features, channels: int, seed, fused: bool = True):
-    """Decodes a random-resized-crop window of the record's image; JPEG records decode only the window."""
+def _decode_random_crop(features, channels: int, seed, fused: bool = True):
+    """(crop, full image [height, width]) for a random-resized-crop window of the record's image."""
     encoded = features[tfrecord.ENCODED]
 
     def jpeg():
-        window = crop_window(tf.image.extract_jpeg_shape(encoded), seed)
-        return tf.image.decode_and_crop_jpeg(encoded, window, channels=channels)
+        shape = tf.image.extract_jpeg_shape(encoded)
+        window = crop_window(shape, seed)
+        return tf.image.decode_and_crop_jpeg(encoded, window, channels=channels), shape[:2]
 
     def other():
         image = tfrecord.decode_image(features, channels)
-        window = crop_window(tf.shape(image), seed)
-        return tf.slice(image, [window[0], window[1], 0], [window[2], window[3], -1])
+        shape = tf.shape(image)
+        window = crop_window(shape, seed)
+        return tf.slice(image, [window[0], window[1], 0], [window[2], window[3], -1]), shape[:2]
 
-    image = tf.cond(_is_jpeg(features), jpeg, other) if fused else other()
-    return tf.ensure_shape(image, [None, None, channels])
+    image, full = tf.cond(_is_jpeg(features), jpeg, other) if fused else other()
+    return tf.ensure_shape(image, [None, None, channels]), full
+
+
+def decode_random_crop(features, channels: int, seed, fused: bool = True):
+    """Decodes a random-resized-crop window of the record's image; JPEG records decode only the window."""
+    return _decode_random_crop(features, channels, seed, fused)[0]
 
 
 def random_resized_crop_flip(features, image_size: int, channels: int, seed, fused: bool = True):
-    """ImageNet training augmentation: random-resized crop to ``image_size``, random flip; float32 [0, 255]."""
+    """ImageNet training augmentation: a random-resized crop, resized to ``image_size`` (0: to the image's own
+    size), and a random flip; float32 [0, 255]."""
     seeds = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), 2)
-    image = decode_random_crop(features, channels, seeds[0], fused)
-    image = tf.image.resize(image, [image_size, image_size], method="bilinear")
+    image, full = _decode_random_crop(features, channels, seeds[0], fused)
+    size = [image_size, image_size] if image_size else full
+    image = tf.image.resize(image, size, method="bilinear")
     return flip(image, seeds[1])
 
 
@@ -97,8 +106,6 @@ def center_crop(features, image_size: int, channels: int, crop_fraction: float =
 def preprocess_train(features, image_size: int, channels: int, augment: str, seed):
     """Decodes one record and applies ``augment`` (none|flip|cifar|imagenet); returns float32 [-1, 1]."""
     if augment == "imagenet":
-        if not image_size:
-            raise ValueError("imagenet augmentation needs an image size (set --image_size)")
         return to_model_range(random_resized_crop_flip(features, image_size, channels, seed))
     image = tfrecord.decode_image(features, channels)
     if image_size:
