@@ -90,7 +90,7 @@ def main(argv=None) -> int:
 
     try:
         convert.convert(parse_args(argv))
-    except (ConfigError, convert.BadImageError) as e:
+    except (ConfigError, convert.BadImageError, convert.WorkerDiedError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
     except KeyboardInterrupt:

@@ -426,3 +426,36 @@ def test_output_inside_the_source_folder_and_a_second_writer_are_refused(png_fol
         code, _, err = convert(f"--source={root}", f"--output_dir={out}", capsys=capsys)
     assert code == 1 and "another tfgpu.convert is writing to" in err
     assert convert(f"--source={root}", f"--output_dir={out}")[0] == 0  # once the other one is gone
+
+
+def test_a_worker_killed_mid_shard_stops_the_run_and_a_rerun_finishes(tmp_path):
+    import psutil
+
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "tfgpu.convert", "--source=digits", f"--output_dir={out}", "--num_shards=150",
+            "--workers=2"]
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            if len(glob.glob(str(out / ".tfgpu-convert" / "*.tfrecord.json"))) >= 2:
+                break
+            time.sleep(0.005)
+        children = psutil.Process(proc.pid).children()
+        workers = [c for c in children if "spawn_main" in " ".join(c.cmdline())]
+        assert workers, "no worker processes found"
+        workers[0].kill()
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    assert proc.returncode == 1, stderr[-2000:]
+    assert "error: a worker process died while writing shards" in stderr
+    assert not os.path.exists(out / "dataset.json")
+    assert not [f for f in os.listdir(out) if f.endswith(".tmp")]
+    _, alive = psutil.wait_procs(children, timeout=30)
+    assert not alive, f"the converter left processes behind: {alive}"
+    assert cli.main(args[3:5] + ["--num_shards=150"]) == 0
+    assert sum(len(read_back(str(out), s)) for s in ("train", "val")) == 1797

@@ -9,6 +9,7 @@ rest. ``dataset.json`` is removed before any shard is rebuilt and written last, 
 a directory never looks complete while it is not.
 """
 import concurrent.futures
+from concurrent.futures.process import BrokenProcessPool
 import contextlib
 import dataclasses
 import hashlib
@@ -548,37 +549,52 @@ def _run_in_process(tasks, progress):
         _COUNTER = _LocalCounter()
 
 
+class WorkerDiedError(RuntimeError):
+    """A worker process ended abruptly (killed, out of memory) while writing shards."""
+
+
 def _run_in_pool(tasks, workers, progress, directory):
     ctx = multiprocessing.get_context("spawn")  # TensorFlow is not fork-safe
     shared = ctx.Value("q", 0)
     saved = os.environ.get("TF_CPP_MIN_LOG_LEVEL")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
-        pool = ctx.Pool(workers, initializer=_init_worker, initargs=(shared,))
+        pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
+                                                      initargs=(shared,))
+        futures = [pool.submit(build_shard, t) for t in tasks]
     finally:
         if saved is None:
             os.environ.pop("TF_CPP_MIN_LOG_LEVEL", None)
     try:
-        pending = [pool.apply_async(build_shard, (t,)) for t in tasks]
         while True:
+            done, pending = concurrent.futures.wait(futures, timeout=0.2,
+                                                    return_when=concurrent.futures.FIRST_EXCEPTION)
             progress.update(shared.value)
-            failed = [p for p in pending if p.ready() and not p.successful()]
-            if failed:
-                failed[0].get()  # raises the worker's exception
-            if all(p.ready() for p in pending):
+            for f in done:
+                if f.exception() is not None:
+                    raise f.exception()
+            if not pending:
                 break
-            time.sleep(0.2)
         progress.update(shared.value)
-        results = [p.get() for p in pending]
-        pool.close()
-        return results
+        pool.shutdown()
+        return [f.result() for f in futures]
+    except BrokenProcessPool:
+        _stop(pool, directory)
+        raise WorkerDiedError("a worker process died while writing shards (killed, or out of memory?); the "
+                              "shards it finished are kept: rerun the same command to finish") from None
     except BaseException:
-        pool.terminate()
-        pool.join()
-        _remove_temp_files(directory)  # terminated workers leave their half-written temp shards
+        _stop(pool, directory)
         raise
-    finally:
-        pool.join()
+
+
+def _stop(pool, directory):
+    """Stops the workers now (their half-written shards are temp files, removed here) rather than letting them
+    finish their shards."""
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        with contextlib.suppress(Exception):
+            process.terminate()
+    pool.shutdown(wait=True, cancel_futures=True)
+    _remove_temp_files(directory)
 
 
 def convert(o: Options, stream=None, out=None) -> dict:
