@@ -82,6 +82,15 @@ def test_bad_model_fails_with_one_line_before_any_measurement(tmp_path):
     assert not (tmp_path / "b.json").exists()
 
 
+def test_an_error_found_in_the_child_is_one_line_naming_the_benchmark_flag(tmp_path):
+    proc = run_benchmark("--model=small_cnn", "--image_size=16", "--batch_size=3", "--cpu_logical_devices=2",
+                         "--distribution_strategy=mirrored", "--output_json=" + str(tmp_path / "b.json"))
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == "error: --batch_size: 3 is not divisible by the 2 replicas"
+    assert "[2]" not in proc.stderr  # stopped after the first measurement
+    assert not (tmp_path / "b.json").exists()
+
+
 @pytest.mark.parametrize("args, flag", [
     (["--precision=float33"], "--precision"),
     (["--batch_size=32,big"], "--batch_size"),

@@ -259,9 +259,9 @@ def _run_keras_fit(case: dict, config, under_strategy: bool) -> dict:
     from tfgpu.models import create_model
 
     if not under_strategy:  # what a user's own script does: one device, no strategy, no CPU splitting
-        gpus = tf.config.list_physical_devices("GPU")
+        gpus = tf.config.list_physical_devices("GPU") if config.num_gpus != 0 else []
         config = dataclasses.replace(config, distribution_strategy="one_device", cpu_logical_devices=0,
-                                     num_gpus=1 if gpus else -1)
+                                     num_gpus=1 if gpus else config.num_gpus)
     distribute.configure_devices(config)
     placement = distribute.build_strategy(config) if under_strategy else None
     if placement is not None and placement.kind == "one_device":
@@ -378,7 +378,7 @@ def _parser() -> argparse.ArgumentParser:
     a("--steps_per_loop", type=int, default=10, help="tfgpu: steps per tf.function call.")
     a("--keras_steps_per_execution", type=int, default=1, help="keras_fit: steps_per_execution "
       "(1 is what users write; keras_fit_strategy always uses 1).")
-    a("--seed", type=int, default=42)
+    a("--seed", type=int, default=42, help="Seed for weights and the synthetic batch.")
     a("--case_timeout_s", type=float, default=1800, help="Kill a measurement that takes longer.")
     a("--output_json", default="", help="Write results and ratios here.")
     a("--_case", default="", help=argparse.SUPPRESS)
@@ -560,7 +560,8 @@ def _looks_oom(line: str) -> bool:
 def _fail_on_config_error(result: dict) -> None:
     if result.get("config_error"):
         flag, _, message = result["reason"].partition(": ")
-        raise ConfigError(flag.lstrip("-"), message)
+        flag = flag.lstrip("-")
+        raise ConfigError({"global_batch_size": "batch_size"}.get(flag, flag), message)
 
 
 def measure(runner: Runner, batch: int, precision: str, jit: bool, per_replica: int = 0) -> list:
@@ -634,7 +635,7 @@ def auto_batch(runner: Runner, precision: str, jit: bool) -> dict:
             good = mid
         else:
             bad = mid
-    table = sorted(set(doublings[-3:]) | {good})
+    table = [d for d in doublings if d < good][-3:] + [good]  # the largest and up to three below it
     return {"precision": precision, "jit_compile": jit, "max_per_replica_batch_size": good,
             "limited_by": "memory" if bad is not None else "max_batch_size", "probes": probes,
             "table_per_replica_batch_sizes": table, "replicas": first.get("num_replicas")}
