@@ -106,6 +106,8 @@ def test_corrupt_image_stops_the_run_naming_it(mixed_folder, tmp_path, capsys):
     assert not os.path.exists(out / "dataset.json")
     assert shard_files(str(out)) == []
     assert not [f for f in os.listdir(out) if f.endswith(".tmp")]
+    # Nothing was finished there, so other options may take the directory without --overwrite.
+    assert convert(f"--source={mixed_folder}", f"--output_dir={out}", "--skip_bad", "--image_format=png")[0] == 0
 
 
 def test_skip_bad_counts_and_names_the_skipped(mixed_folder, tmp_path, capsys):

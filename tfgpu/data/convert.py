@@ -442,9 +442,11 @@ def _claim_output_dir(o: Options, source: sources.Source, fingerprint: str):
         os.makedirs(directory, exist_ok=True)
     except OSError as e:
         raise ConfigError("output_dir", f"cannot create {directory}: {e.strerror}") from None
-    entries = [e for e in os.listdir(directory) if e != STATE_DIR or os.listdir(os.path.join(directory, e))
-               not in ([], ["lock"])]
+    # Only the state of a conversion that never finished a shard (and its temp files): nothing to lose.
+    entries = [e for e in os.listdir(directory) if e != STATE_DIR and not _TEMP_FILE.match(e)]
     existing, what = _existing_fingerprint(directory)
+    if not entries:
+        existing = what = None
     if entries and existing != fingerprint and not o.overwrite:
         what = what or f"{len(entries)} file(s) that are not a tfgpu conversion"
         raise ConfigError("output_dir", f"{directory} is not empty: it holds {what}; choose an empty directory "
@@ -498,14 +500,15 @@ def _estimate_record_bytes(splits: dict, enc: Encoding, sample: int = 16) -> flo
     return float(np.mean(sizes)) if sizes else 100e3
 
 
+def _check_num_shards(splits: dict, o: Options) -> None:
+    requested = parse_num_shards(o.num_shards)
+    if isinstance(requested, dict) and set(requested) != set(splits):
+        raise ConfigError("num_shards", f"{o.num_shards!r} must name exactly the splits {', '.join(splits)}")
+
+
 def _shard_counts(splits: dict, o: Options, enc: Encoding) -> dict:
     requested = parse_num_shards(o.num_shards)
     if isinstance(requested, dict):
-        missing = [s for s in splits if s not in requested]
-        extra = [s for s in requested if s not in splits]
-        if missing or extra:
-            raise ConfigError("num_shards", f"{o.num_shards!r} must name exactly the splits "
-                              f"{', '.join(splits)}")
         return {s: min(requested[s], len(d)) for s, d in splits.items()}
     if requested:
         return {s: min(requested, len(d)) for s, d in splits.items()}
@@ -606,6 +609,7 @@ def convert(o: Options, stream=None, out=None) -> dict:
     source = sources.open_source(o.source, o.tfds_data_dir, o.download)
     parts = sources.parse_split_spec(o.split) if o.split else []
     splits = sources.apply_split(source, parts, o.seed)
+    _check_num_shards(splits, o)
     fingerprint = _fingerprint(o, source)
     with _claim_output_dir(o, source, fingerprint) as directory:
         channels = 0
@@ -636,10 +640,9 @@ def convert(o: Options, stream=None, out=None) -> dict:
             built = iter(built)
             reused = [r if r is not None else next(built) for r in reused]
         manifest = _manifest(o, source, splits, tasks, reused, enc, fingerprint)
+        _remove_stale(directory, {r["entry"]["file"] for r in reused})
         tfrecord.write_manifest(directory, manifest)
         _make_readable(os.path.join(directory, tfrecord.MANIFEST))
-        keep = {r["entry"]["file"] for r in reused}
-        _remove_stale(directory, keep)
     for split, entry in manifest["splits"].items():
         print(f"{split}: {entry['num_examples']} examples in {len(entry['shards'])} shard(s)"
               f"{', skipped ' + str(entry['num_skipped']) if entry['num_skipped'] else ''}", file=out)
