@@ -1,0 +1,247 @@
+"""The GAN task: NaN guard, loss scales, evaluation (FID/KID, samples), mirrored vs one device, exact resume,
+sampling, and the quickstart (slow)."""
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.conftest import REPO, checkpoint_weights, read_history, read_metrics
+from tfgpu import precision
+from tfgpu.config import Config, ConfigError
+from tfgpu.data import pipeline
+from tfgpu.distribute import Placement
+from tfgpu.tasks.gan import GanTask
+
+SMALL = ["--task=gan", "--dataset=digits", "--global_batch_size=16", "--latent_dim=16", "--eval_split=none",
+         "--verbose=2", "--steps_per_loop=2"]
+
+
+# -- in-process: one device, the task driven directly ------------------------------------
+@pytest.fixture
+def make_task(tmp_path, data_cache):
+    tasks = []
+
+    def make(**overrides):
+        values = dict(task="gan", model="dcgan", dataset="digits", model_dir=str(tmp_path / "run"),
+                      data_cache_dir=data_cache, global_batch_size=8, latent_dim=8, seed=3)
+        values.update(overrides)
+        config = Config(**values).validate()
+        info = pipeline.prepare(config)
+        strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+        placement = Placement(strategy, "one_device", 1, 1, 0, True, ("/cpu:0",), False)
+        keras.backend.clear_session()
+        keras.utils.set_random_seed(config.seed)
+        precision.set_policy(config.precision)
+        task = GanTask(config, info, placement, total_steps=10)
+        with strategy.scope():
+            task.build()
+        step = tf.function(lambda batch: strategy.run(task.train_step, args=(batch,)))
+        tasks.append(task)
+        return task, step
+
+    yield make
+    keras.mixed_precision.set_global_policy("float32")
+
+
+def _batch(n=8, seed=0):
+    rng = np.random.default_rng(seed)
+    return (tf.constant(rng.uniform(-1, 1, (n, 8, 8, 1)), tf.float32), tf.constant(rng.integers(0, 10, n)))
+
+
+def _values(variables):
+    return [v.numpy().copy() for v in variables]
+
+
+def _changed(before, variables):
+    return any(not np.array_equal(b, v.numpy()) for b, v in zip(before, variables))
+
+
+@pytest.mark.parametrize("precision_name", ["float32", "mixed_float16"])
+def test_nan_guard_skips_a_poisoned_step_and_counts_it(make_task, precision_name):
+    task, step = make_task(precision=precision_name)
+    images, labels = _batch()
+    d_before, g_before = _values(task.discriminator.weights), _values(task.generator.trainable_weights)
+    d_scale = float(precision.current_loss_scale(task.d_optimizer))
+    poisoned = step((tf.tensor_scatter_nd_update(images, [[0, 0, 0, 0]], [np.nan]), labels))
+    assert float(poisoned["nonfinite_steps"]) == 1.0
+    # The discriminator update (NaN real image) was skipped; its weights are untouched and still finite.
+    trainable_d = [w for w in task.discriminator.weights if w.trainable]
+    assert not _changed([b for b, w in zip(d_before, task.discriminator.weights) if w.trainable], trainable_d)
+    assert float(precision.current_loss_scale(task.d_optimizer)) == d_scale / 2
+    assert _changed(g_before, task.generator.trainable_weights)  # the generator step itself was fine
+    clean = step((images, labels))
+    assert float(clean["nonfinite_steps"]) == 0.0 and np.isfinite(float(clean["d_loss"]))
+    assert _changed([b for b, w in zip(d_before, task.discriminator.weights) if w.trainable], trainable_d)
+    assert all(np.isfinite(w.numpy()).all() for w in task.discriminator.weights + task.generator.weights)
+    assert int(task.state.step.numpy()) == 2
+
+
+def test_both_loss_scales_back_off_on_overflow_and_grow_again(make_task):
+    """Float16 gradients overflow at a loss scale of 2^20: both optimizers skip and halve until they fit,
+    then double after --loss_scale_growth_steps finite steps."""
+    task, step = make_task(precision="mixed_float16", initial_loss_scale=2.0 ** 20, loss_scale_growth_steps=2)
+    scales = {"g": [], "d": []}
+    skipped = 0
+    for i in range(10):
+        skipped += float(step(_batch(seed=i))["nonfinite_steps"])
+        scales["g"].append(float(precision.current_loss_scale(task.g_optimizer)))
+        scales["d"].append(float(precision.current_loss_scale(task.d_optimizer)))
+    assert skipped >= 1
+    for name, values in scales.items():
+        assert min(values) < 2.0 ** 20, (name, values)
+        assert any(b > a for a, b in zip(values, values[1:])), (name, values)  # grew back at least once
+    assert set(task.loss_scales()) == {"loss_scale_g", "loss_scale_d"}
+
+
+@pytest.mark.parametrize("model,options", [
+    ("wgan_gp", dict(gan_loss="wasserstein", gradient_penalty=10.0, n_critic=2, conditional=True)),
+    ("sngan", dict(gan_loss="hinge", r1_gamma=1.0, diffaugment="color,translation,cutout")),
+])
+def test_penalties_conditioning_and_diffaugment_train_finitely(make_task, model, options):
+    task, step = make_task(model=model, **options)
+    out = [step(_batch(seed=i)) for i in range(3)]
+    assert set(out[-1]) == set(task.train_metric_names)
+    for metrics in out:
+        assert all(np.isfinite(float(v)) for v in metrics.values())
+        assert float(metrics["nonfinite_steps"]) == 0
+    penalty = "gradient_penalty" if "gradient_penalty" in options else "r1_penalty"
+    assert float(out[0][penalty]) > 0
+
+
+def test_latents_differ_between_replicas_but_follow_the_global_batch(make_task):
+    task, _ = make_task()
+    seed = tf.constant([1, 2], tf.int64)
+    whole, _ = task._latents(seed, 0, 8)
+    first, _ = task._latents(seed, 0, 4)
+    second, _ = task._latents(seed, 4, 4)
+    np.testing.assert_array_equal(np.concatenate([first, second]), whole.numpy())
+    assert not np.allclose(first.numpy(), second.numpy())
+
+
+def test_evaluation_scores_the_untrained_generator_and_writes_a_grid(make_task, tmp_path):
+    """At step 0 the EMA generator is the untrained one: fid == fid_initial, same extractor and count."""
+    task, _ = make_task(fid_num_samples=300)
+    model_dir = str(tmp_path / "run")
+    os.makedirs(model_dir, exist_ok=True)
+    metrics = task.evaluate(None, 0, model_dir)
+    assert metrics["fid"] == pytest.approx(metrics["fid_initial"], rel=1e-6) and metrics["fid"] > 0
+    assert metrics["fid_num_samples"] == 300 and metrics["kid"] > 0
+    assert metrics["feature_extractor"].startswith("classifier_penultimate:")
+    assert "fid_features" in metrics["feature_extractor"]
+    assert os.path.isfile(os.path.join(model_dir, "samples", "step_0.png"))
+    with open(os.path.join(model_dir, "fid_features", "metrics.json")) as f:
+        assert json.load(f)["val_accuracy"] > 0.85  # the extractor really knows digits
+
+
+def test_bad_gan_options_name_their_flag(make_task, tmp_path):
+    with pytest.raises(ConfigError, match="--model"):
+        make_task(model="small_cnn")
+    with pytest.raises(ConfigError, match="--inception_weights"):
+        make_task(inception_weights=str(tmp_path / "missing.h5"))
+    with pytest.raises(ConfigError, match="--fid_feature_model_dir"):
+        make_task(fid_feature_model_dir=str(tmp_path / "no-run"))
+    with pytest.raises(ConfigError, match="--diffaugment"):
+        make_task(diffaugment="color,rotate")
+    with pytest.raises(ConfigError, match="--image_size"):
+        make_task(image_size=7)
+
+
+# -- subprocess runs through python -m tfgpu.train ----------------------------------------------
+def _weights(model_dir):
+    weights = checkpoint_weights(model_dir)
+    assert any("generator" in k for k in weights) and any("discriminator" in k for k in weights), sorted(weights)
+    return weights
+
+
+def _one_device_and_mirrored(run_train, tmp_path, args):
+    common = SMALL + args + ["--deterministic", "--cpu_logical_devices=2"]
+    run_train(*common, "--distribution_strategy=one_device", f"--model_dir={tmp_path / 'one'}")
+    mirrored = run_train(*common, "--distribution_strategy=mirrored", f"--model_dir={tmp_path / 'two'}")
+    assert "strategy=mirrored replicas=2" in mirrored.output
+    one, two = read_history(tmp_path / "one"), read_history(tmp_path / "two")
+    assert [r["step"] for r in one] == [r["step"] for r in two] == [2, 4]
+    w1, w2 = _weights(tmp_path / "one"), _weights(tmp_path / "two")
+    assert w1.keys() == w2.keys()
+    return one, two, {k: v for k, v in w1.items() if v.dtype.kind == "f"}, w2
+
+
+@pytest.mark.slow
+def test_mirrored_float32_matches_one_device_exactly_up_to_summation_order(run_train, tmp_path):
+    """SNGAN (spectral-norm state on each replica; the generator's BN synchronized), DiffAugment and 2 critic
+    steps per generator step on 2 logical CPU replicas: per-replica latents/augmentations are rows of the global batch's, so every variable
+    (weights, Adam moments, EMA, power-iteration vectors) matches one device to float32 summation order."""
+    one, two, w1, w2 = _one_device_and_mirrored(run_train, tmp_path, [
+        "--model=sngan", "--gan_loss=hinge", "--diffaugment=color,translation,cutout", "--n_critic=2",
+        "--train_steps=4", "--sync_batch_norm"])
+    for key in ("d_loss", "g_loss", "d_real", "d_fake"):
+        np.testing.assert_allclose([r[key] for r in two], [r[key] for r in one], rtol=1e-4, atol=1e-5, err_msg=key)
+    assert any("sn_u" in k or "ema" in k for k in w1)
+    for name in w1:
+        np.testing.assert_allclose(w2[name], w1[name], rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_mirrored_mixed_float16_matches_one_device(run_train, tmp_path):
+    """DCGAN with mixed_float16 and synchronized BN on 2 logical CPU replicas vs one device.
+
+    Tolerance: float16 activations summed in another order differ by ~1e-3 relative, so losses agree to
+    1e-2 and the loss scales exactly. Adam normalizes each gradient component, so for components whose
+    gradient is near zero that noise can flip the update's sign: a weight may then differ by at most
+    2 x steps x lr (1.6e-3 here), and only a few do; at least 99% of every weight tensor agrees to
+    1e-4 + 1e-3 relative."""
+    one, two, w1, w2 = _one_device_and_mirrored(run_train, tmp_path, [
+        "--model=dcgan", "--train_steps=4", "--precision=mixed_float16", "--sync_batch_norm"])
+    for key in ("d_loss", "g_loss"):
+        np.testing.assert_allclose([r[key] for r in two], [r[key] for r in one], atol=1e-2, err_msg=key)
+    for key in ("loss_scale_g", "loss_scale_d"):
+        assert [r[key] for r in two] == [r[key] for r in one]
+    for name in w1:
+        if "inner_optimizer" in name:  # Adam moments carry the raw float16 gradient noise
+            continue
+        np.testing.assert_allclose(w2[name], w1[name], atol=2 * 4 * 2e-4, err_msg=name)
+        close = np.abs(w2[name] - w1[name]) <= 1e-4 + 1e-3 * np.abs(w1[name])
+        assert close.mean() >= 0.99, (name, close.mean())
+
+
+def test_resume_equals_uninterrupted_and_sample_renders_the_checkpoint(run_train, data_cache, tmp_path):
+    common = SMALL + ["--model=sngan", "--gan_loss=hinge", "--diffaugment=translation,cutout", "--deterministic",
+                      "--n_critic=2"]
+    run_train(*common, "--train_steps=6", f"--model_dir={tmp_path / 'straight'}")
+    run_train(*common, "--train_steps=2", f"--model_dir={tmp_path / 'split'}")
+    second = run_train(*common, "--train_steps=6", f"--model_dir={tmp_path / 'split'}")
+    assert "resuming at step 2" in second.output
+    straight, split = _weights(tmp_path / "straight"), _weights(tmp_path / "split")
+    assert straight.keys() == split.keys()
+    for name in straight:
+        np.testing.assert_array_equal(split[name], straight[name], err_msg=name)
+    assert read_metrics(tmp_path / "split")["step"] == 6
+    out = tmp_path / "grid.png"
+    env = {**os.environ, "TFGPU_DATA_CACHE": data_cache, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    proc = subprocess.run([sys.executable, "-m", "tfgpu.sample", f"--model_dir={tmp_path / 'split'}", "--num=16",
+                           f"--out={out}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "from step 6 (EMA generator)" in proc.stdout
+    from PIL import Image
+
+    with Image.open(out) as picture:
+        assert picture.size == (4 * 32 + 5 * 2,) * 2  # 4x4 grid of 8x8 digits enlarged to 32 px
+    bad = subprocess.run([sys.executable, "-m", "tfgpu.sample", f"--model_dir={tmp_path / 'nothing'}"], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "--model_dir" in bad.stderr
+
+
+@pytest.mark.slow
+def test_quickstart_gan_fid_falls_five_fold(run_train, tmp_path):
+    """The acceptance run: configs/quickstart_gan.flags on 2 CPU cores."""
+    model_dir = tmp_path / "quickstart"
+    run_train("--flagfile=configs/quickstart_gan.flags", f"--model_dir={model_dir}", timeout=900)
+    metrics = read_metrics(model_dir)
+    assert {"step", "fid", "fid_initial", "kid", "feature_extractor"} <= metrics.keys()
+    assert metrics["fid"] * 5 <= metrics["fid_initial"], metrics
+    assert os.listdir(model_dir / "samples")
+    evals = read_history(model_dir, "eval")
+    assert [e["step"] for e in evals] == [1000, 2000, 3000]
