@@ -1,0 +1,380 @@
+"""The run report: ``<model_dir>/report.md`` and PNG plots from what a run leaves behind.
+
+    python -m tfgpu.report --model_dir=D     # (re)write D/report.md and D/plots/*.png
+
+Reads ``history.jsonl``, ``metrics.json``, ``config.yaml`` and, after
+``--profile_input``, ``input_profile.json``; any of them may be missing or
+partial (a run still going, a crashed one). Plots: loss and accuracy (or the
+GAN's D/G losses and FID/KID) against the step, the learning rate and loss
+scale, and examples/sec. The chief writes the report at the end of every run.
+"""
+import argparse
+import io
+import json
+import math
+import os
+import re
+import statistics
+import sys
+
+from tfgpu.config import ConfigError
+from tfgpu.fileio import atomic_write_bytes
+
+PLOTS_DIR = "plots"
+INPUT_BOUND_FRACTION = 0.1  # the trainer's threshold (tfgpu/trainer.py, _write_input_profile)
+
+# Config keys worth seeing in a report, in this order (only those present are shown).
+KEY_CONFIG = ("task", "model", "dataset", "data_dir", "image_size", "augment", "global_batch_size", "precision",
+              "jit_compile", "distribution_strategy", "num_gpus", "steps_per_loop", "train_steps", "epochs",
+              "optimizer", "base_learning_rate", "lr_schedule", "warmup_epochs", "warmup_steps", "weight_decay",
+              "label_smoothing", "grad_accum_steps", "data_workers", "cache", "gan_loss", "latent_dim",
+              "g_learning_rate", "d_learning_rate", "n_critic", "gradient_penalty", "ema_decay", "diffaugment",
+              "seed", "deterministic")
+
+# One PNG per entry: (file, title, [(panel y label, [(record kind, key, legend label)])]).
+PLOTS = (
+    ("loss.png", "Loss", [("loss", [("train", "loss", "train loss"), ("eval", "val_loss", "eval loss")])]),
+    ("accuracy.png", "Accuracy", [("accuracy", [("train", "accuracy", "train"), ("eval", "val_accuracy", "eval top-1"),
+                                               ("eval", "val_top5_accuracy", "eval top-5")])]),
+    ("gan_losses.png", "GAN losses", [("loss", [("train", "d_loss", "D loss"), ("train", "g_loss", "G loss")]),
+                                      ("mean D logit", [("train", "d_real", "real images"),
+                                                        ("train", "d_fake", "generated images")])]),
+    ("fid.png", "FID / KID (lower is better)", [("FID", [("eval", "fid", "FID")]), ("KID", [("eval", "kid", "KID")])]),
+    ("learning_rate.png", "Learning rate (and the float16 loss scale)", [
+        ("learning rate", [("train", "learning_rate", "learning rate"), ("train", "learning_rate_g", "G"),
+                           ("train", "learning_rate_d", "D")]),
+        ("loss scale", [("train", "loss_scale", "loss scale"), ("train", "loss_scale_g", "G"),
+                        ("train", "loss_scale_d", "D")])]),
+    ("throughput.png", "Training throughput", [("examples/sec", [("train", "examples_per_sec", "examples/sec")]),
+                                                ("ms/step", [("train", "step_time_ms", "step time")])]),
+)
+
+
+# -- reading what the run left --------------------------------------------------------------------------------------
+def read_history(path: str) -> tuple:
+    """(records by kind sorted by step, keeping the last record of a step written twice after a resume;
+    number of unreadable lines)."""
+    by_key, bad = {}, 0
+    if not os.path.exists(path):
+        return {}, 0
+    with open(path, errors="replace") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                key = (record["kind"], int(record["step"]))
+            except (ValueError, KeyError, TypeError):
+                bad += 1  # e.g. the half-written last line of a killed run
+                continue
+            by_key[key] = record
+    kinds = {}
+    for (kind, step), record in sorted(by_key.items(), key=lambda kv: kv[0][1]):
+        kinds.setdefault(kind, []).append(record)
+    return kinds, bad
+
+
+def _read_json(path: str):
+    try:
+        with open(path) as f:
+            value = json.load(f)
+        return value if isinstance(value, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _read_yaml(path: str):
+    import yaml
+
+    try:
+        with open(path) as f:
+            value = yaml.safe_load(f)
+        return value if isinstance(value, dict) else None
+    except (OSError, yaml.YAMLError):
+        return None
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def series(records: list, key: str) -> tuple:
+    """(steps, values) of ``key`` over ``records``, skipping records without a finite value."""
+    points = [(r["step"], r[key]) for r in records if _finite(r.get(key))]
+    return [p[0] for p in points], [float(p[1]) for p in points]
+
+
+# -- the verdicts -----------------------------------------------------------------------------------------------------
+def _outruns_step(profile) -> bool:
+    """The pipeline alone is clearly faster than the step alone (input_profile.json rates)."""
+    input_rate, step_rate = profile.get("input_examples_per_sec"), profile.get("compute_examples_per_sec")
+    return _finite(input_rate) and _finite(step_rate) and step_rate > 0 and input_rate > 1.2 * step_rate
+
+
+def input_verdict(profile) -> str:
+    """One line on whether the run waited for data, from input_profile.json (written with --profile_input)."""
+    if not profile:
+        return ("input-bound: not measured; rerun with --profile_input to time the input pipeline alone against "
+                "the training step")
+    wait = profile.get("input_wait_fraction")
+    if not _finite(wait):
+        return profile.get("verdict") or "input-bound: not measured (input_profile.json has no input_wait_fraction)"
+    if wait <= INPUT_BOUND_FRACTION:  # the trainer's rule
+        return f"not input-bound: {wait:.0%} of step time waiting for data"
+    if _outruns_step(profile):
+        ratio = profile["input_examples_per_sec"] / profile["compute_examples_per_sec"]
+        return (f"input-bound: {wait:.0%} of step time waiting for data, although the pipeline alone is "
+                f"{ratio:.1f}x faster than the step; try --cache or a larger --steps_per_loop before more "
+                "--data_workers")
+    return (f"input-bound: {wait:.0%} of step time waiting for data; raise --data_workers or use --cache "
+            "(or store smaller images)")
+
+
+def contention_note(profile) -> str:
+    """Why a pipeline faster than the step can still cost time; "" unless that is the case."""
+    if not profile or not _finite(profile.get("input_wait_fraction")) or \
+            profile["input_wait_fraction"] <= INPUT_BOUND_FRACTION or not _outruns_step(profile):
+        return ""
+    return (f"The pipeline alone delivers {profile['input_examples_per_sec']:,.0f} examples/sec and the step alone "
+            f"consumes {profile['compute_examples_per_sec']:,.0f}, so the pipeline is fast enough by itself; the "
+            "time goes to running both at once (they share the CPU cores, all of them when the step also runs on "
+            "the CPU) or to host work between loops.")
+
+
+def throughput(train: list) -> dict:
+    """Median examples/sec and step time over the loops after the first (which includes tracing/compilation)."""
+    steady = train[1:] if len(train) > 1 else train
+    rates = [r["examples_per_sec"] for r in steady if _finite(r.get("examples_per_sec"))]
+    times = [r["step_time_ms"] for r in steady if _finite(r.get("step_time_ms"))]
+    return {"examples_per_sec": statistics.median(rates) if rates else None,
+            "step_time_ms": statistics.median(times) if times else None, "loops": len(rates)}
+
+
+# -- plots ----------------------------------------------------------------------------------------------------------
+def _png(figure) -> bytes:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(figure)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def write_plots(model_dir: str, history: dict) -> list:
+    """Writes every plot that has data to ``<model_dir>/plots/``; returns [(relative path, title)]."""
+    from matplotlib.figure import Figure  # no pyplot: no global backend, no GUI, safe in any process
+
+    written = []
+    for filename, title, panels in PLOTS:
+        drawn = []
+        for ylabel, lines in panels:
+            present = [(label, *series(history.get(kind, []), key)) for kind, key, label in lines]
+            present = [(label, steps, values) for label, steps, values in present if steps]
+            if ylabel == "loss scale" and all(v == 1.0 for _, _, values in present for v in values):
+                present = []  # float32/bfloat16: the scale is constantly 1
+            if present:
+                drawn.append((ylabel, present))
+        if not drawn:
+            continue
+        figure = Figure(figsize=(7.5, 2.6 + 1.9 * len(drawn)), dpi=100, layout="constrained")
+        axes = figure.subplots(len(drawn), 1, sharex=True, squeeze=False)[:, 0]
+        for ax, (ylabel, present) in zip(axes, drawn):
+            if filename == "throughput.png":
+                _draw_throughput(ax, *present[0])
+            else:
+                for (label, steps, values), style in zip(present, ("-", "--", ":")):  # equal series stay visible
+                    ax.plot(steps, values, linestyle=style, marker="o" if len(steps) <= 30 else None, markersize=3,
+                            label=label)
+                if len(present) > 1:
+                    ax.legend(fontsize=8)
+            if ylabel in ("learning rate", "loss") and _spans_decades(present):
+                ax.set_yscale("log")
+            elif ylabel == "learning rate":
+                ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 4))
+            elif ylabel == "loss scale":
+                ax.set_yscale("log", base=2)  # dynamic loss scales are powers of two
+            ax.set_ylabel(ylabel)
+            ax.grid(True, alpha=0.3)
+        axes[-1].set_xlabel("step")
+        axes[0].set_title(title)
+        path = os.path.join(PLOTS_DIR, filename)
+        os.makedirs(os.path.join(model_dir, PLOTS_DIR), exist_ok=True)
+        atomic_write_bytes(os.path.join(model_dir, path), _png(figure))
+        written.append((path, title))
+    return written
+
+
+def _draw_throughput(ax, label, steps, values):
+    """The loops after the first as a line from 0 up, with their median; the first loop (tracing and
+    compilation) as a separate marker whose value is in the legend even when it is off the scale."""
+    if len(steps) > 1:
+        ax.plot(steps[1:], values[1:], marker="o" if len(steps) <= 30 else None, markersize=3, label=label)
+        median = statistics.median(values[1:])
+        ax.axhline(median, color="grey", linestyle="--", linewidth=1, label=f"median {median:,.4g}")
+        ax.set_ylim(0, max(values[1:]) * 1.3)
+    ax.plot(steps[:1], values[:1], marker="x", linestyle="none", color="tab:red", markersize=7,
+            label=f"first loop (may include tracing and compilation): {values[0]:,.4g}")
+    if len(steps) == 1:
+        ax.set_ylim(0, values[0] * 1.3)
+    ax.legend(fontsize=8, loc="lower right")
+
+
+def _spans_decades(present) -> bool:
+    """True for positive values over more than two decades: a log axis shows all of them."""
+    values = [v for _, _, vs in present for v in vs]
+    return len(values) > 1 and min(values) > 0 and max(values) / min(values) > 100
+
+
+# -- the markdown -----------------------------------------------------------------------------------------------------
+def _fmt(value) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value).lower() if value is not None else "-"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
+            return f"{value:.4g}"
+        return f"{value:,.4f}".rstrip("0").rstrip(".") if abs(value) < 1000 else f"{value:,.1f}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_fmt(v) for v in value) or "-"
+    return str(value)
+
+
+def _table(rows: list, header=("", "")) -> list:
+    lines = [f"| {header[0]} | {header[1]} |", "| --- | --- |"]
+    lines += [f"| {k} | {_fmt(v).replace('|', '/')} |" for k, v in rows]
+    return lines
+
+
+_IN_SUMMARY = ("step", "num_replicas", "num_workers", "global_batch_size", "wall_time_s")
+
+
+def render(model_dir: str, history: dict, bad_lines: int, metrics, config, profile, plots: list) -> str:
+    """The report's markdown from what was read (pure: no file access)."""
+    config, metrics = config or {}, metrics or {}
+    train, evals = history.get("train", []), history.get("eval", [])
+    name = os.path.basename(os.path.normpath(model_dir)) or model_dir
+    lines = [f"# Run report: {name}", ""]
+    what = [config.get("task") or metrics.get("task"), config.get("model") or metrics.get("model")]
+    data = config.get("data_dir") or config.get("dataset")
+    summary = " ".join(str(w) for w in what if w)
+    if data:
+        summary += f" on {data}"
+    facts = []
+    for key in ("precision", "strategy", "num_replicas", "num_workers", "global_batch_size"):
+        value = metrics.get(key, config.get(key))
+        if value is not None:
+            facts.append(f"{key}={_fmt(value)}")
+    lines.append(f"{summary or 'tfgpu run'}{' (' + ', '.join(facts) + ')' if facts else ''}.")
+    last_step = max([r["step"] for r in train + evals] + ([metrics["step"]] if _finite(metrics.get("step")) else []),
+                    default=None)
+    target = config.get("train_steps") or None
+    progress = [f"last step {last_step}" + (f" of {target}" if target else "")] if last_step is not None else []
+    if _finite(metrics.get("wall_time_s")):
+        progress.append(f"wall time {metrics['wall_time_s']:.0f} s")
+    if not metrics:
+        progress.append("no metrics.json yet (the run is still going, or it stopped before the end)")
+    sentence = "; ".join(progress)
+    lines += ["", sentence[:1].upper() + sentence[1:] + "." if progress else "No steps recorded.", ""]
+
+    lines += ["## Input pipeline", "", input_verdict(profile) + ".", ""]
+    caveat = contention_note(profile)
+    if caveat:
+        lines += [caveat, ""]
+    if profile:
+        rates = [(label, profile.get(key)) for label, key in (("input pipeline alone", "input_examples_per_sec"),
+                                                              ("train step alone (data in place)",
+                                                               "compute_examples_per_sec"),
+                                                              ("training", "train_examples_per_sec"))]
+        lines += ["| measured with --profile_input | examples/sec |", "| --- | --- |"]
+        lines += [f"| {label} | {value:,.0f} |" for label, value in rates if _finite(value)]
+        lines.append("")
+
+    speed = throughput(train)
+    if speed["examples_per_sec"] is not None:
+        lines += ["## Throughput", "",
+                  f"Median {speed['examples_per_sec']:,.1f} examples/sec"
+                  + (f", {speed['step_time_ms']:,.2f} ms per step" if speed["step_time_ms"] is not None else "")
+                  + f" over {speed['loops']} loop(s) of steps"
+                  + (" (the first loop, which may include tracing and compilation, excluded)." if len(train) > 1
+                     else "."), ""]
+
+    final = [(k, v) for k, v in sorted(metrics.items()) if _finite(v) and k not in _IN_SUMMARY]
+    if not final and (train or evals):  # no metrics.json: the latest logged values stand in
+        latest = {**(train[-1] if train else {}), **(evals[-1] if evals else {})}
+        final = [(k, v) for k, v in sorted(latest.items()) if k not in ("kind", "time") and _finite(v)]
+        lines += ["## Latest logged metrics (no metrics.json)", ""]
+    elif final:
+        lines += ["## Final metrics", ""]
+    if final:
+        lines += _table(final, ("metric", "value")) + [""]
+
+    if plots:
+        lines += ["## Plots", ""]
+        for path, title in plots:
+            lines += [f"![{title}]({path})", ""]
+    samples = next((r["samples"] for r in reversed(evals) if isinstance(r.get("samples"), str)), None)
+    if samples:
+        relative = os.path.relpath(samples, model_dir) if os.path.isabs(samples) else samples
+        lines += ["## Samples", "", f"![generated samples]({relative})", ""]
+
+    if config:
+        lines += ["## Key config", ""]
+        lines += _table([(k, config[k]) for k in KEY_CONFIG if k in config and config[k] not in ("", None)],
+                        ("option", "value"))
+        lines += ["", "Full config: `config.yaml` (rerun with `--config=config.yaml`).", ""]
+
+    notes = []
+    if not train and not evals:
+        notes.append("history.jsonl is missing or empty: no curves to plot")
+    if bad_lines:
+        notes.append(f"history.jsonl has {bad_lines} unreadable line(s), skipped (a run killed mid-write)")
+    if not config:
+        notes.append("config.yaml is missing or unreadable")
+    if notes:
+        lines += ["## Notes", ""] + [f"- {n}." for n in notes] + [""]
+    lines.append("Regenerate with `python -m tfgpu.report --model_dir=" + model_dir + "`.")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(model_dir: str) -> str:
+    """Writes ``<model_dir>/report.md`` and its plots from whatever the run has left; returns report.md's path."""
+    history, bad = read_history(os.path.join(model_dir, "history.jsonl"))
+    metrics = _read_json(os.path.join(model_dir, "metrics.json"))
+    config = _read_yaml(os.path.join(model_dir, "config.yaml"))
+    profile = _read_json(os.path.join(model_dir, "input_profile.json"))
+    plots = write_plots(model_dir, history)
+    text = render(model_dir, history, bad, metrics, config, profile, plots)
+    path = os.path.join(model_dir, "report.md")
+    atomic_write_bytes(path, text.encode())
+    return path
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line naming the flag, not argparse's usage block
+        named = re.search(r"--?(\w+)", message)
+        raise ConfigError(named.group(1) if named else "flags", message)
+
+
+def main(argv=None) -> int:
+    parser = _Parser(prog="python -m tfgpu.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model_dir", required=True, help="A run directory (history.jsonl, metrics.json, ...).")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        opts = parser.parse_args(argv)
+        if not os.path.isdir(opts.model_dir):
+            raise ConfigError("model_dir", f"{opts.model_dir!r} is not a directory")
+        if not any(os.path.exists(os.path.join(opts.model_dir, f)) for f in ("history.jsonl", "metrics.json",
+                                                                               "config.yaml")):
+            raise ConfigError("model_dir", f"{opts.model_dir!r} has no history.jsonl, metrics.json or config.yaml: "
+                              "not a tfgpu run directory")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    path = write_report(opts.model_dir)
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
