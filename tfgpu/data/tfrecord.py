@@ -8,16 +8,14 @@ without a manifest is an unfinished conversion, never a dataset.
 Every file is written under a temporary name and renamed when complete, so an
 interrupted writer leaves nothing that looks finished.
 """
-import contextlib
 import hashlib
 import json
 import os
-import tempfile
 
 import numpy as np
 import tensorflow as tf
 
-from tfgpu.fileio import atomic_write_bytes, fsync_dir
+from tfgpu.fileio import atomic_path, atomic_write_bytes
 
 MANIFEST = "dataset.json"
 FORMAT_VERSION = 1
@@ -62,7 +60,8 @@ def make_example(encoded: bytes, image_format: str, label: int, height: int, wid
         ENCODED: b(encoded), FORMAT: b(image_format.encode()), LABEL: i(label),
         HEIGHT: i(height), WIDTH: i(width), CHANNELS: i(channels), FILENAME: b(filename.encode()),
     }
-    return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
+    # deterministic=True: the same record gives the same bytes in every process, so shard sha256s repeat.
+    return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString(deterministic=True)
 
 
 def encode_image(image: np.ndarray, image_format: str, jpeg_quality: int = 95) -> bytes:
@@ -80,25 +79,14 @@ def encode_image(image: np.ndarray, image_format: str, jpeg_quality: int = 95) -
 
 def write_shard(path: str, records, compression: str = "none") -> dict:
     """Writes serialized records to one shard atomically; returns its manifest entry."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    os.close(fd)
     count = 0
-    try:
+    with atomic_path(path) as tmp:
         options = tf.io.TFRecordOptions(compression_type=COMPRESSIONS[compression])
         with tf.io.TFRecordWriter(tmp, options) as writer:
             for record in records:
                 writer.write(record)
                 count += 1
         digest = sha256_file(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(directory)
     return {"file": os.path.basename(path), "num_examples": count, "sha256": digest}
 
 
