@@ -47,6 +47,7 @@ def test_acceptance_command_writes_results_and_ratio(tmp_path):
         assert len(r["window_examples_per_sec"]) == 3
         # Three windows: the median window's step time is the median rate's.
         assert r["step_time_ms"] == pytest.approx(1000 * 32 / r["examples_per_sec"], rel=1e-6)
+        assert len(r["window_cpu_seconds"]) == 3 and r["cpu_ms_per_step"] > 0
         assert r["memory_kind"] == "host_peak_rss_bytes" and r["peak_memory_bytes"] > 50 * 2**20
         assert r["mfu"] is None  # no known peak on a CPU
         # Two 3x3 convs (16x16x32 from 3 channels, 8x8x64 from 32) and a 64x10 dense layer.
@@ -141,11 +142,13 @@ def test_mfu_is_training_flops_over_the_summed_peak():
 
 
 def test_window_stats_median_and_spread():
-    stats = benchmark.window_stats([2.0, 1.0, 4.0, 1.0], examples_per_window=400, steps_per_window=10)
+    stats = benchmark.window_stats([2.0, 1.0, 4.0, 1.0], examples_per_window=400, steps_per_window=10,
+                                   cpu_seconds=[3.0, 2.0, 7.0, 2.0])
     assert stats["examples_per_sec"] == 300.0  # rates 200, 400, 100, 400 -> median of 200 and 400
     assert (stats["examples_per_sec_min"], stats["examples_per_sec_max"]) == (100.0, 400.0)
     assert stats["examples_per_sec_p25"] <= stats["examples_per_sec"] <= stats["examples_per_sec_p75"]
     assert stats["step_time_ms"] == 150.0
+    assert stats["cpu_ms_per_step"] == 250.0  # median CPU seconds per window 2.5, over 10 steps
 
 
 def test_repeats_pool_their_windows():

@@ -89,14 +89,19 @@ def training_flops(macs_per_example: int) -> int:
     return 6 * macs_per_example
 
 
-def window_stats(seconds: list, examples_per_window: int, steps_per_window: int) -> dict:
-    """Median and spread of examples/sec over timed windows, and the median step time."""
+def window_stats(seconds: list, examples_per_window: int, steps_per_window: int, cpu_seconds: list = ()) -> dict:
+    """Median and spread of examples/sec over timed windows, the median step time and, given the process's CPU
+    time per window, the median CPU time per step (less sensitive than wall time to other work on the host)."""
     rates = sorted(examples_per_window / s for s in seconds)
     quartiles = statistics.quantiles(rates, n=4, method="inclusive") if len(rates) > 1 else [rates[0]] * 3
-    return {"examples_per_sec": statistics.median(rates), "examples_per_sec_min": rates[0],
-            "examples_per_sec_max": rates[-1], "examples_per_sec_p25": quartiles[0],
-            "examples_per_sec_p75": quartiles[2], "window_examples_per_sec": [examples_per_window / s for s in seconds],
-            "step_time_ms": 1000 * statistics.median(seconds) / steps_per_window}
+    stats = {"examples_per_sec": statistics.median(rates), "examples_per_sec_min": rates[0],
+             "examples_per_sec_max": rates[-1], "examples_per_sec_p25": quartiles[0],
+             "examples_per_sec_p75": quartiles[2], "window_examples_per_sec": [examples_per_window / s for s in seconds],
+             "step_time_ms": 1000 * statistics.median(seconds) / steps_per_window}
+    if cpu_seconds:
+        stats["window_cpu_seconds"] = list(cpu_seconds)
+        stats["cpu_ms_per_step"] = 1000 * statistics.median(cpu_seconds) / steps_per_window
+    return stats
 
 
 def _case_label(result: dict, varying: tuple) -> str:
@@ -224,13 +229,32 @@ def _macs(model, image_shape):
         return {"macs_per_example": None, "params": count_params(model)}
 
 
+def _timed_history(history):
+    """The trainer's history writer, also noting wall and CPU clocks when each train loop's line is written."""
+    from tfgpu.trainer import History
+
+    class TimedHistory(History):
+        def __init__(self, model_dir, enabled):
+            super().__init__(model_dir, enabled)
+            self.marks = {}  # step -> (wall clock, process CPU time)
+
+        def write(self, kind, step, values):
+            super().write(kind, step, values)
+            if kind == "train":
+                self.marks[step] = (time.perf_counter(), time.process_time())
+
+    return TimedHistory(os.path.dirname(history.path), history.enabled)
+
+
 def _run_tfgpu(case: dict, config) -> dict:
-    """The tfgpu Trainer for warmup + timed windows; window times come from history.jsonl timestamps."""
+    """The tfgpu Trainer for warmup + timed windows; a window ends when its last loop's history line is written
+    (so host work between loops counts)."""
     from tfgpu import experiment
 
     if case.get("per_replica_batch_size"):
         config = dataclasses.replace(config, global_batch_size=case["per_replica_batch_size"] * _replica_count(config))
     built = experiment.setup(config, write_config=False)
+    built.trainer.history = history = _timed_history(built.trainer.history)
     built.trainer.train()
     placement = built.placement
     out = {"batch_size": config.global_batch_size,
@@ -240,11 +264,9 @@ def _run_tfgpu(case: dict, config) -> dict:
     out.update(_device_facts(config, placement.num_replicas))
     if case.get("probe"):
         return out
-    with open(os.path.join(config.model_dir, "history.jsonl")) as f:
-        ends = {r["step"]: r["time"] for r in map(json.loads, f) if r.get("kind") == "train"}
-    marks = [case["warmup_steps"] + k * case["steps_per_window"] for k in range(case["windows"] + 1)]
-    seconds = [ends[b] - ends[a] for a, b in zip(marks, marks[1:])]
-    out.update(window_stats(seconds, case["steps_per_window"] * config.global_batch_size, case["steps_per_window"]))
+    ends = [history.marks[case["warmup_steps"] + k * case["steps_per_window"]] for k in range(case["windows"] + 1)]
+    wall, cpu = ([b[i] - a[i] for a, b in zip(ends, ends[1:])] for i in (0, 1))
+    out.update(window_stats(wall, case["steps_per_window"] * config.global_batch_size, case["steps_per_window"], cpu))
     out.update(_macs(built.task.model, built.info.image_shape))
     return out
 
@@ -289,8 +311,8 @@ def _run_keras_fit(case: dict, config, under_strategy: bool) -> dict:
            "num_replicas": replicas, "devices": list(placement.devices) if placement else [],
            "jit_compile_effective": bool(model.jit_compile), "steps_per_execution": steps_per_execution}
     out.update(_device_facts(config, replicas))
-    out.update(window_stats(timer.seconds(), case["steps_per_window"] * config.global_batch_size,
-                            case["steps_per_window"]))
+    out.update(window_stats(timer.seconds(0), case["steps_per_window"] * config.global_batch_size,
+                            case["steps_per_window"], timer.seconds(1)))
     out.update(_macs(model, info.image_shape))
     return out
 
@@ -302,14 +324,15 @@ def _epoch_timer():
     class EpochTimer(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
             if epoch == 0:
-                self.marks = [time.perf_counter()]
+                self.marks = [(time.perf_counter(), time.process_time())]
 
         def on_epoch_end(self, epoch, logs=None):
             float((logs or {}).get("loss", 0.0))  # the epoch's steps have finished once the loss is read
-            self.marks.append(time.perf_counter())
+            self.marks.append((time.perf_counter(), time.process_time()))
 
-        def seconds(self):
-            return [b - a for a, b in zip(self.marks, self.marks[1:])]
+        def seconds(self, clock):
+            """Per epoch: wall-clock seconds (clock 0) or this process's CPU seconds (clock 1)."""
+            return [b[clock] - a[clock] for a, b in zip(self.marks, self.marks[1:])]
 
     return EpochTimer()
 
@@ -593,7 +616,8 @@ def pool_rounds(results: list) -> dict:
     per_window = first["steps_per_window"] * first["batch_size"]
     rates = [rate for r in results for rate in r["window_examples_per_sec"]]
     pooled = {**first, "repeats": len(results), "peak_memory_bytes": max(r["peak_memory_bytes"] for r in results)}
-    pooled.update(window_stats([per_window / rate for rate in rates], per_window, first["steps_per_window"]))
+    cpu = [c for r in results for c in r.get("window_cpu_seconds", ())]
+    pooled.update(window_stats([per_window / rate for rate in rates], per_window, first["steps_per_window"], cpu))
     pooled["window_examples_per_sec"] = rates
     return pooled
 
@@ -683,7 +707,8 @@ def format_report(report: dict) -> str:
     env = report.get("environment") or {}
     lines = [f"machine: {', '.join(env.get('gpus') or []) or env.get('cpu', '?')} ({env.get('cpu_count')} CPUs); "
              f"TensorFlow {env.get('tensorflow')}, Keras {env.get('keras')}"]
-    head = ("name", "batch", "precision", "xla", "strategy", "ex/s", "min-max", "step ms", "peak mem", "MFU")
+    head = ("name", "batch", "precision", "xla", "strategy", "ex/s", "min-max", "step ms", "cpu ms", "peak mem",
+            "MFU")
     rows, xla_dropped = [], False
     for r in report["results"]:
         xla = "on" if r["jit_compile"] else "off"
@@ -694,18 +719,20 @@ def format_report(report: dict) -> str:
             rows.append((r["name"], str(r["batch_size"]), r["precision"], xla,
                          strategy, f"{r['examples_per_sec']:.1f}",
                          f"{r['examples_per_sec_min']:.0f}-{r['examples_per_sec_max']:.0f}",
-                         f"{r['step_time_ms']:.1f}", _mib(r.get("peak_memory_bytes")),
+                         f"{r['step_time_ms']:.1f}",
+                         f"{r['cpu_ms_per_step']:.1f}" if r.get("cpu_ms_per_step") else "-",
+                         _mib(r.get("peak_memory_bytes")),
                          f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "-"))
         else:
             rows.append((r["name"], str(r.get("batch_size")), r["precision"], xla,
-                         strategy, f"{r['status']}: {r.get('reason', '')}"[:120]) + ("",) * 4)
+                         strategy, f"{r['status']}: {r.get('reason', '')}"[:120]) + ("",) * 5)
     done = [row for row in rows if row[6]]
     widths = [max(len(row[i]) for row in [head] + done) for i in range(len(head))]
     for row in [head] + rows:
         if not row[6]:  # a failed or skipped run: its reason instead of numbers
             lines.append("  ".join(c.ljust(w) for c, w in zip(row[:5], widths)) + "  " + row[5])
             continue
-        lines.append("  ".join(c.rjust(w) if i in (1, 5, 6, 7, 8, 9) else c.ljust(w)
+        lines.append("  ".join(c.rjust(w) if i in (1, 5, 6, 7, 8, 9, 10) else c.ljust(w)
                                for i, (c, w) in enumerate(zip(row, widths))).rstrip())
     if xla_dropped:
         lines.append("off* = --jit_compile asked for, not in effect (XLA cannot span logical CPU replicas, "
