@@ -410,16 +410,20 @@ def _collect_gpus(tf) -> list:
 
     session_config = tf.compat.v1.ConfigProto()
     session_config.gpu_options.allow_growth = True
+    try:
+        described = [d for d in device_lib.list_local_devices(session_config) if d.device_type == "GPU"]
+    except Exception:  # noqa: BLE001 - a GPU that fails to initialise still has a name and compute capability
+        described = [None] * len(physical)
     gpus = []
-    described = [d for d in device_lib.list_local_devices(session_config) if d.device_type == "GPU"]
     for index, device in enumerate(described):
-        desc = parse_device_desc(device.physical_device_desc)
+        desc = parse_device_desc(device.physical_device_desc) if device is not None else {}
         details = tf.config.experimental.get_device_details(physical[index]) if index < len(physical) else {}
         cc = desc.get("compute_capability") or ".".join(map(str, details.get("compute_capability", (0, 0))))
         bus = desc.get("pci_bus_id")
         node = _numa_of(bus)
         gpu = {"index": index, "name": desc.get("name") or details.get("device_name", "unknown"),
-               "compute_capability": cc, "memory_bytes": int(device.memory_limit), "pci_bus_id": bus,
+               "compute_capability": cc,
+               "memory_bytes": int(device.memory_limit) if device is not None else None, "pci_bus_id": bus,
                "numa_node": node,
                "numa_cpus": _read(f"/sys/devices/system/node/node{node}/cpulist") if node is not None and node >= 0
                else None}
