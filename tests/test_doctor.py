@@ -233,8 +233,8 @@ def test_parsers():
     assert info == {"model": "Some CPU", "flags": {"avx2": True, "avx512f": True, "avx512_bf16": False,
                                                    "amx_bf16": False, "amx_tile": True}}
     built = ["sm_60", "sm_70", "sm_80", "sm_89", "compute_90"]
-    assert [doctor.kernel_support(cc, built) for cc in ("8.6", "9.0", "12.0", "5.2", "7.5")] == [
-        "native", "ptx-jit", "ptx-jit", "unsupported", "native"]
+    assert [doctor.kernel_support(cc, built) for cc in ("8.6", "9.0", "10.0", "12.0", "5.2", "7.5")] == [
+        "native", "native", "ptx-jit", "ptx-jit", "unsupported", "native"]  # compute_90 = sm_90 code + PTX
     assert [doctor.gpu_capabilities(cc)["generation"] for cc in ("6.1", "7.0", "7.5", "8.0", "8.6", "8.9", "9.0",
                                                                    "10.0", "12.0")] == [
         "Pascal", "Volta", "Turing", "Ampere", "Ampere", "Ada Lovelace", "Hopper", "Blackwell", "Blackwell"]

@@ -91,7 +91,9 @@ def kernel_support(compute_capability: str, built_for: list) -> str:
     """How TensorFlow's CUDA kernels run on a GPU: "native" (a cubin for this major version at or below its
     minor), "ptx-jit" (only PTX for an older target: the driver compiles at start-up), or "unsupported".
 
-    Rules from the CUDA C++ Programming Guide, "Binary Compatibility" and "PTX Compatibility".
+    TensorFlow's build list uses "sm_XY" for binary code only and "compute_XY" for binary plus PTX (its
+    configure.py). Compatibility rules: CUDA C++ Programming Guide, "Binary Compatibility" and "PTX
+    Compatibility".
     """
     if not built_for:
         return "unknown"
@@ -101,7 +103,7 @@ def kernel_support(compute_capability: str, built_for: list) -> str:
         m = re.fullmatch(r"(sm|compute)_(\d+)(\d)a?", t)
         if m:
             targets.append((m.group(1), int(m.group(2)), int(m.group(3))))
-    if any(kind == "sm" and ma == major and mi <= minor for kind, ma, mi in targets):
+    if any(ma == major and mi <= minor for _, ma, mi in targets):
         return "native"
     if any(kind == "compute" and (ma, mi) <= (major, minor) for kind, ma, mi in targets):
         return "ptx-jit"
