@@ -57,6 +57,8 @@ def test_acceptance_command_writes_results_and_ratio(tmp_path):
     expected = by_name["tfgpu"]["examples_per_sec"] / by_name["keras_fit"]["examples_per_sec"]
     assert report["ratios"]["tfgpu/keras_fit"] == pytest.approx(expected, rel=1e-3)
     assert list(report["ratios"]) == ["tfgpu/keras_fit"]
+    cpu_expected = by_name["keras_fit"]["cpu_ms_per_step"] / by_name["tfgpu"]["cpu_ms_per_step"]
+    assert report["cpu_time_ratios"]["tfgpu/keras_fit"] == pytest.approx(cpu_expected, rel=1e-3)
     assert report["environment"]["tensorflow"] and report["environment"]["cpu_count"]
     assert "tfgpu/keras_fit = " in proc.stdout and "keras_fit " in proc.stdout
 
@@ -174,6 +176,12 @@ def test_ratio_keys_name_only_the_settings_that_vary():
     assert benchmark.ratios(results) == {"tfgpu/keras_fit@precision=float32": 1.25,
                                          "tfgpu/keras_fit@precision=mixed_bfloat16": 1.5,
                                          "tfgpu:mixed_bfloat16/float32": 1.8}
+    # Examples per CPU-second: the baseline's CPU time per step over tfgpu's (same batch).
+    for r, cpu_ms in zip(results, (50.0, 60.0, 30.0, 30.0)):
+        r["cpu_ms_per_step"] = cpu_ms
+    assert benchmark.ratios(results, benchmark._examples_per_cpu_second) == {
+        "tfgpu/keras_fit@precision=float32": 1.2, "tfgpu/keras_fit@precision=mixed_bfloat16": 1.0,
+        "tfgpu:mixed_bfloat16/float32": pytest.approx(50 / 30, abs=1e-4)}
     # XLA that was asked for but not in effect (logical CPU replicas) gives no XLA ratio.
     xla = [_result("tfgpu", 64, "float32", 100.0), _result("tfgpu", 64, "float32", 130.0, jit=True, effective=False)]
     assert benchmark.ratios(xla) == {}

@@ -114,10 +114,14 @@ def _fmt_value(key, value):
     return ("on" if value else "off") if key == "jit_compile" else value
 
 
-def ratios(results: list) -> dict:
-    """tfgpu / baseline throughput per case, plus precision and XLA ratios of tfgpu; keys carry the case's
-    settings only when they vary across the run (one case: ``{"tfgpu/keras_fit": 1.04}``)."""
-    ok = [r for r in results if r.get("examples_per_sec")]
+def _examples_per_cpu_second(result: dict):
+    return 1000 * result["batch_size"] / result["cpu_ms_per_step"] if result.get("cpu_ms_per_step") else None
+
+
+def ratios(results: list, rate=lambda r: r.get("examples_per_sec")) -> dict:
+    """tfgpu / baseline ``rate`` (default examples/sec) per case, plus precision and XLA ratios of tfgpu; keys
+    carry the case's settings only when they vary across the run (one case: ``{"tfgpu/keras_fit": 1.04}``)."""
+    ok = [r for r in results if rate(r)]
     dims = ("batch_size", "precision", "jit_compile")
     varying = tuple(d for d in dims if len({r[d] for r in results}) > 1)
     by_key = {(r["name"], r["batch_size"], r["precision"], r["jit_compile"]): r for r in ok}
@@ -129,19 +133,17 @@ def ratios(results: list) -> dict:
         for baseline in BASELINES:
             base = by_key.get((baseline,) + key)
             if base:
-                out[f"tfgpu/{baseline}{_case_label(r, varying)}"] = round(
-                    r["examples_per_sec"] / base["examples_per_sec"], 4)
+                out[f"tfgpu/{baseline}{_case_label(r, varying)}"] = round(rate(r) / rate(base), 4)
         if r["precision"] != "float32":
             base = by_key.get(("tfgpu", r["batch_size"], "float32", r["jit_compile"]))
             if base:
                 label = _case_label(r, tuple(d for d in varying if d != "precision"))
-                out[f"tfgpu:{r['precision']}/float32{label}"] = round(
-                    r["examples_per_sec"] / base["examples_per_sec"], 4)
+                out[f"tfgpu:{r['precision']}/float32{label}"] = round(rate(r) / rate(base), 4)
         if r["jit_compile"] and r.get("jit_compile_effective"):
             base = by_key.get(("tfgpu", r["batch_size"], r["precision"], False))
             if base:
                 label = _case_label(r, tuple(d for d in varying if d != "jit_compile"))
-                out[f"tfgpu:xla_on/xla_off{label}"] = round(r["examples_per_sec"] / base["examples_per_sec"], 4)
+                out[f"tfgpu:xla_on/xla_off{label}"] = round(rate(r) / rate(base), 4)
     return out
 
 
@@ -691,7 +693,9 @@ def run_benchmark(p: Plan) -> dict:
               "on them; raise --steps_per_window for stable numbers", file=sys.stderr)
     report = {"command": "python -m tfgpu.benchmark " + " ".join(p.opts.command),
               "time": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "environment": runner.environment,
-              "results": results, "ratios": ratios(results)}
+              "results": results, "ratios": ratios(results),
+              # Examples per CPU-second of the process: on a shared host these move far less than wall clock.
+              "cpu_time_ratios": ratios(results, _examples_per_cpu_second)}
     if searches:
         report["auto_batch_size"] = searches
     return report
@@ -745,6 +749,9 @@ def format_report(report: dict) -> str:
                      + ")")
     lines.append("ratios:" if report["ratios"] else "ratios: none (a runner failed or no baseline was asked for)")
     lines += [f"  {k} = {v:.3f}" for k, v in report["ratios"].items()]
+    if report.get("cpu_time_ratios"):
+        lines.append("examples per CPU-second ratios (less moved by other work on the host than wall clock):")
+        lines += [f"  {k} = {v:.3f}" for k, v in report["cpu_time_ratios"].items()]
     return "\n".join(lines)
 
 
