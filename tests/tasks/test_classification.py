@@ -52,3 +52,26 @@ def test_global_norm_clipping_limits_the_update(base, tmp_path):
     assert any(not np.allclose(free[k], clipped[k], atol=1e-4) for k in kernels)
     with open(f"{base.model_dir}/history.jsonl") as f:
         assert all("grad_norm" not in json.loads(line) for line in f)  # only measured when clipping
+
+
+def test_a_poisoned_step_is_skipped_without_touching_weights_slots_or_bn(base, tmp_path):
+    import tensorflow as tf
+
+    config = dataclasses.replace(base, model="small_cnn", model_dir=str(tmp_path / "nan"), weight_decay=0.0)
+    built = experiment.setup(config)
+    built.trainer.restore()
+    task = built.task
+    state = task.model.variables + [v for v in task.optimizer.variables if "iteration" not in v.path
+                                    and "step_counter" not in v.path and "scale" not in v.path]
+    before = [v.numpy().copy() for v in state]
+    images = np.full((64, 8, 8, 1), np.nan, np.float32)
+    labels = np.zeros(64, np.int64)
+    step = tf.function(lambda batch: built.placement.strategy.run(task.train_step, args=(batch,)))
+    out = step((images, labels))
+    assert float(out["nonfinite_steps"]) == 1.0
+    for var, value in zip(state, before):
+        np.testing.assert_array_equal(var.numpy(), value, err_msg=var.path)
+    good = step((np.zeros((64, 8, 8, 1), np.float32), labels))
+    assert float(good["nonfinite_steps"]) == 0.0
+    assert any(not np.array_equal(v.numpy(), b) for v, b in zip(state, before))
+    keras.backend.clear_session()

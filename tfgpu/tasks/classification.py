@@ -5,7 +5,6 @@ so the optimizer's all-reduce (a sum) yields the mean gradient of the global
 batch whatever the replica count. With --grad_accum_steps=k each replica's
 batch is cut into k micro-batches whose gradients are summed before one update.
 """
-import keras
 import tensorflow as tf
 
 from tfgpu import optimizers, precision
@@ -79,18 +78,16 @@ class ClassificationTask(Task):
 
     def train_step(self, batch):
         images, labels = batch
+        state = self.model.non_trainable_variables  # BatchNorm statistics: a skipped step puts them back
+        saved = [tf.identity(v.value) for v in state]
         grads, loss, accuracy = self._grads_fn(images, labels)
         num_replicas = self.placement.num_replicas
-        scale = precision.current_loss_scale(self.optimizer)
+        finite, norm = precision.apply_if_finite(self.optimizer, loss, grads, self.model.trainable_variables,
+                                                 self.config.grad_clip_norm, num_replicas)
+        precision.restore_if_not_finite(finite, state, saved)
         metrics = {"loss": loss, "accuracy": accuracy}
-        if self.config.grad_clip_norm:
-            grads, norm = optimizers.clip_by_global_norm(grads, self.config.grad_clip_norm, scale, num_replicas)
+        if norm is not None:
             metrics["grad_norm"] = norm / num_replicas
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
-        if not isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
-            # Without loss scaling nothing else guards the weights: a non-finite step applies zero gradients.
-            grads = [tf.where(finite, g, tf.zeros_like(g)) for g in grads]
-        self.optimizer.apply(grads, self.model.trainable_variables)
         metrics["nonfinite_steps"] = tf.cast(tf.logical_not(finite), tf.float32) / num_replicas
         return metrics
 
@@ -117,7 +114,7 @@ class ClassificationTask(Task):
         return {"learning_rate": float(self.schedule(self.optimizer.iterations))}
 
     def loss_scales(self):
-        if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+        if self.config.precision == "mixed_float16":
             return {"loss_scale": float(precision.current_loss_scale(self.optimizer))}
         return {}
 

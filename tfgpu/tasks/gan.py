@@ -27,14 +27,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfgpu import diffaugment, optimizers, precision
+from tfgpu import diffaugment, precision
 from tfgpu.config import ConfigError
 from tfgpu.models import get_spec
 from tfgpu.tasks.base import Task, register_task
 
 log = logging.getLogger("tfgpu")
 
-_NEVER_GROW = 2 ** 30  # growth interval of the scale-1 guard used without float16
 _ONLY_FIRST = tf.VariableAggregation.ONLY_FIRST_REPLICA
 SAMPLE_GRID_SIZE = 64
 
@@ -134,11 +133,7 @@ class GanTask(Task):
     def _optimizer(self, learning_rate, name):
         config = self.config
         inner = keras.optimizers.Adam(learning_rate, beta_1=config.adam_beta1, beta_2=config.adam_beta2, name=name)
-        wrapped = precision.wrap_optimizer(inner, config)
-        if not isinstance(wrapped, keras.optimizers.LossScaleOptimizer):
-            # A scale that stays 1 (multiplying and dividing by it is exact) but skips non-finite updates.
-            wrapped = keras.optimizers.LossScaleOptimizer(inner, initial_scale=1.0, dynamic_growth_steps=_NEVER_GROW)
-        return wrapped
+        return precision.wrap_optimizer(inner, config)
 
     @property
     def train_metric_names(self):
@@ -192,18 +187,8 @@ class GanTask(Task):
     # -- the step --------------------------------------------------------------------------
     def _apply(self, optimizer, loss, grads, variables):
         """Applies ``grads`` unless the loss or any gradient on any replica is non-finite; returns ``finite``."""
-        ctx = tf.distribute.get_replica_context()
-        local_bad = tf.logical_not(tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads] +
-                                                 [tf.math.is_finite(loss)]))
-        bad = ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(local_bad, tf.float32))
-        finite = tf.equal(bad, 0.0)
-        if self.config.grad_clip_norm:
-            grads, _ = optimizers.clip_by_global_norm(grads, self.config.grad_clip_norm,
-                                                      precision.current_loss_scale(optimizer),
-                                                      self.placement.num_replicas)
-        # Non-finite anywhere -> NaN everywhere, so each replica's LossScaleOptimizer skips the same update.
-        poison = tf.where(finite, 0.0, float("nan"))
-        optimizer.apply([g + tf.cast(poison, g.dtype) for g in grads], variables)
+        finite, _ = precision.apply_if_finite(optimizer, loss, grads, variables, self.config.grad_clip_norm,
+                                              self.placement.num_replicas)
         return finite
 
     def _discriminator_step(self, images, labels, seed, offset):
@@ -278,8 +263,7 @@ class GanTask(Task):
             all_finite = tf.logical_and(all_finite, finite)
         g_loss, finite = self._generator_step(self._seed(2), offset, per_replica)
         all_finite = tf.logical_and(all_finite, finite)
-        for weight, value in zip(state, saved):
-            weight.assign(tf.where(all_finite, weight.value, value))
+        precision.restore_if_not_finite(all_finite, state, saved)
         if config.ema_decay:
             self._update_ema()
         self.state.step.assign_add(1)
