@@ -82,7 +82,7 @@ class Config:
                           "--tfds_data_dir; otherwise tfgpu never touches the network.", "data")
     train_split: str = _opt("train", "Split to train on.", "data")
     eval_split: str = _opt("", "Split to evaluate on; empty = val, validation or test, whichever exists; "
-                           "'none' = no evaluation.", "data")
+                           "'none' = no evaluation (for GANs: no FID/KID).", "data")
     image_size: int = _opt(0, "Training crop size in pixels; 0 = the dataset's own size.", "data")
     global_batch_size: int = _opt(128, "Examples per optimizer step, summed over all replicas.", "data")
     eval_batch_size: int = _opt(0, "Global eval batch; 0 = --global_batch_size.", "data")
@@ -143,7 +143,8 @@ class Config:
                             "empty = off.", "gan")
     fid_num_samples: int = _opt(2000, "GAN: generated and real images per FID/KID evaluation.", "gan")
     inception_weights: str = _opt("", "GAN: local InceptionV3 weights file (.h5/.weights.h5) for the standard FID; "
-                                  "empty = use --fid_feature_model_dir.", "gan")
+                                  "empty = --fid_feature_model_dir, or, when both are empty, a small classifier "
+                                  "trained automatically into <model_dir>/fid_features.", "gan")
     fid_feature_model_dir: str = _opt("", "GAN: model_dir of a tfgpu classifier whose penultimate features "
                                       "score FID/KID offline.", "gan")
     max_nonfinite_steps: int = _opt(20, "Stop the run when this many consecutive steps have a non-finite loss "

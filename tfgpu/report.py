@@ -21,7 +21,7 @@ from tfgpu.config import ConfigError
 from tfgpu.fileio import atomic_write_bytes
 
 PLOTS_DIR = "plots"
-INPUT_BOUND_FRACTION = 0.1  # the trainer's threshold (tfgpu/trainer.py, _write_input_profile)
+INPUT_BOUND_FRACTION = 0.1  # share of step time waiting for data above which a run is input-bound
 
 # Config keys worth seeing in a report, in this order (only those present are shown).
 KEY_CONFIG = ("task", "model", "dataset", "data_dir", "image_size", "augment", "global_batch_size", "precision",

@@ -25,6 +25,7 @@ from tfgpu.config import Config, ConfigError
 from tfgpu.data import pipeline
 from tfgpu.distribute import Placement
 from tfgpu.fileio import atomic_write_bytes
+from tfgpu.report import input_verdict  # the one input-bound rule, shared with report.md
 
 log = logging.getLogger("tfgpu")
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: Kubeflow and Slurm retry it
@@ -187,13 +188,7 @@ class Trainer:
         """Share of step time spent waiting for data: 1 - (real rate / rate with data already in place)."""
         profile["train_examples_per_sec"] = train_rate
         profile["input_wait_fraction"] = max(0.0, 1.0 - train_rate / profile["compute_examples_per_sec"])
-        wait = profile["input_wait_fraction"]
-        if wait > 0.1:
-            verdict = (f"input-bound: {wait:.0%} of step time waiting for data; raise --data_workers, "
-                       "use --cache, or store smaller images")
-        else:
-            verdict = f"not input-bound: {wait:.0%} of step time waiting for data"
-        profile["verdict"] = verdict
+        verdict = profile["verdict"] = input_verdict(profile)
         log.info("input profile: %s (input alone %.0f ex/s, step alone %.0f ex/s, training %.0f ex/s)", verdict,
                  profile["input_examples_per_sec"], profile["compute_examples_per_sec"], train_rate)
         if self.chief:
