@@ -9,9 +9,10 @@ Rerunning the same command reuses complete, verified shards. Exit code 1 with a
 one-line ``error:`` naming the flag (or the bad image's path) on bad input.
 """
 import argparse
-import logging
 import os
 import sys
+
+from tfgpu import logs
 
 USAGE = "python -m tfgpu.convert --source=SRC --output_dir=DIR [options]"
 
@@ -79,12 +80,7 @@ def main(argv=None) -> int:
         build_parser().print_help()
         return 0
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname).1s tfgpu] %(message)s", datefmt="%H:%M:%S"))
-    logger = logging.getLogger("tfgpu")
-    logger.handlers[:] = [handler]
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
+    logs.setup()
     from tfgpu.config import ConfigError
     from tfgpu.data import convert
 

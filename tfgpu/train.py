@@ -5,7 +5,6 @@ name. Sources, lowest precedence first: field defaults, ``--config`` YAML,
 flagfiles, the command line. Flagfiles may nest (a relative path inside a
 flagfile is resolved against that file's directory first).
 """
-import logging
 import os
 import sys
 
@@ -13,6 +12,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is impor
 
 from absl import flags  # noqa: E402
 
+from tfgpu import logs  # noqa: E402
 from tfgpu import config as config_lib  # noqa: E402
 from tfgpu.config import ConfigError  # noqa: E402
 
@@ -139,12 +139,7 @@ def main(argv=None) -> int:
     if any(a in ("--help", "-h", "--helpfull", "-help", "--helpshort") for a in argv):
         print(help_text())
         return 0
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname).1s tfgpu] %(message)s", datefmt="%H:%M:%S"))
-    logger = logging.getLogger("tfgpu")
-    logger.handlers[:] = [handler]
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
+    logs.setup()
     try:
         config = parse(argv)
         from tfgpu import experiment, trainer
