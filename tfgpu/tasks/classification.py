@@ -66,13 +66,14 @@ class ClassificationTask(Task):
         for i, (x, y) in enumerate(zip(micro_images, micro_labels)):
             with tf.GradientTape() as tape:
                 logits = model(x, training=True)
-                loss = tf.reduce_sum(self._per_example_loss(y, logits)) / config.global_batch_size
+                summed = tf.reduce_sum(self._per_example_loss(y, logits))
+                loss = summed / config.global_batch_size
                 if i == 0:  # the L2 term counts once per step
                     loss += optimizers.l2_penalty(config, variables, num_replicas)
                 scaled = precision.scale_loss(self.optimizer, loss)
             micro_grads = tape.gradient(scaled, variables)
             grads = [g + tf.cast(m, g.dtype) for g, m in zip(grads, micro_grads)]
-            loss_sum += tf.reduce_sum(self._per_example_loss(y, logits))
+            loss_sum += summed
             correct += tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1), y), tf.float32))
         return grads, loss_sum / config.global_batch_size, correct / config.global_batch_size
 
