@@ -38,6 +38,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported anywhere
 
+from tfgpu import cli  # noqa: E402
 from tfgpu.config import PRECISIONS, STRATEGIES, ConfigError  # noqa: E402
 
 RUNNERS = ("tfgpu", "keras_fit", "keras_fit_strategy", "synthetic")
@@ -363,14 +364,8 @@ def _first_line(error: BaseException) -> str:
 
 
 # -- the parent side -----------------------------------------------------------------------------------------------
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line naming the flag, not argparse's usage block
-        named = re.search(r"--?(\w+)", message)
-        raise ConfigError(named.group(1) if named else "flags", message)
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m tfgpu.benchmark", description=__doc__.split("\n\n")[0],
+    p = cli.ArgumentParser(prog="python -m tfgpu.benchmark", description=__doc__.split("\n\n")[0],
                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     a = p.add_argument
     a("--model", default="resnet20", help="Registered model name.")

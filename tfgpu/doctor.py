@@ -9,7 +9,6 @@ under ``--model_dir``. It ends with recommendations from ``recommend(report)``,
 a pure function of the JSON, so advice can be checked on recorded hosts. It
 needs no GPU and finishes in seconds (most of it is importing TensorFlow).
 """
-import argparse
 import contextlib
 import ctypes
 import glob
@@ -22,6 +21,7 @@ import sys
 import tempfile
 import time
 
+from tfgpu import cli
 from tfgpu.config import ConfigError
 
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
@@ -478,15 +478,9 @@ def collect(model_dir: str = "") -> dict:
     return report
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line naming the flag, not argparse's usage block
-        named = re.search(r"--?(\w+)", message)
-        raise ConfigError(named.group(1) if named else "flags", message)
-
-
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = _Parser(prog="python -m tfgpu.doctor", description=__doc__.split("\n\n")[0])
+    parser = cli.ArgumentParser(prog="python -m tfgpu.doctor", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model_dir", default="", help="Where runs will write; its free disk is reported "
                         "(default: the current directory).")
     parser.add_argument("--output_json", default="", help="Also write the report as JSON here.")

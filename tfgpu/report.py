@@ -8,15 +8,14 @@ partial (a run still going, a crashed one). Plots: loss and accuracy (or the
 GAN's D/G losses and FID/KID) against the step, the learning rate and loss
 scale, and examples/sec. The chief writes the report at the end of every run.
 """
-import argparse
 import io
 import json
 import math
 import os
-import re
 import statistics
 import sys
 
+from tfgpu import cli
 from tfgpu.config import ConfigError
 from tfgpu.fileio import atomic_write_bytes
 
@@ -350,14 +349,8 @@ def write_report(model_dir: str) -> str:
     return path
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line naming the flag, not argparse's usage block
-        named = re.search(r"--?(\w+)", message)
-        raise ConfigError(named.group(1) if named else "flags", message)
-
-
 def main(argv=None) -> int:
-    parser = _Parser(prog="python -m tfgpu.report", description=__doc__.split("\n\n")[0])
+    parser = cli.ArgumentParser(prog="python -m tfgpu.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model_dir", required=True, help="A run directory (history.jsonl, metrics.json, ...).")
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
