@@ -102,26 +102,25 @@ class Trainer:
         self.checkpointer = checkpoint_lib.Checkpointer(
             self.model_dir, self.placement, self.task.checkpoint_items(), self.step, self.config.keep_checkpoints)
 
-        def replica_train_step(batch):
-            for name, value in self.task.train_step(batch).items():
-                self.train_sums[name].assign_add(tf.cast(value, tf.float32))
+        self._train_loop = self._loop(self.task.train_step, self.train_sums, self.step)
+        self._eval_loop = self._loop(self.task.eval_step, self.eval_sums)
+
+    def _loop(self, step_fn, sums: dict, counter=None):
+        """A tf.function running ``num_steps`` replica steps of ``step_fn`` in one host call, adding each
+        step's metric shares to ``sums`` (and 1 to ``counter``)."""
+
+        def replica_step(batch):
+            for name, value in step_fn(batch).items():
+                sums[name].assign_add(tf.cast(value, tf.float32))
 
         @tf.function
-        def train_loop(iterator, num_steps):
+        def loop(iterator, num_steps):
             for _ in tf.range(num_steps):
-                self.strategy.run(replica_train_step, args=(next(iterator),))
-                self.step.assign_add(1)
+                self.strategy.run(replica_step, args=(next(iterator),))
+                if counter is not None:
+                    counter.assign_add(1)
 
-        def replica_eval_step(batch):
-            for name, value in self.task.eval_step(batch).items():
-                self.eval_sums[name].assign_add(tf.cast(value, tf.float32))
-
-        @tf.function
-        def eval_loop(iterator, num_steps):
-            for _ in tf.range(num_steps):
-                self.strategy.run(replica_eval_step, args=(next(iterator),))
-
-        self._train_loop, self._eval_loop = train_loop, eval_loop
+        return loop
 
     @staticmethod
     def _read_and_reset(sums: dict) -> dict:
