@@ -10,7 +10,7 @@ import os
 import time
 
 from tfgpu.config import Config, ConfigError, save_yaml
-from tfgpu.fileio import atomic_write_bytes
+from tfgpu.fileio import atomic_path, atomic_write_bytes
 
 log = logging.getLogger("tfgpu")
 
@@ -108,22 +108,19 @@ def run(config: Config) -> dict:
                     "num_workers": placement.num_workers, "global_batch_size": config.global_batch_size,
                     "wall_time_s": round(time.time() - started, 1)})
     if placement.is_chief:
-        export_model(task, config.model_dir)
+        export_model(task, os.path.join(config.model_dir, "export", "model.keras"))
         atomic_write_bytes(os.path.join(config.model_dir, "metrics.json"),
                            json.dumps(metrics, indent=2, sort_keys=True).encode())
         _write_report(config.model_dir)
     return metrics
 
 
-def export_model(task, model_dir: str) -> str:
-    """Saves the task's deployable model to ``<model_dir>/export/model.keras`` (atomic rename)."""
-    export_path = os.path.join(model_dir, "export", "model.keras")
-    os.makedirs(os.path.dirname(export_path), exist_ok=True)
-    tmp = os.path.join(os.path.dirname(export_path), f".tmp-{os.getpid()}.keras")
-    task.export(tmp)
-    if os.path.exists(tmp):
-        os.replace(tmp, export_path)
-    return export_path
+def export_model(task, path: str) -> str:
+    """Saves the task's deployable model to ``path`` (a .keras file), atomically."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with atomic_path(path, suffix=".keras") as tmp:
+        task.export(tmp)
+    return path
 
 
 def _write_report(model_dir: str) -> None:

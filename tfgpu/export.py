@@ -39,14 +39,13 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    model = getattr(built.task, "export_model", None) or built.task.model
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     if fmt == "keras":
-        tmp = os.path.join(os.path.dirname(os.path.abspath(output)), f".tmp-{os.getpid()}.keras")
-        model.save(tmp)
-        os.replace(tmp, output)
+        experiment.export_model(built.task, output)  # what the task deploys (a GAN: its EMA generator)
     else:
         import shutil
+
+        model = built.task.model
 
         tmp = output.rstrip("/") + f".tmp-{os.getpid()}"
         model.export(tmp, format="tf_saved_model", verbose=False)

@@ -21,11 +21,12 @@ def _default_mode() -> int:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str):
+def atomic_path(path: str, suffix: str = ".tmp"):
     """Yields a temporary path beside ``path`` to write; on success it is fsynced, given the usual permissions
-    and renamed to ``path``; on any failure it is removed, so ``path`` is never half written."""
+    and renamed to ``path``; on any failure it is removed, so ``path`` is never half written. ``suffix`` is for
+    writers that insist on an extension (Keras wants ``.keras``)."""
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=suffix)
     os.close(fd)
     try:
         yield tmp

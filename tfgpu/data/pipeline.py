@@ -315,7 +315,7 @@ def eval_dataset_fn(config: Config, info: DatasetInfo, steps: int):
         per_replica = ctx.get_per_replica_batch_size(global_batch)
         replicas_here = ctx.num_replicas_in_sync // ctx.num_input_pipelines
         h, w, c = info.image_shape
-        files, count, element_shard = _pipeline_files(
+        files, _, element_shard = _pipeline_files(
             info, info.eval_split, ctx.num_input_pipelines, ctx.input_pipeline_id)
         records = _records(tf.data.Dataset.from_tensor_slices(files), len(files), info.compression, workers,
                            config.skip_corrupt_records)

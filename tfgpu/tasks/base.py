@@ -90,10 +90,6 @@ class Task(abc.ABC):
         """One line about the models (parameters, FLOPs) for the start-of-run log."""
         return ""
 
+    @abc.abstractmethod
     def export(self, path: str) -> None:
         """Saves the model users deploy to ``path`` (a .keras file)."""
-
-    @property
-    def loop_outputs(self) -> tuple:
-        """Train metrics the trainer averages; ``nonfinite_steps`` is summed and watched by the NaN guard."""
-        return self.train_metric_names
