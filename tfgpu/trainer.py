@@ -206,6 +206,15 @@ class Trainer:
         per_replica = self.strategy.experimental_distribute_values_from_function(lambda ctx: flag)
         return float(self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)) > 0
 
+    def _worker_lost(self, error: Exception) -> "WorkerLost":
+        """Any collective (train loop, metric read, preemption vote, checkpoint, eval) fails the same way when
+        a peer is gone: one message naming this worker, the last step it finished and the checkpoint to resume."""
+        last = tf.train.latest_checkpoint(self.checkpointer.real_dir)
+        return WorkerLost(
+            f"worker {self.placement.worker_index}: a collective failed after step {self._steps_done} "
+            f"({type(error).__name__}: {_cause(error)}); another worker died, hung or became unreachable. "
+            f"Last checkpoint: {last or 'none'}; rerun the same launch to resume from it.")
+
     # -- evaluation ------------------------------------------------------------
     def evaluate(self, step: int, record: bool = True) -> dict:
         """Runs the task's evaluation; ``record`` appends it to history.jsonl and TensorBoard."""
@@ -267,8 +276,13 @@ class Trainer:
         """Trains to ``total_steps`` (resuming from the latest checkpoint) and returns the final metrics."""
         start_step = self.restore()
         previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._steps_done = start_step
         try:
             return self._train_from(start_step)
+        except _PEER_ERRORS as e:
+            if self.placement.num_workers == 1:
+                raise
+            raise self._worker_lost(e) from None
         finally:
             signal.signal(signal.SIGTERM, previous_handler)
             self.checkpointer.close()
@@ -296,18 +310,10 @@ class Trainer:
                         sums = self._read_and_reset(self.train_sums)  # reading waits for the steps to finish
                     except tf.errors.DataLossError:
                         raise self._corrupt_data_error() from None
-                    except _PEER_ERRORS as e:
-                        if self.placement.num_workers == 1:
-                            raise
-                        last = tf.train.latest_checkpoint(self.checkpointer.real_dir)
-                        raise WorkerLost(
-                            f"worker {self.placement.worker_index}: a collective failed during steps {step + 1}-"
-                            f"{step + num_steps} ({type(e).__name__}: {_cause(e)}); "
-                            f"another worker died, hung or became unreachable. Last checkpoint: {last or 'none'}; "
-                            "rerun the same launch to resume from it.") from None
                     elapsed = time.perf_counter() - started
                     first_loop = step == start_step
                     step += num_steps
+                    self._steps_done = step
                     if profile and step == profile[-1] and self.chief:
                         tf.profiler.experimental.stop()
                     nonfinite = sums.pop("nonfinite_steps", 0.0)
