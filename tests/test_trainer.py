@@ -23,10 +23,12 @@ def test_mirrored_two_replicas_matches_one_device(run_train, tmp_path):
     """2 logical CPU replicas, 4 steps per loop, synchronized BN: same losses and weights as one device.
 
     Tolerance: 1e-4 on the per-loop mean loss; 1e-4 absolute plus 1e-4 relative on weights and BN statistics
-    (float32 sums taken in another order).
+    (float32 sums taken in another order). small_cnn, because a deeper net on 8x8 digits amplifies that
+    reordering past any useful tolerance within a few steps on CPUs whose kernels split batches differently
+    (ResNet-20 drifts 5e-2 relative in 8 steps with oneDNN limited to AVX2, or with oneDNN off).
     """
-    common = SMALL + ["--train_steps=8", "--steps_per_loop=4", "--sync_batch_norm", "--deterministic",
-                      "--cpu_logical_devices=2"]
+    common = SMALL + ["--model=small_cnn", "--train_steps=8", "--steps_per_loop=4", "--sync_batch_norm",
+                      "--deterministic", "--cpu_logical_devices=2"]
     run_train(*common, "--distribution_strategy=one_device", f"--model_dir={tmp_path / 'one'}")
     mirrored = run_train(*common, "--distribution_strategy=mirrored", f"--model_dir={tmp_path / 'two'}")
     assert "strategy=mirrored replicas=2" in mirrored.output
