@@ -159,6 +159,12 @@ class Config:
 
     # -- derived values -----------------------------------------------------
     @property
+    def batches_per_step(self) -> int:
+        """Global batches of the train split one optimizer step reads: a GAN's critic takes a fresh real
+        batch for each of its --n_critic updates (as in WGAN-GP), a classifier one."""
+        return self.n_critic if self.task == "gan" else 1
+
+    @property
     def compute_dtype(self) -> str:
         return {"float32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}[self.precision]
 

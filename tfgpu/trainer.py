@@ -90,6 +90,7 @@ class Trainer:
         self.chief = placement.is_chief
         self.history = History(self.model_dir, self.chief)
         self._preempt_requested = False
+        self._examples_per_step = config.global_batch_size * config.batches_per_step  # train examples read
 
     # -- setup ---------------------------------------------------------------
     def _build(self):
@@ -102,12 +103,15 @@ class Trainer:
         self.checkpointer = checkpoint_lib.Checkpointer(
             self.model_dir, self.placement, self.task.checkpoint_items(), self.step, self.config.keep_checkpoints)
 
-        self._train_loop = self._loop(self.task.train_step, self.train_sums, self.step)
+        self._train_loop = self._loop(self.task.train_step, self.train_sums, self.step,
+                                      self.config.batches_per_step)
         self._eval_loop = self._loop(self.task.eval_step, self.eval_sums)
 
-    def _loop(self, step_fn, sums: dict, counter=None):
+    def _loop(self, step_fn, sums: dict, counter=None, batches_per_step: int = 1):
         """A tf.function running ``num_steps`` replica steps of ``step_fn`` in one host call, adding each
-        step's metric shares to ``sums`` (and 1 to ``counter``)."""
+        step's metric shares to ``sums`` (and 1 to ``counter``). With ``batches_per_step`` > 1 a step gets a
+        tuple of that many consecutive batches, so every replica holds its rows of the same global batches
+        as one device would."""
 
         def replica_step(batch):
             for name, value in step_fn(batch).items():
@@ -116,7 +120,9 @@ class Trainer:
         @tf.function
         def loop(iterator, num_steps):
             for _ in tf.range(num_steps):
-                self.strategy.run(replica_step, args=(next(iterator),))
+                batch = next(iterator) if batches_per_step == 1 else \
+                    tuple(next(iterator) for _ in range(batches_per_step))
+                self.strategy.run(replica_step, args=(batch,))
                 if counter is not None:
                     counter.assign_add(1)
 
@@ -162,7 +168,7 @@ class Trainer:
                 total += strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
             return total
 
-        def rate(fn, iterator):
+        def rate(fn, iterator, examples_per_iteration):
             fn(iterator, tf.constant(3, tf.int64))  # warm up: tracing, buffers, first files
             started = time.perf_counter()
             result = fn(iterator, tf.constant(batches, tf.int64))
@@ -170,15 +176,16 @@ class Trainer:
                 self._read_and_reset(self.train_sums)
             else:
                 result.numpy()
-            return batches * config.global_batch_size / (time.perf_counter() - started)
+            return batches * examples_per_iteration / (time.perf_counter() - started)
 
-        input_rate = rate(drain, iter(strategy.distribute_datasets_from_function(dataset_fn)))
+        input_rate = rate(drain, iter(strategy.distribute_datasets_from_function(dataset_fn)),
+                          config.global_batch_size)
         snapshot = tf.train.Checkpoint(step=self.step, **self.task.checkpoint_items())
         with tempfile.TemporaryDirectory(prefix="tfgpu-profile-") as tmp:
             saved = snapshot.write(os.path.join(tmp, "snapshot"))
             one_batch = strategy.distribute_datasets_from_function(
                 lambda ctx: dataset_fn(ctx).take(1).cache().repeat())
-            compute_rate = rate(self._train_loop, iter(one_batch))
+            compute_rate = rate(self._train_loop, iter(one_batch), self._examples_per_step)
             snapshot.read(saved).assert_consumed()
         self._read_and_reset(self.train_sums)
         return {"input_examples_per_sec": input_rate, "compute_examples_per_sec": compute_rate}
@@ -321,7 +328,7 @@ class Trainer:
                     values["nonfinite_steps"] = int(round(nonfinite))
                     values.update(self.task.learning_rates())
                     values.update(self.task.loss_scales())
-                    values["examples_per_sec"] = num_steps * config.global_batch_size / elapsed
+                    values["examples_per_sec"] = num_steps * self._examples_per_step / elapsed
                     values["step_time_ms"] = 1000 * elapsed / num_steps
                     if not first_loop:  # the first loop includes tracing and compilation
                         rates.append(values["examples_per_sec"])

@@ -53,6 +53,12 @@ def _batch(n=8, seed=0):
     return (tf.constant(rng.uniform(-1, 1, (n, 8, 8, 1)), tf.float32), tf.constant(rng.integers(0, 10, n)))
 
 
+def _step_batches(task, seed=0):
+    """What the trainer hands one train step: a real batch per critic update."""
+    batches = tuple(_batch(seed=seed * 100 + k) for k in range(task.config.n_critic))
+    return batches if len(batches) > 1 else batches[0]
+
+
 def _values(variables):
     return [v.numpy().copy() for v in variables]
 
@@ -104,13 +110,26 @@ def test_both_loss_scales_back_off_on_overflow_and_grow_again(make_task):
 ])
 def test_penalties_conditioning_and_diffaugment_train_finitely(make_task, model, options):
     task, step = make_task(model=model, **options)
-    out = [step(_batch(seed=i)) for i in range(3)]
+    out = [step(_step_batches(task, seed=i)) for i in range(3)]
     assert set(out[-1]) == set(task.train_metric_names)
     for metrics in out:
         assert all(np.isfinite(float(v)) for v in metrics.values())
         assert float(metrics["nonfinite_steps"]) == 0
     penalty = "gradient_penalty" if "gradient_penalty" in options else "r1_penalty"
     assert float(out[0][penalty]) > 0
+
+
+def test_each_critic_update_learns_from_its_own_real_batch(make_task):
+    """With --n_critic=2 the second critic update sees the second real batch: feeding (A, B) and (A, A) from the
+    same start ends with different critics, and the run reads two batches of the train split per step."""
+    critics = []
+    for second in (1, 0):
+        task, step = make_task(model="wgan_gp", gan_loss="wasserstein", gradient_penalty=10.0, n_critic=2)
+        assert task.config.batches_per_step == 2
+        assert pipeline.steps_per_epoch(task.config, task.info) == task.info.num_train_examples / (2 * 8)
+        step((_batch(seed=0), _batch(seed=second)))
+        critics.append(_values(task.discriminator.trainable_weights))
+    assert any(not np.allclose(a, b) for a, b in zip(*critics))
 
 
 def test_latents_differ_between_replicas_but_follow_the_global_batch(make_task):

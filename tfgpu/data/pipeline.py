@@ -236,7 +236,7 @@ def train_dataset_fn(config: Config, info: DatasetInfo, start_step: int):
         if epoch_size < per_replica:
             raise ConfigError("global_batch_size", f"{config.global_batch_size} is larger than the "
                               f"{info.num_train_examples} examples of split {info.train_split!r}")
-        consumed = start_step * replicas_here * per_replica
+        consumed = start_step * config.batches_per_step * replicas_here * per_replica
         start_epoch, offset = divmod(consumed, epoch_size)
         seed = config.seed * 1_000_003 + ctx.input_pipeline_id
 
@@ -341,7 +341,7 @@ def eval_dataset_fn(config: Config, info: DatasetInfo, steps: int):
 
 
 def steps_per_epoch(config: Config, info: DatasetInfo) -> float:
-    return info.num_train_examples / config.global_batch_size
+    return info.num_train_examples / (config.global_batch_size * config.batches_per_step)
 
 
 def resolve_train_steps(config: Config, info: DatasetInfo) -> int:

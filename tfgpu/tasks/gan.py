@@ -1,8 +1,9 @@
 """GAN training: a generator and a discriminator, two optimizers, one replica step.
 
-One ``train_step`` is ``--n_critic`` discriminator updates followed by one
-generator update, unrolled in Python (``optimizer.apply`` cannot run inside a
-``tf.cond`` in replica context). Every loss is summed over the replica's
+One ``train_step`` is ``--n_critic`` discriminator updates, each on a fresh
+real batch (the trainer hands the step ``n_critic`` consecutive batches),
+followed by one generator update, unrolled in Python (``optimizer.apply``
+cannot run inside a ``tf.cond`` in replica context). Every loss is summed over the replica's
 examples and divided by the global batch, so the optimizers' all-reduce (a sum)
 gives the gradient of the global batch mean on any number of replicas.
 
@@ -244,10 +245,8 @@ class GanTask(Task):
 
     def train_step(self, batch):
         config = self.config
-        images, labels = batch
-        images = tf.cast(images, tf.float32)
-        labels = tf.cast(labels, tf.int32)
-        per_replica = images.shape[0]
+        real_batches = batch if config.n_critic > 1 else (batch,)  # one per critic update
+        per_replica = real_batches[0][0].shape[0]
         replica = tf.distribute.get_replica_context().replica_id_in_sync_group
         offset = tf.cast(replica, tf.int32) * per_replica
         totals = {name: tf.constant(0.0) for name in self.train_metric_names if name not in ("g_loss",
@@ -257,8 +256,9 @@ class GanTask(Task):
         state = self.generator.non_trainable_weights + self.discriminator.non_trainable_weights
         saved = [tf.identity(w.value) for w in state]
         all_finite = tf.constant(True)
-        for k in range(config.n_critic):  # unrolled: each update is its own optimizer.apply
-            metrics, finite = self._discriminator_step(images, labels, self._seed(1, k), offset)
+        for k, (images, labels) in enumerate(real_batches):  # unrolled: each update is its own optimizer.apply
+            metrics, finite = self._discriminator_step(tf.cast(images, tf.float32), tf.cast(labels, tf.int32),
+                                                       self._seed(1, k), offset)
             totals = {name: totals[name] + metrics[name] / config.n_critic for name in totals}
             all_finite = tf.logical_and(all_finite, finite)
         g_loss, finite = self._generator_step(self._seed(2), offset, per_replica)
