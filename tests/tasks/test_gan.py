@@ -190,13 +190,15 @@ def _one_device_and_mirrored(run_train, tmp_path, args):
 
 
 @pytest.mark.slow
-def test_mirrored_float32_matches_one_device_exactly_up_to_summation_order(run_train, tmp_path):
-    """SNGAN (spectral-norm state on each replica; the generator's BN synchronized), DiffAugment and 2 critic
-    steps per generator step on 2 logical CPU replicas: per-replica latents/augmentations are rows of the global batch's, so every variable
-    (weights, Adam moments, EMA, power-iteration vectors) matches one device to float32 summation order."""
-    one, two, w1, w2 = _one_device_and_mirrored(run_train, tmp_path, [
-        "--model=sngan", "--gan_loss=hinge", "--diffaugment=color,translation,cutout", "--n_critic=2",
-        "--train_steps=4", "--sync_batch_norm"])
+@pytest.mark.parametrize("model", [["--model=sngan", "--gan_loss=hinge"], ["--model=dcgan"]])
+def test_mirrored_float32_matches_one_device_exactly_up_to_summation_order(run_train, tmp_path, model):
+    """SNGAN (spectral-norm state on each replica; the generator's BN synchronized) or DCGAN (BN in both
+    networks, synchronized), DiffAugment and 2 critic steps per generator step, each on its own real batch, on 2
+    logical CPU replicas: per-replica real rows, latents and augmentations are rows of the global batch's, so
+    every variable (weights, Adam moments, EMA, BN statistics, power-iteration vectors) matches one device to
+    float32 summation order."""
+    one, two, w1, w2 = _one_device_and_mirrored(run_train, tmp_path, model + [
+        "--diffaugment=color,translation,cutout", "--n_critic=2", "--train_steps=4", "--sync_batch_norm"])
     for key in ("d_loss", "g_loss", "d_real", "d_fake"):
         np.testing.assert_allclose([r[key] for r in two], [r[key] for r in one], rtol=1e-4, atol=1e-5, err_msg=key)
     assert any("sn_u" in k or "ema" in k for k in w1)
