@@ -1,4 +1,4 @@
-"""The training loop under each strategy: agreement across replicas, exact resume, preemption, quickstart."""
+"""The training loop under each strategy: agreement across replicas, exact resume, preemption, lost peers, quickstart."""
 import os
 import signal
 import subprocess
@@ -125,3 +125,38 @@ def test_profile_input_reports_wait_share_and_leaves_training_unchanged(run_trai
     plain, profiled = _model_weights(tmp_path / "plain"), _model_weights(tmp_path / "profiled")
     for name in plain:
         np.testing.assert_array_equal(profiled[name], plain[name], err_msg=name)
+
+
+def test_a_peer_lost_outside_the_train_loop_is_reported_as_worker_lost(tmp_path, data_cache):
+    """A worker killed while the survivor is between loops (the preemption vote, a checkpoint, an eval) must
+    exit like one killed mid-loop: WorkerLost (exit 129, what --max_restarts acts on), naming the last
+    finished step and the checkpoint to resume from; not a raw TensorFlow traceback (exit 1)."""
+    import dataclasses
+
+    import keras
+    import tensorflow as tf
+
+    from tfgpu import experiment, trainer
+    from tfgpu.config import Config
+
+    config = Config(model_dir=str(tmp_path), dataset="digits", data_cache_dir=data_cache, model="small_cnn",
+                    global_batch_size=64, train_steps=8, steps_per_loop=2, checkpoint_every_steps=2,
+                    eval_split="none", tensorboard=False, verbose=0)
+    built = experiment.setup(config)
+    run = built.trainer
+    run.placement = dataclasses.replace(run.placement, num_workers=2)  # what a survivor of two sees
+    votes = []
+
+    def vote_after_the_peer_died():
+        votes.append(run.step.numpy())
+        if len(votes) == 2:
+            raise tf.errors.UnavailableError(None, None, "Collective ops is aborted by: task 1 stopped heartbeats")
+        return False
+
+    run._any_worker_preempted = vote_after_the_peer_died
+    try:
+        with pytest.raises(trainer.WorkerLost, match=r"worker 0: a collective failed after step 4 .*aborted by.*"
+                           r"Last checkpoint: .*ckpt-2; rerun the same launch"):
+            run.train()
+    finally:
+        keras.backend.clear_session()
