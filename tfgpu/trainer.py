@@ -216,7 +216,7 @@ class Trainer:
     def _worker_lost(self, error: Exception) -> "WorkerLost":
         """Any collective (train loop, metric read, preemption vote, checkpoint, eval) fails the same way when
         a peer is gone: one message naming this worker, the last step it finished and the checkpoint to resume."""
-        last = tf.train.latest_checkpoint(self.checkpointer.real_dir)
+        last = tf.train.latest_checkpoint(checkpoint_lib.checkpoint_dir(self.model_dir))
         return WorkerLost(
             f"worker {self.placement.worker_index}: a collective failed after step {self._steps_done} "
             f"({type(error).__name__}: {_cause(error)}); another worker died, hung or became unreachable. "
@@ -281,18 +281,19 @@ class Trainer:
 
     def train(self) -> dict:
         """Trains to ``total_steps`` (resuming from the latest checkpoint) and returns the final metrics."""
-        start_step = self.restore()
-        previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
-        self._steps_done = start_step
+        self._steps_done = 0
         try:
-            return self._train_from(start_step)
+            start_step = self._steps_done = self.restore()  # restoring broadcasts variables: a collective too
+            previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+            try:
+                return self._train_from(start_step)
+            finally:
+                signal.signal(signal.SIGTERM, previous_handler)
+                self.checkpointer.close()
         except _PEER_ERRORS as e:
             if self.placement.num_workers == 1:
                 raise
             raise self._worker_lost(e) from None
-        finally:
-            signal.signal(signal.SIGTERM, previous_handler)
-            self.checkpointer.close()
 
     def _train_from(self, start_step: int) -> dict:
         config = self.config
