@@ -245,7 +245,7 @@ class GanTask(Task):
 
     def train_step(self, batch):
         config = self.config
-        real_batches = batch if config.n_critic > 1 else (batch,)  # one per critic update
+        real_batches = batch if config.batches_per_step > 1 else (batch,)  # one per critic update (trainer._loop)
         per_replica = real_batches[0][0].shape[0]
         replica = tf.distribute.get_replica_context().replica_id_in_sync_group
         offset = tf.cast(replica, tf.int32) * per_replica
