@@ -165,6 +165,11 @@ class Config:
         return self.n_critic if self.task == "gan" else 1
 
     @property
+    def examples_per_step(self) -> int:
+        """Train examples one optimizer step reads over all replicas."""
+        return self.global_batch_size * self.batches_per_step
+
+    @property
     def compute_dtype(self) -> str:
         return {"float32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}[self.precision]
 

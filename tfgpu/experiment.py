@@ -76,7 +76,7 @@ def setup(config: Config, write_config: bool = True) -> Setup:
     log.info("data: %s %s train=%d eval=%s(%d) classes=%d; %d steps of %d examples (%.2f epochs)", info.name,
              info.image_shape, info.num_train_examples, info.eval_split or "none",
              info.split_sizes.get(info.eval_split, 0), info.num_classes, total_steps,
-             config.global_batch_size * config.batches_per_step, total_steps / pipeline.steps_per_epoch(config, info))
+             config.examples_per_step, total_steps / pipeline.steps_per_epoch(config, info))
     if placement.is_chief and write_config:
         save_yaml(config, os.path.join(config.model_dir, "config.yaml"))
     precision.set_policy(config.precision)

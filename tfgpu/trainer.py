@@ -90,7 +90,6 @@ class Trainer:
         self.chief = placement.is_chief
         self.history = History(self.model_dir, self.chief)
         self._preempt_requested = False
-        self._examples_per_step = config.global_batch_size * config.batches_per_step  # train examples read
 
     # -- setup ---------------------------------------------------------------
     def _build(self):
@@ -185,7 +184,7 @@ class Trainer:
             saved = snapshot.write(os.path.join(tmp, "snapshot"))
             one_batch = strategy.distribute_datasets_from_function(
                 lambda ctx: dataset_fn(ctx).take(1).cache().repeat())
-            compute_rate = rate(self._train_loop, iter(one_batch), self._examples_per_step)
+            compute_rate = rate(self._train_loop, iter(one_batch), self.config.examples_per_step)
             snapshot.read(saved).assert_consumed()
         self._read_and_reset(self.train_sums)
         return {"input_examples_per_sec": input_rate, "compute_examples_per_sec": compute_rate}
@@ -329,7 +328,7 @@ class Trainer:
                     values["nonfinite_steps"] = int(round(nonfinite))
                     values.update(self.task.learning_rates())
                     values.update(self.task.loss_scales())
-                    values["examples_per_sec"] = num_steps * self._examples_per_step / elapsed
+                    values["examples_per_sec"] = num_steps * self.config.examples_per_step / elapsed
                     values["step_time_ms"] = 1000 * elapsed / num_steps
                     if not first_loop:  # the first loop includes tracing and compilation
                         rates.append(values["examples_per_sec"])

@@ -341,7 +341,7 @@ def eval_dataset_fn(config: Config, info: DatasetInfo, steps: int):
 
 
 def steps_per_epoch(config: Config, info: DatasetInfo) -> float:
-    return info.num_train_examples / (config.global_batch_size * config.batches_per_step)
+    return info.num_train_examples / config.examples_per_step
 
 
 def resolve_train_steps(config: Config, info: DatasetInfo) -> int:

@@ -3,9 +3,10 @@
 One ``train_step`` is ``--n_critic`` discriminator updates, each on a fresh
 real batch (the trainer hands the step ``n_critic`` consecutive batches),
 followed by one generator update, unrolled in Python (``optimizer.apply``
-cannot run inside a ``tf.cond`` in replica context). Every loss is summed over the replica's
-examples and divided by the global batch, so the optimizers' all-reduce (a sum)
-gives the gradient of the global batch mean on any number of replicas.
+cannot run inside a ``tf.cond`` in replica context). Every loss is summed
+over the replica's examples and divided by the global batch, so the
+optimizers' all-reduce (a sum) gives the gradient of the global batch mean on
+any number of replicas.
 
 Randomness is stateless: latents, fake labels, DiffAugment and gradient-penalty
 mixing weights are drawn for the *global* batch from a seed of (--seed, step,
