@@ -1,16 +1,20 @@
 """tfgpu.cluster: TF_CONFIG and Slurm environments → one cluster description and a ClusterResolver."""
 import json
 import os
+import re
 import socket
 import stat
 import subprocess
 import sys
 
+import hypothesis
+import hypothesis.strategies as st
 import portpicker
 import pytest
 
 from tests.conftest import REPO, read_metrics
 from tfgpu import cluster
+from tfgpu.config import ConfigError
 
 # The environment `srun` gave task 1 of a 2-node, 1-task-per-node step (sbatch --nodes=2 --ntasks-per-node=1),
 # trimmed to the SLURM_* variables plus the ones Slurm exports alongside them.
@@ -94,6 +98,21 @@ def test_chief_plus_workers():
      "lists of 'host:port' strings"),
     (json.dumps({"cluster": {"worker": ["a:1"], "ps": ["p:1"]}, "task": {"type": "worker", "index": 0}}),
      "parameter-server clusters are not supported"),
+    (json.dumps({"cluster": {"worker": ["a:1", "a:1"]}, "task": {"type": "worker", "index": 0}}),
+     "gives address a:1 to both worker 0 and worker 1"),
+    (json.dumps({"cluster": {"chief": ["a:1"], "worker": ["a:1"]}, "task": {"type": "worker", "index": 0}}),
+     "gives address a:1 to both chief 0 and worker 0"),
+    (json.dumps({"cluster": {"master": ["a:1"], "worker": ["b:1"]}, "task": {"type": "worker", "index": 0}}),
+     "task type 'master'; tfgpu knows chief, worker, evaluator, ps"),
+    (json.dumps({"cluster": {"worker": ["a:1", "b:1"], "evaluator": ["e:1"]}, "task": {"type": "evaluator",
+                                                                                      "index": 0}}),
+     "this process the evaluator task 0: tfgpu.train runs chief and worker tasks only"),
+    (json.dumps({"cluster": TWO_WORKERS, "task": {"type": ["worker"], "index": 0}}), "task type ['worker'] is not"),
+    (json.dumps({"cluster": TWO_WORKERS, "task": {"type": "worker", "index": True}}), "out of range"),
+    (json.dumps({"cluster": TWO_WORKERS, "task": {"type": "worker", "index": 0}, "rpc_layer": 1}),
+     "'rpc_layer' must be a string"),
+    # A one-task cluster trains alone, but only if it describes this process.
+    (json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 1}}), "out of range"),
 ])
 def test_malformed_tf_config_is_a_clear_error(raw, message):
     for source in ("auto", "tf_config"):
@@ -101,6 +120,44 @@ def test_malformed_tf_config_is_a_clear_error(raw, message):
             cluster.resolve_cluster(source, {"TF_CONFIG": raw})
         assert message in str(e.value)
         assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("strategy", ["mirrored", "one_device"])
+def test_single_worker_strategy_in_a_cluster_of_several_is_refused(strategy):
+    with pytest.raises(ConfigError) as e:
+        cluster.resolve_for_run("auto", strategy, _tf_config(TWO_WORKERS, index=1))
+    assert str(e.value) == (
+        f"--distribution_strategy: {strategy} trains this process on its own, but TF_CONFIG describes 2 workers "
+        "(this is worker 1): they would train 2 independent models into one --model_dir; pass "
+        "--distribution_strategy=multi_worker_mirrored (or auto), or unset TF_CONFIG to train one worker alone")
+    with pytest.raises(ConfigError, match=r"but Slurm \(SLURM_STEP_NUM_TASKS=2\) describes 2 workers .*srun "
+                                          r"--ntasks=1"):
+        cluster.resolve_for_run("auto", strategy, RECORDED_SRUN_TASK1)
+    for fine in ("auto", "multi_worker_mirrored"):
+        assert cluster.resolve_for_run("auto", fine, RECORDED_SRUN_TASK1)["num_workers"] == 2
+    assert cluster.resolve_for_run("auto", strategy, {}) is None  # alone: any strategy
+    # A chief plus an evaluator is one training worker: mirrored on the chief is fine.
+    spec = {"chief": ["c:1"], "evaluator": ["e:1"]}
+    assert cluster.resolve_for_run("auto", strategy, _tf_config(spec, "chief", 0))["num_workers"] == 1
+
+
+def test_a_source_that_says_alone_while_the_other_starts_several_copies_is_refused():
+    with pytest.raises(ConfigError, match=r"^--cluster: --cluster=tf_config trains this process alone, but Slurm "
+                                          r"\(SLURM_STEP_NUM_TASKS=2\) starts it as worker 1 of 2 workers.*pass "
+                                          r"--cluster=slurm \(or auto\)"):
+        cluster.resolve_for_run("tf_config", "auto", RECORDED_SRUN_TASK1)
+    one_task_job = {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "1", **_tf_config(TWO_WORKERS, index=0)}
+    with pytest.raises(ConfigError, match="--cluster=slurm trains this process alone, but TF_CONFIG starts it as "
+                                          "worker 0 of 2 workers"):
+        cluster.resolve_for_run("slurm", "auto", one_task_job)
+    # The batch script of a multi-task job is one process, not several: --cluster=tf_config lets it train alone.
+    batch_script = {k: v for k, v in RECORDED_SRUN_TASK1.items() if not k.startswith(("SLURM_STEP", "SLURM_STEPID"))}
+    assert cluster.resolve_for_run("tf_config", "auto", batch_script) is None
+
+
+def test_inconsistent_cluster_errors_name_the_flag():
+    with pytest.raises(ConfigError, match="^--cluster: TF_CONFIG is not valid JSON"):
+        cluster.resolve_for_run("auto", "auto", {"TF_CONFIG": "{"})
 
 
 def test_unknown_source():
@@ -126,7 +183,7 @@ def test_tf_config_wins_over_slurm_in_auto():
 
 
 def test_slurm_one_task_per_gpu_gives_consecutive_ports_per_node():
-    env = {**RECORDED_SRUN_TASK1, "SLURM_NTASKS": "8", "SLURM_STEP_NUM_TASKS": "8", "SLURM_PROCID": "5",
+    env = {**RECORDED_SRUN_TASK1, "SLURM_NTASKS": "8", "SLURM_STEP_NUM_TASKS": "8", "SLURM_PROCID": "5", "SLURM_LOCALID": "1",
            "SLURM_STEP_TASKS_PER_NODE": "4(x2)", "SLURM_TASKS_PER_NODE": "4(x2)", "TFGPU_SLURM_PORT_BASE": "23000"}
     desc = cluster.resolve_cluster("slurm", env)
     assert desc["cluster_spec"]["worker"] == [f"node0{n}:{23000 + i}" for n in (1, 2) for i in range(4)]
@@ -160,8 +217,72 @@ def test_slurm_errors():
         cluster.resolve_cluster("slurm", {**RECORDED_SRUN_TASK1, "SLURM_STEP_TASKS_PER_NODE": "2(x2)"})
     with pytest.raises(ValueError, match="malformed"):
         cluster.resolve_cluster("slurm", {**RECORDED_SRUN_TASK1, "SLURM_STEP_NODELIST": "node[01-"})
+    disagreeing = [
+        ({"SLURM_PROCID": "one"}, "SLURM_PROCID='one' is not a number"),
+        ({"SLURM_STEP_NUM_TASKS": "2x"}, "SLURM_STEP_NUM_TASKS='2x' is not a number"),
+        ({"SLURM_LOCALID": "1"}, "SLURM_LOCALID=1 but block distribution makes task 1 the task 0 of node02"),
+        ({"SLURM_STEP_NODELIST": "node[01,01]"}, "names node01 more than once"),
+        ({"SLURM_STEP_NUM_NODES": "3"}, "SLURM_STEP_NUM_NODES=3 disagrees with SLURM_STEP_NODELIST=node[01-02]"),
+        ({"SLURM_PROCID": "2"}, "SLURM_PROCID=2 is out of range for 2 tasks"),
+    ]
+    for change, message in disagreeing:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            cluster.resolve_cluster("slurm", {**RECORDED_SRUN_TASK1, **change})
     # A single-task Slurm job trains alone.
     assert cluster.resolve_cluster("slurm", {"SLURM_JOB_ID": "1", "SLURM_NTASKS": "1"}) is None
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers(-3, 3) | st.text(max_size=8),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
+                                                                                 max_size=3), max_leaves=8)
+_ADDRESS = st.sampled_from(["a:1", "b:2", "c:3", "a:1 ", "a", ""])
+_TYPE = st.sampled_from(["chief", "worker", "evaluator", "ps", "master"])
+_NEAR_VALID = st.fixed_dictionaries({
+    "cluster": st.dictionaries(_TYPE, st.lists(_ADDRESS, max_size=3), max_size=3),
+    "task": st.fixed_dictionaries({"type": _TYPE | _JSON, "index": st.integers(-1, 3) | _JSON})})
+
+
+@hypothesis.settings(max_examples=150, deadline=None)
+@hypothesis.given(tf_config=_NEAR_VALID | _JSON)
+def test_any_tf_config_is_a_consistent_cluster_or_a_one_line_error(tf_config):
+    """Whatever TF_CONFIG holds, tfgpu either trains alone, trains as a task the cluster really has at an address
+    of its own, or stops with one line: never a traceback, never a process outside its cluster."""
+    try:
+        desc = cluster.resolve_cluster("auto", {"TF_CONFIG": json.dumps(tf_config)})
+    except ValueError as e:
+        assert "\n" not in str(e) and str(e).startswith("TF_CONFIG")
+        return
+    if desc is None:
+        return
+    spec = desc["cluster_spec"]
+    addresses = [a for tasks in spec.values() for a in tasks]
+    assert len(addresses) == len(set(addresses))
+    assert desc["task_type"] in ("chief", "worker") and 0 <= desc["task_id"] < len(spec[desc["task_type"]])
+    assert desc["num_workers"] == len(spec.get("chief", [])) + len(spec.get("worker", [])) >= 1
+    assert 0 <= desc["worker_index"] < desc["num_workers"]
+
+
+@hypothesis.settings(max_examples=200, deadline=None)
+@hypothesis.given(per_node=st.lists(st.integers(0, 3), min_size=1, max_size=4), rank=st.integers(-1, 12),
+                  local=st.integers(-1, 4), node=st.integers(0, 4))
+def test_any_slurm_step_gives_each_task_its_own_address_or_a_one_line_error(per_node, rank, local, node):
+    hosts = [f"n{i}" for i in range(len(per_node))]
+    env = {**RECORDED_SRUN_TASK1, "SLURM_STEP_NODELIST": ",".join(hosts), "SLURM_STEP_NUM_NODES": str(len(hosts)),
+           "SLURM_STEP_TASKS_PER_NODE": ",".join(map(str, per_node)), "SLURM_STEP_NUM_TASKS": str(sum(per_node)),
+           "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(local), "SLURMD_NODENAME": f"n{node}"}
+    try:
+        desc = cluster.resolve_cluster("slurm", env)
+    except ValueError as e:
+        assert "\n" not in str(e)
+        return
+    if desc is None:
+        assert sum(per_node) <= 1
+        return
+    addresses = desc["cluster_spec"]["worker"]
+    assert len(addresses) == len(set(addresses)) == sum(per_node)
+    mine = addresses[rank]
+    assert mine.startswith(f"n{node}:")  # this task's address is on the node it runs on
+    assert rank - sum(per_node[:node]) == local  # and is its local_rank-th task there
 
 
 def test_expand_hostlist():

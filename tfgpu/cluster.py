@@ -5,6 +5,9 @@ rest of tfgpu (``distribute.py``, ``keras_fit.py``) and the logs can use; it has
 no side effects. ``make_cluster_resolver`` turns that dict into the
 ``ClusterResolver`` that ``MultiWorkerMirroredStrategy`` takes. Malformed
 environments raise ``ValueError`` with a one-line message naming the variable.
+``resolve_for_run`` adds what a training run needs on top: the strategy and the
+cluster source must agree with the environment, so that N processes never train
+as N independent chiefs writing into one model_dir.
 
 A description looks like::
 
@@ -15,9 +18,15 @@ import json
 import os
 import re
 
+from tfgpu.config import ConfigError
+
 SOURCES = ("auto", "tf_config", "slurm")
 # Task types that run training steps; "ps" and "evaluator" tasks take no part in MWMS collectives.
 TRAINING_TASK_TYPES = ("chief", "worker")
+# Every task type a TF_CONFIG may name: evaluators are tolerated (and ignored), ps is refused with its own message.
+KNOWN_TASK_TYPES = TRAINING_TASK_TYPES + ("evaluator", "ps")
+# Strategies that train this process on its own, whatever the cluster says.
+SINGLE_WORKER_STRATEGIES = ("one_device", "mirrored")
 
 
 def resolve_cluster(source: str = "auto", environ=None):
@@ -39,6 +48,60 @@ def resolve_cluster(source: str = "auto", environ=None):
     if environ.get("SLURM_JOB_ID") and _slurm_num_tasks(environ) > 1:
         return _from_slurm(environ, required=False)
     return None
+
+
+def resolve_for_run(source: str, distribution_strategy: str, environ=None):
+    """``resolve_cluster`` for a training run: the description, or ConfigError naming the flag to change.
+
+    Refuses the two ways several processes end up training as independent chiefs into one model_dir: a
+    single-worker strategy (``one_device``, ``mirrored``) in a cluster of several workers, and a ``--cluster``
+    source that says "alone" while the other source starts this process as one of several. Needs no TensorFlow,
+    so it runs before any device or data work."""
+    environ = os.environ if environ is None else environ
+    try:
+        desc = resolve_cluster(source, environ)
+    except ValueError as e:
+        raise ConfigError("cluster", str(e)) from None
+    if desc is not None and desc["num_workers"] > 1 and distribution_strategy in SINGLE_WORKER_STRATEGIES:
+        raise ConfigError("distribution_strategy", (
+            f"{distribution_strategy} trains this process on its own, but {_describer(desc, environ)} describes "
+            f"{desc['num_workers']} workers (this is {desc['task_type']} {desc['task_id']}): they would train "
+            f"{desc['num_workers']} independent models into one --model_dir; pass "
+            f"--distribution_strategy=multi_worker_mirrored (or auto), or {_how_to_train_alone(desc)}"))
+    if desc is None and source in ("tf_config", "slurm"):
+        other = _other_source(source, environ)
+        if other is not None and other["num_workers"] > 1:
+            raise ConfigError("cluster", (
+                f"--cluster={source} trains this process alone, but {_describer(other, environ)} starts it as "
+                f"{other['task_type']} {other['task_id']} of {other['num_workers']} workers: they would train "
+                f"{other['num_workers']} independent models into one --model_dir; pass "
+                f"--cluster={other['source']} (or auto), or {_how_to_train_alone(other)}"))
+    return desc
+
+
+def _describer(desc, environ) -> str:
+    """The environment variable that says how many workers there are, for error messages."""
+    if desc["source"] == "tf_config":
+        return "TF_CONFIG"
+    name = next((n for n in _SLURM_NUM_TASKS_VARS if environ.get(n)), _SLURM_NUM_TASKS_VARS[0])
+    return f"Slurm ({name}={environ.get(name, '?')})"
+
+
+def _how_to_train_alone(desc) -> str:
+    if desc["source"] == "tf_config":
+        return "unset TF_CONFIG to train one worker alone"
+    return "start a single Slurm task (srun --ntasks=1) to train one worker alone"
+
+
+def _other_source(source: str, environ):
+    """What the source not chosen would describe; None when it describes nothing usable."""
+    other = "slurm" if source == "tf_config" else "tf_config"
+    if other == "slurm" and not environ.get("SLURM_JOB_ID"):
+        return None
+    try:
+        return resolve_cluster(other, environ)
+    except ValueError:  # e.g. a multi-task batch script outside srun: one process, not several
+        return None
 
 
 def is_chief(desc) -> bool:
@@ -117,19 +180,33 @@ def _from_tf_config(environ):
             isinstance(v, list) and all(isinstance(a, str) and a for a in v) for v in cluster_spec.values()):
         raise ValueError(f"TF_CONFIG 'cluster' must map task types to lists of 'host:port' strings, "
                          f"got {json.dumps(cluster_spec)[:200]}")
+    unknown = [t for t in cluster_spec if t not in KNOWN_TASK_TYPES]
+    if unknown:
+        raise ValueError(f"TF_CONFIG cluster has task type {unknown[0]!r}; tfgpu knows "
+                         f"{', '.join(KNOWN_TASK_TYPES)} (MultiWorkerMirroredStrategy trains chief and worker tasks)")
+    seen = {}
     for task_type, addresses in cluster_spec.items():
-        for address in addresses:
+        for index, address in enumerate(addresses):
             if not re.fullmatch(r"\S+:\d{1,5}", address):
                 raise ValueError(f"TF_CONFIG cluster.{task_type} address {address!r} is not 'host:port'")
+            if address in seen:
+                raise ValueError(f"TF_CONFIG gives address {address} to both {seen[address]} and "
+                                 f"{task_type} {index}: each task needs its own host:port")
+            seen[address] = f"{task_type} {index}"
+    rpc_layer = tf_config.get("rpc_layer")
+    if rpc_layer is not None and not isinstance(rpc_layer, str):
+        raise ValueError(f"TF_CONFIG 'rpc_layer' must be a string such as \"grpc\", got {json.dumps(rpc_layer)}")
     num_tasks = sum(len(v) for v in cluster_spec.values())
-    if num_tasks <= 1:
-        return None  # a one-task cluster trains alone
+    if num_tasks == 0:
+        return None  # no cluster at all
     task = tf_config.get("task")
+    if task is None and num_tasks == 1:
+        return None  # a one-task cluster trains alone
     if not isinstance(task, dict) or "type" not in task or "index" not in task:
         raise ValueError(f"TF_CONFIG needs 'task': {{'type': ..., 'index': ...}} for a cluster of {num_tasks} tasks, "
                          f"got {json.dumps(task)}")
     task_type, task_id = task["type"], task["index"]
-    if task_type not in cluster_spec:
+    if not isinstance(task_type, str) or task_type not in cluster_spec:
         raise ValueError(f"TF_CONFIG task type {task_type!r} is not in the cluster ({', '.join(cluster_spec)})")
     if isinstance(task_id, str) and task_id.isdigit():
         task_id = int(task_id)
@@ -137,6 +214,12 @@ def _from_tf_config(environ):
         raise ValueError(f"TF_CONFIG task index {task['index']!r} is out of range: cluster has "
                          f"{len(cluster_spec[task_type])} {task_type} task(s), valid indices 0.."
                          f"{len(cluster_spec[task_type]) - 1}")
+    if task_type not in TRAINING_TASK_TYPES:
+        hint = " (evaluate a run's checkpoints with python -m tfgpu.evaluate)" if task_type == "evaluator" else ""
+        raise ValueError(f"TF_CONFIG makes this process the {task_type} task {task_id}: tfgpu.train runs chief and "
+                         f"worker tasks only{hint}")
+    if num_tasks == 1:
+        return None  # a one-task cluster trains alone
     if not any(cluster_spec.get(t) for t in TRAINING_TASK_TYPES):
         raise ValueError(f"TF_CONFIG cluster has no chief or worker tasks: {', '.join(cluster_spec)}")
     if cluster_spec.get("ps"):
@@ -144,17 +227,25 @@ def _from_tf_config(environ):
                          "MultiWorkerMirroredStrategy takes chief and worker tasks")
     if len(cluster_spec.get("chief", ())) > 1:
         raise ValueError(f"TF_CONFIG cluster has {len(cluster_spec['chief'])} chief tasks; at most one is allowed")
-    return _describe(cluster_spec, task_type, task_id, "tf_config", tf_config.get("rpc_layer"))
+    return _describe(cluster_spec, task_type, task_id, "tf_config", rpc_layer)
 
 
 # -- Slurm ----------------------------------------------------------------------------------------------------------
 
+# Where Slurm says how many tasks there are, most specific first (a step may use fewer tasks than its job).
+_SLURM_NUM_TASKS_VARS = ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")
+
+
 def _slurm_num_tasks(environ) -> int:
-    raw = environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS") or environ.get("SLURM_NPROCS") or "1"
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"SLURM_NTASKS={raw!r} is not a number") from None
+    name = next((n for n in _SLURM_NUM_TASKS_VARS if environ.get(n)), None)
+    return 1 if name is None else _slurm_int(environ, name)
+
+
+def _slurm_int(environ, name: str) -> int:
+    raw = environ[name]
+    if not raw.strip().isdigit():
+        raise ValueError(f"{name}={raw!r} is not a number")
+    return int(raw)
 
 
 def _slurm_var(environ, *names):
@@ -177,8 +268,17 @@ def _from_slurm(environ, required: bool):
         raise ValueError(f"the Slurm job has {num_tasks} tasks but this process is not in an srun step: start "
                          "training with `srun python -m tfgpu.train ...` (or pass --cluster=tf_config to train "
                          "alone)")
-    rank = int(_slurm_var(environ, "SLURM_PROCID"))
+    _slurm_var(environ, "SLURM_PROCID")
+    rank = _slurm_int(environ, "SLURM_PROCID")
     hosts = expand_hostlist(_slurm_var(environ, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"))
+    duplicates = sorted({h for h in hosts if hosts.count(h) > 1})
+    if duplicates:
+        raise ValueError(f"Slurm node list names {duplicates[0]} more than once ({','.join(hosts)}): workers on it "
+                         "would share addresses")
+    if environ.get("SLURM_STEP_NODELIST") and environ.get("SLURM_STEP_NUM_NODES"):
+        if _slurm_int(environ, "SLURM_STEP_NUM_NODES") != len(hosts):
+            raise ValueError(f"SLURM_STEP_NUM_NODES={environ['SLURM_STEP_NUM_NODES']} disagrees with "
+                             f"SLURM_STEP_NODELIST={environ['SLURM_STEP_NODELIST']} ({len(hosts)} nodes)")
     tasks_per_node = expand_tasks_per_node(
         _slurm_var(environ, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"))
     if len(tasks_per_node) == 1 and len(hosts) > 1:
@@ -202,6 +302,10 @@ def _from_slurm(environ, required: bool):
     if node and node != owners[rank]:
         raise ValueError(f"Slurm placed task {rank} on {node}, but block distribution puts it on {owners[rank]}: "
                          "run srun with --distribution=block (the default)")
+    local_rank = rank - owners.index(owners[rank])
+    if environ.get("SLURM_LOCALID") and _slurm_int(environ, "SLURM_LOCALID") != local_rank:
+        raise ValueError(f"SLURM_LOCALID={environ['SLURM_LOCALID']} but block distribution makes task {rank} the "
+                         f"task {local_rank} of {owners[rank]}: run srun with --distribution=block (the default)")
     return _describe({"worker": addresses}, "worker", rank, "slurm")
 
 

@@ -55,13 +55,11 @@ def configure_devices(config: Config) -> None:
 
 
 def _cluster(config: Config):
-    """The multi-worker cluster description from tfgpu.cluster, or None for a single worker."""
+    """The multi-worker cluster description from tfgpu.cluster, or None for a single worker; ConfigError when the
+    environment describes this process inconsistently or disagrees with --distribution_strategy."""
     from tfgpu import cluster
 
-    try:
-        return cluster.resolve_cluster(config.cluster)
-    except ValueError as e:
-        raise ConfigError("cluster", str(e)) from None
+    return cluster.resolve_for_run(config.cluster, config.distribution_strategy)
 
 
 def _mirrored_cross_device_ops(alg: str):
