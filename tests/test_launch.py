@@ -11,6 +11,8 @@ import subprocess
 import sys
 import time
 
+import hypothesis
+import hypothesis.strategies as st
 import psutil
 import pytest
 
@@ -26,7 +28,8 @@ task = json.loads(os.environ["TF_CONFIG"])
 index = task["task"]["index"]
 mode = os.environ.get("TINY_MODE", "ok")
 print(f"pid={os.getpid()} index={index} of {len(task['cluster']['worker'])} "
-      f"cluster={','.join(task['cluster']['worker'])} cores={sorted(os.sched_getaffinity(0))} args={sys.argv[1:]}")
+      f"cluster={','.join(task['cluster']['worker'])} cores={sorted(os.sched_getaffinity(0))} args={sys.argv[1:]} "
+      f"gpus={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}")
 if mode == "ok":
     sys.exit(0)
 if mode == "save":
@@ -115,7 +118,7 @@ def test_success_gives_each_worker_its_tf_config_and_prefixed_output(worker_modu
     addresses = clusters.pop().split(",")
     assert len(addresses) == 3 and len({a.split(":")[1] for a in addresses}) == 3
     for i in range(3):
-        assert re.search(rf"^\[worker {i}\] pid=\d+ index={i} of 3 .* args=\['--model_dir=/x', '--train_steps=5'\]$",
+        assert re.search(rf"^\[worker {i}\] pid=\d+ index={i} of 3 .* args=\['--model_dir=/x', '--train_steps=5'\] ",
                          output, re.M), output
     assert "all 3 workers finished" in output
 
@@ -219,6 +222,87 @@ def test_bad_launcher_flags_exit_1_before_starting(worker_module, args, message)
     code, output = _run(worker_module, *args)
     assert code == 1 and f"error: {message}" in output, output
     assert "started" not in output
+
+
+def test_each_worker_gets_its_own_gpus_from_the_launchers_list(worker_module):
+    code, output = _run(worker_module, "--num_workers=2", env={"CUDA_VISIBLE_DEVICES": "2,3,5,7"})
+    assert code == 0, output
+    assert re.search(r"\[worker 0\] .*index=0 .*gpus=2,3$", output, re.M), output
+    assert re.search(r"\[worker 1\] .*index=1 .*gpus=5,7$", output, re.M), output
+    assert "with GPUs 2,3 | 5,7" in output
+
+
+def test_gpus_that_do_not_split_evenly_stop_the_launch_before_any_worker(worker_module, monkeypatch, capsys):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
+    started = []
+    monkeypatch.setattr(launch.subprocess, "Popen", lambda *a, **k: started.append(a))
+    assert launch.main(["--num_workers=2", "--module=tiny_worker"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: --num_workers=2 does not divide the 3 GPUs visible (CUDA_VISIBLE_DEVICES=0,1,2)")
+    assert not started
+
+
+EIGHT = [str(i) for i in range(8)]
+
+
+@pytest.mark.parametrize("workers, per_worker, devices, expected", [
+    (2, -1, EIGHT, ["0,1,2,3", "4,5,6,7"]),
+    (8, -1, EIGHT, EIGHT),
+    (1, -1, ["3"], ["3"]),
+    (3, 2, EIGHT, ["0,1", "2,3", "4,5"]),  # an explicit share may leave GPUs unused
+    (2, 0, EIGHT, ["", ""]),  # CPU workers on a GPU host
+    (2, -1, [], [None, None]),  # no GPU: the environment is left alone
+    (2, -1, ["GPU-a1", "MIG-b2"], ["GPU-a1", "MIG-b2"]),
+])
+def test_gpu_split(workers, per_worker, devices, expected):
+    assert launch.gpu_sets(workers, per_worker, devices) == expected
+
+
+@pytest.mark.parametrize("workers, per_worker, devices, message", [
+    (3, -1, EIGHT, "--num_workers=3 does not divide the 8 GPUs visible (this host): pass --gpus_per_worker=K with "
+                   "K x 3 <= 8, a --num_workers among 1,2,4,8, or --gpus_per_worker=0 for CPU workers"),
+    (2, -1, ["0"], "--num_workers=2 does not divide the 1 GPUs"),
+    (3, 3, EIGHT, "--gpus_per_worker=3 x --num_workers=3 needs 9 GPUs but 8 are visible"),
+    (2, 1, [], "--gpus_per_worker=1 but no GPU is visible"),
+])
+def test_gpu_split_errors_name_the_flags(workers, per_worker, devices, message):
+    with pytest.raises(launch.LaunchError, match=re.escape(message)):
+        launch.gpu_sets(workers, per_worker, devices)
+
+
+@hypothesis.settings(max_examples=200, deadline=None)
+@hypothesis.given(num_gpus=st.integers(0, 16), workers=st.integers(1, 9), per_worker=st.integers(-1, 5))
+def test_gpu_split_never_shares_a_gpu(num_gpus, workers, per_worker):
+    devices = [f"GPU-{i}" for i in range(num_gpus)]
+    try:
+        sets = launch.gpu_sets(workers, per_worker, devices)
+    except launch.LaunchError as e:
+        assert "\n" not in str(e) and "--" in str(e)
+        return
+    assert len(sets) == workers
+    if None in sets:  # nothing to split
+        assert set(sets) == {None} and not devices and per_worker == -1
+        return
+    shares = [s.split(",") if s else [] for s in sets]
+    used = [d for share in shares for d in share]
+    assert len(used) == len(set(used)) and set(used) <= set(devices)  # disjoint, all real
+    assert len({len(share) for share in shares}) == 1  # the same count each
+    if per_worker == -1:
+        assert len(used) == num_gpus  # the default split hands out every GPU
+
+
+def test_visible_devices_and_nvidia_smi_listing():
+    assert launch.parse_visible_devices("0, 2,3") == ["0", "2", "3"]
+    assert launch.parse_visible_devices("1,-1,2") == ["1"]  # CUDA stops at the first invalid index
+    assert launch.parse_visible_devices("") == []
+    with pytest.raises(launch.LaunchError, match="lists GPU 1 twice"):
+        launch.parse_visible_devices("1,0,1")
+    listing = ("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-11111111-2222)\n"
+               "GPU 1: NVIDIA A100-SXM4-40GB (UUID: GPU-33333333-4444)\n"
+               "  MIG 3g.20gb     Device  0: (UUID: MIG-aaaa-bbbb)\n"
+               "  MIG 3g.20gb     Device  1: (UUID: MIG-cccc-dddd)\n")
+    assert launch.parse_nvidia_smi_list(listing) == ["0", "MIG-aaaa-bbbb", "MIG-cccc-dddd"]
+    assert launch.host_gpus({"CUDA_VISIBLE_DEVICES": "4,5"}) == (["4", "5"], "CUDA_VISIBLE_DEVICES=4,5")
 
 
 def test_exit_code_rules():

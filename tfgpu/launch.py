@@ -1,8 +1,8 @@
-"""Entrypoint: ``python -m tfgpu.launch --num_workers=N [--cpu_cores_per_worker=K] -- <train flags>``.
+"""Entrypoint: ``python -m tfgpu.launch --num_workers=N [--gpus_per_worker=G] [launcher flags] -- <train flags>``.
 
 Starts N MultiWorkerMirroredStrategy workers on this host (``python -m tfgpu.train <train flags>``
-each, with free localhost ports and its own TF_CONFIG), prefixes their output with
-``[worker i]``, and supervises them:
+each, with free localhost ports, its own TF_CONFIG and its own share of the host's GPUs in
+CUDA_VISIBLE_DEVICES), prefixes their output with ``[worker i]``, and supervises them:
 
 - all exit 0 → exit 0;
 - one exits non-zero → the others get SIGTERM, then SIGKILL after ``--stop_grace_s``, and
@@ -19,13 +19,15 @@ import collections
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
 
-USAGE = "python -m tfgpu.launch --num_workers=N [--cpu_cores_per_worker=K] [launcher flags] -- <train flags>"
+USAGE = ("python -m tfgpu.launch --num_workers=N [--gpus_per_worker=G] [--cpu_cores_per_worker=K] "
+         "[launcher flags] -- <train flags>")
 PREEMPTED_EXIT_CODE = 143  # what a worker returns after saving on SIGTERM (tfgpu.trainer)
 TIMEOUT_EXIT_CODE = 124  # like coreutils timeout(1)
 CONFIG_ERROR_EXIT_CODE = 1
@@ -44,6 +46,10 @@ class _ArgumentParser(argparse.ArgumentParser):
 def _parser():
     p = _ArgumentParser(prog="tfgpu.launch", usage=USAGE, description=__doc__.split("\n\n")[0])
     p.add_argument("--num_workers", type=int, required=True, help="Worker processes to start on this host.")
+    p.add_argument("--gpus_per_worker", type=int, default=-1,
+                   help="GPUs each worker gets, as its own CUDA_VISIBLE_DEVICES, taken in order from the launcher's "
+                        "CUDA_VISIBLE_DEVICES (else every GPU of the host); -1 = an even split (an error when "
+                        "--num_workers does not divide the GPUs); 0 = no GPU (CPU workers).")
     p.add_argument("--cpu_cores_per_worker", type=int, default=0,
                    help="Pin worker i to cores [i*K, (i+1)*K) of the cores this launcher may use; 0 = no pinning.")
     p.add_argument("--worker_timeout_s", type=float, default=0.0,
@@ -69,6 +75,9 @@ def parse_args(argv):
     args = _parser().parse_args(argv)
     if args.num_workers < 1:
         raise LaunchError(f"--num_workers must be at least 1, got {args.num_workers}")
+    if args.gpus_per_worker < -1:
+        raise LaunchError(f"--gpus_per_worker must be -1 (even split), 0 (no GPU) or positive, got "
+                          f"{args.gpus_per_worker}")
     if args.cpu_cores_per_worker < 0:
         raise LaunchError(f"--cpu_cores_per_worker must be >= 0, got {args.cpu_cores_per_worker}")
     if args.worker_timeout_s < 0 or args.stop_grace_s < 0:
@@ -90,6 +99,84 @@ def core_sets(num_workers: int, cores_per_worker: int, available=None):
 
 def _ranges(cores):
     return ",".join(map(str, cores))
+
+
+# -- GPUs: each worker gets its own share --------------------------------------------------------------------------
+
+def parse_visible_devices(value: str) -> list:
+    """CUDA_VISIBLE_DEVICES as CUDA reads it: indices or GPU-/MIG- UUIDs, cut at the first negative index
+    ("-1" hides every GPU); a device listed twice is an error rather than two workers on one GPU."""
+    devices = []
+    for entry in (e.strip() for e in value.split(",")):
+        if not entry or entry.startswith("-"):
+            break
+        if entry in devices:
+            raise LaunchError(f"CUDA_VISIBLE_DEVICES={value!r} lists GPU {entry} twice")
+        devices.append(entry)
+    return devices
+
+
+def parse_nvidia_smi_list(text: str) -> list:
+    """The devices ``nvidia-smi -L`` lists, as CUDA_VISIBLE_DEVICES entries: a GPU's index, or the UUIDs of its
+    MIG instances when it is partitioned (CUDA then sees the instances, not the GPU)."""
+    devices, current, migs = [], None, []
+    for line in text.splitlines():
+        gpu = re.match(r"GPU (\d+):", line.strip())
+        mig = re.search(r"\(UUID: (MIG-[^)]+)\)", line)
+        if gpu:
+            if current is not None:
+                devices += migs or [current]
+            current, migs = gpu.group(1), []
+        elif mig and current is not None:
+            migs.append(mig.group(1))
+    if current is not None:
+        devices += migs or [current]
+    return devices
+
+
+def host_gpus(environ=None) -> tuple:
+    """(devices, where they came from): the launcher's CUDA_VISIBLE_DEVICES when set, else what the driver
+    reports (``nvidia-smi -L``, else /proc/driver/nvidia/gpus); ([], ...) on a host without NVIDIA GPUs."""
+    environ = os.environ if environ is None else environ
+    if "CUDA_VISIBLE_DEVICES" in environ:
+        return parse_visible_devices(environ["CUDA_VISIBLE_DEVICES"]), \
+            f"CUDA_VISIBLE_DEVICES={environ['CUDA_VISIBLE_DEVICES']}"
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                timeout=30, check=True).stdout
+        return parse_nvidia_smi_list(listed), "nvidia-smi -L"
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        count = len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        count = 0
+    return [str(i) for i in range(count)], "/proc/driver/nvidia/gpus"
+
+
+def gpu_sets(num_workers: int, gpus_per_worker: int, devices: list, source: str = "this host") -> list:
+    """Each worker's CUDA_VISIBLE_DEVICES value: disjoint, consecutive slices of ``devices``; ``""`` hides every
+    GPU (``--gpus_per_worker=0``); None leaves the variable alone (a host without GPUs, default split).
+
+    Without this every worker would see every GPU, and all of them would start on GPU 0."""
+    n, k = num_workers, gpus_per_worker
+    if k == 0:
+        return [""] * n
+    if not devices:
+        if k > 0:
+            raise LaunchError(f"--gpus_per_worker={k} but no GPU is visible ({source})")
+        return [None] * n
+    if k < 0:
+        if len(devices) % n:
+            divisors = [d for d in range(1, len(devices) + 1) if len(devices) % d == 0]
+            raise LaunchError(f"--num_workers={n} does not divide the {len(devices)} GPUs visible ({source}): pass "
+                              f"--gpus_per_worker=K with K x {n} <= {len(devices)}, a --num_workers among "
+                              f"{','.join(map(str, divisors))}, or --gpus_per_worker=0 for CPU workers")
+        k = len(devices) // n
+    elif k * n > len(devices):
+        raise LaunchError(f"--gpus_per_worker={k} x --num_workers={n} needs {k * n} GPUs but {len(devices)} "
+                          f"are visible ({source})")
+    return [",".join(devices[i * k:(i + 1) * k]) for i in range(n)]
 
 
 def free_ports(n: int) -> list:
@@ -221,11 +308,14 @@ class Launcher:
         """Starts every worker; no thread of ours runs yet (preexec_fn is not thread-safe)."""
         n = self.args.num_workers
         cores = core_sets(n, self.args.cpu_cores_per_worker)
+        gpus = gpu_sets(n, self.args.gpus_per_worker, *host_gpus())
         configs = tf_configs(self.args.host, free_ports(n))
         command = [self.args.python, "-m", self.args.module, *self.worker_args]
         try:
             for index in range(n):
                 env = {**os.environ, "TF_CONFIG": configs[index], "PYTHONUNBUFFERED": "1"}
+                if gpus[index] is not None:
+                    env["CUDA_VISIBLE_DEVICES"] = gpus[index]
                 proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, start_new_session=True,
                                         preexec_fn=_child_setup(cores[index]))
@@ -236,7 +326,8 @@ class Launcher:
             for worker in self.workers:  # also those started before a failure, so stop() can reap them
                 worker.start_threads()
         pinned = "" if cores[0] is None else " pinned to cores " + " | ".join(_ranges(sorted(c)) for c in cores)
-        self.say(f"started {n} worker(s): {' '.join(command)}{pinned}")
+        split = "" if gpus[0] is None else " with GPUs " + " | ".join(g or "none" for g in gpus)
+        self.say(f"started {n} worker(s): {' '.join(command)}{pinned}{split}")
 
     def _on_signal(self, signum, frame):
         if self._signal is not None:  # second Ctrl-C: no more waiting
