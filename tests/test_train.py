@@ -1,10 +1,17 @@
 """The entrypoint: flag sources and precedence, and bad input stopping the run with a clear error."""
+import json
 import os
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 import yaml
 
-from tfgpu import train
+from tests.conftest import REPO
+from tfgpu import experiment, train
+from tfgpu.config import ConfigError
+from tfgpu.data import tfrecord
 
 DIGITS = ["--dataset=digits", "--model=small_cnn"]
 
@@ -86,3 +93,134 @@ def test_effective_config_is_written_and_replays(run_train, tmp_path):
     assert saved["train_steps"] == 3 and saved["model"] == "small_cnn"
     again = train.parse([f"--config={run_dir / 'config.yaml'}"])
     assert again.to_dict() == saved
+
+
+# -- every file a run reads: malformed means one line naming the file or flag, exit 1, no traceback -------------
+
+@pytest.mark.parametrize("content, message", [
+    (b"--seed=3\nglobal_batch_size=32\n", "line 2: 'global_batch_size=32' is not a --flag=value line"),
+    (b"--seed=\xff\n", "is not a UTF-8 text file"),
+])
+def test_malformed_flagfile_is_one_line_naming_the_file(tmp_path, capsys, content, message):
+    flagfile = tmp_path / "job.flags"
+    flagfile.write_bytes(content)
+    assert train.main(DIGITS + [f"--model_dir={tmp_path}/run", f"--flagfile={flagfile}"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: --flagfile: {flagfile}") and message in err[0], err
+    assert not os.path.exists(tmp_path / "run")
+
+
+def test_flagfile_without_a_value_names_the_flag(tmp_path, capsys):
+    assert train.main(DIGITS + [f"--model_dir={tmp_path}", "--flagfile"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --flagfile"), err
+
+
+TWO_WORKERS = json.dumps({"cluster": {"worker": ["localhost:2222", "localhost:2223"]},
+                          "task": {"type": "worker", "index": 0}})
+
+
+@pytest.mark.parametrize("tf_config, args, message", [
+    (TWO_WORKERS, ["--distribution_strategy=mirrored"],
+     "error: --distribution_strategy: mirrored trains this process on its own, but TF_CONFIG describes 2 workers"),
+    (TWO_WORKERS, ["--distribution_strategy=one_device"],
+     "error: --distribution_strategy: one_device trains this process on its own, but TF_CONFIG describes 2 workers"),
+    ('{"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 2}', [],
+     "error: --cluster: TF_CONFIG is not valid JSON"),
+    (json.dumps({"cluster": {"worker": ["a:1", "a:1"]}, "task": {"type": "worker", "index": 0}}), [],
+     "error: --cluster: TF_CONFIG gives address a:1 to both worker 0 and worker 1"),
+])
+def test_misconfigured_cluster_stops_before_model_dir_or_tensorflow(tmp_path, capsys, monkeypatch, tf_config, args,
+                                                                    message):
+    monkeypatch.setenv("TF_CONFIG", tf_config)
+    assert train.main(DIGITS + [f"--model_dir={tmp_path}/run"] + args) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(message), err
+    assert not os.path.exists(tmp_path / "run")  # nothing written: N would-be chiefs never share a model_dir
+
+
+def _tiny_dataset(directory):
+    rng = np.random.default_rng(0)
+    images, labels = rng.integers(0, 256, (8, 8, 8, 3), dtype=np.uint8), rng.integers(0, 2, 8)
+    splits = {"train": tfrecord.write_arrays(str(directory), "train", images, labels, num_shards=2,
+                                             image_format="png")}
+    tfrecord.write_manifest(str(directory), {"name": "tiny", "classes": ["a", "b"], "splits": splits,
+                                             "compression": "none",
+                                             "image_shape": {"height": 8, "width": 8, "channels": 3}})
+    return splits
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: "{not json", "is unreadable or not JSON"),
+    (lambda m: [m], "expected a JSON object, got list"),
+    (lambda m: {k: v for k, v in m.items() if k != "splits"}, "'splits' must map each split name to its shards"),
+    (lambda m: {**m, "splits": {"train": {"num_examples": 8, "shards": [{"num_examples": 4}]}}},
+     "split 'train' needs 'num_examples' and 'shards'"),
+    (lambda m: {**m, "image_shape": {"height": 8}}, "'image_shape' needs integer 'channels'"),
+    (lambda m: {**m, "classes": "ab"}, "'classes' must be a list"),
+])
+def test_malformed_dataset_json_is_one_line_naming_it(tmp_path, edit, message):
+    from tfgpu.config import Config
+    from tfgpu.data import pipeline
+
+    _tiny_dataset(tmp_path)
+    path = tmp_path / tfrecord.MANIFEST
+    edited = edit(json.loads(path.read_text()))
+    path.write_text(edited if isinstance(edited, str) else json.dumps(edited))
+    with pytest.raises(ConfigError) as e:
+        pipeline.prepare(Config(model_dir=str(tmp_path / "run"), data_dir=str(tmp_path), eval_split="none"))
+    assert str(e.value).startswith(f"--data_dir: {path}") and message in str(e.value), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_an_image_that_does_not_decode_is_found_by_shard_and_record(tmp_path):
+    import tensorflow as tf
+
+    from tfgpu.config import Config
+    from tfgpu.data import pipeline
+
+    splits = _tiny_dataset(tmp_path)
+    info = pipeline.prepare(Config(model_dir=str(tmp_path / "run"), data_dir=str(tmp_path), eval_split="none"))
+    assert experiment.find_undecodable_image(info) is None
+    shard = str(tmp_path / splits["train"]["shards"][1]["file"])
+    records = list(tf.data.TFRecordDataset(shard).as_numpy_iterator())
+    example = tf.train.Example.FromString(records[2])
+    example.features.feature[tfrecord.ENCODED].bytes_list.value[0] = b"not an image"
+    records[2] = example.SerializeToString()
+    with tf.io.TFRecordWriter(shard) as writer:
+        for record in records:
+            writer.write(record)
+    found = experiment.find_undecodable_image(info)
+    assert found[:2] == (shard, 2) and "Unknown image file format" in found[2] and "\n" not in found[2]
+
+
+def test_malformed_config_exits_1_without_a_traceback(tmp_path):
+    (tmp_path / "bad.yaml").write_text("model: small_cnn\n  seed: 3\n")
+    proc = subprocess.run([sys.executable, "-m", "tfgpu.train", f"--config={tmp_path / 'bad.yaml'}",
+                           f"--model_dir={tmp_path / 'run'}"], cwd=REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        f"error: --config: {tmp_path / 'bad.yaml'} is not valid YAML: mapping values are not allowed here at line 2, "
+        "column 7"], proc.stderr
+
+
+@pytest.mark.slow
+def test_undecodable_image_in_a_run_exits_1_naming_the_record(run_train, tmp_path):
+    import tensorflow as tf
+
+    data = tmp_path / "data"
+    splits = _tiny_dataset(data)
+    shard = str(data / splits["train"]["shards"][0]["file"])
+    records = list(tf.data.TFRecordDataset(shard).as_numpy_iterator())
+    example = tf.train.Example.FromString(records[1])
+    example.features.feature[tfrecord.ENCODED].bytes_list.value[0] = b"garbage"
+    records[1] = example.SerializeToString()
+    with tf.io.TFRecordWriter(shard) as writer:
+        for record in records:
+            writer.write(record)
+    proc = run_train(f"--data_dir={data}", "--model=small_cnn", "--global_batch_size=4", "--train_steps=2",
+                     "--steps_per_loop=2", "--eval_split=none", f"--model_dir={tmp_path / 'run'}", check=False,
+                     timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.output, proc.output[-3000:]
+    assert f"error: --data_dir: {shard}: record 1 holds an image that does not decode" in proc.output

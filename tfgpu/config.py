@@ -19,6 +19,7 @@ class ConfigError(ValueError):
     def __init__(self, flag: str, message: str):
         super().__init__(f"--{flag}: {message}")
         self.flag = flag
+        self.reason = message
 
 
 def _opt(default, help: str, group: str, choices: tuple | None = None):
@@ -250,18 +251,37 @@ def coerce(name: str, value):
             raise TypeError
         if kind is float and isinstance(value, bool):
             raise TypeError
+        if kind is str and not isinstance(value, str):
+            raise TypeError  # str() would turn a YAML list, number or null into a silently wrong string
         return kind(value)
     except (TypeError, ValueError):
         raise ConfigError(name, f"expected {kind.__name__}, got {value!r}") from None
 
 
 def load_yaml(path: str) -> dict:
+    """The option: value mapping of a YAML config file; ConfigError(config) naming the file when it is missing,
+    unreadable, not YAML or not a mapping of option names."""
     if not os.path.exists(path):
         raise ConfigError("config", f"file {path!r} does not exist")
-    with open(path) as f:
-        data = yaml.safe_load(f) or {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as e:
+        raise ConfigError("config", f"cannot read {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise ConfigError("config", f"{path} is not a UTF-8 text file") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or type(e).__name__
+        raise ConfigError("config", f"{path} is not valid YAML: {problem}{where}") from None
+    if data is None:
+        return {}
     if not isinstance(data, dict):
         raise ConfigError("config", f"{path} must hold a mapping of option: value, got {type(data).__name__}")
+    for name in data:
+        if not isinstance(name, str):
+            raise ConfigError("config", f"{path}: option names must be strings, got {name!r}")
     return data
 
 
@@ -270,7 +290,10 @@ def resolve(explicit: dict, yaml_path: str = "") -> Config:
     values = {}
     if yaml_path:
         for name, value in load_yaml(yaml_path).items():
-            values[name] = coerce(name, value)
+            try:
+                values[name] = coerce(name, value)
+            except ConfigError as e:
+                raise ConfigError("config", f"{yaml_path}: {name}: {e.reason}") from None
     for name, value in explicit.items():
         values[name] = coerce(name, value)
     return Config(**values).validate()

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import time
 
 from tfgpu.config import Config, ConfigError, save_yaml
@@ -41,6 +42,11 @@ class Setup:
 
 def setup(config: Config, write_config: bool = True) -> Setup:
     """Devices, strategy, data description, task and trainer for ``config``; raises ConfigError early."""
+    from tfgpu import cluster
+
+    # A cluster that describes this process inconsistently, or a single-worker strategy in a cluster of several,
+    # is refused before model_dir is touched: N processes must never train as N chiefs into one directory.
+    cluster.resolve_for_run(config.cluster, config.distribution_strategy)
     check_model_dir(config.model_dir)
     # TensorFlow is imported only now, after the cheap checks.
     import keras
@@ -99,10 +105,22 @@ def _check_batches(config: Config, num_replicas: int) -> None:
 
 def run(config: Config) -> dict:
     """Trains (or resumes) the run described by ``config``; returns the final metrics the chief writes."""
+    import tensorflow as tf
+
     started = time.time()
     built = setup(config)
     placement, task = built.placement, built.task
-    metrics = built.trainer.train()
+    try:
+        metrics = built.trainer.train()
+    except tf.errors.InvalidArgumentError as e:
+        # An image that does not decode fails inside tf.data, whose error names neither shard nor record.
+        found = find_undecodable_image(built.info) if "IteratorGetNext" in e.message else None
+        if found is None:
+            raise
+        raise ConfigError("data_dir" if config.data_dir else "dataset",
+                          f"{found[0]}: record {found[1]} holds an image that does not decode ({found[2]}); convert "
+                          "the dataset again (--skip_corrupt_records skips unreadable records, not such images)"
+                          ) from None
     metrics.update({"task": config.task, "model": config.model, "precision": config.precision,
                     "strategy": placement.kind, "num_replicas": placement.num_replicas,
                     "num_workers": placement.num_workers, "global_batch_size": config.global_batch_size,
@@ -113,6 +131,38 @@ def run(config: Config) -> dict:
                            json.dumps(metrics, indent=2, sort_keys=True).encode())
         _write_report(config.model_dir)
     return metrics
+
+
+def find_undecodable_image(info):
+    """(file, record index, reason) of the first record of the train or eval split whose image does not decode,
+    or None. Each shard is first decoded as a whole by tf.data; only a shard that loses records is walked one
+    record at a time."""
+    import tensorflow as tf
+
+    from tfgpu.data import tfrecord
+
+    channels = info.image_shape[2]
+
+    def decodes(serialized):
+        return tf.size(tfrecord.decode_image(tfrecord.parse_example(serialized), channels)) >= 0
+
+    for split in dict.fromkeys((info.train_split, info.eval_split)):
+        for filename, num_examples in info.split_files.get(split, ()):
+            records = tf.data.TFRecordDataset(filename, compression_type="GZIP" if info.compression == "gzip"
+                                              else None)
+            decoded = records.map(decodes, num_parallel_calls=tf.data.AUTOTUNE).ignore_errors()
+            if int(decoded.reduce(0, lambda n, _: n + 1)) == num_examples:
+                continue
+            try:
+                for index, serialized in enumerate(records):
+                    try:
+                        tfrecord.decode_image(tfrecord.parse_example(serialized), channels)
+                    except tf.errors.InvalidArgumentError as e:
+                        reason = re.sub(r"\{\{.*?\}\}", "", e.message).strip().split("\n")[0]
+                        return filename, index, reason.split(" [Op:")[0]
+            except tf.errors.DataLossError:  # an unreadable shard: the corrupt-record check names it
+                continue
+    return None
 
 
 def export_model(task, path: str) -> str:

@@ -47,18 +47,26 @@ def _read_flagfile(path: str, seen: tuple) -> list:
         raise ConfigError("flagfile", f"{path} includes itself")
     if not os.path.isfile(path):
         raise ConfigError("flagfile", f"file {path!r} does not exist")
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise ConfigError("flagfile", f"cannot read {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise ConfigError("flagfile", f"{path} is not a UTF-8 text file") from None
     args = []
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if not line or line.startswith(("#", "//")):
-                continue
-            if line.startswith("--flagfile="):
-                nested = line.split("=", 1)[1]
-                local = os.path.join(os.path.dirname(path), nested)
-                args += _read_flagfile(local if os.path.isfile(local) else nested, seen + (path,))
-            else:
-                args.append(line)
+    for number, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line.startswith(("#", "//")):
+            continue
+        if not line.startswith("-"):
+            raise ConfigError("flagfile", f"{path} line {number}: {line[:80]!r} is not a --flag=value line")
+        if line.startswith("--flagfile="):
+            nested = line.split("=", 1)[1]
+            local = os.path.join(os.path.dirname(path), nested)
+            args += _read_flagfile(local if os.path.isfile(local) else nested, seen + (path,))
+        else:
+            args.append(line)
     return args
 
 
@@ -142,6 +150,9 @@ def main(argv=None) -> int:
     logs.setup()
     try:
         config = parse(argv)
+        from tfgpu import cluster
+
+        cluster.resolve_for_run(config.cluster, config.distribution_strategy)  # before TensorFlow is imported
         from tfgpu import experiment, trainer
 
         try:

@@ -110,11 +110,40 @@ def read_manifest(directory: str) -> dict:
         raise FileNotFoundError(
             f"{path} not found: {directory!r} is not a converted tfgpu dataset (or its conversion did not finish); "
             "run `python -m tfgpu.convert --source=... --output_dir=...` first")
-    with open(path) as f:
-        manifest = json.load(f)
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{path}: format_version {manifest.get('format_version')} is not {FORMAT_VERSION}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} is unreadable or not JSON ({getattr(e, 'strerror', None) or e}); "
+                         "convert the dataset again") from None
+    _check_manifest(path, manifest)
     return manifest
+
+
+def _check_manifest(path: str, manifest) -> None:
+    """Raises ValueError naming ``path`` when the manifest lacks a field the reader uses, or has the wrong type."""
+    def bad(what):
+        raise ValueError(f"{path}: {what}; convert the dataset again")
+
+    if not isinstance(manifest, dict):
+        bad(f"expected a JSON object, got {type(manifest).__name__}")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        bad(f"format_version {manifest.get('format_version')} is not {FORMAT_VERSION}")
+    splits = manifest.get("splits")
+    if not isinstance(splits, dict) or not splits:
+        bad("'splits' must map each split name to its shards")
+    for split, entry in splits.items():
+        shards = entry.get("shards") if isinstance(entry, dict) else None
+        if not isinstance(shards, list) or not isinstance(entry.get("num_examples"), int) or not all(
+                isinstance(s, dict) and isinstance(s.get("file"), str) and isinstance(s.get("num_examples"), int)
+                for s in shards):
+            bad(f"split {split!r} needs 'num_examples' and 'shards' of {{'file', 'num_examples'}}")
+    shape = manifest.get("image_shape")
+    if not isinstance(shape, dict) or not isinstance(shape.get("channels"), int) or (
+            "height" in shape and not all(isinstance(shape.get(k), int) for k in ("height", "width"))):
+        bad("'image_shape' needs integer 'channels' (and 'height', 'width' for a fixed size)")
+    if not isinstance(manifest.get("classes", []), list):
+        bad("'classes' must be a list of class names")
 
 
 def write_arrays(directory: str, split: str, images: np.ndarray, labels: np.ndarray, num_shards: int,
