@@ -58,7 +58,8 @@ def make_example(encoded: bytes, image_format: str, label: int, height: int, wid
 
     features = {
         ENCODED: b(encoded), FORMAT: b(image_format.encode()), LABEL: i(label),
-        HEIGHT: i(height), WIDTH: i(width), CHANNELS: i(channels), FILENAME: b(filename.encode()),
+        HEIGHT: i(height), WIDTH: i(width), CHANNELS: i(channels),
+        FILENAME: b(filename.encode("utf-8", "surrogateescape")),  # file system names need not be UTF-8
     }
     # deterministic=True: the same record gives the same bytes in every process, so shard sha256s repeat.
     return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString(deterministic=True)

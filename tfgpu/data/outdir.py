@@ -1,0 +1,147 @@
+"""The output directory of a conversion: who may write it, and how a dataset in it is replaced.
+
+- ``claim`` checks that the directory is empty or holds this same conversion (or
+  ``--overwrite``), locks it against a second converter and records the plan. It
+  changes nothing that a reader uses: no shard, no ``dataset.json``.
+- While a finished dataset (``dataset.json``) is there, rebuilt shards are written
+  beside it under staged names (``.<shard>.staged``); ``publish`` swaps them in only
+  once every shard is done. So a rerun that stops (a bad image, a kill, a refused
+  dataset) leaves the dataset that was there readable and unchanged.
+- Without a finished dataset, shards are written in place (each atomically) and
+  reused by the next run, which is what lets a killed conversion resume.
+
+Every path written is a shard name built from a validated split name inside the
+directory (``inside`` checks it), so nothing is ever written outside ``--output_dir``.
+"""
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import re
+
+from tfgpu.config import ConfigError
+from tfgpu.data.folders import display
+from tfgpu.fileio import atomic_write_bytes
+
+STATE_DIR = ".tfgpu-convert"
+MANIFEST = "dataset.json"  # tfrecord.MANIFEST (not imported: this module stays free of TensorFlow)
+SHARD_FILE = re.compile(r"^[A-Za-z0-9_-]+-\d{5}-of-\d{5}\.tfrecord$")
+TEMP_FILE = re.compile(r"^\.([A-Za-z0-9_-]+-\d{5}-of-\d{5}\.tfrecord|dataset\.json|.+\.json)\..+\.tmp$")
+STAGED_FILE = re.compile(r"^\.([A-Za-z0-9_-]+-\d{5}-of-\d{5}\.tfrecord)\.staged$")
+
+
+def staged_path(path: str) -> str:
+    """Where a shard is written while a finished dataset still holds ``path``."""
+    return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.staged")
+
+
+def inside(directory: str, path: str) -> str:
+    """``path`` if it lies in ``directory`` (after resolving ``..``), else a RuntimeError: a guard, not a check of
+    input (split names are validated where they are read)."""
+    real_dir = os.path.realpath(directory)
+    if os.path.dirname(os.path.realpath(path)) != real_dir:
+        raise RuntimeError(f"refusing to write {path}: not a file directly in {directory}")
+    return path
+
+
+def fingerprint(options: dict, identity: str) -> str:
+    """Identifies a conversion: the source and every option that changes the output (not workers/skip_bad)."""
+    key = {"converter": 1, "source": identity, **{k: options[k] for k in (
+        "split", "seed", "image_format", "resize", "num_shards", "shard_size_mb", "compression")},
+        "jpeg_quality": options["jpeg_quality"] if options["image_format"] == "jpeg" else None}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def existing_fingerprint(directory: str):
+    """(fingerprint, what) of the conversion already in ``directory``, if any."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        with open(os.path.join(directory, MANIFEST)) as f:
+            return (json.load(f).get("converter") or {}).get("fingerprint"), "another dataset (dataset.json)"
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        with open(os.path.join(directory, STATE_DIR, "plan.json")) as f:
+            return json.load(f).get("fingerprint"), "an unfinished conversion of a different source or options"
+    return None, None
+
+
+def remove_temp_files(directory: str):
+    for folder in (directory, os.path.join(directory, STATE_DIR)):
+        with contextlib.suppress(FileNotFoundError):
+            for name in os.listdir(folder):
+                if TEMP_FILE.match(name):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(folder, name))
+
+
+def make_readable(path: str):
+    """Temporary files are created 0600; a dataset is meant to be shared, so give it the umask's mode."""
+    umask = os.umask(0)
+    os.umask(umask)
+    with contextlib.suppress(OSError):
+        os.chmod(path, 0o666 & ~umask)
+
+
+@contextlib.contextmanager
+def claim(options, source_kind: str, source_path: str, key: str):
+    """Checks the output directory may take this conversion, locks it against a second converter, yields it.
+
+    ``options`` is the converter's Options; ConfigError names --output_dir for anything in the way."""
+    directory = os.path.abspath(options.output_dir)
+    shown = display(directory)
+    if source_kind == "folder" and (directory + os.sep).startswith(os.path.join(os.path.abspath(source_path), "")):
+        raise ConfigError("output_dir", f"{shown} is inside the source folder {display(source_path)}")
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise ConfigError("output_dir", f"{shown} exists and is not a directory")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        entries = [e for e in os.listdir(directory) if e != STATE_DIR and not TEMP_FILE.match(e)]
+    except OSError as e:
+        raise ConfigError("output_dir", f"cannot create or list {shown}: {e.strerror or e}") from None
+    existing, what = existing_fingerprint(directory)
+    if entries and existing != key and not options.overwrite:
+        what = what or f"{len(entries)} file(s) that are not a tfgpu conversion"
+        raise ConfigError("output_dir", f"{shown} is not empty: it holds {what}; choose an empty directory "
+                          "or pass --overwrite to replace it")
+    state = os.path.join(directory, STATE_DIR)
+    try:
+        os.makedirs(state, exist_ok=True)
+        lock = open(os.path.join(state, "lock"), "a")
+    except OSError as e:
+        raise ConfigError("output_dir", f"cannot write to {shown}: {e.strerror or e}") from None
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise ConfigError("output_dir", f"another tfgpu.convert is writing to {shown}") from None
+        try:
+            remove_temp_files(directory)
+            atomic_write_bytes(os.path.join(state, "plan.json"), json.dumps(
+                {"fingerprint": key, "options": dataclasses.asdict(options)}, indent=2, sort_keys=True).encode())
+        except OSError as e:
+            raise ConfigError("output_dir", f"cannot write to {shown}: {e.strerror or e}") from None
+        yield directory
+
+
+def publish(directory: str, tasks: list, results: list, write_manifest) -> None:
+    """Makes the finished shards the dataset: the old manifest goes, staged shards are swapped in, files of earlier
+    plans are removed, and ``write_manifest()`` writes the new manifest last."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(directory, MANIFEST))
+    for task, result in zip(tasks, results):
+        if result.get("staged"):
+            os.replace(staged_path(task["path"]), task["path"])
+    remove_stale(directory, {os.path.basename(t["path"]) for t in tasks})
+    write_manifest()
+    make_readable(os.path.join(directory, MANIFEST))
+
+
+def remove_stale(directory: str, keep: set):
+    """Shards (and sidecars, staged shards) of this directory that the new manifest does not list: earlier plans."""
+    for name in os.listdir(directory):
+        if (SHARD_FILE.match(name) and name not in keep) or STAGED_FILE.match(name):
+            os.unlink(os.path.join(directory, name))
+    state = os.path.join(directory, STATE_DIR)
+    for name in os.listdir(state):
+        if name.endswith(".tfrecord.json") and name[:-len(".json")] not in keep:
+            os.unlink(os.path.join(state, name))

@@ -1,0 +1,110 @@
+"""TensorFlow Datasets sources: a prepared image-classification builder, read in its stored order.
+
+Labels are not known before reading, so a TFDS split is cut by position (its stored
+order is already shuffled), and its payloads read ranges of it.
+"""
+import dataclasses
+import hashlib
+import logging
+
+from tfgpu.config import ConfigError
+from tfgpu.data.sources import Source
+
+log = logging.getLogger("tfgpu")
+
+_TFDS_BUILDERS = {}
+
+
+@dataclasses.dataclass
+class TfdsPayload:
+    """Examples ``lo:hi`` of one split of a prepared tensorflow_datasets builder, in its stored order."""
+    name: str
+    data_dir: str
+    version: str
+    split: str
+    lo: int
+    hi: int
+    image_key: str
+    label_key: str
+    encoded: bool = True  # True: yield the image bytes as stored; False: decoded uint8 arrays
+
+    def __len__(self):
+        return self.hi - self.lo
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(
+            f"tfds\0{self.name}\0{self.version}\0{self.split}\0{self.lo}\0{self.hi}\0{self.encoded}".encode()
+        ).hexdigest()
+
+    def examples(self):
+        import tensorflow_datasets as tfds
+
+        builder = _tfds_builder(self.name, self.data_dir)
+        decoders = {self.image_key: tfds.decode.SkipDecoding()} if self.encoded else None
+        ds = builder.as_dataset(split=f"{self.split}[{self.lo}:{self.hi}]", decoders=decoders, shuffle_files=False)
+        for i, example in enumerate(ds.as_numpy_iterator(), start=self.lo):
+            name = f"{self.split}/{i}"
+            yield name, int(example[self.label_key]), example[self.image_key], f"tfds:{self.name}[{name}]"
+
+
+def _tfds_builder(name: str, data_dir: str):
+    key = (name, data_dir)
+    if key not in _TFDS_BUILDERS:
+        import tensorflow_datasets as tfds
+
+        _TFDS_BUILDERS[key] = tfds.builder(name, data_dir=data_dir or None)
+    return _TFDS_BUILDERS[key]
+
+
+@dataclasses.dataclass
+class TfdsSplit:
+    """A contiguous range of a TFDS split; labels are not known before reading, so splits are cut by range."""
+    spec: dict  # TfdsPayload fields except lo/hi
+    lo: int
+    hi: int
+    labels = None
+
+    def __len__(self):
+        return self.hi - self.lo
+
+    def subrange(self, a, b):
+        return TfdsSplit(self.spec, self.lo + a, self.lo + b)
+
+    def payload(self, lo, hi):
+        return TfdsPayload(**self.spec, lo=self.lo + lo, hi=self.lo + hi)
+
+
+def open_tfds(name: str, data_dir: str = "", download: bool = False) -> Source:
+    """A tensorflow_datasets image-classification builder prepared in ``data_dir`` (downloads only if allowed)."""
+    if not name:
+        raise ConfigError("source", "tfds: needs a dataset name, e.g. tfds:cifar10")
+    import tensorflow_datasets as tfds
+
+    where = data_dir or "the default TFDS data dir (~/tensorflow_datasets or $TFDS_DATA_DIR)"
+    try:
+        builder = tfds.builder(name, data_dir=data_dir or None)
+    except Exception as e:  # DatasetNotFoundError and friends carry page-long messages; keep the first line
+        raise ConfigError("source", f"tfds:{name}: {str(e).strip().splitlines()[0]} (looked in {where})") from None
+    if not builder.is_prepared():
+        if not download:
+            raise ConfigError("download", f"tfds:{name} is not prepared in {where}; pass --download to let "
+                              "tensorflow_datasets download and prepare it, or --tfds_data_dir=DIR where it is")
+        log.info("downloading and preparing tfds:%s into %s", name, where)
+        builder.download_and_prepare()
+    info = builder.info
+    keys = info.supervised_keys
+    image_key, label_key = keys if isinstance(keys, tuple) and len(keys) == 2 and all(
+        isinstance(k, str) for k in keys) else ("image", "label")
+    features = info.features
+    if image_key not in features or not isinstance(features[image_key], tfds.features.Image):
+        raise ConfigError("source", f"tfds:{name} has no image feature {image_key!r} (features: "
+                          f"{', '.join(features.keys())})")
+    if label_key not in features or not isinstance(features[label_key], tfds.features.ClassLabel):
+        raise ConfigError("source", f"tfds:{name} has no class label feature {label_key!r}")
+    spec = dict(name=name, data_dir=data_dir, version=str(info.version), image_key=image_key, label_key=label_key,
+                encoded=True)
+    splits = {s: TfdsSplit({**spec, "split": s}, 0, info.splits[s].num_examples) for s in sorted(info.splits)}
+    shape = features[image_key].shape
+    return Source(name.replace("/", "-"), "tfds", list(features[label_key].names), splits, presplit=True,
+                  encoded=True, channels=int(shape[-1]) if shape[-1] else 0,
+                  identity=f"tfds:{name}:{info.version}")
