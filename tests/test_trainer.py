@@ -160,3 +160,132 @@ def test_a_peer_lost_outside_the_train_loop_is_reported_as_worker_lost(tmp_path,
             run.train()
     finally:
         keras.backend.clear_session()
+
+
+# -- skipped (non-finite) steps, in-process --------------------------------------------------------
+def _trainer_skipping(tmp_path, data_cache, skip, **overrides):
+    """An in-process classification trainer whose step ``s`` (0-based) trains on a NaN batch when ``skip(s)``."""
+    import tensorflow as tf
+
+    from tfgpu import experiment
+    from tfgpu.config import Config
+
+    values = dict(model_dir=str(tmp_path), dataset="digits", data_cache_dir=data_cache, model="small_cnn",
+                  global_batch_size=16, train_steps=24, steps_per_loop=4, eval_split="none", tensorboard=False,
+                  verbose=0, lr_schedule="constant")
+    values.update(overrides)
+    built = experiment.setup(Config(**values))
+    run, task = built.trainer, built.task
+    poisoned = tf.constant([bool(skip(s)) for s in range(64)])
+    step = task.train_step
+
+    def train_step(batch):
+        images, labels = batch
+        nan_if_skipped = tf.where(tf.gather(poisoned, run.step), np.float32("nan"), np.float32(1.0))
+        return step((tf.cast(images, tf.float32) * nan_if_skipped, labels))
+
+    task.train_step = train_step
+    return run, task
+
+
+def test_scattered_skips_do_not_stop_the_run(tmp_path, data_cache):
+    """Runs of 2 skipped steps, each across a loop boundary, every 8 steps, never make 3 in a row: the run with
+    --max_nonfinite_steps=3 finishes (it stopped with exit 2 when skips of consecutive loops were added up)."""
+    import keras
+
+    run, _ = _trainer_skipping(tmp_path, data_cache, lambda s: s % 8 in (3, 4), max_nonfinite_steps=3)
+    try:
+        assert run.train()["step"] == 24
+    finally:
+        keras.backend.clear_session()
+    assert [r["nonfinite_steps"] for r in read_history(tmp_path)] == [1, 1, 1, 1, 1, 1]
+
+
+def test_consecutive_skips_across_a_loop_boundary_stop_the_run(tmp_path, data_cache):
+    import keras
+
+    from tfgpu import trainer
+
+    run, _ = _trainer_skipping(tmp_path, data_cache, lambda s: 6 <= s < 9, max_nonfinite_steps=3)
+    try:
+        with pytest.raises(trainer.NonFiniteError, match=r"^3 consecutive steps \(no finite step between them.*"
+                           r"by step 12 \(--max_nonfinite_steps=3; scattered skips do not count"):
+            run.train()
+    finally:
+        keras.backend.clear_session()
+
+
+def test_the_schedule_follows_the_trainer_step_through_skips_and_a_resume(tmp_path, data_cache):
+    """The learning rate at step s is schedule(s) whether or not earlier steps were skipped (they advance the
+    trainer's step, not optimizer.iterations), and a resumed run continues on the same schedule."""
+    import keras
+
+    skip = lambda s: s < 3 or s in (9, 10)  # noqa: E731
+    warmup = dict(warmup_steps=20, base_learning_rate=0.256)  # 0.016 * (s + 1) / 20 at step s
+    expected = lambda s: 0.016 * (s + 1) / 20  # noqa: E731
+    for train_steps in (8, 12):  # 8, then resumed to 12
+        run, task = _trainer_skipping(tmp_path, data_cache, skip, train_steps=train_steps, **warmup)
+        try:
+            assert run.train()["step"] == train_steps
+            assert int(task.optimizer.iterations.numpy()) == train_steps - sum(map(skip, range(train_steps)))
+            assert float(task.optimizer.learning_rate) == pytest.approx(expected(train_steps), rel=1e-6)
+        finally:
+            keras.backend.clear_session()
+    history = read_history(tmp_path)
+    assert [r["step"] for r in history] == [4, 8, 12]
+    for record in history:
+        assert record["learning_rate"] == pytest.approx(expected(record["step"]), rel=1e-6), record
+
+
+# -- a failing kernel is not a lost peer -------------------------------------------------------------
+def test_only_collective_failures_count_as_a_lost_peer():
+    import tensorflow as tf
+
+    from tfgpu import trainer
+
+    lost = [tf.errors.UnavailableError(None, None, "Socket closed"),
+            tf.errors.DeadlineExceededError(None, None, "Collective ops timed out"),
+            tf.errors.CancelledError(None, None, "RPC cancelled"), tf.errors.AbortedError(None, None, "aborted"),
+            tf.errors.InternalError(None, None, "Collective ops is aborted by: Connection reset by peer"),
+            tf.errors.UnknownError(None, None, "Task /job:worker/task:1 stopped sending heartbeats")]
+    kernels = [tf.errors.InternalError(None, None, "cuDNN launch failure : input shape ([8,64,32,32])"),
+               tf.errors.UnknownError(None, None, "CUDNN_STATUS_EXECUTION_FAILED"),
+               tf.errors.InternalError(None, None, "XLA compilation failed: ptxas exited with non-zero code")]
+    assert all(trainer._lost_peer(e) for e in lost) and not any(trainer._lost_peer(e) for e in kernels)
+
+
+def test_a_kernel_error_fails_as_itself_not_as_a_lost_worker(tmp_path, data_cache, monkeypatch):
+    """A cuDNN/XLA InternalError on one of two workers ends in KernelFailed (exit 3, not retried), naming the
+    step, the error and the checkpoint, instead of WorkerLost (exit 129, which clusters retry forever)."""
+    import dataclasses
+
+    import keras
+    import tensorflow as tf
+
+    from tfgpu import experiment, train, trainer
+    from tfgpu.config import Config
+
+    config = Config(model_dir=str(tmp_path), dataset="digits", data_cache_dir=data_cache, model="small_cnn",
+                    global_batch_size=16, train_steps=4, steps_per_loop=2, checkpoint_every_steps=2,
+                    eval_split="none", tensorboard=False, verbose=0)
+    run = experiment.setup(config).trainer
+    run.placement = dataclasses.replace(run.placement, num_workers=2)
+
+    def vote():
+        if int(run.step.numpy()) == 4:
+            raise tf.errors.InternalError(None, None, "cuDNN launch failure : input shape ([16,8,8,1])")
+        return False
+
+    run._any_worker_preempted = vote
+    try:
+        with pytest.raises(trainer.KernelFailed, match=r"worker 0: a TensorFlow kernel failed after step 4 "
+                           r"\(InternalError: cuDNN launch failure.*not a lost worker.*ckpt-2"):
+            run.train()
+    finally:
+        keras.backend.clear_session()
+
+    def fails(config):
+        raise trainer.KernelFailed("worker 0: a TensorFlow kernel failed")
+
+    monkeypatch.setattr(experiment, "run", fails)
+    assert train.main(["--dataset=digits", f"--model_dir={tmp_path}"]) == trainer.KERNEL_FAILED_EXIT_CODE == 3

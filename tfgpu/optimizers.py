@@ -48,6 +48,24 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
                 "kind": self.kind, "boundaries": list(self.boundaries), "decay_factor": self.decay_factor}
 
 
+class ScheduleAtStep:
+    """The learning rate ``schedule(step)`` at the trainer's step, as a no-argument callable the optimizer
+    reads at each update (Keras would evaluate a schedule at ``optimizer.iterations``).
+
+    Skipped (non-finite) steps advance the trainer's step but not ``optimizer.iterations``; following the
+    trainer's step keeps warmup, decay boundaries (set in epochs of data) and the end of the cosine where
+    the configuration put them, the logged rate the one used at that step, and a resumed run on the same
+    schedule (the step is checkpointed). Adam's bias correction still counts applied updates.
+    """
+
+    def __init__(self, schedule, step):
+        self.schedule = schedule
+        self.step = step
+
+    def __call__(self):
+        return self.schedule(self.step)
+
+
 def learning_rate_schedule(config: Config, total_steps: int, steps_per_epoch: float) -> WarmupSchedule:
     warmup = config.warmup_steps or int(round(config.warmup_epochs * steps_per_epoch))
     boundaries = [int(round(e * steps_per_epoch)) for e in config.lr_decay_epochs]

@@ -1,13 +1,18 @@
-"""Mixed precision: the Keras dtype policy and dynamic loss scaling for float16.
+"""Mixed precision: the Keras dtype policy, dynamic loss scaling for float16, and the non-finite step guard.
 
 Models compute in the policy's dtype; ``tfgpu.models.create_model`` keeps
 logits in float32 and tasks compute losses in float32. Only float16 needs a
-loss scale (bfloat16 has float32's exponent range).
+loss scale (bfloat16 has float32's exponent range). Under every policy a step
+whose loss or gradient is non-finite on any replica is skipped, and a skipped
+step changes no variable (weights, optimizer slots and iterations, BatchNorm
+statistics) except, under float16 alone, the loss scale.
 """
 import keras
 import tensorflow as tf
 
 from tfgpu.config import Config
+
+MIN_LOSS_SCALE = 1.0  # a float16 scale backs off no lower than this (or the initial scale, if lower)
 
 
 def set_policy(precision: str) -> None:
@@ -15,19 +20,69 @@ def set_policy(precision: str) -> None:
     keras.mixed_precision.set_global_policy(precision)
 
 
-_NEVER_GROW = 2 ** 30  # growth interval of the scale-1 guard used without float16
+@keras.saving.register_keras_serializable("tfgpu")
+class GuardedOptimizer(keras.optimizers.LossScaleOptimizer):
+    """Applies an update only when every gradient is finite; a skipped step changes nothing else.
 
+    Keras' LossScaleOptimizer provides the skip (a ``cond`` around the inner optimizer's update, taken in a
+    cross-replica context where the strategy needs a merge call), but it halves its scale on every skipped
+    step with no floor: a scale of 1 used only as a guard reaches 0 after about 150 skips, gradients then
+    read as 0 (finite) and the next update divides by 0. So:
 
-def wrap_optimizer(optimizer: keras.optimizers.Optimizer, config: Config) -> keras.optimizers.Optimizer:
-    """Wraps ``optimizer`` in a LossScaleOptimizer: dynamic loss scaling under mixed_float16, otherwise a
-    scale of 1 (exact in float32) that only serves to skip non-finite updates without touching any state.
-
-    Every optimizer of a task goes through here (Keras' compile-time wrapping covers only one).
+    - ``dynamic=False`` (float32, bfloat16): no scale at all. The loss is not multiplied, gradients are not
+      divided, nothing is counted; ``dynamic_scale`` stays at 1 and a skipped step touches no variable.
+    - ``dynamic=True`` (float16): Keras' dynamic scale (halve on a skip, double after ``dynamic_growth_steps``
+      finite steps) that backs off no lower than ``MIN_LOSS_SCALE`` (or ``initial_scale`` when that is
+      lower): a smaller scale only makes float16 gradients underflow, and 0 would turn every gradient
+      into 0/0.
     """
+
+    def __init__(self, inner_optimizer, initial_scale=2.0 ** 15, dynamic_growth_steps=2000, dynamic=True,
+                 name=None):
+        if not initial_scale > 0 or (not dynamic and initial_scale != 1.0):
+            raise ValueError(f"initial loss scale {initial_scale}: must be positive, and 1 without dynamic scaling")
+        super().__init__(inner_optimizer, initial_scale=float(initial_scale),
+                         dynamic_growth_steps=dynamic_growth_steps, name=name)
+        self.dynamic = bool(dynamic)
+        self.min_scale = min(MIN_LOSS_SCALE, float(initial_scale))
+
+    def scale_loss(self, loss):
+        return super().scale_loss(loss) if self.dynamic else loss
+
+    @property
+    def loss_scale(self):
+        """The current scale as a float32 tensor (exactly 1 without dynamic scaling)."""
+        if not self.dynamic:
+            return tf.constant(1.0, tf.float32)
+        return tf.cast(tf.convert_to_tensor(self.dynamic_scale), tf.float32)
+
+    def _stateful_handle_finite_grads(self, grads, trainable_variables):
+        if self.dynamic:
+            super()._stateful_handle_finite_grads(grads, trainable_variables)
+        else:
+            self.inner_optimizer.apply(grads, trainable_variables=trainable_variables)
+
+    def _stateful_handle_non_finite_grads(self):
+        if self.dynamic:
+            self.step_counter.assign(0)
+            self.dynamic_scale.assign(tf.maximum(self.dynamic_scale * 0.5, self.min_scale))
+
+    def stateless_apply(self, optimizer_variables, grads, trainable_variables):
+        raise NotImplementedError("GuardedOptimizer applies updates statefully (the TensorFlow backend); "
+                                  "Keras' stateless path would halve the scale without a floor")
+
+    def get_config(self):
+        return {**super().get_config(), "dynamic": self.dynamic}
+
+
+def wrap_optimizer(optimizer: keras.optimizers.Optimizer, config: Config) -> GuardedOptimizer:
+    """Wraps ``optimizer`` in the non-finite step guard: with dynamic loss scaling under mixed_float16, with
+    no scaling otherwise. Every optimizer of a task goes through here (Keras' compile-time wrapping covers
+    only one)."""
     if config.precision == "mixed_float16":
-        return keras.optimizers.LossScaleOptimizer(
-            optimizer, initial_scale=config.initial_loss_scale, dynamic_growth_steps=config.loss_scale_growth_steps)
-    return keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=1.0, dynamic_growth_steps=_NEVER_GROW)
+        return GuardedOptimizer(optimizer, initial_scale=config.initial_loss_scale,
+                                dynamic_growth_steps=config.loss_scale_growth_steps)
+    return GuardedOptimizer(optimizer, initial_scale=1.0, dynamic=False)
 
 
 def apply_if_finite(optimizer, loss, grads, variables, clip_norm: float = 0.0, num_replicas: int = 1):
@@ -67,7 +122,9 @@ def scale_loss(optimizer, loss):
 
 
 def current_loss_scale(optimizer):
-    """The optimizer's current dynamic loss scale as a float32 tensor, or 1.0 without loss scaling."""
+    """The optimizer's current loss scale as a float32 tensor; 1.0 without dynamic loss scaling."""
+    if isinstance(optimizer, GuardedOptimizer):
+        return optimizer.loss_scale
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         return tf.cast(tf.convert_to_tensor(optimizer.dynamic_scale), tf.float32)
     return tf.constant(1.0, tf.float32)

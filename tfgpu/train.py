@@ -164,6 +164,9 @@ def main(argv=None) -> int:
             print(f"error: {e}", file=sys.stderr)
             _restart_if_allowed(config.max_restarts, argv)
             return trainer.WORKER_LOST_EXIT_CODE
+        except trainer.KernelFailed as e:
+            print(f"error: {e}", file=sys.stderr)
+            return trainer.KERNEL_FAILED_EXIT_CODE
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

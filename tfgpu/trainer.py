@@ -40,18 +40,36 @@ class Preempted(SystemExit):
 
 
 WORKER_LOST_EXIT_CODE = 129  # 128+: Kubeflow's ExitCode restart policy retries it; 1-127 are permanent
+KERNEL_FAILED_EXIT_CODE = 3  # below 128: a computation that failed here fails again on a rerun
 
 
 class NonFiniteError(RuntimeError):
-    pass
+    """--max_nonfinite_steps consecutive steps were skipped for a non-finite loss or gradient."""
 
 
 class WorkerLost(RuntimeError):
     """A collective failed or timed out because another worker died, hung or became unreachable."""
 
+
+class KernelFailed(RuntimeError):
+    """A kernel (cuDNN, XLA, a custom op) failed on this worker: not a lost peer, so not worth a retry."""
+
+
 # Errors a collective raises when a peer is gone (connection reset, --collective_timeout_s exceeded, aborted).
 _PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.CancelledError,
-                tf.errors.UnknownError, tf.errors.InternalError, tf.errors.AbortedError)
+                tf.errors.AbortedError)
+# Errors a kernel raises when it fails; they mean a lost peer only when their message says a collective or
+# its connection failed (TensorFlow aborts every pending collective with the first failure's message).
+_KERNEL_ERRORS = (tf.errors.InternalError, tf.errors.UnknownError)
+_COLLECTIVE_SIGNS = ("collective", "heartbeat", "connection reset", "socket closed", "failed to connect",
+                     "unreachable", "peer", "coordination service")
+
+
+def _lost_peer(error: Exception) -> bool:
+    """Whether ``error`` says that a collective failed because another worker is gone."""
+    if isinstance(error, _PEER_ERRORS):
+        return True
+    return isinstance(error, _KERNEL_ERRORS) and any(sign in str(error).lower() for sign in _COLLECTIVE_SIGNS)
 
 
 def _accumulators(strategy, names):
@@ -60,6 +78,36 @@ def _accumulators(strategy, names):
         return {name: tf.Variable(0.0, trainable=False, name=f"sum_{name}",
                                   synchronization=tf.VariableSynchronization.ON_READ,
                                   aggregation=tf.VariableAggregation.SUM) for name in names}
+
+
+class _SkippedRun:
+    """Counts consecutive skipped steps inside the train loop, so that a run of them is seen wherever loop
+    boundaries fall: ``current`` is the run in progress (carried from loop to loop, 0 after a finite step),
+    ``longest`` the longest run that reached into the current loop. A step is skipped on every replica or on
+    none (finiteness is all-reduced), so every replica counts the same and the replica mean reads the count.
+    Not checkpointed: a resumed run starts counting from 0."""
+
+    def __init__(self, strategy):
+        with strategy.scope():
+            self.current, self.longest = (
+                tf.Variable(0.0, trainable=False, name=name, synchronization=tf.VariableSynchronization.ON_READ,
+                            aggregation=tf.VariableAggregation.MEAN) for name in ("skip_run", "longest_skip_run"))
+
+    def update(self, skipped):
+        """In a replica step: extends the run on a skipped step, ends it on a finite one."""
+        run = tf.where(skipped, self.current + 1.0, 0.0)
+        self.current.assign(run)
+        self.longest.assign(tf.maximum(self.longest, run))
+
+    def read_longest(self) -> int:
+        """The longest run that reached into the loop just finished; starts the next loop's count."""
+        longest = int(round(float(self.longest.read_value().numpy())))
+        self.longest.assign(0.0)
+        return longest
+
+    def reset(self) -> None:
+        for variable in (self.current, self.longest):
+            variable.assign(0.0)
 
 
 class History:
@@ -96,25 +144,31 @@ class Trainer:
         with self.strategy.scope():
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
                                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+            self.task.global_step = self.step
             self.task.build()
         self.train_sums = _accumulators(self.strategy, self.task.train_metric_names)
         self.eval_sums = _accumulators(self.strategy, self.task.eval_metric_names())
+        self.skipped_run = _SkippedRun(self.strategy)
         self.checkpointer = checkpoint_lib.Checkpointer(
             self.model_dir, self.placement, self.task.checkpoint_items(), self.step, self.config.keep_checkpoints)
 
         self._train_loop = self._loop(self.task.train_step, self.train_sums, self.step,
-                                      self.config.batches_per_step)
+                                      self.config.batches_per_step, self.skipped_run)
         self._eval_loop = self._loop(self.task.eval_step, self.eval_sums)
 
-    def _loop(self, step_fn, sums: dict, counter=None, batches_per_step: int = 1):
+    def _loop(self, step_fn, sums: dict, counter=None, batches_per_step: int = 1, skipped_run=None):
         """A tf.function running ``num_steps`` replica steps of ``step_fn`` in one host call, adding each
         step's metric shares to ``sums`` (and 1 to ``counter``). With ``batches_per_step`` > 1 a step gets a
         tuple of that many consecutive batches, so every replica holds its rows of the same global batches
-        as one device would."""
+        as one device would. ``skipped_run`` counts consecutive steps whose ``nonfinite_steps`` share is
+        non-zero (skipped)."""
 
         def replica_step(batch):
-            for name, value in step_fn(batch).items():
+            values = step_fn(batch)
+            for name, value in values.items():
                 sums[name].assign_add(tf.cast(value, tf.float32))
+            if skipped_run is not None and "nonfinite_steps" in values:
+                skipped_run.update(values["nonfinite_steps"] > 0)
 
         @tf.function
         def loop(iterator, num_steps):
@@ -136,7 +190,9 @@ class Trainer:
 
     def _boundaries(self) -> list:
         c = self.config
-        every = [c.checkpoint_every_steps, c.eval_every_steps if self.info.eval_split else 0]
+        # A GAN evaluates (FID/KID) on the train split, so only a classifier without an eval split skips evals.
+        evaluates = bool(self.info.eval_split) or self.task.name != "classification"
+        every = [c.checkpoint_every_steps, c.eval_every_steps if evaluates else 0]
         marks = set()
         for n in every:
             if n:
@@ -187,6 +243,7 @@ class Trainer:
             compute_rate = rate(self._train_loop, iter(one_batch), self.config.examples_per_step)
             snapshot.read(saved).assert_consumed()
         self._read_and_reset(self.train_sums)
+        self.skipped_run.reset()
         return {"input_examples_per_sec": input_rate, "compute_examples_per_sec": compute_rate}
 
     def _write_input_profile(self, profile: dict, train_rate: float) -> None:
@@ -220,6 +277,15 @@ class Trainer:
             f"worker {self.placement.worker_index}: a collective failed after step {self._steps_done} "
             f"({type(error).__name__}: {_cause(error)}); another worker died, hung or became unreachable. "
             f"Last checkpoint: {last or 'none'}; rerun the same launch to resume from it.")
+
+    def _kernel_failed(self, error: Exception) -> "KernelFailed":
+        """A kernel error fails as itself: named, with its step, and an exit code clusters do not retry."""
+        last = tf.train.latest_checkpoint(checkpoint_lib.checkpoint_dir(self.model_dir))
+        return KernelFailed(
+            f"worker {self.placement.worker_index}: a TensorFlow kernel failed after step {self._steps_done} "
+            f"({type(error).__name__}: {_cause(error)}). This is a computation failing on this worker (cuDNN, "
+            "XLA, a driver), not a lost worker, so a rerun would likely fail the same way; try without "
+            f"--jit_compile or with another --precision. Last checkpoint: {last or 'none'}.")
 
     # -- evaluation ------------------------------------------------------------
     def evaluate(self, step: int, record: bool = True) -> dict:
@@ -289,10 +355,12 @@ class Trainer:
             finally:
                 signal.signal(signal.SIGTERM, previous_handler)
                 self.checkpointer.close()
-        except _PEER_ERRORS as e:
-            if self.placement.num_workers == 1:
-                raise
-            raise self._worker_lost(e) from None
+        except tf.errors.OpError as e:
+            if self.placement.num_workers > 1 and _lost_peer(e):
+                raise self._worker_lost(e) from None
+            if isinstance(e, _KERNEL_ERRORS):
+                raise self._kernel_failed(e) from e
+            raise
 
     def _train_from(self, start_step: int) -> dict:
         config = self.config
@@ -305,7 +373,6 @@ class Trainer:
             input_profile = self._profile_input(step) if config.profile_input else None
             progress = _Progress(config, self.total_steps, step, self.chief)
             profile = [int(s) for s in config.profile_steps.split(",")] if config.profile_steps else []
-            consecutive_nonfinite = 0
             for boundary in (b for b in self._boundaries() if b > step):
                 while step < boundary:
                     if profile and step == profile[0] and self.chief:
@@ -336,13 +403,15 @@ class Trainer:
                     self.history.write("train", step, values)
                     self._summaries("train", step, values)
                     progress.update(step, values)
-                    consecutive_nonfinite = consecutive_nonfinite + int(round(nonfinite)) if nonfinite else 0
-                    if consecutive_nonfinite >= config.max_nonfinite_steps:
+                    longest_skipped_run = self.skipped_run.read_longest()
+                    if longest_skipped_run >= config.max_nonfinite_steps:
                         raise NonFiniteError(
-                            f"{consecutive_nonfinite} consecutive steps had a non-finite loss or gradient (ending at "
-                            f"step {step}); their updates were skipped. The last good checkpoint is in "
-                            f"{self.checkpointer.real_dir}. Lower --base_learning_rate, set --grad_clip_norm, or "
-                            "use --precision=float32/mixed_bfloat16.")
+                            f"{longest_skipped_run} consecutive steps (no finite step between them, counted across "
+                            f"loops) had a non-finite loss or gradient and were skipped, by step {step} "
+                            f"(--max_nonfinite_steps={config.max_nonfinite_steps}; scattered skips do not count, "
+                            f"each loop's are in history.jsonl as nonfinite_steps). A skipped step changes no "
+                            f"weight, so the last checkpoint in {self.checkpointer.real_dir} is good. Lower "
+                            "--base_learning_rate, set --grad_clip_norm, or use --precision=float32/mixed_bfloat16.")
                     if self._any_worker_preempted():
                         self.checkpointer.save()
                         log.warning("preempted: checkpoint saved at step %d; rerun the same command to resume", step)

@@ -54,24 +54,42 @@ def test_global_norm_clipping_limits_the_update(base, tmp_path):
         assert all("grad_norm" not in json.loads(line) for line in f)  # only measured when clipping
 
 
-def test_a_poisoned_step_is_skipped_without_touching_weights_slots_or_bn(base, tmp_path):
+@pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16"])
+def test_200_skipped_steps_leave_every_variable_bit_identical(base, tmp_path, precision):
+    """Without float16 there is no loss scale to back off: 200 poisoned steps (Keras' scale-1 guard reached 0
+    after about 150 and then wrote NaN) leave every variable of the model and optimizer (weights, slots,
+    iterations, BatchNorm statistics, the scale) bit-identical, and the next finite step trains finitely."""
     import tensorflow as tf
 
-    config = dataclasses.replace(base, model="small_cnn", model_dir=str(tmp_path / "nan"), weight_decay=0.0)
-    built = experiment.setup(config)
-    built.trainer.restore()
-    task = built.task
-    state = task.model.variables + [v for v in task.optimizer.variables if "iteration" not in v.path
-                                    and "step_counter" not in v.path and "scale" not in v.path]
-    before = [v.numpy().copy() for v in state]
-    images = np.full((64, 8, 8, 1), np.nan, np.float32)
-    labels = np.zeros(64, np.int64)
-    step = tf.function(lambda batch: built.placement.strategy.run(task.train_step, args=(batch,)))
-    out = step((images, labels))
-    assert float(out["nonfinite_steps"]) == 1.0
-    for var, value in zip(state, before):
-        np.testing.assert_array_equal(var.numpy(), value, err_msg=var.path)
-    good = step((np.zeros((64, 8, 8, 1), np.float32), labels))
-    assert float(good["nonfinite_steps"]) == 0.0
-    assert any(not np.array_equal(v.numpy(), b) for v, b in zip(state, before))
-    keras.backend.clear_session()
+    config = dataclasses.replace(base, model="small_cnn", model_dir=str(tmp_path / "nan"), weight_decay=0.0,
+                                 precision=precision, global_batch_size=16)
+    try:
+        built = experiment.setup(config)
+        built.trainer.restore()
+        task, strategy = built.task, built.placement.strategy
+        labels = np.arange(16) % 10
+        rng = np.random.default_rng(0)
+
+        @tf.function
+        def run(images, n):
+            skipped = tf.constant(0.0)
+            for _ in tf.range(n):
+                skipped += strategy.run(task.train_step, args=((images, labels),))["nonfinite_steps"]
+            return skipped
+
+        def steps(images, n):
+            return run(tf.constant(images), tf.constant(n))
+
+        steps(rng.normal(size=(16, 8, 8, 1)).astype(np.float32), 3)  # slots and BN statistics away from init
+        state = task.model.variables + task.optimizer.variables
+        assert any("moving_mean" in v.path for v in state) and any("momentum" in v.path for v in state)
+        before = [v.numpy().copy() for v in state]
+        assert float(steps(np.full((16, 8, 8, 1), np.nan, np.float32), 200)) == 200.0
+        for var, value in zip(state, before):
+            np.testing.assert_array_equal(var.numpy(), value, err_msg=var.path)
+        assert float(steps(rng.normal(size=(16, 8, 8, 1)).astype(np.float32), 1)) == 0.0
+        assert all(np.isfinite(v.numpy()).all() for v in state)
+        assert any(not np.array_equal(v.numpy(), b) for v, b in zip(state, before))
+    finally:
+        keras.backend.clear_session()
+        keras.mixed_precision.set_global_policy("float32")

@@ -48,6 +48,9 @@ class Task(abc.ABC):
         self.info = info  # tfgpu.data.pipeline.DatasetInfo
         self.placement = placement  # tfgpu.distribute.Placement
         self.total_steps = total_steps
+        # The trainer's step counter (a tf.Variable), set before ``build``. It counts every step, skipped or
+        # not, and learning-rate schedules follow it (optimizer.iterations counts only applied updates).
+        self.global_step = None
 
     @abc.abstractmethod
     def build(self) -> None:

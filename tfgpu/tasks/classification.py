@@ -25,7 +25,9 @@ class ClassificationTask(Task):
         from tfgpu.data.pipeline import steps_per_epoch
 
         self.schedule = optimizers.learning_rate_schedule(config, self.total_steps, steps_per_epoch(config, self.info))
-        self.optimizer = precision.wrap_optimizer(optimizers.create_optimizer(config, self.schedule), config)
+        learning_rate = (optimizers.ScheduleAtStep(self.schedule, self.global_step)
+                         if self.global_step is not None else self.schedule)
+        self.optimizer = precision.wrap_optimizer(optimizers.create_optimizer(config, learning_rate), config)
         optimizers.exclude_from_decay(self.optimizer, self.model.trainable_variables)
         self.optimizer.build(self.model.trainable_variables)
         # XLA compiles the forward and backward pass; the all-reduce and the update stay outside it.
@@ -112,7 +114,8 @@ class ClassificationTask(Task):
                 "val_top5_accuracy": sums["correct_top5"] / count, "val_examples": int(sums["count"])}
 
     def learning_rates(self):
-        return {"learning_rate": float(self.schedule(self.optimizer.iterations))}
+        step = self.global_step if self.global_step is not None else self.optimizer.iterations
+        return {"learning_rate": float(self.schedule(step))}
 
     def loss_scales(self):
         if self.config.precision == "mixed_float16":
