@@ -148,8 +148,10 @@ class Config:
                                   "trained automatically into <model_dir>/fid_features.", "gan")
     fid_feature_model_dir: str = _opt("", "GAN: model_dir of a tfgpu classifier whose penultimate features "
                                       "score FID/KID offline.", "gan")
-    max_nonfinite_steps: int = _opt(20, "Stop the run when this many consecutive steps have a non-finite loss "
-                                    "or gradient (each such step is skipped).", "gan")
+    max_nonfinite_steps: int = _opt(20, "Stop the run (exit 2) when this many steps in a row, with no finite "
+                                    "step between them (across loops), have a non-finite loss or gradient; each "
+                                    "such step is skipped and changes no weight. Scattered skips never stop it.",
+                                    "gan")
     # -- output -------------------------------------------------------------
     tensorboard: bool = _opt(True, "Write TensorBoard scalars to <model_dir>/summaries.", "output")
     profile_input: bool = _opt(False, "Time the input pipeline alone against the train step and report the "
