@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.data.conftest import CLASSES, save_image, tiny_tfds_examples
+from tests.data.conftest import CLASSES, png_bytes, save_image, tiny_tfds_examples
 from tfgpu import convert as cli
 from tfgpu.data import builtin, tfrecord
 
@@ -40,7 +40,7 @@ def read_back(directory, split):
     out = []
     for serialized in ds.map(tfrecord.parse_example):
         image = tfrecord.decode_image(serialized, m["image_shape"]["channels"]).numpy()
-        out.append((serialized[tfrecord.FILENAME].numpy().decode(), int(serialized[tfrecord.LABEL]), image,
+        out.append((serialized[tfrecord.FILENAME].numpy().decode("utf-8", "surrogateescape"), int(serialized[tfrecord.LABEL]), image,
                     {k: v.numpy() for k, v in serialized.items()}))
     return out
 
@@ -461,3 +461,315 @@ def test_a_worker_killed_mid_shard_stops_the_run_and_a_rerun_finishes(tmp_path):
     assert not alive, f"the converter left processes behind: {alive}"
     assert cli.main(args[3:5] + ["--num_shards=150"]) == 0
     assert sum(len(read_back(str(out), s)) for s in ("train", "val")) == 1797
+
+
+# -- messy real sources: what a careful person expects ---------------------------------------------------------
+
+def exif_jpeg(path, array, orientation):
+    from PIL import Image
+
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    Image.fromarray(array).save(path, format="JPEG", exif=exif.tobytes(), quality=100)
+
+
+def one_error(err):
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    return errors[0]
+
+
+@pytest.fixture
+def messy_folder(tmp_path):
+    """A presplit folder as users have them: Mac zip debris, an unlabelled Kaggle test/, a symlink loop and a link into
+    another class, a text file, WebP, TIFF, BMP and an EXIF-rotated JPEG; returns (root, {relpath: (upright, class)})."""
+    rng = np.random.default_rng(17)
+    root = tmp_path / "messy"
+    expected = {}
+
+    def image(rel, cls, fmt=None, shape=(6, 8, 3), **kwargs):
+        array = rng.integers(0, 256, shape, dtype=np.uint8)
+        save_image(str(root / rel), array, fmt)
+        expected[rel] = (array, cls)
+
+    image("train/cat/0.png", "cat")
+    image("train/cat/1.webp", "cat", "WEBP") if False else None
+    save_image(str(root / "train/cat/1.webp"), arr := rng.integers(0, 256, (6, 8, 3), dtype=np.uint8), None)
+    from PIL import Image
+
+    Image.fromarray(arr).save(root / "train/cat/1.webp", format="WEBP", lossless=True)
+    expected["train/cat/1.webp"] = (arr, "cat")
+    image("train/cat/2.tif", "cat", "TIFF")
+    stored = rng.integers(0, 256, (4, 8, 3), dtype=np.uint8)
+    exif_jpeg(str(root / "train/cat/3.jpg"), stored, 6)
+    expected["train/cat/3.jpg"] = (None, "cat")  # upright: 8 high, 4 wide
+    image("train/dog/0.png", "dog")
+    image("train/dog/1.bmp", "dog", "BMP")
+    image("val/cat/0.png", "cat")
+    image("val/dog/0.png", "dog")
+    save_image(str(root / "test/0.png"), rng.integers(0, 256, (6, 8, 3), dtype=np.uint8))  # unlabelled
+    save_image(str(root / "test/1.png"), rng.integers(0, 256, (6, 8, 3), dtype=np.uint8))
+    for junk in ("__MACOSX/train/cat/._0.png", ".DS_Store", "train/.DS_Store", "train/cat/._0.png",
+                 "train/dog/Thumbs.db"):
+        os.makedirs(os.path.dirname(root / junk), exist_ok=True)
+        (root / junk).write_bytes(b"\0\x05\x16\x07 AppleDouble")
+    (root / "train/cat/notes.txt").write_text("not an image")
+    os.symlink("..", root / "train" / "cat" / "up")
+    os.symlink(os.path.join("..", "cat"), root / "train" / "dog" / "cats")
+    return str(root), expected
+
+
+def test_a_messy_folder_converts_to_exactly_the_expected_dataset(messy_folder, tmp_path, capsys):
+    root, expected = messy_folder
+    out = tmp_path / "out"
+    code, stdout, err = convert(f"--source={root}", f"--output_dir={out}", capsys=capsys)
+    assert code == 0, err
+    m = manifest(out)
+    assert m["classes"] == ["cat", "dog"]
+    assert {s: (e["num_examples"], e["class_counts"]) for s, e in m["splits"].items()} == {
+        "train": (6, {"0": 4, "1": 2}), "val": (2, {"0": 1, "1": 1})}
+    assert {k: v["count"] for k, v in m["not_converted"].items()} == {
+        "os_or_hidden": 5, "not_an_image": 1, "unlabelled_split": 2, "symlink_loop": 1, "symlink_to_other_class": 1}
+    assert m["not_converted"]["unlabelled_split"]["paths"] == [os.path.join(root, "test", f"{i}.png") for i in (0, 1)]
+    assert m["adjusted"] == {"exif_orientation_applied": 1, "tiff_as_png": 1}
+    assert "skipping test/: its 2 image(s) are not in class folders" in err
+    assert "not converted: 5 hidden or OS entries" in err and "1 symlinks into or around another class" in err
+    assert m["image_shape"]["channels"] == 3
+    for split in m["splits"]:
+        for filename, label, image, _ in read_back(str(out), split):
+            array, cls = expected[filename]
+            assert m["classes"][label] == cls, filename
+            if array is None:
+                assert image.shape == (8, 4, 3)  # the EXIF-rotated photo, upright
+            else:
+                np.testing.assert_array_equal(image, array, err_msg=filename)
+
+
+@pytest.mark.parametrize("split", ["../escaped", "/tmp/tfgpu-escaped-split"])
+def test_csv_split_names_cannot_write_outside_the_output_dir(png_folder, tmp_path, capsys, split):
+    root, images = png_folder
+    listing = tmp_path / "list.csv"
+    listing.write_text("".join(f"{os.path.join(root, rel)},{c},{split if i % 2 else 'train'}\n"
+                               for i, (rel, (_, c)) in enumerate(images.items())))
+    out = tmp_path / "work" / "out"
+    before = set(os.listdir(tmp_path))
+    code, _, err = convert(f"--source={listing}", f"--output_dir={out}", capsys=capsys)
+    assert code == 1 and one_error(err).startswith(f"error: --source: {listing} line 2: split name")
+    assert set(os.listdir(tmp_path)) == before and not os.path.exists(out)
+    assert not glob.glob("/tmp/tfgpu-escaped-split*")
+
+
+def test_npz_split_names_cannot_write_outside_the_output_dir(tmp_path, capsys):
+    path = tmp_path / "a.npz"
+    np.savez(path, **{"x_../escaped": np.zeros((2, 4, 4), np.uint8), "y_../escaped": np.array([0, 1])})
+    code, _, err = convert(f"--source={path}", f"--output_dir={tmp_path / 'out'}", capsys=capsys)
+    assert code == 1 and "split name '../escaped' must be letters" in one_error(err)
+    assert sorted(os.listdir(tmp_path)) == ["a.npz"]
+
+
+def test_csv_integer_labels_stay_ids_with_a_header_a_bom_and_excel_floats(png_folder, tmp_path):
+    root, images = png_folder
+    listing = tmp_path / "labels.csv"
+    rows = [f"{os.path.join(root, rel)},{CLASSES.index(c) * 2}{'.0' if i == 0 else ''}"
+            for i, (rel, (_, c)) in enumerate(images.items())]
+    listing.write_bytes(("\ufeffimg,label\n" + "\n".join(rows) + "\n").encode())
+    out = tmp_path / "out"
+    assert convert(f"--source={listing}", f"--output_dir={out}", "--image_format=png")[0] == 0
+    m = manifest(out)
+    assert m["classes"] == ["0", "1", "2", "3", "4"]
+    assert m["splits"]["train"]["class_counts"] == {"0": 4, "1": 0, "2": 4, "3": 0, "4": 4}
+    for filename, label, _, _ in read_back(str(out), "train"):
+        assert label == 2 * CLASSES.index(images[os.path.relpath(filename, root)][1])
+
+
+def test_an_edited_source_image_is_reconverted_not_reused(png_folder, tmp_path, capsys):
+    root, images = png_folder
+    out = tmp_path / "out"
+    args = (f"--source={root}", f"--output_dir={out}", "--num_shards=3", "--image_format=png")
+    assert convert(*args)[0] == 0
+    edited = np.zeros((10, 12, 3), np.uint8)
+    save_image(os.path.join(root, "cat", "0.png"), edited)
+    code, _, err = convert(*args, capsys=capsys)
+    assert code == 0 and "reusing 2 complete, verified shard(s) of 3" in err and "converting 4 images" in err
+    got = {name: image for name, _, image, _ in read_back(str(out), "train")}
+    np.testing.assert_array_equal(got["cat/0.png"], edited)
+
+
+def test_exif_orientation_is_applied(tmp_path):
+    rng = np.random.default_rng(8)
+    root = tmp_path / "photos"
+    stored = rng.integers(0, 256, (4, 8, 3), dtype=np.uint8)
+    exif_jpeg(str(root / "cat" / "portrait.jpg"), stored, 8)
+    save_image(str(root / "dog" / "0.png"), rng.integers(0, 256, (8, 4, 3), dtype=np.uint8))
+    out = tmp_path / "out"
+    assert convert(f"--source={root}", f"--output_dir={out}")[0] == 0
+    m = manifest(out)
+    assert m["image_shape"]["height"] == 8 and m["image_shape"]["width"] == 4
+    assert m["adjusted"] == {"exif_orientation_applied": 1}
+    records = {r[0]: r for r in read_back(str(out), "train")}
+    assert records["cat/portrait.jpg"][3][tfrecord.FORMAT] == b"jpeg"
+    assert records["cat/portrait.jpg"][2].shape == (8, 4, 3)
+
+
+def test_a_grayscale_dataset_with_bmp_webp_and_tiff_trains(tmp_path):
+    from PIL import Image
+
+    rng = np.random.default_rng(9)
+    root = tmp_path / "gray"
+    pixels = {}
+    for i, (cls, ext, kwargs) in enumerate([("a", "png", {}), ("a", "bmp", {}), ("b", "tif", {}),
+                                            ("b", "jpg", {"quality": 100})]):
+        array = rng.integers(0, 256, (4, 4), dtype=np.uint8)
+        os.makedirs(root / cls, exist_ok=True)
+        Image.fromarray(array).save(root / cls / f"{i}.{ext}", **kwargs)
+        pixels[f"{cls}/{i}.{ext}"] = array
+    out = tmp_path / "out"
+    assert convert(f"--source={root}", f"--output_dir={out}")[0] == 0
+    m = manifest(out)
+    assert m["image_shape"]["channels"] == 1
+    records = read_back(str(out), "train")  # decodes every record at the manifest's channels, as training does
+    assert len(records) == 4
+    for name, _, image, _ in records:
+        if not name.endswith(".jpg"):
+            np.testing.assert_array_equal(image[..., 0], pixels[name])
+
+
+def test_rerunning_a_skip_bad_conversion_without_it_leaves_the_dataset(mixed_folder, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert convert(f"--source={mixed_folder}", f"--output_dir={out}", "--skip_bad")[0] == 0
+    good = manifest(out)
+    shards = {f: tfrecord.sha256_file(f) for f in shard_files(str(out))}
+    code, _, err = convert(f"--source={mixed_folder}", f"--output_dir={out}", capsys=capsys)
+    assert code == 1 and "broken.jpg: cannot decode" in one_error(err)
+    assert manifest(out) == good
+    assert {f: tfrecord.sha256_file(f) for f in shard_files(str(out))} == shards
+    assert sorted(os.listdir(out)) == sorted([os.path.basename(f) for f in shards] + [".tfgpu-convert", "dataset.json"])
+    assert len(read_back(str(out), "train")) == 15
+
+
+def test_a_rebuild_that_fails_leaves_the_finished_dataset_then_a_fixed_one_swaps_in(png_folder, tmp_path, capsys):
+    root, _ = png_folder
+    out = tmp_path / "out"
+    args = (f"--source={root}", f"--output_dir={out}", "--num_shards=3", "--image_format=png")
+    assert convert(*args)[0] == 0
+    good = manifest(out)
+    victim = os.path.join(root, "dog", "1.png")
+    with open(victim, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n truncated")
+    code, _, err = convert(*args, capsys=capsys)
+    assert code == 1 and f"{victim}: cannot decode" in one_error(err)
+    assert manifest(out) == good and len(read_back(str(out), "train")) == 12
+    save_image(victim, np.full((11, 14, 3), 7, np.uint8))
+    assert convert(*args)[0] == 0
+    assert not [f for f in os.listdir(out) if f.startswith(".") and f != ".tfgpu-convert"]
+    got = {name: image for name, _, image, _ in read_back(str(out), "train")}
+    assert len(got) == 12 and (got["dog/1.png"] == 7).all()
+
+
+def test_every_image_skipped_is_refused_and_one_class_is_warned(tmp_path, capsys):
+    root = tmp_path / "bad"
+    for cls in ("cat", "dog"):
+        os.makedirs(root / cls)
+        (root / cls / "0.jpg").write_bytes(b"\xff\xd8\xff not a jpeg")
+    code, _, err = convert(f"--source={root}", f"--output_dir={tmp_path / 'out'}", "--skip_bad", capsys=capsys)
+    assert code == 1 and "every image of split 'train' was skipped as bad (2 of 2" in one_error(err)
+    assert not os.path.exists(tmp_path / "out" / "dataset.json")
+
+    single = tmp_path / "single"
+    save_image(str(single / "faces" / "0.png"), np.zeros((4, 4, 3), np.uint8))
+    code, _, err = convert(f"--source={single}", f"--output_dir={tmp_path / 'out1'}", capsys=capsys)
+    assert code == 0 and "warning: only one class (faces) has images" in err
+
+
+def test_files_not_converted_are_counted_by_reason(tmp_path, capsys, monkeypatch):
+    rng = np.random.default_rng(10)
+    root = tmp_path / "src"
+    for rel in ("cat/0.png", "cat/locked/1.png", "dog/0.png"):
+        save_image(str(root / rel), rng.integers(0, 256, (4, 4, 3), dtype=np.uint8))
+    (root / "dog" / "1.heic").write_bytes(b"heic")
+    real_scandir = os.scandir
+
+    def scandir(path="."):
+        if os.fspath(path).endswith("locked"):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    code, _, err = convert(f"--source={root}", f"--output_dir={tmp_path / 'out'}", capsys=capsys)
+    assert code == 1 and one_error(err).startswith(f"error: {root / 'cat' / 'locked'}: cannot list this folder")
+    code, _, err = convert(f"--source={root}", f"--output_dir={tmp_path / 'out'}", "--skip_bad", capsys=capsys)
+    assert code == 0
+    assert "not converted: 1 files that are not images tfgpu converts (by extension), 1 folders that cannot be " \
+           "listed" in err
+    m = manifest(tmp_path / "out")
+    assert m["not_converted"] == {"not_an_image": {"count": 1, "paths": [str(root / "dog" / "1.heic")]},
+                                  "unreadable_folder": {"count": 1, "paths": [str(root / "cat" / "locked")]}}
+    assert m["splits"]["train"]["num_examples"] == 2
+
+
+def test_names_that_are_not_utf8_convert_or_stop_in_one_line(tmp_path, capsys):
+    root = os.fsencode(str(tmp_path / "src"))
+    for folder in (b"cat", b"dog"):
+        os.makedirs(os.path.join(root, folder))
+        with open(os.path.join(root, folder, b"caf\xe9.png"), "wb") as f:
+            f.write(png_bytes(np.zeros((4, 4, 3), np.uint8)))
+    for extra in ([], ["--skip_bad"]):
+        out = tmp_path / f"out{len(extra)}"
+        code, stdout, err = convert(f"--source={tmp_path / 'src'}", f"--output_dir={out}", *extra, capsys=capsys)
+        assert code == 0, err
+        names = sorted(r[3][tfrecord.FILENAME] for r in read_back(str(out), "train"))
+        assert names == [b"cat/caf\xe9.png", b"dog/caf\xe9.png"]
+    os.makedirs(os.path.join(root, b"\xe9t\xe9"))
+    with open(os.path.join(root, b"\xe9t\xe9", b"0.png"), "wb") as f:
+        f.write(png_bytes(np.zeros((4, 4, 3), np.uint8)))
+    code, _, err = convert(f"--source={tmp_path / 'src'}", f"--output_dir={tmp_path / 'o3'}", capsys=capsys)
+    assert code == 1 and "\\xe9t\\xe9: a class folder name must be UTF-8" in one_error(err)
+
+
+def test_an_output_dir_that_cannot_be_written_is_one_line(png_folder, tmp_path, capsys, monkeypatch):
+    root, _ = png_folder
+    out = tmp_path / "readonly"
+    out.mkdir()
+    real_makedirs = os.makedirs
+
+    def makedirs(path, *args, **kwargs):
+        if os.fspath(path).startswith(str(out)) and not os.path.isdir(path):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_makedirs(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "makedirs", makedirs)
+    code, _, err = convert(f"--source={root}", f"--output_dir={out}", capsys=capsys)
+    assert code == 1 and one_error(err) == f"error: --output_dir: cannot write to {out}: Permission denied"
+
+
+@pytest.mark.parametrize("case", ["empty arrays", "object dtype", "text file", "empty file", "npy file"])
+def test_npz_files_that_cannot_be_used_are_one_line_naming_them(tmp_path, capsys, case):
+    path = tmp_path / "data.npz"
+    if case == "empty arrays":
+        np.savez(path, x=np.zeros((0, 4, 4), np.uint8), y=np.zeros((0,), np.int64))
+    elif case == "object dtype":
+        np.savez(path, x=np.array([np.zeros((4, 4), np.uint8), None], dtype=object), y=np.array([0, 1]))
+    elif case == "text file":
+        path.write_text("x,y\n1,2\n")
+    elif case == "empty file":
+        path.write_bytes(b"")
+    else:
+        with open(path, "wb") as f:
+            np.save(f, np.zeros((2, 4, 4), np.uint8))
+    code, _, err = convert(f"--source={path}", f"--output_dir={tmp_path / 'out'}", capsys=capsys)
+    assert code == 1 and one_error(err).startswith(f"error: --source: {path}")
+
+
+def test_rgba_npz_drops_alpha_as_the_docs_say(tmp_path, capsys):
+    rng = np.random.default_rng(11)
+    x = rng.integers(0, 256, (6, 4, 4, 4), dtype=np.uint8)
+    path = tmp_path / "rgba.npz"
+    np.savez(path, x=x, y=np.arange(6) % 2)
+    out = tmp_path / "out"
+    code, _, err = convert(f"--source={path}", f"--output_dir={out}", capsys=capsys)
+    assert code == 0 and "dropping the alpha channel (4 -> 3 channels)" in err
+    m = manifest(out)
+    assert m["image_shape"]["channels"] == 3 and m["image_shape"]["channels_seen"] == {"3": 6}
+    for filename, _, image, _ in read_back(str(out), "train"):
+        np.testing.assert_array_equal(image, x[int(filename.split("/")[1])][..., :3])

@@ -205,7 +205,8 @@ def _check_source(o: Options, source: sources.Source, splits: dict, stream) -> N
         print(f"took {len(source.followed_outside)} image(s) through symlinks that lead outside their class folder "
               f"(first: {display(source.followed_outside[0])})", file=stream)
     if source.not_converted:
-        counts = ", ".join(f"{len(paths)} {folders.REASONS[reason]}" for reason, paths in source.not_converted.items())
+        counts = ", ".join(f"{len(source.not_converted[reason])} {text}" for reason, text in folders.REASONS.items()
+                           if reason in source.not_converted)
         print(f"not converted: {counts}; listed under not_converted in dataset.json", file=stream)
     stream.flush()
 

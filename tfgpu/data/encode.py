@@ -19,6 +19,7 @@ Each such change is counted per reason in the shard's statistics and the manifes
 import dataclasses
 import io
 import re
+import warnings
 
 import numpy as np
 
@@ -97,8 +98,10 @@ def exif_orientation(encoded: bytes, fmt: str) -> int:
     from PIL import Image
 
     try:
-        with Image.open(io.BytesIO(encoded)) as im:
-            value = int(im.getexif().get(ORIENTATION_TAG, 1))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Pillow warns of odd EXIF blocks; the orientation is all we need
+            with Image.open(io.BytesIO(encoded)) as im:
+                value = int(im.getexif().get(ORIENTATION_TAG, 1))
     except Exception:  # a malformed EXIF block is not a bad image: TF decodes the pixels regardless
         return 1
     return value if value in _ORIENT else 1
@@ -113,14 +116,16 @@ def orient(image: np.ndarray, orientation: int) -> np.ndarray:
 def _decode_tiff(encoded: bytes) -> np.ndarray:
     from PIL import Image
 
-    with Image.open(io.BytesIO(encoded)) as im:
-        im.seek(0)
-        if im.mode.startswith("I;16"):
-            return (np.asarray(im).astype(np.uint32) >> 8).astype(np.uint8)[..., None]
-        if im.mode in ("I", "F"):
-            raise ValueError(f"32-bit {'float' if im.mode == 'F' else 'integer'} samples; save it with 8 bits")
-        gray = im.mode in ("1", "L", "LA", "La")
-        array = np.asarray(im.convert("L" if gray else "RGB"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a damaged file raises below; Pillow's warnings would only repeat it
+        with Image.open(io.BytesIO(encoded)) as im:
+            im.seek(0)
+            if im.mode.startswith("I;16"):
+                return (np.asarray(im).astype(np.uint32) >> 8).astype(np.uint8)[..., None]
+            if im.mode in ("I", "F"):
+                raise ValueError(f"32-bit {'float' if im.mode == 'F' else 'integer'} samples; save it with 8 bits")
+            gray = im.mode in ("1", "L", "LA", "La")
+            array = np.asarray(im.convert("L" if gray else "RGB"))
     return array[..., None] if array.ndim == 2 else array
 
 
@@ -139,12 +144,11 @@ def decode(encoded: bytes, origin: str) -> tuple:
 
     fmt = sniff(encoded)
     try:
-        if fmt == "tiff":
-            image = _decode_tiff(encoded)
-        else:
-            image = tf.io.decode_image(encoded, expand_animations=False).numpy()
-    except (tf.errors.OpError, ValueError, OSError) as e:
-        text = _op_error_text(e) if isinstance(e, tf.errors.OpError) else str(e).splitlines()[0]
+        image = _decode_tiff(encoded) if fmt == "tiff" else \
+            tf.io.decode_image(encoded, expand_animations=False).numpy()
+    except Exception as e:  # TF's OpError, or anything Pillow raises for a TIFF (its errors have no common base)
+        text = _op_error_text(e) if isinstance(e, tf.errors.OpError) else \
+            (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise BadImageError(origin, f"cannot decode ({text})") from None
     if image.size == 0:
         raise BadImageError(origin, "empty image")
