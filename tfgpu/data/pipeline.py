@@ -177,8 +177,34 @@ def _tfds_dir(config: Config) -> str:
     return directory
 
 
-def _pipeline_files(info: DatasetInfo, split: str, num_pipelines: int, pipeline_id: int):
-    """This pipeline's files and its record count; file-level sharding when every pipeline gets a file."""
+def train_share(files, num_pipelines: int, pipeline_id: int):
+    """This pipeline's share of a split's ``files`` ((file, num_examples), ...): ((file_index, first_record,
+    num_records), ...) and the records it trains on per epoch.
+
+    The split's records, files taken in strided order (file i goes to slot ``i % num_pipelines``), are cut into
+    ``num_pipelines`` contiguous ranges whose sizes differ by at most one. When the files divide evenly by
+    records every range is whole files (``files[p::num_pipelines]``); otherwise at most ``num_pipelines - 1``
+    files are split between two pipelines, each reading its part (skipping to it costs a read, no decode).
+    Every pipeline trains on ``total // num_pipelines`` records per epoch, so all pipelines start every epoch at
+    the same step and the ranges together hold each record once; a pipeline whose range is one record longer
+    leaves out one record per epoch, the one its shuffle puts last (fewer than ``num_pipelines`` in all).
+    """
+    order = sorted(range(len(files)), key=lambda i: (i % num_pipelines, i))
+    total = sum(n for _, n in files)
+    lo, hi = total * pipeline_id // num_pipelines, total * (pipeline_id + 1) // num_pipelines
+    segments, start = [], 0
+    for i in order:
+        n = files[i][1]
+        first, last = max(lo, start), min(hi, start + n)
+        if first < last:
+            segments.append((i, first - start, last - first))
+        start += n
+    return tuple(segments), total // num_pipelines
+
+
+def _eval_files(info: DatasetInfo, split: str, num_pipelines: int, pipeline_id: int):
+    """This pipeline's eval files and its record count; element sharding (of one fixed order, read by every
+    pipeline) when some pipeline would get no file."""
     files = info.split_files[split]
     if len(files) >= num_pipelines:
         mine = files[pipeline_id::num_pipelines]
@@ -187,15 +213,40 @@ def _pipeline_files(info: DatasetInfo, split: str, num_pipelines: int, pipeline_
     return [f for f, _ in files], len(range(pipeline_id, total, num_pipelines)), True
 
 
+def _open(filename, compression, skip_corrupt):
+    records = tf.data.TFRecordDataset(filename, compression_type="GZIP" if compression == "gzip" else None)
+    return records.ignore_errors(log_warning=True) if skip_corrupt else records
+
+
 def _records(file_ds, num_files, compression, workers, skip_corrupt=False):
     """Records of the files in ``file_ds``, interleaved in a fixed order (parallel reads)."""
+    return file_ds.interleave(lambda f: _open(f, compression, skip_corrupt), cycle_length=min(num_files, 16),
+                              block_length=1, num_parallel_calls=workers, deterministic=True)
 
-    def read(filename):
-        records = tf.data.TFRecordDataset(filename, compression_type="GZIP" if compression == "gzip" else None)
-        return records.ignore_errors(log_warning=True) if skip_corrupt else records
 
-    return file_ds.interleave(read, cycle_length=min(num_files, 16), block_length=1, num_parallel_calls=workers,
-                              deterministic=True)
+def _segment_records(segment_ds, num_segments, compression, workers, skip_corrupt, keyed):
+    """Records of (file, file_index, first, count) segments, interleaved in a fixed order (parallel reads).
+
+    ``keyed`` pairs each record with its identity ``file_index * 2**32 + index in the file`` (tfgpu.audit_input
+    counts identities; byte-identical records in two places stay two records)."""
+
+    def read(filename, file_index, first, count):
+        records = _open(filename, compression, skip_corrupt)
+        if keyed:
+            records = tf.data.Dataset.zip(tf.data.Dataset.counter(start=file_index * (1 << 32)), records)
+        return records.skip(first).take(count)
+
+    return segment_ds.interleave(read, cycle_length=min(num_segments, 16), block_length=1,
+                                 num_parallel_calls=workers, deterministic=True)
+
+
+def _exact_epoch(records, share: int, epoch_size: int, skip_corrupt: bool):
+    """Exactly ``epoch_size`` records of one epoch's stream, so epochs start at the same step in every pipeline
+    and a resumed run finds them where the uninterrupted one did. --skip_corrupt_records: an unreadable
+    record's place is taken by a repeat of the epoch's first records, so nothing after it shifts."""
+    if skip_corrupt:
+        return records.repeat().take(epoch_size)
+    return records.take(epoch_size) if share > epoch_size else records
 
 
 def _with_options(ds, config: Config, deterministic: bool):
@@ -222,8 +273,13 @@ def find_corrupt_record(info: DatasetInfo):
     return None
 
 
-def train_dataset_fn(config: Config, info: DatasetInfo, start_step: int):
-    """Returns ``fn(input_context) -> Dataset`` of per-replica (image, label) batches, resumed at ``start_step``."""
+def train_dataset_fn(config: Config, info: DatasetInfo, start_step: int, record_keys: bool = False):
+    """Returns ``fn(input_context) -> Dataset`` of per-replica (image, label) batches, resumed at ``start_step``.
+
+    Each input pipeline trains on its share of the split (``train_share``); an epoch is ``total //
+    num_input_pipelines`` records of every pipeline, batches run on across epoch boundaries. ``record_keys``
+    yields batches of record identities instead of decoded examples (same records, same order; for
+    tfgpu.audit_input)."""
     workers = config.data_workers or tf.data.AUTOTUNE
 
     def dataset_fn(ctx: tf.distribute.InputContext):
@@ -231,59 +287,87 @@ def train_dataset_fn(config: Config, info: DatasetInfo, start_step: int):
         replicas_here = ctx.num_replicas_in_sync // ctx.num_input_pipelines
         if info.name == "synthetic":
             return _synthetic(info, per_replica, config.seed + ctx.input_pipeline_id)
-        files, epoch_size, element_shard = _pipeline_files(
-            info, info.train_split, ctx.num_input_pipelines, ctx.input_pipeline_id)
+        split_files = info.split_files[info.train_split]
+        segments, epoch_size = train_share(split_files, ctx.num_input_pipelines, ctx.input_pipeline_id)
+        share = sum(n for _, _, n in segments)
         if epoch_size < per_replica:
             raise ConfigError("global_batch_size", f"{config.global_batch_size} is larger than the "
                               f"{info.num_train_examples} examples of split {info.train_split!r}")
         consumed = start_step * config.batches_per_step * replicas_here * per_replica
         start_epoch, offset = divmod(consumed, epoch_size)
         seed = config.seed * 1_000_003 + ctx.input_pipeline_id
+        file_index, first, count = (tf.constant(column, tf.int64) for column in zip(*segments))
+        segment_ds = tf.data.Dataset.from_tensor_slices(
+            ([split_files[i][0] for i, _, _ in segments], file_index, first, count))
 
-        def epoch(e):
-            file_ds = tf.data.Dataset.from_tensor_slices(files).shuffle(len(files), seed=seed + e * 7919)
-            records = _records(file_ds, len(files), info.compression, workers, config.skip_corrupt_records)
-            if element_shard:
-                records = records.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
-            if config.shuffle_buffer > 1:
-                records = records.shuffle(config.shuffle_buffer, seed=seed + e * 104729 + 1)
-            return records.skip(tf.where(e == start_epoch, tf.constant(offset, tf.int64), 0))
+        def read(ds):
+            return _segment_records(ds, len(segments), info.compression, workers, config.skip_corrupt_records,
+                                    record_keys)
 
-        if config.cache:
-            records = _cached_epochs(config, info, files, element_shard, ctx, workers, seed, consumed)
-        else:
-            records = tf.data.Dataset.range(start_epoch, 1 << 40).flat_map(epoch)
-        indexed = tf.data.Dataset.zip(tf.data.Dataset.counter(start=consumed), records)
-        h, w, c = info.image_shape
-
-        def parse(index, serialized):
-            features = tfrecord.parse_example(serialized)
-            image = augment.preprocess_train(features, config.image_size, c, config.augment,
-                                             tf.stack([seed, index]))
+        def parse(index, element):
+            if record_keys:
+                return element[0]
+            features = tfrecord.parse_example(element)
+            image = augment.preprocess_train(features, config.image_size, c, config.augment, index)
             return tf.ensure_shape(image, [h, w, c]), features[tfrecord.LABEL]
 
-        ds = indexed.map(parse, num_parallel_calls=workers, deterministic=config.deterministic_input)
-        ds = ds.batch(per_replica, drop_remainder=True)
+        h, w, c = info.image_shape
         if config.data_service:
-            # Each input pipeline's (already sharded) dataset is produced by the service's workers.
-            ds = ds.apply(tf.data.experimental.service.distribute(
-                processing_mode=tf.data.experimental.service.ShardingPolicy.OFF, service=config.data_service))
+            ds = _service_epochs(config, segment_ds, read, parse, per_replica, share, epoch_size)
+            # Two epochs open at a time, read one after the other: the next epoch's job starts while this one
+            # is consumed (a new job takes about a second to reach its first example).
+            ds = tf.data.Dataset.range(start_epoch, 1 << 40).interleave(
+                lambda e: ds.skip(tf.where(e == start_epoch, tf.constant(offset, tf.int64), 0)), cycle_length=2,
+                block_length=epoch_size, num_parallel_calls=2, deterministic=True)
+            ds = ds.batch(per_replica, drop_remainder=True)
+            return _with_options(ds.prefetch(tf.data.AUTOTUNE), config, config.deterministic_input)
+
+        if config.cache:
+            # Held in memory after the first pass; later epochs shuffle the cached records.
+            cached = read(segment_ds).cache()
+
+        def epoch(e):
+            if config.cache:
+                records = cached
+            else:
+                records = read(segment_ds.shuffle(len(segments), seed=seed + e * 7919))
+            if config.shuffle_buffer > 1:
+                records = records.shuffle(config.shuffle_buffer, seed=seed + e * 104729 + 1)
+            records = _exact_epoch(records, share, epoch_size, config.skip_corrupt_records)
+            return records.skip(tf.where(e == start_epoch, tf.constant(offset, tf.int64), 0))
+
+        records = tf.data.Dataset.range(start_epoch, 1 << 40).flat_map(epoch)
+        indexed = tf.data.Dataset.zip(tf.data.Dataset.counter(start=consumed), records)
+        ds = indexed.map(lambda i, element: parse(tf.stack([seed, i]), element), num_parallel_calls=workers,
+                         deterministic=config.deterministic_input)
+        ds = ds.batch(per_replica, drop_remainder=True)
         return _with_options(ds.prefetch(tf.data.AUTOTUNE), config, config.deterministic_input)
 
     return dataset_fn
 
 
-def _cached_epochs(config, info, files, element_shard, ctx, workers, seed, consumed):
-    """--cache: this pipeline's encoded records held in memory, reshuffled every epoch (a fixed sequence for
-    the seed) and positioned by skipping the records already consumed; skipping cached bytes is cheap."""
-    records = _records(tf.data.Dataset.from_tensor_slices(files), len(files), info.compression, workers,
-                       config.skip_corrupt_records)
-    if element_shard:
-        records = records.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
-    records = records.cache()
+def _service_epochs(config, segment_ds, read, parse, per_replica, share, epoch_size):
+    """--data_service: one epoch of this pipeline's examples, produced by the service's workers.
+
+    Dynamic sharding hands each segment of the pipeline's share to one service worker, so the workers together
+    produce every record once per epoch (at most once if a worker dies mid-epoch, tf.data service's own
+    guarantee). Each epoch is a new service job; its examples arrive in the order workers finish them, so
+    which records of an epoch a step sees is not a function of the step: a resumed run restarts inside the
+    same epoch at the same count, but the records it skips are not the ones the interrupted run trained on
+    (its interrupted epoch may repeat or miss up to the records consumed before the interruption; every later
+    epoch is exactly once). Workers batch their examples; batches are re-cut here, so no worker drops a
+    remainder."""
+    service = tf.data.experimental.service
+    records = read(segment_ds.shuffle(64))
     if config.shuffle_buffer > 1:
-        records = records.shuffle(config.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    return records.repeat().skip(consumed)
+        records = records.shuffle(config.shuffle_buffer)
+    # Augmentation seeds drawn per example: the service's order is not reproducible anyway.
+    randomized = tf.data.Dataset.zip(tf.data.Dataset.random(), records)
+    examples = randomized.map(lambda r, element: parse(tf.stack([config.seed, r]), element),
+                              num_parallel_calls=config.data_workers or tf.data.AUTOTUNE)
+    produced = examples.batch(per_replica).apply(service.distribute(
+        processing_mode=service.ShardingPolicy.DYNAMIC, service=config.data_service))
+    return _exact_epoch(produced.unbatch(), share, epoch_size, config.skip_corrupt_records)
 
 
 def _synthetic(info: DatasetInfo, per_replica: int, seed: int):
@@ -302,7 +386,7 @@ def eval_steps(config: Config, info: DatasetInfo, num_pipelines: int, num_replic
     global_batch = config.eval_batch_size or config.global_batch_size
     per_replica = global_batch // num_replicas
     replicas_here = num_replicas // num_pipelines
-    most = max(_pipeline_files(info, info.eval_split, num_pipelines, p)[1] for p in range(num_pipelines))
+    most = max(_eval_files(info, info.eval_split, num_pipelines, p)[1] for p in range(num_pipelines))
     return max(1, math.ceil(most / (per_replica * replicas_here)))
 
 
@@ -315,7 +399,7 @@ def eval_dataset_fn(config: Config, info: DatasetInfo, steps: int):
         per_replica = ctx.get_per_replica_batch_size(global_batch)
         replicas_here = ctx.num_replicas_in_sync // ctx.num_input_pipelines
         h, w, c = info.image_shape
-        files, _, element_shard = _pipeline_files(
+        files, _, element_shard = _eval_files(
             info, info.eval_split, ctx.num_input_pipelines, ctx.input_pipeline_id)
         records = _records(tf.data.Dataset.from_tensor_slices(files), len(files), info.compression, workers,
                            config.skip_corrupt_records)
