@@ -95,8 +95,9 @@ def test_classifier_extractor_gives_penultimate_features_and_fid_separates_digit
     labels = digits.target
     metrics = fid.train_feature_classifier((images[:1400], labels[:1400]), (images[1400:], labels[1400:]),
                                            str(tmp_path / "clf"), seed=0, epochs=8)
-    assert metrics["val_accuracy"] > 0.8
+    assert metrics["val_accuracy"] > 0.8 and metrics["trained"] is True
     extractor = fid.ClassifierFeatures(str(tmp_path / "clf"))
+    assert extractor.trained is True
     assert "classifier_penultimate" in extractor.name and "model.keras" in extractor.name
     features = extractor(images)
     assert features.shape == (len(images), extractor.feature_size)
@@ -110,3 +111,39 @@ def test_classifier_extractor_gives_penultimate_features_and_fid_separates_digit
     assert extractor(big).shape == (8, extractor.feature_size)
     with pytest.raises(FileNotFoundError, match="export/model.keras"):
         fid.ClassifierFeatures(str(tmp_path / "nothing-here"))
+
+
+def test_a_classifier_saved_under_mixed_bfloat16_gives_float32_features(tmp_path):
+    """A saved layer keeps its dtype policy whatever the global one at load time; features must be float32
+    computations all the same (bfloat16 keeps 8 bits of mantissa: FIDs would move with the training run's
+    precision)."""
+    import keras
+
+    from tfgpu.models import create_model
+
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        saved = create_model("small_cnn", (8, 8, 1), 10)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    (tmp_path / "export").mkdir()
+    saved.save(tmp_path / "export" / "model.keras")
+    extractor = fid.ClassifierFeatures(str(tmp_path))
+    assert {layer.compute_dtype for layer in extractor.model._flatten_layers()} == {"float32"}
+    reference = create_model("small_cnn", (8, 8, 1), 10)
+    reference.set_weights(saved.get_weights())
+    images = np.random.default_rng(0).uniform(-1, 1, (16, 8, 8, 1)).astype(np.float32)
+    expected = keras.Model(reference.inputs, fid._last_dense(reference).input)(images).numpy()
+    np.testing.assert_allclose(extractor(images), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_one_class_gives_an_untrained_extractor_that_says_so(tmp_path):
+    """One class leaves a classifier nothing to learn (one logit, loss 0 whatever the weights): the network is
+    kept as initialised, and its record, name and ``trained`` flag say so."""
+    rng = np.random.default_rng(0)
+    images = rng.uniform(-1, 1, (64, 8, 8, 1)).astype(np.float32)
+    metrics = fid.train_feature_classifier((images, np.zeros(64, np.int64)), None, str(tmp_path / "clf"), seed=0)
+    assert metrics["trained"] is False and "1 class" in metrics["reason"]
+    extractor = fid.ClassifierFeatures(str(tmp_path / "clf"))
+    assert extractor.trained is False and "untrained" in extractor.name
+    assert extractor(images).shape == (64, extractor.feature_size)

@@ -1,10 +1,15 @@
 """FID and KID between generated and real images, and the feature extractors they are measured with.
 
 Two extractors, and every result names the one it used (``feature_extractor``)
-so scores from different extractors are never compared by mistake:
+and how many images it compared (``fid_num_real``, ``fid_num_fake``), so scores
+from different extractors or sample counts are never compared by mistake:
 
-- ``InceptionFeatures``: InceptionV3 pool3 (2048-d, images resized to 299x299),
-  the standard FID, from a local weights file; nothing is ever downloaded.
+- ``InceptionFeatures``: Keras's ImageNet InceptionV3 (``keras.applications``,
+  2048-d average-pooled features, images resized to 299x299) from a local
+  weights file; nothing is ever downloaded. This is *not* the 2015 TensorFlow
+  Inception graph (``pt_inception-2015-12-05``) that published FIDs are computed
+  with: its weights and resizing differ, so its FIDs are not comparable with
+  published numbers, only with each other.
 - ``ClassifierFeatures``: the penultimate layer (the input of the last Dense) of a
   classifier trained by tfgpu (``<model_dir>/export/model.keras``), for offline
   use on any dataset tfgpu can train on. Its scores are comparable only with
@@ -12,7 +17,10 @@ so scores from different extractors are never compared by mistake:
 
 FID (Heusel et al. 2017) is the Frechet distance between Gaussians fitted to the
 two feature sets; KID (Binkowski et al. 2018) is the unbiased MMD^2 with the
-cubic polynomial kernel, averaged over random subsets.
+cubic polynomial kernel, averaged over random subsets. FID is biased upward by
+a term that shrinks with the sample count N (two samples of one distribution in
+2048-d features score about 47 at N=2,000 and 12 at N=8,000), so an FID compares
+only with FIDs at the same N; KID is unbiased.
 """
 import contextlib
 import logging
@@ -113,6 +121,7 @@ class FeatureExtractor:
     """Maps a batch of NHWC images in [-1, 1] to an (N, D) float32 feature array."""
     name = ""
     batch_size = 256
+    trained = True  # False: a randomly initialised network (train_feature_classifier on one class)
 
     def _features(self, images):
         raise NotImplementedError
@@ -128,7 +137,8 @@ class FeatureExtractor:
 
 
 class InceptionFeatures(FeatureExtractor):
-    """InceptionV3 pool3 features (2048-d) from a local weights file: the standard FID."""
+    """Keras's ImageNet InceptionV3, average-pooled (2048-d), from a local weights file (not the 2015 FID
+    Inception graph: see the module docstring)."""
     batch_size = 64
 
     def __init__(self, weights_path: str):
@@ -140,7 +150,7 @@ class InceptionFeatures(FeatureExtractor):
         with float32_policy():
             self.model = keras.applications.InceptionV3(include_top=False, pooling="avg", weights=weights_path,
                                                         input_shape=(299, 299, 3))
-        self.name = f"inception_v3_pool3:{os.path.abspath(weights_path)}"
+        self.name = f"keras_inception_v3_imagenet_avgpool:{os.path.abspath(weights_path)}"
 
         @tf.function(reduce_retracing=True)
         def features(images):
@@ -160,6 +170,31 @@ def _last_dense(model):
     if not dense:
         raise ValueError(f"{model.name} has no Dense layer whose input could serve as features")
     return dense[-1]
+
+
+def _compute_in_float32(model) -> None:
+    """Makes every layer of a loaded ``model`` compute in float32. A saved layer keeps the dtype policy it was
+    trained with (e.g. mixed_bfloat16) whatever the global policy at load time; its variables are float32
+    already under any mixed policy, so only the policy changes."""
+    for layer in model._flatten_layers(include_self=True):
+        if layer.dtype_policy.compute_dtype != "float32":
+            layer.dtype_policy = "float32"
+
+
+def _classifier_trained(model_path: str) -> tuple:
+    """(trained, reason) from the ``metrics.json`` next to ``<dir>/export/model.keras``; a run without that
+    record (any tfgpu classification run) was trained."""
+    import json
+
+    record = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(model_path))), "metrics.json")
+    try:
+        with open(record) as f:
+            metrics = json.load(f)
+    except (OSError, ValueError):
+        return True, ""
+    if isinstance(metrics, dict) and metrics.get("trained") is False:
+        return False, str(metrics.get("reason", "not trained"))
+    return True, ""
 
 
 def classifier_model_path(model_dir_or_file: str) -> str:
@@ -184,10 +219,14 @@ class ClassifierFeatures(FeatureExtractor):
                                     "`python -m tfgpu.train --task=classification ...` (it writes export/model.keras)")
         with float32_policy():
             classifier = keras.models.load_model(path, compile=False)
+        _compute_in_float32(classifier)
         head = _last_dense(classifier)
         self.model = keras.Model(classifier.inputs, head.input)
         self.input_shape = tuple(classifier.inputs[0].shape[1:])
         self.feature_size = int(head.input.shape[-1])
+        self.trained, untrained_reason = _classifier_trained(path)
+        if not self.trained:
+            label = f"untrained: {untrained_reason}"
         self.name = f"classifier_penultimate:{os.path.abspath(path)}" + (f" ({label})" if label else "")
 
         @tf.function(reduce_retracing=True)
@@ -220,7 +259,12 @@ def feature_classifier(input_shape, num_classes):
 def train_feature_classifier(train, val, out_dir: str, seed: int, epochs: int = 30, batch_size: int = 64) -> dict:
     """Trains ``feature_classifier`` on (images in [-1, 1], labels) and exports it to
     ``<out_dir>/export/model.keras`` (atomic rename), the layout ``ClassifierFeatures`` reads. Returns
-    {"val_accuracy": ...} (also in ``<out_dir>/metrics.json``). Used when a GAN run names no extractor."""
+    {"trained": True, "val_accuracy": ...} (also in ``<out_dir>/metrics.json``). Used when a GAN run names no
+    extractor.
+
+    With fewer than two classes among ``labels`` there is nothing to learn (one logit: the loss is 0 for
+    any weights), so the network is exported as initialised (seeded) and the record says
+    {"trained": False, "reason": ...}; ``ClassifierFeatures`` then names it untrained."""
     import json
 
     import keras
@@ -229,15 +273,23 @@ def train_feature_classifier(train, val, out_dir: str, seed: int, epochs: int = 
 
     images, labels = train
     num_classes = int(max(labels.max(), val[1].max() if val is not None and len(val[1]) else 0)) + 1
+    present = len(np.unique(labels))
     keras.utils.set_random_seed(seed)
     with float32_policy():
-        model = feature_classifier(images.shape[1:], num_classes)
-        model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=keras.losses.SparseCategoricalCrossentropy(
-            from_logits=True), metrics=["accuracy"])
-        model.fit(images, labels, batch_size=batch_size, epochs=epochs, verbose=0, shuffle=True)
-        metrics = {}
-        if val is not None and len(val[0]):
-            metrics["val_accuracy"] = float(model.evaluate(val[0], val[1], verbose=0, return_dict=True)["accuracy"])
+        model = feature_classifier(images.shape[1:], max(num_classes, 2))
+        if present < 2:
+            epochs = 0
+            metrics = {"trained": False, "reason": f"the {len(images)} training images have {present} class; "
+                       "a classifier cannot learn from one class, so its features are a random network's"}
+            log.warning("FID/KID features: %s", metrics["reason"])
+        else:
+            model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=keras.losses.SparseCategoricalCrossentropy(
+                from_logits=True), metrics=["accuracy"])
+            model.fit(images, labels, batch_size=batch_size, epochs=epochs, verbose=0, shuffle=True)
+            metrics = {"trained": True}
+            if val is not None and len(val[0]):
+                metrics["val_accuracy"] = float(model.evaluate(val[0], val[1], verbose=0,
+                                                               return_dict=True)["accuracy"])
     export = os.path.join(out_dir, "export")
     os.makedirs(export, exist_ok=True)
     tmp = os.path.join(export, f".tmp-{os.getpid()}.keras")

@@ -15,7 +15,8 @@ from tfgpu import precision
 from tfgpu.config import Config, ConfigError
 from tfgpu.data import pipeline
 from tfgpu.distribute import Placement
-from tfgpu.tasks.gan import GanTask
+from tfgpu.models import get_spec
+from tfgpu.tasks.gan import Float32Forward, GanTask
 
 SMALL = ["--task=gan", "--dataset=digits", "--global_batch_size=16", "--latent_dim=16", "--eval_split=none",
          "--verbose=2", "--steps_per_loop=2"]
@@ -78,7 +79,9 @@ def test_nan_guard_skips_a_poisoned_step_and_counts_it(make_task, precision_name
     # The discriminator update (NaN real image) was skipped; its weights are untouched and still finite.
     trainable_d = [w for w in task.discriminator.weights if w.trainable]
     assert not _changed([b for b, w in zip(d_before, task.discriminator.weights) if w.trainable], trainable_d)
-    assert float(precision.current_loss_scale(task.d_optimizer)) == d_scale / 2
+    # Float16 backs its scale off; without float16 the guard has no scale, which stays exactly 1.
+    assert float(precision.current_loss_scale(task.d_optimizer)) == (d_scale / 2 if precision_name ==
+                                                                      "mixed_float16" else 1.0)
     assert _changed(g_before, task.generator.trainable_weights)  # the generator step itself was fine
     clean = step((images, labels))
     assert float(clean["nonfinite_steps"]) == 0.0 and np.isfinite(float(clean["d_loss"]))
@@ -151,10 +154,100 @@ def test_evaluation_scores_the_untrained_generator_and_writes_a_grid(make_task, 
     assert metrics["fid"] == pytest.approx(metrics["fid_initial"], rel=1e-6) and metrics["fid"] > 0
     assert metrics["fid_num_samples"] == 300 and metrics["kid"] > 0
     assert metrics["feature_extractor"].startswith("classifier_penultimate:")
-    assert "fid_features" in metrics["feature_extractor"]
+    assert "fid_features" in metrics["feature_extractor"] and metrics["feature_extractor_trained"] is True
     assert os.path.isfile(os.path.join(model_dir, "samples", "step_0.png"))
     with open(os.path.join(model_dir, "fid_features", "metrics.json")) as f:
         assert json.load(f)["val_accuracy"] > 0.85  # the extractor really knows digits
+
+
+def test_fid_evaluations_keep_their_steps_without_an_eval_split(make_task):
+    """A GAN scores FID/KID on its train split, so --eval_every_steps still ends loops when the data has no eval
+    split (the trainer dropped those boundaries, and the GAN's evaluations silently never ran)."""
+    import dataclasses
+
+    from tfgpu.trainer import Trainer
+
+    task, _ = make_task(eval_every_steps=4, checkpoint_every_steps=0)
+    info = dataclasses.replace(task.info, eval_split="")
+    assert Trainer(task.config, task.placement, task, info, total_steps=10)._boundaries() == [4, 8, 10]
+
+
+def test_conditional_gradient_penalty_interpolates_within_one_class(make_task, monkeypatch):
+    """Conditional WGAN-GP: the penalty scores each interpolate with its real image's label, so the fake it
+    mixes in is generated with that label too (the reference code's recipe), not with a random one."""
+    task, _ = make_task(model="wgan_gp", gan_loss="wasserstein", gradient_penalty=10.0, conditional=True)
+    generated, penalized = [], []
+    generate, gradient_norms = task._generate, task._input_gradient_norms
+
+    def spy_generate(generator, z, labels, training):
+        images = generate(generator, z, labels, training)
+        generated.append((labels.numpy(), images.numpy()))
+        return images
+
+    def spy_norms(images, labels):
+        penalized.append((images.numpy(), labels.numpy()))
+        return gradient_norms(images, labels)
+
+    monkeypatch.setattr(task, "_generate", spy_generate)
+    monkeypatch.setattr(task, "_input_gradient_norms", spy_norms)
+    real, labels = _batch()
+    task.placement.strategy.run(task._discriminator_step, args=(real, labels, tf.constant([1, 2], tf.int64), 0))
+    (fake_labels, fake), = generated
+    mixed, mixed_labels = penalized[0]
+    np.testing.assert_array_equal(mixed_labels, labels.numpy())
+    np.testing.assert_array_equal(fake_labels, labels.numpy())
+    # Every interpolate lies on the segment from its real image to the fake generated with the same label.
+    real, fake, mixed = (x.reshape(len(x), -1) for x in (real.numpy(), fake, mixed))
+    mix = np.sum((mixed - fake) * (real - fake), axis=1) / np.sum((real - fake) ** 2, axis=1)
+    assert np.all((mix >= 0) & (mix <= 1))
+    np.testing.assert_allclose(mix[:, None] * real + (1 - mix[:, None]) * fake, mixed, atol=1e-5)
+
+
+def test_float16_gradient_penalty_loses_no_step_at_the_initial_loss_scale(make_task):
+    """Under mixed_float16 the penalty's gradient of a gradient overflowed float16 at the initial scale 2^15:
+    the first critic update was skipped and the scale halved. It is computed in float32 now."""
+    task, step = make_task(precision="mixed_float16", gradient_penalty=10.0)
+    assert task.config.initial_loss_scale == 2.0 ** 15
+    for i in range(2):
+        assert float(step(_batch(seed=i))["nonfinite_steps"]) == 0
+    assert float(precision.current_loss_scale(task.d_optimizer)) == 2.0 ** 15
+
+
+def test_float32_forward_gives_the_float32_network_and_restores_float16(make_task):
+    task, _ = make_task(precision="mixed_float16")
+    critic, images = task.discriminator, _batch()[0]
+    keras.mixed_precision.set_global_policy("float32")
+    reference = get_spec("dcgan").builder((8, 8, 1), 10, latent_dim=8).discriminator
+    reference.set_weights(critic.get_weights())
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    with Float32Forward(critic):
+        inside = critic(images, training=False)
+        assert {layer.compute_dtype for layer in critic._flatten_layers()} == {"float32"}
+    np.testing.assert_allclose(inside.numpy(), reference(images, training=False).numpy(), rtol=1e-6, atol=1e-7)
+    assert "float16" in {layer.compute_dtype for layer in critic._flatten_layers()}
+    assert abs(float(critic(images, training=False)[0, 0]) - float(inside[0, 0])) > 0  # float16 again
+
+
+def test_ema_generator_gets_batchnorm_statistics_of_its_own_weights(make_task):
+    """The EMA weights come with BatchNorm statistics recomputed for them: the first BatchNorm's moving mean
+    is the mean of its input (the EMA dense layer's output) over the fixed standing-statistics latents, not
+    the raw generator's moving average copied into the EMA."""
+    from tfgpu.tasks.gan import STANDING_STATS_BATCHES
+
+    task, step = make_task()
+    for i in range(3):
+        step(_batch(seed=i))
+    weights = task.generator_weights()
+    generator, _ = task._evaluation_generator()
+    generator.set_weights(weights)
+    norm = next(layer for layer in generator.layers if isinstance(layer, keras.layers.BatchNormalization))
+    before_norm = keras.Model(generator.input, norm.input)
+    z = np.concatenate([task._evaluation_latents(256, 256 * k, seed=3)[0] for k in range(STANDING_STATS_BATCHES)])
+    expected = before_norm(z).numpy().mean(axis=(0, 1, 2))
+    np.testing.assert_allclose(norm.moving_mean.numpy(), expected, rtol=1e-4, atol=1e-6)
+    copied = [v.numpy() for v in task.state.ema][[w.path for w in generator.weights].index(norm.moving_mean.path)]
+    assert not np.allclose(copied, expected, rtol=1e-2, atol=1e-4)
+    assert task.generator_weights(ema=False)[0].shape == weights[0].shape  # the raw weights are unchanged
 
 
 def test_bad_gan_options_name_their_flag(make_task, tmp_path):
@@ -269,3 +362,24 @@ def test_quickstart_gan_fid_falls_five_fold(run_train, tmp_path):
     assert os.listdir(model_dir / "samples")
     evals = read_history(model_dir, "eval")
     assert [e["step"] for e in evals] == [1000, 2000, 3000]
+
+
+@pytest.mark.slow
+def test_workers_wait_for_a_chief_evaluation_longer_than_the_collective_timeout(tmp_path, data_cache):
+    """Two MultiWorkerMirrored workers, --collective_timeout_s=3: the chief's first FID evaluation (it trains
+    the feature classifier first) takes longer than that, and the other worker waits for it in a collective
+    without a timeout instead of timing out in the next training collective (exit 129, a requeue loop)."""
+    from tests.test_multi_worker import _finish, _start_workers
+
+    model_dir = tmp_path / "run"
+    args = [a for a in SMALL if a != "--eval_split=none"] + [
+        "--model=dcgan", "--train_steps=4", "--eval_every_steps=2", "--fid_num_samples=1438",
+        "--collective_timeout_s=3", f"--model_dir={model_dir}"]
+    procs = _start_workers(args, data_cache)
+    outputs = _finish(procs, timeout=300)
+    for proc, output in zip(procs, outputs):
+        assert proc.returncode == 0, output[-3000:]
+        assert "final: step=4" in output, output[-3000:]
+    evals = read_history(model_dir, "eval")
+    assert [e["step"] for e in evals] == [2, 4] and evals[0]["eval_time_s"] > 3
+    assert read_metrics(model_dir)["num_workers"] == 2

@@ -20,7 +20,14 @@ that still skips non-finite updates. Finiteness is decided over all replicas
 (an all-reduce), and a non-finite loss or gradient poisons every replica's
 gradient so all of them skip the same update. Skipped steps are counted in
 ``nonfinite_steps``; the trainer stops after --max_nonfinite_steps in a row.
+
+Under mixed_float16 the gradient penalty and R1 run the discriminator in float32:
+their gradient of a gradient overflows float16 at the usual loss scales (2^15
+gave NaN at initialisation, so the first updates were skipped) and underflows
+without one (R1 of a smooth critic lost 99% of its gradient). Only that extra
+forward pass pays float32's cost; the real and fake logits stay in float16.
 """
+import contextlib
 import logging
 import math
 import os
@@ -38,6 +45,7 @@ log = logging.getLogger("tfgpu")
 
 _ONLY_FIRST = tf.VariableAggregation.ONLY_FIRST_REPLICA
 SAMPLE_GRID_SIZE = 64
+STANDING_STATS_BATCHES = 8  # x 256 latents: BatchNorm statistics recomputed for the EMA generator
 
 
 # -- losses: per-example, float32 logits -------------------------------------------
@@ -61,6 +69,34 @@ def generator_loss(kind: str, fake_logits):
     raise ValueError(f"unknown GAN loss {kind!r}")
 
 
+class Float32Forward:
+    """While open, every layer of ``model`` computes in float32 (its variables are float32 already), so a
+    forward pass traced inside runs in float32 whatever the mixed policy; on exit the policies are back.
+
+    Opened around the penalty's forward pass while a step is traced. MirroredStrategy traces its replicas
+    in threads that run one at a time and pause only at cross-replica calls (synchronized BatchNorm), each
+    replica at the same point of the same code, so the override is counted: it ends when the last replica
+    that opened it closes it."""
+
+    def __init__(self, model: keras.Model):
+        self._layers = [layer for layer in model._flatten_layers(include_self=True)
+                        if layer.dtype_policy.compute_dtype != "float32"]
+        self._policies = [layer.dtype_policy for layer in self._layers]
+        self._open = 0
+
+    def __enter__(self):
+        if self._open == 0:
+            for layer in self._layers:
+                layer.dtype_policy = "float32"
+        self._open += 1
+
+    def __exit__(self, *exc):
+        self._open -= 1
+        if self._open == 0:
+            for layer, policy in zip(self._layers, self._policies):
+                layer.dtype_policy = policy
+
+
 class GanState(tf.Module):
     """What a GAN run checkpoints besides the networks and optimizers: its step counter (the seed of every
     random draw), the EMA of the generator's weights, and the untrained generator's FID."""
@@ -69,7 +105,8 @@ class GanState(tf.Module):
         super().__init__(name="gan_state")
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, aggregation=_ONLY_FIRST, name="step")
         self.fid_initial = tf.Variable(-1.0, trainable=False, aggregation=_ONLY_FIRST, name="fid_initial")
-        # One slot per generator weight (BatchNorm statistics are copied, trainable weights averaged).
+        # One slot per generator weight: trainable weights averaged, BatchNorm statistics copied from the
+        # generator (they belong to its weights; GanTask.generator_weights recomputes them for the EMA ones).
         self.ema = [tf.Variable(w.numpy(), trainable=False, aggregation=_ONLY_FIRST, name=f"ema_{i}")
                     for i, w in enumerate(generator.weights)]
 
@@ -84,6 +121,7 @@ class GanTask(Task):
         self._real_features = None
         self._eval_generator = None
         self._writer = None
+        self._barrier = None
 
     # -- setup -------------------------------------------------------------------
     def _check_config(self):
@@ -105,6 +143,13 @@ class GanTask(Task):
         if config.conditional and self.info.num_classes < 2:
             raise ConfigError("conditional", f"needs labelled data; {self.info.name} has "
                               f"{self.info.num_classes} classes")
+        if (self.info.num_classes < 2 and config.eval_split != "none" and not config.inception_weights
+                and not config.fid_feature_model_dir):
+            log.warning("%s has %d class(es): no feature classifier can be trained on it, so FID/KID will use "
+                        "an untrained (randomly initialised) network's features (metrics.json says so in "
+                        "feature_extractor_trained). Pass --inception_weights or --fid_feature_model_dir for "
+                        "trained features, or --eval_split=none to skip FID/KID.", self.info.name,
+                        self.info.num_classes)
         if config.inception_weights and not os.path.isfile(config.inception_weights):
             raise ConfigError("inception_weights", f"file {config.inception_weights!r} does not exist (FID never "
                               "downloads weights)")
@@ -131,6 +176,9 @@ class GanTask(Task):
         self._initial_generator_weights = [w.numpy() for w in self.generator.weights]  # for fid_initial
         self._trainable_mask = [any(w is t for t in self.generator.trainable_weights) for w in self.generator.weights]
         self._augment_policy = diffaugment.parse_policy(config.diffaugment)
+        # The penalties' gradient of a gradient needs float32's range (module docstring).
+        self._penalty_precision = (Float32Forward(self.discriminator) if config.precision == "mixed_float16"
+                                   else contextlib.nullcontext())
 
     def _optimizer(self, learning_rate, name):
         config = self.config
@@ -167,6 +215,11 @@ class GanTask(Task):
                                              dtype=tf.int32)[offset:offset + batch]
         return z, labels
 
+    @property
+    def _per_replica_batch(self) -> int:
+        """Rows of each global batch one replica holds (static, whatever shape the input pipeline reports)."""
+        return self.config.global_batch_size // self.placement.num_replicas
+
     def _augment(self, images, seed, offset):
         return diffaugment.diff_augment(images, self._augment_policy, seed, offset, self.config.global_batch_size)
 
@@ -179,8 +232,9 @@ class GanTask(Task):
                                              training=training), [-1])
 
     def _input_gradient_norms(self, images, labels):
-        """Per-example |d D(x) / d x| (computed inside the caller's tape, so it is differentiable)."""
-        with tf.GradientTape() as tape:
+        """Per-example |d D(x) / d x|^2 (computed inside the caller's tape, so it is differentiable), with the
+        discriminator in float32 under mixed_float16."""
+        with tf.GradientTape() as tape, self._penalty_precision:
             tape.watch(images)
             total = tf.reduce_sum(self._discriminate(images, labels))
         grads = tf.cast(tape.gradient(total, images), tf.float32)
@@ -196,9 +250,13 @@ class GanTask(Task):
     def _discriminator_step(self, images, labels, seed, offset):
         config = self.config
         global_batch = config.global_batch_size
-        batch = images.shape[0]
+        batch = self._per_replica_batch
         seeds = tf.random.experimental.stateless_split(seed, 4)
         z, fake_labels = self._latents(seeds[0], offset, batch)
+        if config.conditional and config.gradient_penalty:
+            # WGAN-GP's reference code draws the critic's fakes with the real batch's labels, so each
+            # interpolate mixes two images of one class and is scored with that class.
+            fake_labels = labels
         fake = tf.stop_gradient(self._generate(self.generator, z, fake_labels, training=True))
         variables = self.discriminator.trainable_variables
         metrics = {}
@@ -247,7 +305,7 @@ class GanTask(Task):
     def train_step(self, batch):
         config = self.config
         real_batches = batch if config.batches_per_step > 1 else (batch,)  # one per critic update (trainer._loop)
-        per_replica = real_batches[0][0].shape[0]
+        per_replica = self._per_replica_batch
         replica = tf.distribute.get_replica_context().replica_id_in_sync_group
         offset = tf.cast(replica, tf.int32) * per_replica
         totals = {name: tf.constant(0.0) for name in self.train_metric_names if name not in ("g_loss",
@@ -278,48 +336,110 @@ class GanTask(Task):
 
     def evaluate(self, run_eval, step, model_dir):
         """FID and KID of the EMA generator (and, once per run, of the untrained one) against the train split,
-        and a sample grid ``<model_dir>/samples/step_N.png``. Chief only (no collectives here)."""
-        if self.config.eval_split == "none" or not self.placement.is_chief:
+        and a sample grid ``<model_dir>/samples/step_N.png``, computed on the chief.
+
+        The other workers wait for the chief in a collective with no timeout: an evaluation (the first one
+        trains a feature classifier) can outlast any --collective_timeout_s, which would otherwise fail the
+        next training collective they wait in (exit 129, and a requeue loop). A worker that dies meanwhile
+        still ends the wait (the peers' health checks do not depend on timeouts)."""
+        if self.config.eval_split == "none":
             return {}
+        result = self._evaluate_on_chief(step, model_dir) if self.placement.is_chief else {}
+        self._wait_for_chief()
+        return result
+
+    def _wait_for_chief(self):
+        if self.placement.num_workers == 1:
+            return
+        if self._barrier is None:
+            strategy = self.placement.strategy
+            no_timeout = tf.distribute.experimental.CommunicationOptions(timeout_seconds=0)  # 0: wait forever
+
+            @tf.function
+            def barrier():
+                return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(
+                    tf.distribute.ReduceOp.SUM, tf.constant(1.0), options=no_timeout))
+
+            self._barrier = barrier
+        self._barrier()
+
+    def _evaluate_on_chief(self, step, model_dir):
         from tfgpu import fid, images
 
         extractor = self.feature_extractor(model_dir)
         real = self._real_feature_matrix(extractor)
         n = len(real)
         if float(self.state.fid_initial.numpy()) < 0:
-            untrained = extractor(self._sample(n, self._initial_generator_weights, seed=1))
-            self.state.fid_initial.assign(fid.fid_from_features(real, untrained))
-        fake = extractor(self._sample(n, self.generator_weights(), seed=1))
+            initial = self._initial_generator_weights
+            if self.config.ema_decay:  # scored as the EMA generator is (generator_weights)
+                initial = self._with_standing_statistics(initial)
+            self.state.fid_initial.assign(fid.fid_from_features(real, extractor(self._sample(n, initial, seed=1))))
+        weights = self.generator_weights()
+        fake = extractor(self._sample(n, weights, seed=1))
         result = fid.scores(real, fake, extractor.name)
         grid_path = os.path.join(model_dir, "samples", f"step_{step}.png")
         os.makedirs(os.path.dirname(grid_path), exist_ok=True)
-        grid = images.save_grid(self._sample(SAMPLE_GRID_SIZE, self.generator_weights(), seed=2), grid_path)
+        grid = images.save_grid(self._sample(SAMPLE_GRID_SIZE, weights, seed=2), grid_path)
         self._image_summary(model_dir, step, grid)
         result["fid_initial"] = float(self.state.fid_initial.numpy())
         result["fid_num_samples"] = n
+        result["feature_extractor_trained"] = extractor.trained
         result["samples"] = grid_path
         result["sampled_with"] = "ema" if self.config.ema_decay else "generator"
+        if n < self.config.fid_num_samples:
+            log.warning("FID/KID used %d images, fewer than --fid_num_samples=%d: the train split has no more",
+                        n, self.config.fid_num_samples)
         return result
 
     def generator_weights(self, ema: bool = True) -> list:
-        """The generator's weights as numpy arrays: the EMA copy (when on and ``ema``) or the raw ones."""
+        """The generator's weights as numpy arrays: the EMA copy (when on and ``ema``) or the raw ones.
+
+        The EMA copy's BatchNorm statistics are recomputed for the EMA weights (``_with_standing_statistics``);
+        the raw generator's moving averages were measured on other weights."""
         if ema and self.config.ema_decay:
-            return [v.numpy() for v in self.state.ema]
+            return self._with_standing_statistics([v.numpy() for v in self.state.ema])
         return [w.numpy() for w in self.generator.weights]
+
+    def _with_standing_statistics(self, weights: list) -> list:
+        """``weights`` with every BatchNorm moving mean and variance replaced by the average of its batch
+        statistics over ``STANDING_STATS_BATCHES`` x 256 latents (fixed seed), the generator in training mode:
+        BigGAN's "standing statistics" for its EMA generator. Deterministic; a generator without BatchNorm
+        comes back unchanged."""
+        generator, _ = self._evaluation_generator()
+        norms = [layer for layer in generator._flatten_layers(include_self=False)
+                 if isinstance(layer, keras.layers.BatchNormalization)]
+        generator.set_weights(weights)
+        if not norms:
+            return list(weights)
+        momenta = [layer.momentum for layer in norms]
+        try:
+            for k in range(STANDING_STATS_BATCHES):
+                for layer in norms:
+                    layer.momentum = k / (k + 1)  # a running mean: batch k gets weight 1 / (k + 1)
+                z, labels = self._evaluation_latents(256, start=256 * k, seed=3)
+                self._generate(generator, z, labels, training=True)
+        finally:
+            for layer, momentum in zip(norms, momenta):
+                layer.momentum = momentum
+        return generator.get_weights()
 
     def sample(self, num: int, ema: bool = True, seed: int = 0) -> np.ndarray:
         """``num`` generated images in [-1, 1] (NHWC float32) from the current (or restored) weights."""
         return self._sample(num, self.generator_weights(ema), seed)
+
+    def _evaluation_latents(self, size, start, seed):
+        """Latents and labels (classes in turn) for evaluation draws, fixed by --seed and ``seed``."""
+        draw_seed = tf.constant([self.config.seed + 7919 * seed, start], tf.int64)
+        z = tf.random.stateless_normal([size, self.config.latent_dim], draw_seed)
+        labels = tf.cast(tf.range(start, start + size) % max(self.info.num_classes, 1), tf.int32)
+        return z, labels
 
     def _sample(self, num, weights, seed, batch_size=256):
         generator, generate = self._evaluation_generator()
         generator.set_weights(weights)
         out = []
         for start in range(0, num, batch_size):
-            size = min(batch_size, num - start)
-            draw_seed = tf.constant([self.config.seed + 7919 * seed, start], tf.int64)
-            z = tf.random.stateless_normal([size, self.config.latent_dim], draw_seed)
-            labels = tf.cast(tf.range(start, start + size) % max(self.info.num_classes, 1), tf.int32)
+            z, labels = self._evaluation_latents(min(batch_size, num - start), start, seed)
             out.append(generate(z, labels).numpy())
         return np.concatenate(out)
 
@@ -339,9 +459,9 @@ class GanTask(Task):
         return self._eval_generator
 
     def feature_extractor(self, model_dir: str):
-        """The extractor FID and KID use: Inception (--inception_weights), a classifier run
+        """The extractor FID and KID use: Keras's ImageNet InceptionV3 (--inception_weights), a classifier run
         (--fid_feature_model_dir), or else a small classifier trained once on this run's data into
-        ``<model_dir>/fid_features``."""
+        ``<model_dir>/fid_features`` (left untrained, and named so, when the data has one class)."""
         if self._extractor is not None:
             return self._extractor
         from tfgpu import fid
@@ -363,7 +483,9 @@ class GanTask(Task):
                 metrics = fid.train_feature_classifier(train, val, directory, config.seed, epochs=epochs)
                 log.info("feature classifier: %s", metrics)
             self._extractor = fid.ClassifierFeatures(directory, label=f"auto-trained on {self.info.name}")
-        log.info("FID/KID features: %s", self._extractor.name)
+        log.info("FID/KID features: %s; %d real and %d generated images per evaluation (an FID compares only "
+                 "with FIDs of the same extractor and sample count; raise it with --fid_num_samples)",
+                 self._extractor.name, self.config.fid_num_samples, self.config.fid_num_samples)
         return self._extractor
 
     def _real_feature_matrix(self, extractor):
