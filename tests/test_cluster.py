@@ -242,7 +242,7 @@ _NEAR_VALID = st.fixed_dictionaries({
     "task": st.fixed_dictionaries({"type": _TYPE | _JSON, "index": st.integers(-1, 3) | _JSON})})
 
 
-@hypothesis.settings(max_examples=150, deadline=None)
+@hypothesis.settings(max_examples=100, deadline=None)
 @hypothesis.given(tf_config=_NEAR_VALID | _JSON)
 def test_any_tf_config_is_a_consistent_cluster_or_a_one_line_error(tf_config):
     """Whatever TF_CONFIG holds, tfgpu either trains alone, trains as a task the cluster really has at an address
@@ -262,7 +262,7 @@ def test_any_tf_config_is_a_consistent_cluster_or_a_one_line_error(tf_config):
     assert 0 <= desc["worker_index"] < desc["num_workers"]
 
 
-@hypothesis.settings(max_examples=200, deadline=None)
+@hypothesis.settings(max_examples=100, deadline=None)
 @hypothesis.given(per_node=st.lists(st.integers(0, 3), min_size=1, max_size=4), rank=st.integers(-1, 12),
                   local=st.integers(-1, 4), node=st.integers(0, 4))
 def test_any_slurm_step_gives_each_task_its_own_address_or_a_one_line_error(per_node, rank, local, node):

@@ -234,12 +234,14 @@ def test_each_worker_gets_its_own_gpus_from_the_launchers_list(worker_module):
 
 def test_gpus_that_do_not_split_evenly_stop_the_launch_before_any_worker(worker_module, monkeypatch, capsys):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
-    started = []
-    monkeypatch.setattr(launch.subprocess, "Popen", lambda *a, **k: started.append(a))
+
+    def no_worker_may_start(*args, **kwargs):
+        raise AssertionError("a worker was started")
+
+    monkeypatch.setattr(launch.subprocess, "Popen", no_worker_may_start)
     assert launch.main(["--num_workers=2", "--module=tiny_worker"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: --num_workers=2 does not divide the 3 GPUs visible (CUDA_VISIBLE_DEVICES=0,1,2)")
-    assert not started
 
 
 EIGHT = [str(i) for i in range(8)]
