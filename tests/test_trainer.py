@@ -1,4 +1,5 @@
-"""The training loop under each strategy: agreement across replicas, exact resume, preemption, lost peers, quickstart."""
+"""The training loop under each strategy: agreement across replicas, exact resume, preemption, lost peers,
+skipped (non-finite) steps and the schedule, failing kernels, quickstart."""
 import os
 import signal
 import subprocess
