@@ -129,7 +129,7 @@ def test_classification_report(tmp_path):
 
 
 def test_gan_report(tmp_path):
-    gan_run(tmp_path)
+    records = gan_run(tmp_path)
     report.write_report(str(tmp_path))
     text = (tmp_path / "report.md").read_text()
     for name in ("gan_losses", "fid", "learning_rate", "throughput"):
@@ -140,6 +140,11 @@ def test_gan_report(tmp_path):
     assert "## Latest logged metrics (no metrics.json)" in text
     assert "| fid | " in text and "| d_loss | " in text
     assert "| gan_loss | non_saturating |" in text
+    # Every FID is reported with what it was measured with: extractor and sample count.
+    last = [r for r in records if r["kind"] == "eval"][-1]
+    assert (f"FID {last['fid']:.4g} and KID {last['kid']:.4g} at N=2,000 generated and 2,000 real images, "
+            "features: `inception_v3`") in text
+    assert "compares only with FIDs from the same extractor and the same N" in text
     with Image.open(tmp_path / "plots" / "learning_rate.png") as two_panels, \
             Image.open(tmp_path / "plots" / "throughput.png") as also_two:
         assert two_panels.height == also_two.height  # the varying float16 loss scale gets its own panel

@@ -142,8 +142,11 @@ class Config:
                             "and samples; 0 = off.", "gan")
     diffaugment: str = _opt("", "GAN: DiffAugment policy, comma separated from color,translation,cutout; "
                             "empty = off.", "gan")
-    fid_num_samples: int = _opt(2000, "GAN: generated and real images per FID/KID evaluation.", "gan")
-    inception_weights: str = _opt("", "GAN: local InceptionV3 weights file (.h5/.weights.h5) for the standard FID; "
+    fid_num_samples: int = _opt(2000, "GAN: generated and real images per FID/KID evaluation (up to the train "
+                                "split's size); FID is biased upward at small N, so compare FIDs at the same N.",
+                                "gan")
+    inception_weights: str = _opt("", "GAN: local weights file (.h5/.weights.h5) of Keras's ImageNet InceptionV3 "
+                                  "for FID/KID features (not the 2015 Inception graph behind published FIDs); "
                                   "empty = --fid_feature_model_dir, or, when both are empty, a small classifier "
                                   "trained automatically into <model_dir>/fid_features.", "gan")
     fid_feature_model_dir: str = _opt("", "GAN: model_dir of a tfgpu classifier whose penultimate features "

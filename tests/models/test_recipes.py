@@ -7,7 +7,8 @@ from absl import flags
 from tfgpu import config
 
 _CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
-_RECIPES = ["imagenet_resnet50.flags", "cifar10_resnet56.flags", "cifar10_resnet20_bf16_cpu.flags"]
+_RECIPES = ["imagenet_resnet50.flags", "cifar10_resnet56.flags", "cifar10_resnet20_bf16_cpu.flags",
+            "cifar10_wgan_gp.flags"]
 
 
 def _flags_in(path) -> dict:
@@ -42,3 +43,12 @@ def test_imagenet_recipe_keeps_the_reference_hyperparameters():
     resolved = config.resolve({**_flags_in(_CONFIGS / "imagenet_resnet50.flags"), "model_dir": "/tmp/x"})
     assert (resolved.global_batch_size, resolved.base_learning_rate, resolved.epochs) == (1024, 0.1, 90)
     assert (resolved.precision, resolved.jit_compile, resolved.image_size) == ("mixed_float16", True, 224)
+
+
+def test_wgan_gp_recipe_keeps_the_papers_algorithm_1_defaults():
+    """Gulrajani et al. 2017, Algorithm 1: lambda 10, n_critic 5, Adam(1e-4, beta_1=0, beta_2=0.9)."""
+    resolved = config.resolve({**_flags_in(_CONFIGS / "cifar10_wgan_gp.flags"), "model_dir": "/tmp/x"})
+    assert (resolved.task, resolved.model, resolved.gan_loss) == ("gan", "wgan_gp", "wasserstein")
+    assert (resolved.gradient_penalty, resolved.n_critic, resolved.global_batch_size) == (10.0, 5, 64)
+    assert (resolved.g_learning_rate, resolved.d_learning_rate) == (1e-4, 1e-4)
+    assert (resolved.adam_beta1, resolved.adam_beta2) == (0.0, 0.9)
