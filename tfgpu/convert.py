@@ -5,8 +5,9 @@
     python -m tfgpu.convert --source=tfds:cifar10 --tfds_data_dir=~/tensorflow_datasets --output_dir=cifar10
 
 Writes ``<output_dir>/<split>-SSSSS-of-NNNNN.tfrecord`` and, last, ``dataset.json``.
-Rerunning the same command reuses complete, verified shards. Exit code 1 with a
-one-line ``error:`` naming the flag (or the bad image's path) on bad input.
+Rerunning the same command reuses complete, verified shards of unchanged images; a
+finished dataset stays as it is until its replacement is complete. Exit code 1 with a
+one-line ``error:`` naming the flag (or the bad image's or folder's path) on bad input.
 """
 import argparse
 import os
@@ -33,9 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m tfgpu.convert", usage=USAGE, description=__doc__.split("\n\n")[0],
                 formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     a = p.add_argument
-    a("--source", default="", help="An image folder (root/<class>/*.jpg, optionally root/train/ and root/val/), "
-      "a .csv/.tsv of path,label[,split] (paths relative to the file), a .npz with x (N,H,W[,C]) uint8 and y (N,) "
-      "(or x_<split>/y_<split>), tfds:NAME[/CONFIG][:VERSION], or a built-in dataset (digits).")
+    a("--source", default="", help="An image folder (root/<class>/*.jpg, optionally root/train/ and root/val/; "
+      "JPEG, PNG, BMP, GIF, WebP, TIFF; OS debris ignored), a .csv/.tsv of path,label[,split] (paths relative to the "
+      "file; integer labels are class ids), a .npz with x (N,H,W[,C]) uint8 and y (N,) (or x_<split>/y_<split>), "
+      "tfds:NAME[/CONFIG][:VERSION], or a built-in dataset (digits). See docs/datasets.md.")
     a("--output_dir", default="", help="Where the shards and dataset.json go; must be empty or hold this same "
       "conversion (then complete shards are reused).")
     a("--split", default="", help="Split the examples, e.g. train:0.9,val:0.1 (stratified by class, seeded). "

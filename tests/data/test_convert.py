@@ -488,18 +488,16 @@ def messy_folder(tmp_path):
     root = tmp_path / "messy"
     expected = {}
 
-    def image(rel, cls, fmt=None, shape=(6, 8, 3), **kwargs):
-        array = rng.integers(0, 256, shape, dtype=np.uint8)
-        save_image(str(root / rel), array, fmt)
+    def image(rel, cls, fmt=None, **kwargs):
+        from PIL import Image
+
+        array = rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)
+        os.makedirs(os.path.dirname(root / rel), exist_ok=True)
+        Image.fromarray(array).save(root / rel, format=fmt, **kwargs)
         expected[rel] = (array, cls)
 
     image("train/cat/0.png", "cat")
-    image("train/cat/1.webp", "cat", "WEBP") if False else None
-    save_image(str(root / "train/cat/1.webp"), arr := rng.integers(0, 256, (6, 8, 3), dtype=np.uint8), None)
-    from PIL import Image
-
-    Image.fromarray(arr).save(root / "train/cat/1.webp", format="WEBP", lossless=True)
-    expected["train/cat/1.webp"] = (arr, "cat")
+    image("train/cat/1.webp", "cat", "WEBP", lossless=True)
     image("train/cat/2.tif", "cat", "TIFF")
     stored = rng.integers(0, 256, (4, 8, 3), dtype=np.uint8)
     exif_jpeg(str(root / "train/cat/3.jpg"), stored, 6)
@@ -546,9 +544,10 @@ def test_a_messy_folder_converts_to_exactly_the_expected_dataset(messy_folder, t
                 np.testing.assert_array_equal(image, array, err_msg=filename)
 
 
-@pytest.mark.parametrize("split", ["../escaped", "/tmp/tfgpu-escaped-split"])
+@pytest.mark.parametrize("split", ["../escaped", "{tmp}/abs/escaped"])
 def test_csv_split_names_cannot_write_outside_the_output_dir(png_folder, tmp_path, capsys, split):
     root, images = png_folder
+    split = split.format(tmp=tmp_path)
     listing = tmp_path / "list.csv"
     listing.write_text("".join(f"{os.path.join(root, rel)},{c},{split if i % 2 else 'train'}\n"
                                for i, (rel, (_, c)) in enumerate(images.items())))
@@ -557,7 +556,6 @@ def test_csv_split_names_cannot_write_outside_the_output_dir(png_folder, tmp_pat
     code, _, err = convert(f"--source={listing}", f"--output_dir={out}", capsys=capsys)
     assert code == 1 and one_error(err).startswith(f"error: --source: {listing} line 2: split name")
     assert set(os.listdir(tmp_path)) == before and not os.path.exists(out)
-    assert not glob.glob("/tmp/tfgpu-escaped-split*")
 
 
 def test_npz_split_names_cannot_write_outside_the_output_dir(tmp_path, capsys):
