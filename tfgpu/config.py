@@ -95,9 +95,13 @@ class Config:
                                      "false lets tf.data hand out elements as soon as they are ready.", "data")
     data_threadpool_size: int = _opt(0, "Private tf.data threadpool per input pipeline; 0 = the shared pool.", "data")
     data_service: str = _opt("", "Run preprocessing on a tf.data service (grpc://dispatcher:port) when it "
-                             "outgrows this host; the order is then no longer tied to the step.", "data")
+                             "outgrows this host; its workers share each epoch (every record once), but the "
+                             "order is then no longer tied to the step, so a resumed run's interrupted epoch is "
+                             "not exact.", "data")
     skip_corrupt_records: bool = _opt(False, "Skip unreadable records (logged; eval reports how many) instead of "
-                                      "stopping with the shard's name and record index.", "data")
+                                      "stopping with the shard's name and record index; in training a repeat of "
+                                      "a readable record of the same epoch takes each one's place, so epochs keep "
+                                      "their length and resume stays exact.", "data")
     cache: bool = _opt(False, "Hold encoded train records and decoded eval images in memory after the first "
                        "pass (datasets that fit in RAM).", "data")
     # -- model --------------------------------------------------------------
