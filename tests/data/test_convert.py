@@ -40,7 +40,8 @@ def read_back(directory, split):
     out = []
     for serialized in ds.map(tfrecord.parse_example):
         image = tfrecord.decode_image(serialized, m["image_shape"]["channels"]).numpy()
-        out.append((serialized[tfrecord.FILENAME].numpy().decode("utf-8", "surrogateescape"), int(serialized[tfrecord.LABEL]), image,
+        name = serialized[tfrecord.FILENAME].numpy().decode("utf-8", "surrogateescape")  # names need not be UTF-8
+        out.append((name, int(serialized[tfrecord.LABEL]), image,
                     {k: v.numpy() for k, v in serialized.items()}))
     return out
 
@@ -483,7 +484,8 @@ def one_error(err):
 @pytest.fixture
 def messy_folder(tmp_path):
     """A presplit folder as users have them: Mac zip debris, an unlabelled Kaggle test/, a symlink loop and a link into
-    another class, a text file, WebP, TIFF, BMP and an EXIF-rotated JPEG; returns (root, {relpath: (upright, class)})."""
+    another class, a text file, WebP, TIFF, BMP and an EXIF-rotated JPEG; returns (root, {relpath: (pixels, class)})
+    (pixels None for the rotated JPEG)."""
     rng = np.random.default_rng(17)
     root = tmp_path / "messy"
     expected = {}

@@ -62,7 +62,8 @@ def test_what_converts_trains_for_every_format_kept(fmt, kwargs, array):
 
 def test_grayscale_bmp_and_rgba_webp_are_stored_as_png_others_keep_their_bytes():
     cases = {"gray bmp": (GRAY, "BMP", {}), "rgba webp": (RGBA, "WEBP", {"lossless": True}),
-             "rgb bmp": (RGB, "BMP", {}), "rgba bmp": (RGBA, "BMP", {}), "gray webp": (GRAY, "WEBP", {"lossless": True})}
+             "rgb bmp": (RGB, "BMP", {}), "rgba bmp": (RGBA, "BMP", {}),
+             "gray webp": (GRAY, "WEBP", {"lossless": True})}
     stored = {}
     for name, (array, fmt, kwargs) in cases.items():
         data = pil_bytes(array, fmt, **kwargs)

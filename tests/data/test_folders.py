@@ -21,7 +21,8 @@ def images(scan):
 
 
 def reasons(scan):
-    return {reason: sorted(os.path.relpath(p, scan.root) for p in paths) for reason, paths in scan.not_converted.items()}
+    return {reason: sorted(os.path.relpath(p, scan.root) for p in paths)
+            for reason, paths in scan.not_converted.items()}
 
 
 def test_mac_zip_debris_is_ignored_everywhere_and_counted(tmp_path):

@@ -12,7 +12,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
-import logging
 import math
 import os
 import sys
@@ -25,7 +24,6 @@ from tfgpu.data.encode import BadImageError, Encoding, example_to_record, visibl
 from tfgpu.data.folders import display
 from tfgpu.data.workers import WorkerDiedError  # noqa: F401 (API: tfgpu.convert catches it)
 
-log = logging.getLogger("tfgpu")
 
 IMAGE_FORMATS = ("keep", "png", "jpeg", "raw")
 STATE_DIR = outdir.STATE_DIR

@@ -12,7 +12,6 @@ Finding a folder's images is ``tfgpu.data.folders``; reading a CSV list,
 """
 import dataclasses
 import hashlib
-import logging
 import os
 
 import numpy as np
@@ -20,7 +19,6 @@ import numpy as np
 from tfgpu.config import ConfigError
 from tfgpu.data import builtin, csvlist, folders
 
-log = logging.getLogger("tfgpu")
 
 IMAGE_EXTENSIONS = folders.IMAGE_EXTENSIONS
 SPLIT_FOLDERS = folders.SPLIT_FOLDERS
