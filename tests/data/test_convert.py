@@ -261,6 +261,7 @@ def test_resize_and_gzip(png_folder, tmp_path):
     assert {r[2].shape for r in read_back(str(out), "train")} == {(12, 16, 3)}
 
 
+@pytest.mark.slow  # ~26 s of worker start-up; the pool path stays in the default suite (a worker killed mid-shard)
 def test_two_workers_write_the_same_shards_as_one(png_folder, tmp_path):
     root, _ = png_folder
     one, two = tmp_path / "one", tmp_path / "two"
