@@ -6,11 +6,16 @@ TFRecords once under the data cache. ``train_dataset_fn`` / ``eval_dataset_fn``
 return the functions ``strategy.distribute_datasets_from_function`` calls once
 per input pipeline (one per worker).
 
+Each input pipeline trains on its own share of the train split (``train_share``:
+contiguous record ranges of nearly equal size), and an epoch is the same number
+of records in every pipeline, so one epoch of all pipelines together holds every
+record once (but for fewer than num_pipelines left out as the remainder).
 Training order is a pure function of (seed, position): each epoch shuffles the
-pipeline's files and records with seeds derived from the epoch number, and a
-resumed run skips the records the checkpointed steps consumed (cheap: before
-decoding). So a run resumed at step N sees exactly the batches an uninterrupted
-run sees from step N on. Evaluation visits every example exactly once across all
+pipeline's segments and records with seeds derived from the epoch number, and a
+resumed run skips, inside its epoch, the records the checkpointed steps consumed
+(cheap: before decoding). So a run resumed at step N sees exactly the batches an
+uninterrupted run sees from step N on (with a tf.data service: the same epochs,
+not the same order). Evaluation visits every example exactly once across all
 pipelines; pipelines are padded with weight-0 examples so all replicas run the
 same number of steps.
 """
@@ -290,6 +295,11 @@ def train_dataset_fn(config: Config, info: DatasetInfo, start_step: int, record_
         split_files = info.split_files[info.train_split]
         segments, epoch_size = train_share(split_files, ctx.num_input_pipelines, ctx.input_pipeline_id)
         share = sum(n for _, _, n in segments)
+        if any(first or n < split_files[i][1] for i, first, n in segments):
+            log.info("input pipeline %d reads part of a shard: the %d records of split %r are balanced over %d "
+                     "pipelines by record (equal-sized shards in a multiple of %d would give whole shards)",
+                     ctx.input_pipeline_id, info.num_train_examples, info.train_split, ctx.num_input_pipelines,
+                     ctx.num_input_pipelines)
         if epoch_size < per_replica:
             raise ConfigError("global_batch_size", f"{config.global_batch_size} is larger than the "
                               f"{info.num_train_examples} examples of split {info.train_split!r}")
