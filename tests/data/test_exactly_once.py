@@ -10,7 +10,6 @@ same count per epoch; see pipeline._service_epochs).
 Records are told apart by their label: each record's label is its index in the split.
 """
 import collections
-import os
 import tempfile
 
 import numpy as np
