@@ -1,5 +1,10 @@
 """tools/k8s/tfjob.py: the TFJob manifest is valid YAML with the fields the training operator needs, and the
-TF_CONFIG the operator injects from it is what tfgpu.cluster reads."""
+TF_CONFIG the operator injects from it is what tfgpu.cluster reads.
+
+The tool's ``main`` runs in this process; one test runs it as the script users call."""
+import contextlib
+import importlib.util
+import io
 import json
 import os
 import subprocess
@@ -14,11 +19,17 @@ from tfgpu import cluster
 TOOL = os.path.join(REPO, "tools", "k8s", "tfjob.py")
 QUICKSTART = os.path.join(REPO, "configs", "quickstart.flags")
 
+_spec = importlib.util.spec_from_file_location("tfjob", TOOL)
+tfjob_tool = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tfjob_tool)
+
 
 def _render(*args):
-    proc = subprocess.run([sys.executable, TOOL, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, timeout=60)
-    return proc.returncode, proc.stdout, proc.stderr
+    """(exit code, stdout, stderr) of ``tools/k8s/tfjob.py ARGS``, run in this process."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = tfjob_tool.main(list(args))
+    return code, out.getvalue(), err.getvalue()
 
 
 def _manifests(*args):
@@ -94,11 +105,13 @@ def test_container_args_parse_as_train_flags(tmp_path):
     assert config.model_dir == "/mnt/tfgpu/tfgpu-quickstart"
 
 
-def test_cpu_only_and_remote_model_dir(tmp_path):
+def test_cpu_only_and_remote_model_dir_from_the_script(tmp_path):
+    """Run as users run it (``python tools/k8s/tfjob.py``), writing --output."""
     out = tmp_path / "job.yaml"
-    code, _, err = _render(f"--flagfile={QUICKSTART}", "--image=i", "--workers=2", "--model_dir=gs://bucket/run",
-                           "--restart_policy=ExitCode", f"--output={out}")
-    assert code == 0, err
+    proc = subprocess.run([sys.executable, TOOL, f"--flagfile={QUICKSTART}", "--image=i", "--workers=2",
+                           "--model_dir=gs://bucket/run", "--restart_policy=ExitCode", f"--output={out}"],
+                          cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout == "", proc.stderr
     _, tfjob = yaml.safe_load_all(out.read_text())
     worker = tfjob["spec"]["tfReplicaSpecs"]["Worker"]
     container = worker["template"]["spec"]["containers"][0]
