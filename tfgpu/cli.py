@@ -1,13 +1,232 @@
-"""Shared argparse for the entrypoints that are not driven by the train flags (doctor, report, benchmark)."""
-import argparse
-import re
+"""Command-line parsing for every tfgpu command: one parser class, one error style, one ``--help`` style.
 
+Every command (train, evaluate, export, sample, benchmark, audit_input, launch, convert, doctor, report)
+builds a ``cli.ArgumentParser``:
+
+- a bad flag is one line, ``error: --flag: reason`` (a ``ConfigError``), exit 1, before any heavy work;
+  flags are never abbreviated, and an unknown flag suggests the close names;
+- ``--flagfile=F`` (one ``--flag=value`` per line, ``#`` comments, nested flagfiles resolved next to the
+  including file) is expanded before the command line, so the command line always wins;
+- ``add_config_flags`` declares ``Config`` fields as flags from ``config.py``'s own metadata (type, help,
+  choices, group), so a shared option is declared once: train takes all of them, evaluate/export/sample/
+  audit_input take them as overrides of a run's config, benchmark takes the model, data, precision and
+  strategy ones. Booleans read ``--flag``, ``--noflag`` and ``--flag=true|false``; lists are comma separated.
+
+Precedence of a Config value: field default < YAML (``--config`` or a run's ``config.yaml``) < flagfiles <
+command line. argparse rather than absl because most commands have options that are not Config fields
+(``--format``, ``--batch_size=auto``); one library for all keeps errors and help alike.
+"""
+import argparse
+import difflib
+import os
+import re
+import sys
+
+from tfgpu import config as config_lib
 from tfgpu.config import ConfigError
+
+__all__ = ["ArgumentParser", "ConfigError", "expand_flagfiles", "resolve", "wants_help"]
+
+HELP_FLAGS = ("-h", "--help", "--helpfull", "--helpshort", "-help")
+
+
+def _read_flagfile(path: str, seen: tuple) -> list:
+    """Arguments of a flagfile, nested flagfiles expanded in place."""
+    if path in seen:
+        raise ConfigError("flagfile", f"{path} includes itself")
+    if not os.path.isfile(path):
+        raise ConfigError("flagfile", f"file {path!r} does not exist")
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise ConfigError("flagfile", f"cannot read {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise ConfigError("flagfile", f"{path} is not a UTF-8 text file") from None
+    args = []
+    for number, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line.startswith(("#", "//")):
+            continue
+        if not line.startswith("-"):
+            raise ConfigError("flagfile", f"{path} line {number}: {line[:80]!r} is not a --flag=value line")
+        if line.startswith("--flagfile="):
+            nested = line.split("=", 1)[1]
+            local = os.path.join(os.path.dirname(path), nested)
+            args += _read_flagfile(local if os.path.isfile(local) else nested, seen + (path,))
+        else:
+            args.append(line)
+    return args
+
+
+def expand_flagfiles(argv: list) -> list:
+    """Moves every flagfile's contents before the command-line flags, so the command line always wins."""
+    from_files, command_line = [], []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("--flagfile", "-flagfile"):
+            if i + 1 >= len(argv):
+                raise ConfigError("flagfile", "expects a file: --flagfile=PATH")
+            from_files += _read_flagfile(argv[i + 1], ())
+            i += 2
+            continue
+        if arg.startswith(("--flagfile=", "-flagfile=")):
+            from_files += _read_flagfile(arg.split("=", 1)[1], ())
+        else:
+            command_line.append(arg)
+        i += 1
+    return from_files + command_line
+
+
+def _error_from_argparse(message: str) -> ConfigError:
+    """argparse's message → ConfigError naming the flag: 'argument --x: invalid int value' → '--x: invalid ...'."""
+    named = re.match(r"argument (-{1,2}[\w-]+)(?:/\S+)?: (.*)", message, re.S)
+    if named:
+        return ConfigError(named.group(1).lstrip("-"), named.group(2))
+    required = re.match(r"the following arguments are required: (-{1,2}[\w-]+)", message)
+    if required:
+        return ConfigError(required.group(1).lstrip("-"), "is required")
+    flag = re.search(r"--?(\w+)", message)
+    return ConfigError(flag.group(1) if flag else "flags", message)
+
+
+def _format_default(value) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+class _ConfigFlag(argparse.Action):
+    """Stores a Config field's value, coerced to the field's type, in ``namespace.config_flags``."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if option_string and option_string.startswith("--no") and option_string[4:] == self.dest:
+            if values is not None:
+                raise ConfigError(self.dest, f"{option_string} takes no value; use --{self.dest}={values}")
+            value = False
+        else:
+            value = config_lib.coerce(self.dest, "true" if values is None else values)
+        namespace.config_flags[self.dest] = value
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Help lines with the default where there is one; booleans as ``--[no]name[=BOOL]``."""
+
+    def __init__(self, prog):
+        super().__init__(prog, max_help_position=36, width=min(120, max(80, _terminal_width())))
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default not in (None, "", False, argparse.SUPPRESS) and "(default:" not in text and \
+                action.option_strings:
+            text += " (default: %(default)s)"
+        return text
+
+    def _get_default_metavar_for_optional(self, action):
+        return {int: "INT", float: "FLOAT"}.get(action.type, "VALUE")
+
+    def _format_action_invocation(self, action):
+        if isinstance(action, _ConfigFlag) and len(action.option_strings) == 2:
+            return f"--[no]{action.dest}[=BOOL]"
+        return super()._format_action_invocation(action)
+
+
+def _terminal_width() -> int:
+    import shutil
+
+    return shutil.get_terminal_size((100, 24)).columns
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse whose errors are one line naming the flag (a ConfigError), not a usage block."""
+    """argparse for tfgpu commands: one-line errors naming the flag, no abbreviations, flagfiles, Config flags.
+
+    ``parse_args`` returns a namespace whose ``config_flags`` holds the Config fields given on the command
+    line or in a flagfile (coerced to their types); a command's own options are ordinary attributes.
+    """
+
+    def __init__(self, prog: str, usage: str | None = None, description: str | None = None, **kwargs):
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(prog=prog, usage=usage, description=description, allow_abbrev=False, add_help=False,
+                         **kwargs)
+        self.add_argument(*HELP_FLAGS, action="help", default=argparse.SUPPRESS, help="Show this help and exit.")
+        self.add_argument("--flagfile", default=argparse.SUPPRESS, metavar="FILE",
+                          help="Read --flag=value lines from FILE (nested flagfiles allowed); the command line "
+                               "wins over it.")
+        self.config_defaults = {}  # Config field -> this command's default where it differs from the field's
+        self._groups = {}
 
     def error(self, message):
-        named = re.search(r"--?(\w+)", message)
-        raise ConfigError(named.group(1) if named else "flags", message)
+        raise _error_from_argparse(message)
+
+    def add_config_flags(self, groups=None, names=(), exclude=(), defaults=None, helps=None,
+                         config_file: bool = False, overrides: str = "") -> None:
+        """Declares Config fields as flags: those of ``groups`` (all when both ``groups`` and ``names`` are
+        empty) plus ``names``, less ``exclude`` (options the command declares itself). ``defaults`` are this
+        command's defaults, shown in help and returned by ``config_values``; ``helps`` replaces help texts.
+        ``config_file`` adds ``--config=YAML``, the lowest-precedence source. ``overrides`` names where the
+        values come from otherwise (e.g. "the run's config.yaml"): help then shows that instead of defaults."""
+        if config_file:
+            self.add_argument("--config", default="", metavar="YAML",
+                              help="YAML file of option: value pairs (e.g. a run's config.yaml); flagfiles and "
+                                   "the command line override it.")
+        self.config_defaults.update(defaults or {})
+        every = groups is None and not names
+        for f in config_lib.fields():
+            group = f.metadata["group"]
+            if f.name in exclude or not (every or group in (groups or ()) or f.name in names):
+                continue
+            kind = config_lib.field_type(f)
+            default = self.config_defaults.get(f.name, f.default)
+            text = (helps or {}).get(f.name, f.metadata["help"])
+            if f.metadata.get("choices"):
+                text += f" One of: {', '.join(str(c) or repr(c) for c in f.metadata['choices'])}."
+            text = text.replace("%", "%%")
+            if default not in ("", ()) and not overrides:
+                text += f" (default: {_format_default(default)})"
+            if group not in self._groups:
+                title = f"tfgpu.{group} flags" + (f" (default: {overrides})" if overrides else "")
+                self._groups[group] = self.add_argument_group(title)
+            add = self._groups[group].add_argument
+            if kind is bool:
+                add(f"--{f.name}", f"--no{f.name}", dest=f.name, action=_ConfigFlag, nargs="?", metavar="BOOL",
+                    default=argparse.SUPPRESS, help=text)
+            else:
+                metavar = {int: "INT", float: "FLOAT", tuple: "LIST"}.get(kind, "VALUE")
+                add(f"--{f.name}", dest=f.name, action=_ConfigFlag, metavar=metavar, default=argparse.SUPPRESS,
+                    help=text)
+
+    def parse_args(self, args=None, namespace=None):
+        """argv (without the program name) → namespace; raises ConfigError naming the flag."""
+        args = expand_flagfiles(list(sys.argv[1:] if args is None else args))
+        namespace = namespace or argparse.Namespace()
+        namespace.config_flags = {}
+        namespace, extra = self.parse_known_args(args, namespace)
+        if extra:
+            raise self._unknown(extra[0])
+        return namespace
+
+    def _unknown(self, arg: str) -> ConfigError:
+        if not arg.startswith("-"):
+            return ConfigError("flags", f"unexpected argument {arg!r}: every option is a --name=value flag")
+        name = arg.lstrip("-").split("=")[0]
+        known = [s.lstrip("-") for a in self._actions for s in a.option_strings if a.help != argparse.SUPPRESS]
+        close = difflib.get_close_matches(name, known, n=3, cutoff=0.75)
+        hint = f" (did you mean {', '.join('--' + c for c in close)}?)" if close else ""
+        return ConfigError(name, f"unknown flag for {self.prog}{hint}")
+
+    def config_values(self, namespace) -> dict:
+        """This command's Config values: its defaults, then the flags given (flagfile and command line)."""
+        return {**self.config_defaults, **namespace.config_flags}
+
+
+def resolve(namespace, yaml_path: str = "", **fixed) -> config_lib.Config:
+    """The validated Config of a parsed command line: defaults < YAML < flags given < ``fixed``."""
+    return config_lib.resolve({**namespace.config_flags, **fixed}, yaml_path)
+
+
+def wants_help(argv) -> bool:
+    """Whether argv asks for help; commands print ``parser.format_help()`` and return 0 instead of parsing."""
+    return any(a in HELP_FLAGS for a in argv)

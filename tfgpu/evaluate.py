@@ -9,11 +9,15 @@ import json
 import os
 import sys
 
+from tfgpu import cli
 from tfgpu.config import ConfigError
+
+USAGE = "python -m tfgpu.evaluate --model_dir=D [--checkpoint=PATH] [--data=DIR|NAME] [--output_json=F] [train flags]"
 
 
 def parse_tool_args(argv, own: tuple):
-    """Splits ``--name=value`` args into this tool's options (``own``) and train flags for the run config."""
+    """Splits ``--name=value`` args into a tool's options (``own``) and train flags (kept for audit_input until it
+    moves to ``run_parser``'s layer)."""
     options, rest = {}, []
     for arg in argv:
         name, _, value = arg.lstrip("-").partition("=")
@@ -24,32 +28,55 @@ def parse_tool_args(argv, own: tuple):
     return options, rest
 
 
-def run_config(model_dir: str, overrides: list):
-    """The run's saved config with ``overrides`` (train flags) applied."""
-    from tfgpu import train
+def run_parser(prog: str, usage: str, description: str, what: str, own: tuple = ()) -> cli.ArgumentParser:
+    """A parser for commands that act on a finished run: ``--model_dir`` and ``--checkpoint``, and every train
+    flag except ``own`` (the command's options of the same name) as an override of the run's saved config."""
+    parser = cli.ArgumentParser(prog=prog, usage=usage, description=description)
+    parser.add_argument("--model_dir", required=True, help=f"The run directory (with config.yaml) {what}.")
+    parser.add_argument("--checkpoint", default="", help="Checkpoint path; default: the run's latest.")
+    parser.add_config_flags(exclude=("model_dir", *own), overrides="the run's config.yaml")
+    return parser
 
+
+def parser() -> cli.ArgumentParser:
+    p = run_parser("python -m tfgpu.evaluate", USAGE, __doc__.split("\n\n")[1].replace("\n", " "), "to evaluate")
+    p.add_argument("--data", default="", help="A converted dataset directory (sets --data_dir) or a dataset name "
+                   "(sets --dataset) to evaluate on instead of the run's.")
+    p.add_argument("--output_json", default="", help="Where to write the metrics; default "
+                   "<model_dir>/eval-<split>-step<N>.json.")
+    return p
+
+
+def run_config(model_dir: str, namespace):
+    """The run's saved config with the train flags of ``namespace`` applied."""
     saved = os.path.join(model_dir, "config.yaml")
     if not os.path.exists(saved):
         raise ConfigError("model_dir", f"{saved} not found: {model_dir!r} is not a tfgpu run directory")
-    return train.parse([f"--config={saved}", f"--model_dir={model_dir}", *overrides])
+    return cli.resolve(namespace, saved, model_dir=model_dir)
+
+
+def restore(config, checkpoint: str):
+    """(built experiment, restored step) of a run, without rewriting its config.yaml."""
+    from tfgpu import experiment
+
+    built = experiment.setup(config, write_config=False)
+    step = built.trainer.restore(checkpoint)
+    if step == 0 and not checkpoint:
+        raise ConfigError("model_dir", f"no checkpoint in {config.model_dir}/checkpoints")
+    return built, step
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if cli.wants_help(argv):
+        print(parser().format_help())
+        return 0
     try:
-        options, overrides = parse_tool_args(argv, ("model_dir", "checkpoint", "data", "output_json"))
-        if not options.get("model_dir"):
-            raise ConfigError("model_dir", "is required: the directory of the run to evaluate")
-        data = options.get("data")
-        if data:
-            overrides.append(f"--data_dir={data}" if os.path.isdir(data) else f"--dataset={data}")
-        config = run_config(options["model_dir"], overrides)
-        from tfgpu import experiment
-
-        built = experiment.setup(config, write_config=False)
-        step = built.trainer.restore(options.get("checkpoint", ""))
-        if step == 0 and not options.get("checkpoint"):
-            raise ConfigError("model_dir", f"no checkpoint in {options['model_dir']}/checkpoints")
+        opts = parser().parse_args(argv)
+        if opts.data:
+            opts.config_flags["data_dir" if os.path.isdir(opts.data) else "dataset"] = opts.data
+        config = run_config(opts.model_dir, opts)
+        built, step = restore(config, opts.checkpoint)
         if not built.info.eval_split and config.task == "classification":
             raise ConfigError("eval_split", "the dataset has no eval split; name one with --eval_split")
         metrics = {"step": step, "split": built.info.eval_split, **built.trainer.evaluate(step, record=False)}
@@ -61,7 +88,7 @@ def main(argv=None) -> int:
     if built.placement.is_chief:
         from tfgpu.fileio import atomic_write_bytes
 
-        path = options.get("output_json") or os.path.join(
+        path = opts.output_json or os.path.join(
             config.model_dir, f"eval-{built.info.eval_split or 'gan'}-step{step}.json")
         atomic_write_bytes(path, text.encode())
     return 0

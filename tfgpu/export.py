@@ -9,49 +9,57 @@ whatever precision the run trained in.
 import os
 import sys
 
+from tfgpu import cli
 from tfgpu.config import ConfigError
-from tfgpu.evaluate import parse_tool_args, run_config
+from tfgpu.evaluate import restore, run_config, run_parser
 
+USAGE = ("python -m tfgpu.export --model_dir=D [--format=keras|saved_model] [--output=PATH] [--checkpoint=PATH] "
+         "[train flags]")
 FORMATS = ("keras", "saved_model")
+
+
+def parser() -> cli.ArgumentParser:
+    p = run_parser("python -m tfgpu.export", USAGE, " ".join(__doc__.split("\n\n")[1].split()), "to export")
+    p.add_argument("--format", default="keras", choices=FORMATS, help="keras: one .keras file; saved_model: a "
+                   "TensorFlow SavedModel directory with a serve signature.")
+    p.add_argument("--output", default="", help="Where to write; default <model_dir>/export/model.keras or "
+                   "<model_dir>/export/saved_model.")
+    return p
+
+
+def save(task, fmt: str, output: str) -> None:
+    """Writes what the task deploys (a GAN: its EMA generator) as a .keras file or a SavedModel directory."""
+    from tfgpu import experiment
+
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    if fmt == "keras":
+        experiment.export_model(task, output)
+        return
+    import shutil
+
+    tmp = output.rstrip("/") + f".tmp-{os.getpid()}"
+    task.model.export(tmp, format="tf_saved_model", verbose=False)
+    if os.path.exists(output):
+        shutil.rmtree(output)
+    os.replace(tmp, output)
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if cli.wants_help(argv):
+        print(parser().format_help())
+        return 0
     try:
-        options, overrides = parse_tool_args(argv, ("model_dir", "format", "output", "checkpoint"))
-        model_dir = options.get("model_dir")
-        if not model_dir:
-            raise ConfigError("model_dir", "is required: the directory of the run to export")
-        fmt = options.get("format") or "keras"
-        if fmt not in FORMATS:
-            raise ConfigError("format", f"{fmt!r} is not one of {', '.join(FORMATS)}")
-        output = options.get("output") or os.path.join(
-            model_dir, "export", "model.keras" if fmt == "keras" else "saved_model")
-        if fmt == "keras" and not output.endswith(".keras"):
+        opts = parser().parse_args(argv)
+        output = opts.output or os.path.join(
+            opts.model_dir, "export", "model.keras" if opts.format == "keras" else "saved_model")
+        if opts.format == "keras" and not output.endswith(".keras"):
             raise ConfigError("output", f"{output!r}: a Keras model file must end in .keras")
-        config = run_config(model_dir, overrides)
-        from tfgpu import experiment
-
-        built = experiment.setup(config, write_config=False)
-        step = built.trainer.restore(options.get("checkpoint", ""))
-        if step == 0 and not options.get("checkpoint"):
-            raise ConfigError("model_dir", f"no checkpoint in {model_dir}/checkpoints")
+        built, step = restore(run_config(opts.model_dir, opts), opts.checkpoint)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    if fmt == "keras":
-        experiment.export_model(built.task, output)  # what the task deploys (a GAN: its EMA generator)
-    else:
-        import shutil
-
-        model = built.task.model
-
-        tmp = output.rstrip("/") + f".tmp-{os.getpid()}"
-        model.export(tmp, format="tf_saved_model", verbose=False)
-        if os.path.exists(output):
-            shutil.rmtree(output)
-        os.replace(tmp, output)
+    save(built.task, opts.format, output)
     print(f"exported step {step} to {output}")
     return 0
 

@@ -1,0 +1,220 @@
+"""The child side of a benchmark: one measurement (runner x batch x precision x XLA) per process.
+
+``run_case`` trains the tfgpu Trainer or plain Keras ``fit`` for the untimed steps and the timed windows and
+returns the timings, peak memory and device facts; it never raises (a failure's reason is returned), because
+the parent records a failed measurement instead of stopping.
+"""
+import contextlib
+import dataclasses
+import os
+import resource
+import time
+
+from tfgpu.bench.stats import peak_tflops, window_stats
+from tfgpu.config import ConfigError
+
+
+def _environment() -> dict:
+    import platform
+
+    import keras
+    import tensorflow as tf
+
+    cpu, flags = platform.processor(), set()
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and cpu in ("", "x86_64"):
+                    cpu = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+    gpus = [tf.config.experimental.get_device_details(g).get("device_name", g.name)
+            for g in tf.config.list_physical_devices("GPU")]
+    build = tf.sysconfig.get_build_info()
+    return {"tensorflow": tf.__version__, "keras": keras.__version__, "python": platform.python_version(),
+            "platform": platform.platform(), "cpu": cpu, "cpu_count": os.cpu_count(),
+            "cpu_features": sorted(flags & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}),
+            "gpus": gpus, "cuda": build.get("cuda_version"), "cudnn": build.get("cudnn_version")}
+
+
+def _device_facts(config, num_devices: int) -> dict:
+    """Peak memory of this process (GPU allocator peak, else host peak RSS) and the peak TFLOPS for MFU."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_logical_devices("GPU")
+    if gpus:
+        peak = max(tf.config.experimental.get_memory_info(f"GPU:{i}")["peak"] for i in range(len(gpus)))
+        name = tf.config.experimental.get_device_details(tf.config.list_physical_devices("GPU")[0]).get(
+            "device_name", "")
+        tflops, peak_source = peak_tflops(name, config.precision,
+                                          tf.config.experimental.tensor_float_32_execution_enabled())
+        kind = "gpu_peak_bytes"
+    else:  # ru_maxrss is in KiB on Linux
+        peak, kind, tflops, peak_source = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, \
+            "host_peak_rss_bytes", None, "CPU: no known peak"
+    return {"peak_memory_bytes": int(peak), "memory_kind": kind, "peak_tflops_per_device": tflops,
+            "peak_source": peak_source, "num_devices": num_devices}
+
+
+def _is_oom(error: BaseException) -> bool:
+    import tensorflow as tf
+
+    text = str(error)
+    return isinstance(error, tf.errors.ResourceExhaustedError) or "RESOURCE_EXHAUSTED" in text or \
+        "out of memory" in text.lower()
+
+
+def _replica_count(config) -> int:
+    """Replicas the config's strategy will have on this host, found before TensorFlow initialises."""
+    import tensorflow as tf
+
+    from tfgpu import distribute
+
+    distribute.configure_devices(config)  # setup() applies the same settings again: a no-op before init
+    gpus = len(tf.config.get_visible_devices("GPU"))
+    kind = distribute.choose_kind(config, gpus, 1)
+    if kind == "one_device":
+        return 1
+    return gpus or (config.cpu_logical_devices if kind == "mirrored" else 1) or 1
+
+
+def _macs(model, image_shape):
+    from tfgpu.models.summary import count_params, flops_per_example
+
+    try:
+        return {"macs_per_example": flops_per_example(model, image_shape), "params": count_params(model)}
+    except ValueError:  # a dynamic shape: MFU unknown, the timing stands
+        return {"macs_per_example": None, "params": count_params(model)}
+
+
+def _timed_history(history):
+    """The trainer's history writer, also noting wall and CPU clocks when each train loop's line is written."""
+    from tfgpu.trainer import History
+
+    class TimedHistory(History):
+        def __init__(self, model_dir, enabled):
+            super().__init__(model_dir, enabled)
+            self.marks = {}  # step -> (wall clock, process CPU time)
+
+        def write(self, kind, step, values):
+            super().write(kind, step, values)
+            if kind == "train":
+                self.marks[step] = (time.perf_counter(), time.process_time())
+
+    return TimedHistory(os.path.dirname(history.path), history.enabled)
+
+
+def _run_tfgpu(case: dict, config) -> dict:
+    """The tfgpu Trainer for warmup + timed windows; a window ends when its last loop's history line is written
+    (so host work between loops counts)."""
+    from tfgpu import experiment
+
+    if case.get("per_replica_batch_size"):
+        config = dataclasses.replace(config, global_batch_size=case["per_replica_batch_size"] * _replica_count(config))
+    built = experiment.setup(config, write_config=False)
+    built.trainer.history = history = _timed_history(built.trainer.history)
+    built.trainer.train()
+    placement = built.placement
+    out = {"batch_size": config.global_batch_size,
+           "per_replica_batch_size": config.global_batch_size // placement.num_replicas, "strategy": placement.kind,
+           "num_replicas": placement.num_replicas, "devices": list(placement.devices),
+           "jit_compile_effective": built.task.jit_compile, "steps_per_loop": config.steps_per_loop}
+    out.update(_device_facts(config, placement.num_replicas))
+    if case.get("probe"):
+        return out
+    ends = [history.marks[case["untimed_steps"] + k * case["steps_per_window"]] for k in range(case["windows"] + 1)]
+    wall, cpu = ([b[i] - a[i] for a, b in zip(ends, ends[1:])] for i in (0, 1))
+    out.update(window_stats(wall, case["steps_per_window"] * config.global_batch_size, case["steps_per_window"], cpu))
+    out.update(_macs(built.task.model, built.info.image_shape))
+    return out
+
+
+def _run_keras_fit(case: dict, config, under_strategy: bool) -> dict:
+    """Plain Keras 3 compile + fit on the same model, data, batch, precision and XLA setting."""
+    import keras
+    import tensorflow as tf
+
+    from tfgpu import distribute, precision
+    from tfgpu.data import pipeline
+    from tfgpu.models import create_model
+
+    if not under_strategy:  # what a user's own script does: one device, no strategy, no CPU splitting
+        gpus = tf.config.list_physical_devices("GPU") if config.num_gpus != 0 else []
+        config = dataclasses.replace(config, distribution_strategy="one_device", cpu_logical_devices=0,
+                                     num_gpus=1 if gpus else config.num_gpus)
+    distribute.configure_devices(config)
+    placement = distribute.build_strategy(config) if under_strategy else None
+    if placement is not None and placement.kind == "one_device":
+        return {"status": "skipped", "reason": "the strategy is one_device: keras_fit measures the same thing"}
+    replicas = placement.num_replicas if placement else 1
+    # MirroredStrategy fails with steps_per_execution > 1 (keras-team/keras#19246); XLA cannot span logical CPUs.
+    steps_per_execution = 1 if placement else case["keras_steps_per_execution"]
+    jit = config.jit_compile and not (placement and placement.on_logical_cpus)
+    keras.utils.set_random_seed(config.seed)
+    precision.set_policy(config.precision)
+    info = pipeline.prepare(config)
+    dataset = pipeline.train_dataset_fn(config, info, 0)(tf.distribute.InputContext())  # global batches
+    with placement.strategy.scope() if placement else contextlib.nullcontext():
+        model = create_model(config.model, info.image_shape, info.num_classes)
+        model.compile(optimizer=keras.optimizers.SGD(config.base_learning_rate * config.global_batch_size / 256,
+                                                     momentum=config.momentum),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"],
+                      jit_compile=jit, steps_per_execution=steps_per_execution)
+    model.fit(dataset, epochs=1, steps_per_epoch=case["untimed_steps"], verbose=0)
+    timer = _epoch_timer()
+    model.fit(dataset, epochs=case["windows"], steps_per_epoch=case["steps_per_window"], verbose=0,
+              callbacks=[timer])
+    out = {"batch_size": config.global_batch_size, "per_replica_batch_size": config.global_batch_size // replicas,
+           "strategy": placement.kind if placement else "keras_default",
+           "num_replicas": replicas, "devices": list(placement.devices) if placement else [],
+           "jit_compile_effective": bool(model.jit_compile), "steps_per_execution": steps_per_execution}
+    out.update(_device_facts(config, replicas))
+    out.update(window_stats(timer.seconds(0), case["steps_per_window"] * config.global_batch_size,
+                            case["steps_per_window"], timer.seconds(1)))
+    out.update(_macs(model, info.image_shape))
+    return out
+
+
+def _epoch_timer():
+    """A Keras callback timing each epoch's wall clock; epoch hooks only, so fit keeps its per-step behaviour."""
+    import keras
+
+    class EpochTimer(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 0:
+                self.marks = [(time.perf_counter(), time.process_time())]
+
+        def on_epoch_end(self, epoch, logs=None):
+            float((logs or {}).get("loss", 0.0))  # the epoch's steps have finished once the loss is read
+            self.marks.append((time.perf_counter(), time.process_time()))
+
+        def seconds(self, clock):
+            """Per epoch: wall-clock seconds (clock 0) or this process's CPU seconds (clock 1)."""
+            return [b[clock] - a[clock] for a, b in zip(self.marks, self.marks[1:])]
+
+    return EpochTimer()
+
+
+def run_case(case: dict) -> dict:
+    """Child entry: one measurement described by ``case``; never raises (the reason is returned)."""
+    from tfgpu import config as config_lib
+
+    result = {"name": case["runner"], "status": "ok"}
+    try:
+        config = config_lib.resolve(case["config"])
+        result.update(_run_tfgpu(case, config) if case["runner"] in ("tfgpu", "synthetic") else
+                      _run_keras_fit(case, config, case["runner"] == "keras_fit_strategy"))
+    except ConfigError as e:
+        result.update(status="failed", config_error=True, reason=str(e))
+    except Exception as e:  # noqa: BLE001 - the parent reports why this measurement did not run
+        result.update(status="oom" if _is_oom(e) else "failed", reason=_first_line(e))
+    with contextlib.suppress(Exception):
+        result["environment"] = _environment()
+    return result
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0][:400] if lines else ''}"
+
+
