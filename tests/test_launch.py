@@ -214,9 +214,9 @@ def test_cores_are_pinned_per_worker(worker_module):
 @pytest.mark.parametrize("args, message", [
     (["--num_workers=0"], "--num_workers must be at least 1"),
     (["--num_workers=2", "--cpu_cores_per_worker=100000"], "--cpu_cores_per_worker=100000 x --num_workers=2 needs 200000 cores"),
-    (["--num_workers=two"], "argument --num_workers: invalid int value: 'two'"),
+    (["--num_workers=two"], "--num_workers: invalid int value: 'two'"),
     (["--num_workers=2", "--python=/no/such/python"], "cannot start /no/such/python"),
-    ([], "the following arguments are required: --num_workers"),
+    ([], "--num_workers: is required"),
 ])
 def test_bad_launcher_flags_exit_1_before_starting(worker_module, args, message):
     code, output = _run(worker_module, *args)

@@ -14,7 +14,6 @@ CUDA_VISIBLE_DEVICES), prefixes their output with ``[worker i]``, and supervises
 
 Workers run in their own process groups and die with the launcher (PR_SET_PDEATHSIG).
 """
-import argparse
 import collections
 import contextlib
 import json
@@ -38,13 +37,12 @@ class LaunchError(Exception):
     """A bad launcher flag or host setting, found before any worker starts."""
 
 
-class _ArgumentParser(argparse.ArgumentParser):
-    def error(self, message):
-        raise LaunchError(message)
-
-
 def _parser():
-    p = _ArgumentParser(prog="tfgpu.launch", usage=USAGE, description=__doc__.split("\n\n")[0])
+    from tfgpu import cli
+
+    p = cli.ArgumentParser(prog="python -m tfgpu.launch", usage=USAGE,
+                           description="Start N MultiWorkerMirroredStrategy workers (python -m tfgpu.train <train "
+                                       "flags> each) on this host and supervise them.")
     p.add_argument("--num_workers", type=int, required=True, help="Worker processes to start on this host.")
     p.add_argument("--gpus_per_worker", type=int, default=-1,
                    help="GPUs each worker gets, as its own CUDA_VISIBLE_DEVICES, taken in order from the launcher's "
@@ -71,7 +69,7 @@ def split_argv(argv):
 
 
 def parse_args(argv):
-    """Launcher flags → namespace; raises LaunchError naming the bad flag."""
+    """Launcher flags → namespace; raises ConfigError (bad syntax) or LaunchError (bad value) naming the flag."""
     args = _parser().parse_args(argv)
     if args.num_workers < 1:
         raise LaunchError(f"--num_workers must be at least 1, got {args.num_workers}")
@@ -418,15 +416,17 @@ class Launcher:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     launcher_argv, worker_argv = split_argv(argv)
-    if any(a in ("-h", "--help") for a in launcher_argv):
-        _parser().print_help()
+    from tfgpu import cli
+
+    if cli.wants_help(launcher_argv):
+        print(_parser().format_help())
         return 0
     try:
         args = parse_args(launcher_argv)
         launcher = Launcher(args, worker_argv)
         return launcher.run()
-    except LaunchError as e:
-        print(f"error: {e}\nusage: {USAGE}", file=sys.stderr)
+    except (LaunchError, cli.ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
         return CONFIG_ERROR_EXIT_CODE
 
 
