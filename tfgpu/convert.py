@@ -9,30 +9,16 @@ Rerunning the same command reuses complete, verified shards of unchanged images;
 finished dataset stays as it is until its replacement is complete. Exit code 1 with a
 one-line ``error:`` naming the flag (or the bad image's or folder's path) on bad input.
 """
-import argparse
 import os
 import sys
 
-from tfgpu import logs
+from tfgpu import cli, logs
 
 USAGE = "python -m tfgpu.convert --source=SRC --output_dir=DIR [options]"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        from tfgpu.config import ConfigError
-
-        flag = ""
-        for word in message.replace("/", " ").split():
-            if word.startswith("--"):
-                flag = word.strip("'\":,").lstrip("-").split("=")[0]
-                break
-        raise ConfigError(flag or "flags", message)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m tfgpu.convert", usage=USAGE, description=__doc__.split("\n\n")[0],
-                formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
+def build_parser() -> cli.ArgumentParser:
+    p = cli.ArgumentParser(prog="python -m tfgpu.convert", usage=USAGE, description=__doc__.split("\n\n")[0])
     a = p.add_argument
     a("--source", default="", help="An image folder (root/<class>/*.jpg, optionally root/train/ and root/val/; "
       "JPEG, PNG, BMP, GIF, WebP, TIFF; OS debris ignored), a .csv/.tsv of path,label[,split] (paths relative to the "
@@ -68,7 +54,7 @@ def parse_args(argv=None):
     from tfgpu.data.convert import Options
 
     args = build_parser().parse_args(argv)
-    values = vars(args)
+    values = {k: v for k, v in vars(args).items() if k != "config_flags"}
     values["output_dir"] = os.path.expanduser(values["output_dir"])
     values["tfds_data_dir"] = os.path.expanduser(values["tfds_data_dir"])
     if not values["source"].startswith("tfds:"):
@@ -78,8 +64,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if any(a in ("-h", "--help") for a in argv):
-        build_parser().print_help()
+    if cli.wants_help(argv):
+        print(build_parser().format_help())
         return 0
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logs.setup()

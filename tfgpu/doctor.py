@@ -484,6 +484,9 @@ def main(argv=None) -> int:
     parser.add_argument("--model_dir", default="", help="Where runs will write; its free disk is reported "
                         "(default: the current directory).")
     parser.add_argument("--output_json", default="", help="Also write the report as JSON here.")
+    if cli.wants_help(argv):
+        print(parser.format_help())
+        return 0
     try:
         opts = parser.parse_args(argv)
         if opts.model_dir and os.path.exists(opts.model_dir) and not os.path.isdir(opts.model_dir):
