@@ -1,14 +1,11 @@
 """The entrypoint: flag sources and precedence, and bad input stopping the run with a clear error."""
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import yaml
 
-from tests.conftest import REPO
 from tfgpu import experiment, train
 from tfgpu.config import ConfigError
 from tfgpu.data import tfrecord
@@ -194,15 +191,12 @@ def test_an_image_that_does_not_decode_is_found_by_shard_and_record(tmp_path):
     assert found[:2] == (shard, 2) and "Unknown image file format" in found[2] and "\n" not in found[2]
 
 
-def test_malformed_config_exits_1_without_a_traceback(tmp_path):
+def test_malformed_config_exits_1_without_a_traceback(tmp_path, capsys):
     (tmp_path / "bad.yaml").write_text("model: small_cnn\n  seed: 3\n")
-    proc = subprocess.run([sys.executable, "-m", "tfgpu.train", f"--config={tmp_path / 'bad.yaml'}",
-                           f"--model_dir={tmp_path / 'run'}"], cwd=REPO, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, timeout=120)
-    assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines() == [
+    assert train.main([f"--config={tmp_path / 'bad.yaml'}", f"--model_dir={tmp_path / 'run'}"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
         f"error: --config: {tmp_path / 'bad.yaml'} is not valid YAML: mapping values are not allowed here at line 2, "
-        "column 7"], proc.stderr
+        "column 7"]
 
 
 @pytest.mark.slow

@@ -28,6 +28,7 @@ from tfgpu.config import ConfigError
 __all__ = ["ArgumentParser", "ConfigError", "expand_flagfiles", "resolve", "wants_help"]
 
 HELP_FLAGS = ("-h", "--help", "--helpfull", "--helpshort", "-help")
+_FIELDS = {f.name: f for f in config_lib.fields()}
 
 
 def _read_flagfile(path: str, seen: tuple) -> list:
@@ -109,6 +110,9 @@ class _ConfigFlag(argparse.Action):
             value = False
         else:
             value = config_lib.coerce(self.dest, "true" if values is None else values)
+        choices = _FIELDS[self.dest].metadata.get("choices")
+        if choices and value not in choices:
+            raise ConfigError(self.dest, f"{value!r} is not one of {', '.join(map(str, choices))}")
         namespace.config_flags[self.dest] = value
 
 

@@ -1,0 +1,152 @@
+"""tfgpu.cli: one parser for every command. Config flags declared once and taken by every command that needs
+them, the precedence of their sources, and bad flags as one line naming the flag, exit 1, for every command."""
+import importlib
+import os
+import tempfile
+
+import hypothesis
+import hypothesis.strategies as st
+import pytest
+
+from tfgpu import benchmark, cli, evaluate, export, sample, train
+from tfgpu import config as config_lib
+from tfgpu.models import registry  # noqa: F401 - imports TensorFlow (which raises the recursion limit) up front
+
+COMMANDS = ("train", "evaluate", "export", "sample", "benchmark", "audit_input", "launch", "convert", "doctor",
+            "report")
+# Options a command requires, so that the flag under test is the first thing wrong.
+REQUIRED = {"evaluate": ["--model_dir=/nonexistent/run"], "export": ["--model_dir=/nonexistent/run"],
+            "sample": ["--model_dir=/nonexistent/run"], "report": ["--model_dir=/nonexistent/run"],
+            "launch": ["--num_workers=1"]}
+# The commands that take the shared Config flags, with how each builds its parser.
+SHARED_PARSERS = {"train": train.parser, "evaluate": evaluate.parser, "export": export.parser,
+                  "sample": sample.parser, "benchmark": benchmark.parser}
+SHARED = {"model": ("small_cnn", "small_cnn"), "dataset": ("digits", "digits"), "data_dir": ("/d", "/d"),
+          "image_size": ("16", 16), "distribution_strategy": ("mirrored", "mirrored"),
+          "cpu_logical_devices": ("2", 2), "num_gpus": ("0", 0), "augment": ("flip", "flip"),
+          "sync_batch_norm": ("true", True), "cache": ("false", False)}
+
+
+def run_main(name, argv, capsys):
+    """(exit code, stderr lines) of ``python -m tfgpu.<name> argv``, in this process."""
+    module = importlib.import_module(f"tfgpu.{name}")
+    try:
+        code = module.main(list(argv))
+    except SystemExit as e:  # argparse's own --help action (report) exits 0 after printing
+        code = e.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err.strip().splitlines()
+
+
+@pytest.mark.parametrize("name", SHARED_PARSERS)
+def test_every_command_that_trains_or_loads_a_model_takes_the_shared_flags(name):
+    opts = SHARED_PARSERS[name]().parse_args(REQUIRED.get(name, []) + [f"--{k}={v}" for k, (v, _) in SHARED.items()])
+    assert opts.config_flags == {k: value for k, (_, value) in SHARED.items()}
+
+
+@pytest.mark.parametrize("name", ["evaluate", "export", "sample"])
+def test_commands_on_a_run_take_every_train_flag_but_their_own_names(name):
+    opts = SHARED_PARSERS[name]().parse_args(["--model_dir=/r", "--eval_split=test", "--lr_decay_epochs=3,6",
+                                              "--checkpoint=/r/ckpt-3"])
+    assert opts.config_flags == {"eval_split": "test", "lr_decay_epochs": (3.0, 6.0)}
+    assert (opts.model_dir, opts.checkpoint) == ("/r", "/r/ckpt-3")  # the command's own, not Config's
+
+
+def test_samples_seed_is_the_latent_seed_not_the_runs():
+    opts = sample.parser().parse_args(["--model_dir=/r", "--seed=5"])
+    assert opts.seed == 5 and "seed" not in opts.config_flags
+
+
+def test_benchmark_sweeps_precision_and_xla_and_keeps_its_own_defaults():
+    p = benchmark.parser()
+    opts = p.parse_args(["--precision=float32,mixed_bfloat16", "--jit_compile=false,true", "--num_gpus=1"])
+    assert (opts.precision, opts.jit_compile) == ("float32,mixed_bfloat16", "false,true")
+    assert p.config_values(opts) == {"model": "resnet20", "dataset": "synthetic", "steps_per_loop": 10,
+                                     "num_gpus": 1}
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--jit_compile"], True), (["--nojit_compile"], False), (["--jit_compile=false"], False),
+    (["--jit_compile=1"], True), (["--jit_compile", "--nojit_compile"], False),
+])
+def test_boolean_flag_forms(argv, expected):
+    assert train.parser().parse_args(argv).config_flags == {"jit_compile": expected}
+
+
+@hypothesis.settings(max_examples=25, deadline=None)
+@hypothesis.given(seeds=st.tuples(*[st.one_of(st.none(), st.integers(0, 99))] * 3),
+                  order=st.permutations(["yaml", "flagfile", "command_line"]))
+def test_command_line_beats_flagfile_beats_yaml_beats_default(seeds, order):
+    """Whatever order the sources appear in on the command line, the later source in precedence wins."""
+    in_yaml, in_flagfile, on_command_line = seeds
+    with tempfile.TemporaryDirectory() as tmp:
+        argv = {"yaml": [], "flagfile": [], "command_line": []}
+        if in_yaml is not None:
+            with open(os.path.join(tmp, "c.yaml"), "w") as f:
+                f.write(f"seed: {in_yaml}\n")
+            argv["yaml"] = [f"--config={tmp}/c.yaml"]
+        if in_flagfile is not None:
+            with open(os.path.join(tmp, "f.flags"), "w") as f:
+                f.write(f"--seed={in_flagfile}\n")
+            argv["flagfile"] = [f"--flagfile={tmp}/f.flags"]
+        if on_command_line is not None:
+            argv["command_line"] = [f"--seed={on_command_line}"]
+        config = train.parse(["--dataset=digits", "--model_dir=/tmp/unused"] + sum((argv[s] for s in order), []))
+    expected = next((s for s in (on_command_line, in_flagfile, in_yaml) if s is not None), config_lib.Config.seed)
+    assert config.seed == expected
+
+
+def test_run_commands_read_the_saved_config_under_their_flags(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    saved = config_lib.Config(model_dir="/where/it/trained", dataset="digits", model="small_cnn", seed=3,
+                              eval_split="val", cpu_logical_devices=4)
+    config_lib.save_yaml(saved, str(run / "config.yaml"))
+    (tmp_path / "f.flags").write_text("--cpu_logical_devices=2\n--eval_split=test\n")
+    opts = evaluate.parser().parse_args([f"--model_dir={run}", "--cpu_logical_devices=0",
+                                         f"--flagfile={tmp_path / 'f.flags'}"])
+    config = evaluate.run_config(str(run), opts)
+    assert (config.seed, config.model) == (3, "small_cnn")  # the run's own
+    assert config.eval_split == "test"  # the flagfile over the saved config
+    assert config.cpu_logical_devices == 0  # the command line over the flagfile
+    assert config.model_dir == str(run)  # where the run is now
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_an_unknown_flag_is_one_line_naming_it_with_close_names(name, capsys):
+    code, _, err = run_main(name, REQUIRED.get(name, []) + ["--output_jsn=x"], capsys)
+    assert code == 1 and len(err) == 1, err
+    assert err[0].startswith("error: --output_jsn: unknown flag"), err
+
+
+@pytest.mark.parametrize("name", ["train", "evaluate", "export", "sample", "benchmark", "audit_input"])
+@pytest.mark.parametrize("flag, message", [
+    ("--cpu_logical_devices=two", "error: --cpu_logical_devices: expected int, got 'two'"),
+    ("--distribution_strategy=tpu", "error: --distribution_strategy: 'tpu' is not one of"),
+    ("--sync_batch_norm=maybe", "error: --sync_batch_norm: expected bool, got 'maybe'"),
+    ("--image_size", "error: --image_size: expected one argument"),
+    ("--imag_size=3", "error: --imag_size: unknown flag"),  # never an abbreviation of --image_size
+])
+def test_a_bad_shared_flag_is_the_same_one_line_error_in_every_command(name, flag, message, capsys):
+    code, _, err = run_main(name, REQUIRED.get(name, []) + ["--dataset=digits", flag], capsys)
+    assert code == 1 and len(err) == 1 and err[0].startswith(message), err
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_help_lists_the_flags_and_exits_0(name, capsys):
+    code, out, _ = run_main(name, ["--help"], capsys)
+    assert code == 0 and out.startswith("usage: python -m tfgpu.") and "--flagfile" in out
+    if name in SHARED_PARSERS:
+        assert "--model " in out and "--data_dir " in out and "--distribution_strategy " in out
+        assert "tfgpu.data flags" in out
+
+
+@pytest.mark.parametrize("content, message", [
+    ("--seed=1\n--flagfile=self.flags\n", "includes itself"),
+    ("seed=1\n", "line 1: 'seed=1' is not a --flag=value line"),
+])
+def test_flagfile_errors_name_the_file(tmp_path, content, message):
+    (tmp_path / "self.flags").write_text(content)
+    with pytest.raises(cli.ConfigError, match=message) as e:
+        cli.expand_flagfiles([f"--flagfile={tmp_path / 'self.flags'}"])
+    assert e.value.flag == "flagfile" and str(tmp_path / "self.flags") in str(e.value)
