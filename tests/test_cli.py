@@ -8,7 +8,7 @@ import hypothesis
 import hypothesis.strategies as st
 import pytest
 
-from tfgpu import benchmark, cli, evaluate, export, sample, train
+from tfgpu import audit_input, benchmark, cli, evaluate, export, sample, train
 from tfgpu import config as config_lib
 from tfgpu.models import registry  # noqa: F401 - imports TensorFlow (which raises the recursion limit) up front
 
@@ -20,7 +20,7 @@ REQUIRED = {"evaluate": ["--model_dir=/nonexistent/run"], "export": ["--model_di
             "launch": ["--num_workers=1"]}
 # The commands that take the shared Config flags, with how each builds its parser.
 SHARED_PARSERS = {"train": train.parser, "evaluate": evaluate.parser, "export": export.parser,
-                  "sample": sample.parser, "benchmark": benchmark.parser}
+                  "sample": sample.parser, "benchmark": benchmark.parser, "audit_input": audit_input.parser}
 SHARED = {"model": ("small_cnn", "small_cnn"), "dataset": ("digits", "digits"), "data_dir": ("/d", "/d"),
           "image_size": ("16", 16), "distribution_strategy": ("mirrored", "mirrored"),
           "cpu_logical_devices": ("2", 2), "num_gpus": ("0", 0), "augment": ("flip", "flip"),

@@ -26,19 +26,21 @@ from tfgpu.config import ConfigError  # noqa: E402
 
 USAGE = ("python -m tfgpu.audit_input --data_dir=D [--dataset=NAME] --num_workers=N [--replicas_per_worker=R] "
          "[--data_service_workers=K] [--epochs=E] [--output_json=F] [train flags]")
-OWN = ("num_workers", "replicas_per_worker", "data_service_workers", "output_json")
 FOUND_PROBLEMS_EXIT_CODE = 2
 
 
-def _count(options: dict, name: str, default: int, minimum: int) -> int:
-    text = options.get(name, "")
-    try:
-        value = int(text) if text else default
-    except ValueError:
-        raise ConfigError(name, f"expected an integer, got {text!r}") from None
-    if value < minimum:
-        raise ConfigError(name, f"must be >= {minimum}, got {value}")
-    return value
+def parser():
+    from tfgpu import cli
+
+    p = cli.ArgumentParser(prog="python -m tfgpu.audit_input", usage=USAGE,
+                           description="Does each worker's training input pipeline see each example exactly once?")
+    p.add_argument("--num_workers", type=int, default=1, help="Workers whose pipelines are read.")
+    p.add_argument("--replicas_per_worker", type=int, default=1, help="Replicas per worker (sets the batch split).")
+    p.add_argument("--data_service_workers", type=int, default=0, help="Start a tf.data service with this many "
+                   "workers in this process and read through it; 0 = no service.")
+    p.add_argument("--output_json", default="", help="Also write the counts as JSON here.")
+    p.add_config_flags(config_file=True)
+    return p
 
 
 def _service(num_workers: int):
@@ -116,21 +118,21 @@ def format_report(result: dict) -> str:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if any(a in ("--help", "-h", "--helpfull") for a in argv):
-        from tfgpu import train
+    from tfgpu import cli, logs
 
-        print(f"usage: {USAGE}\n\n{__doc__}\n{train.help_text()}")
+    if cli.wants_help(argv):
+        print(parser().format_help())
         return 0
-    from tfgpu import evaluate, logs, train
-
     logs.setup()
     servers = []
     try:
-        options, train_args = evaluate.parse_tool_args(argv, OWN)
-        num_workers = _count(options, "num_workers", 1, 1)
-        replicas = _count(options, "replicas_per_worker", 1, 1)
-        service_workers = _count(options, "data_service_workers", 0, 0)
-        config = train.parse(["--model_dir=unused-by-audit_input", *train_args])
+        opts = parser().parse_args(argv)
+        for name, minimum in (("num_workers", 1), ("replicas_per_worker", 1), ("data_service_workers", 0)):
+            if getattr(opts, name) < minimum:
+                raise ConfigError(name, f"must be >= {minimum}, got {getattr(opts, name)}")
+        num_workers, replicas, service_workers = opts.num_workers, opts.replicas_per_worker, opts.data_service_workers
+        opts.config_flags.setdefault("model_dir", "unused-by-audit_input")
+        config = cli.resolve(opts, opts.config)
         if service_workers and config.data_service:
             raise ConfigError("data_service_workers", f"starts its own tf.data service; drop --data_service="
                               f"{config.data_service} or --data_service_workers")
@@ -151,10 +153,10 @@ def main(argv=None) -> int:
         for server in servers:
             server._stop()
     print(format_report(result), flush=True)
-    if options.get("output_json"):
+    if opts.output_json:
         from tfgpu.fileio import atomic_write_bytes
 
-        atomic_write_bytes(options["output_json"], json.dumps(result, indent=2).encode())
+        atomic_write_bytes(opts.output_json, json.dumps(result, indent=2).encode())
     bad = any(e["missing"] or e["duplicated"] for e in result["epochs"])
     return FOUND_PROBLEMS_EXIT_CODE if bad else 0
 

@@ -15,19 +15,6 @@ from tfgpu.config import ConfigError
 USAGE = "python -m tfgpu.evaluate --model_dir=D [--checkpoint=PATH] [--data=DIR|NAME] [--output_json=F] [train flags]"
 
 
-def parse_tool_args(argv, own: tuple):
-    """Splits ``--name=value`` args into a tool's options (``own``) and train flags (kept for audit_input until it
-    moves to ``run_parser``'s layer)."""
-    options, rest = {}, []
-    for arg in argv:
-        name, _, value = arg.lstrip("-").partition("=")
-        if arg.startswith("--") and name in own:
-            options[name] = value
-        else:
-            rest.append(arg)
-    return options, rest
-
-
 def run_parser(prog: str, usage: str, description: str, what: str, own: tuple = ()) -> cli.ArgumentParser:
     """A parser for commands that act on a finished run: ``--model_dir`` and ``--checkpoint``, and every train
     flag except ``own`` (the command's options of the same name) as an override of the run's saved config."""
