@@ -1,5 +1,8 @@
 """Mixed precision and XLA: runs train, logits stay float32, the float16 loss scale adapts and never reaches 0,
-the guard has no scale outside float16, XLA compiles."""
+the guard has no scale outside float16, XLA compiles.
+
+Training runs in this process (``train_here``) but where XLA_FLAGS or logical CPU devices must be set before
+TensorFlow starts."""
 import os
 
 import numpy as np
@@ -13,9 +16,9 @@ SMALL = ["--dataset=digits", "--model=small_cnn", "--global_batch_size=32", "--e
 
 
 @pytest.mark.parametrize("precision", ["mixed_float16", "mixed_bfloat16"])
-def test_mixed_precision_trains_with_float32_logits(precision, run_train, tmp_path):
-    run_train(*SMALL, f"--precision={precision}", "--train_steps=40", "--steps_per_loop=10",
-              f"--model_dir={tmp_path}")
+def test_mixed_precision_trains_with_float32_logits(precision, train_here, tmp_path):
+    train_here(*SMALL, f"--precision={precision}", "--train_steps=40", "--steps_per_loop=10",
+               f"--model_dir={tmp_path}")
     losses = [r["loss"] for r in read_history(tmp_path)]
     assert losses[-1] < 0.7 * losses[0], losses
     import keras
