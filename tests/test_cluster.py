@@ -341,12 +341,62 @@ def _two_free_consecutive_ports():
         return port
 
 
+# Stands in for the Python the template runs (TFGPU_PYTHON): instead of training, each task resolves its cluster
+# with tfgpu.cluster exactly as `tfgpu.train --cluster=slurm` does first, prints what it got, and exits FAKE_EXIT.
+FAKE_PYTHON = r'''#!{python}
+import json, os, sys
+sys.path.insert(0, {repo!r})
+from tfgpu import cluster
+desc = cluster.resolve_for_run("slurm", "auto")
+print("TASK " + json.dumps({{"args": sys.argv[1:], "task_id": desc["task_id"], "chief": desc["is_chief"],
+                            "workers": desc["cluster_spec"]["worker"]}}), flush=True)
+sys.exit(int(os.environ.get("FAKE_EXIT", "0")))
+'''
+
+
+def _executable(path, text):
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return path
+
+
+def _sbatch(tmp_path, *args, env):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    _executable(bin_dir / "srun", FAKE_SRUN)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": "4242",
+           "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "localhost", **env}
+    return subprocess.run(["bash", os.path.join(REPO, "tools", "slurm", "train.sbatch"), *args], cwd=REPO, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+
+
+def test_sbatch_template_starts_each_slurm_task_with_its_own_worker_address(tmp_path):
+    """The template's command line and exit-code handling, and the cluster each srun task resolves; the training
+    itself is replaced by FAKE_PYTHON (the slow test below trains for real)."""
+    fake = _executable(tmp_path / "python", FAKE_PYTHON.format(python=sys.executable, repo=REPO))
+    flags, model_dir = tmp_path / "tiny.flags", tmp_path / "run"
+    flags.write_text("--dataset=digits\n")
+    env = {"TFGPU_PYTHON": str(fake), "TFGPU_SLURM_PORT_BASE": "23456"}
+    proc = _sbatch(tmp_path, str(flags), str(model_dir), "--eval_split=none", env=env)
+    assert proc.returncode == 0 and "tfgpu: finished" in proc.stdout, proc.stdout[-4000:]
+    tasks = {int(rank): json.loads(task) for rank, task in re.findall(r"^(\d): TASK (.*)$", proc.stdout, re.M)}
+    assert sorted(tasks) == [0, 1], proc.stdout
+    for rank, task in tasks.items():
+        assert task["args"] == ["-m", "tfgpu.train", f"--flagfile={flags}", f"--model_dir={model_dir}",
+                                "--cluster=slurm", "--eval_split=none"]
+        assert task["workers"] == ["localhost:23456", "localhost:23457"]
+        assert (task["task_id"], task["chief"]) == (rank, rank == 0)
+    proc = _sbatch(tmp_path, str(flags), str(model_dir), env={**env, "FAKE_EXIT": "1"})
+    assert proc.returncode == 1 and "tfgpu: configuration error (exit 1): not requeueing" in proc.stdout
+    proc = _sbatch(tmp_path, str(flags), str(model_dir), env={**env, "FAKE_EXIT": "129", "TFGPU_MAX_REQUEUES": "0"})
+    assert proc.returncode == 129 and "tfgpu: exit 129 after 0 requeues: giving up" in proc.stdout, proc.stdout
+
+
+@pytest.mark.slow  # two TensorFlow workers; the template and its Slurm cluster run by default just above
 def test_sbatch_template_trains_two_slurm_tasks(tmp_path, data_cache):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    srun = bin_dir / "srun"
-    srun.write_text(FAKE_SRUN)
-    srun.chmod(srun.stat().st_mode | stat.S_IEXEC)
+    _executable(bin_dir / "srun", FAKE_SRUN)
     flags = tmp_path / "tiny.flags"
     flags.write_text("--dataset=digits\n--model=small_cnn\n--global_batch_size=64\n--train_steps=8\n"
                      "--steps_per_loop=4\n")

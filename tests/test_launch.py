@@ -1,7 +1,9 @@
 """tfgpu.launch: local multi-worker jobs start, fail fast, stop on signals and leave no process behind.
 
-Most tests launch a tiny worker module written to tmp_path (no TensorFlow, so they take about a second);
-one runs a real MultiWorkerMirroredStrategy all-reduce, one runs tfgpu.train end to end.
+Most tests launch a tiny worker module written to tmp_path (no TensorFlow, so they take about a second).
+Two slow tests run TensorFlow workers: a bare MultiWorkerMirroredStrategy all-reduce and tfgpu.train end to end;
+the default suite launches tfgpu.train on two workers in
+tests/test_multi_worker.py::test_two_workers_through_the_launcher_match_mirrored_two_replicas.
 """
 import json
 import os
@@ -317,12 +319,14 @@ def test_exit_code_rules():
     assert configs[1] == {"cluster": {"worker": ["localhost:1", "localhost:2"]}, "task": {"type": "worker", "index": 1}}
 
 
+@pytest.mark.slow  # by default a real all-reduce runs through the launcher in tests/test_multi_worker.py
 def test_two_workers_all_reduce_over_multi_worker_mirrored_strategy(worker_module):
     code, output = _run(worker_module, "--num_workers=2", module="mwms_worker", timeout=120)
     assert code == 0, output
     assert "[worker 0] replicas=2 sum=3.0" in output and "[worker 1] replicas=2 sum=3.0" in output, output
 
 
+@pytest.mark.slow  # the same assertions run by default in tests/test_multi_worker.py (launcher vs mirrored)
 def test_train_end_to_end(tmp_path, data_cache):
     model_dir = tmp_path / "run"
     env = {**os.environ, "TFGPU_DATA_CACHE": data_cache, "TF_CPP_MIN_LOG_LEVEL": "2"}
