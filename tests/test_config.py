@@ -65,3 +65,15 @@ def test_a_saved_config_replays(tmp_path):
     path = os.path.join(tmp_path, "config.yaml")
     config_lib.save_yaml(config, path)
     assert config_lib.resolve({}, path) == config
+
+
+def test_options_are_filed_and_described_for_the_tasks_that_read_them():
+    """--help tells which task reads an option: the GAN has its own Adam pair and no XLA, and the stop after
+    non-finite steps guards every task's loop (it was filed under the GAN's options)."""
+    by_name = {f.name: f.metadata for f in config_lib.fields()}
+    assert by_name["max_nonfinite_steps"]["group"] == "experiment"
+    assert "The GAN task does not compile with XLA" in by_name["jit_compile"]["help"]
+    for name, meta in by_name.items():
+        if meta["group"] == "optimizer" and name != "grad_clip_norm":
+            assert meta["help"].startswith("Classification"), name
+    assert "GAN" in by_name["grad_clip_norm"]["help"]

@@ -1,4 +1,5 @@
 """tfgpu.report: report.md and valid PNG plots from realistic run outputs, partial ones included."""
+import dataclasses
 import json
 import math
 import os
@@ -10,7 +11,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from tfgpu import report
+from tfgpu import metric_specs, report
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -19,6 +20,13 @@ def write_lines(path, records):
     with open(path, "w") as f:
         for r in records:
             f.write(json.dumps(r) + "\n")
+
+
+def declare(model_dir, task):
+    """metric_specs.json as the trainer writes it for a run of ``task`` (the registered task's declarations)."""
+    from tfgpu.tasks.base import get_task
+
+    metric_specs.write(str(model_dir), metric_specs.of_task(get_task(task)))
 
 
 def classification_run(model_dir, steps=3000, loop=100, eval_every=500, resumed_at=None):
@@ -47,6 +55,7 @@ def classification_run(model_dir, steps=3000, loop=100, eval_every=500, resumed_
         records = records[:] + again
         records.sort(key=lambda r: r["time"])
     write_lines(os.path.join(model_dir, "history.jsonl"), records)
+    declare(model_dir, "classification")
     config = {"task": "classification", "model": "resnet20", "dataset": "digits", "data_dir": "",
               "global_batch_size": 1024, "precision": "mixed_bfloat16", "distribution_strategy": "mirrored",
               "train_steps": steps, "optimizer": "sgd", "base_learning_rate": 0.1, "lr_schedule": "cosine",
@@ -81,6 +90,7 @@ def gan_run(model_dir, steps=2000, loop=100):
                             "samples": os.path.join(model_dir, "samples", f"step_{step}.png"),
                             "sampled_with": "ema"})
     write_lines(os.path.join(model_dir, "history.jsonl"), records)
+    declare(model_dir, "gan")
     with open(os.path.join(model_dir, "config.yaml"), "w") as f:
         yaml.safe_dump({"task": "gan", "model": "dcgan", "dataset": "synthetic", "gan_loss": "non_saturating",
                         "precision": "mixed_float16", "global_batch_size": 64, "train_steps": steps}, f)
@@ -183,10 +193,30 @@ def test_missing_and_partial_files(tmp_path):
     # History lines with only some keys: only what exists is plotted.
     third = tmp_path / "third"
     third.mkdir()
+    declare(third, "classification")
     write_lines(third / "history.jsonl", [{"kind": "train", "step": s, "loss": 1.0 / s} for s in (10, 20, 30)])
     report.write_report(str(third))
     assert sorted(os.listdir(third / "plots")) == ["loss.png"]
     check_png(third / "plots" / "loss.png")
+
+
+def test_the_plots_follow_the_declarations_and_an_older_run_falls_back_to_its_task(tmp_path):
+    """The report draws what metric_specs.json declares; a run from before that file gets its task's
+    declarations through config.yaml's task."""
+    classification_run(tmp_path)
+    declared = metric_specs.read(str(tmp_path))
+    renamed = [dataclasses.replace(s, plot="curves", title="Curves") if s.plot == "loss" else s
+               for s in declared.metrics]
+    metric_specs.write(str(tmp_path), dataclasses.replace(declared, metrics=tuple(renamed)))
+    report.write_report(str(tmp_path))
+    assert "![Curves](plots/curves.png)" in (tmp_path / "report.md").read_text()
+    assert not (tmp_path / "plots" / "loss.png").exists()
+    os.remove(tmp_path / metric_specs.SPECS_FILE)
+    report.write_report(str(tmp_path))
+    text = (tmp_path / "report.md").read_text()
+    for name in ("loss", "accuracy", "learning_rate", "throughput"):
+        assert f"(plots/{name}.png)" in text
+    assert "| val_accuracy | " in text.split("## Best evaluation")[1]
 
 
 def test_input_verdicts():

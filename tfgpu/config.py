@@ -46,6 +46,10 @@ class Config:
     keep_checkpoints: int = _opt(3, "How many recent checkpoints to keep.", "experiment")
     eval_every_steps: int = _opt(0, "Evaluate every N steps (and always at the end); 0 = end only.", "experiment")
     eval_steps: int = _opt(0, "Eval batches per evaluation; 0 = the whole eval split exactly once.", "experiment")
+    max_nonfinite_steps: int = _opt(20, "Stop the run (exit 2) when this many steps in a row, with no finite "
+                                    "step between them (across loops), have a non-finite loss or gradient; each "
+                                    "such step is skipped and changes no weight. Scattered skips never stop it.",
+                                    "experiment")
     # -- distribute ---------------------------------------------------------
     distribution_strategy: str = _opt("auto", "auto: multi_worker_mirrored when the cluster has more than one worker, "
                                       "mirrored when more than one GPU is visible, else one_device.", "distribute",
@@ -67,8 +71,9 @@ class Config:
                              "restart the lost worker themselves.", "distribute")
     # -- precision ----------------------------------------------------------
     precision: str = _opt("float32", "Compute dtype policy; logits and losses stay float32.", "precision", PRECISIONS)
-    jit_compile: bool = _opt(False, "Compile the replica step with XLA (takes effect under every strategy).",
-                             "precision")
+    jit_compile: bool = _opt(False, "Classification: compile each replica's forward and backward pass with XLA, "
+                             "under every strategy (not on logical CPU devices, nor with --sync_batch_norm over "
+                             "several replicas). The GAN task does not compile with XLA.", "precision")
     initial_loss_scale: float = _opt(32768.0, "Starting dynamic loss scale for mixed_float16.", "precision")
     loss_scale_growth_steps: int = _opt(2000, "Finite steps before the float16 loss scale doubles.", "precision")
     # -- data ---------------------------------------------------------------
@@ -110,25 +115,30 @@ class Config:
     sync_batch_norm: bool = _opt(False, "Synchronize BatchNorm statistics across replicas.", "model")
     zero_init_residual: bool = _opt(False, "Zero-init the last BN gamma of each residual block.", "model")
     # -- optimizer ----------------------------------------------------------
-    optimizer: str = _opt("sgd", "sgd (with momentum), adam or adamw.", "optimizer", ("sgd", "adam", "adamw"))
-    base_learning_rate: float = _opt(0.1, "Learning rate per 256 examples; scaled linearly with "
+    # Classification's optimizer; the GAN has its own Adam pair (--g_learning_rate, --d_learning_rate,
+    # --adam_beta1, --adam_beta2) and reads only --grad_clip_norm from this group.
+    optimizer: str = _opt("sgd", "Classification: sgd (with momentum), adam or adamw (the GAN uses Adam, see "
+                          "--g_learning_rate).", "optimizer", ("sgd", "adam", "adamw"))
+    base_learning_rate: float = _opt(0.1, "Classification: learning rate per 256 examples; scaled linearly with "
                                      "--global_batch_size.", "optimizer")
-    lr_schedule: str = _opt("cosine", "After warmup: cosine decay to 0, step decay, or constant.", "optimizer",
-                            ("cosine", "step", "constant"))
-    warmup_epochs: float = _opt(0.0, "Linear warmup length in epochs.", "optimizer")
-    warmup_steps: int = _opt(0, "Linear warmup length in steps; wins over --warmup_epochs when > 0.", "optimizer")
-    lr_decay_epochs: tuple = _opt((), "Epochs at which the step schedule multiplies the LR by --lr_decay_factor "
-                                  "(comma separated).", "optimizer")
-    lr_decay_factor: float = _opt(0.1, "Step schedule decay factor.", "optimizer")
-    momentum: float = _opt(0.9, "SGD momentum.", "optimizer")
-    nesterov: bool = _opt(False, "Nesterov momentum for sgd.", "optimizer")
-    weight_decay: float = _opt(0.0, "Weight decay, never applied to BatchNorm parameters or biases: sgd and adam "
-                               "add weight_decay * w to the gradient (L2, as in the ResNet papers and PyTorch); "
-                               "adamw decays decoupled.", "optimizer")
-    label_smoothing: float = _opt(0.0, "Label smoothing for the cross-entropy loss.", "optimizer")
-    grad_clip_norm: float = _opt(0.0, "Clip the all-reduced gradient to this global norm; 0 = off.", "optimizer")
-    grad_accum_steps: int = _opt(1, "Split each per-replica batch into N micro-batches and sum their gradients "
-                                 "(same step, 1/N activation memory).", "optimizer")
+    lr_schedule: str = _opt("cosine", "Classification: after warmup, cosine decay to 0, step decay, or constant.",
+                            "optimizer", ("cosine", "step", "constant"))
+    warmup_epochs: float = _opt(0.0, "Classification: linear warmup length in epochs.", "optimizer")
+    warmup_steps: int = _opt(0, "Classification: linear warmup length in steps; wins over --warmup_epochs when > 0.",
+                             "optimizer")
+    lr_decay_epochs: tuple = _opt((), "Classification: epochs at which the step schedule multiplies the LR by "
+                                  "--lr_decay_factor (comma separated).", "optimizer")
+    lr_decay_factor: float = _opt(0.1, "Classification: step schedule decay factor.", "optimizer")
+    momentum: float = _opt(0.9, "Classification: SGD momentum.", "optimizer")
+    nesterov: bool = _opt(False, "Classification: Nesterov momentum for sgd.", "optimizer")
+    weight_decay: float = _opt(0.0, "Classification: weight decay, never applied to BatchNorm parameters or biases: "
+                               "sgd and adam add weight_decay * w to the gradient (L2, as in the ResNet papers and "
+                               "PyTorch); adamw decays decoupled.", "optimizer")
+    label_smoothing: float = _opt(0.0, "Classification: label smoothing for the cross-entropy loss.", "optimizer")
+    grad_clip_norm: float = _opt(0.0, "Clip the all-reduced gradient to this global norm (each of the GAN's "
+                                 "discriminator and generator updates separately); 0 = off.", "optimizer")
+    grad_accum_steps: int = _opt(1, "Classification: split each per-replica batch into N micro-batches and sum "
+                                 "their gradients (same step, 1/N activation memory).", "optimizer")
     # -- gan ----------------------------------------------------------------
     latent_dim: int = _opt(128, "GAN: size of the generator's latent vector.", "gan")
     conditional: bool = _opt(False, "GAN: class-conditional generator and discriminator.", "gan")
@@ -155,10 +165,6 @@ class Config:
                                   "trained automatically into <model_dir>/fid_features.", "gan")
     fid_feature_model_dir: str = _opt("", "GAN: model_dir of a tfgpu classifier whose penultimate features "
                                       "score FID/KID offline.", "gan")
-    max_nonfinite_steps: int = _opt(20, "Stop the run (exit 2) when this many steps in a row, with no finite "
-                                    "step between them (across loops), have a non-finite loss or gradient; each "
-                                    "such step is skipped and changes no weight. Scattered skips never stop it.",
-                                    "gan")
     # -- output -------------------------------------------------------------
     tensorboard: bool = _opt(True, "Write TensorBoard scalars to <model_dir>/summaries.", "output")
     profile_input: bool = _opt(False, "Time the input pipeline alone against the train step and report the "
@@ -170,9 +176,15 @@ class Config:
     # -- derived values -----------------------------------------------------
     @property
     def batches_per_step(self) -> int:
-        """Global batches of the train split one optimizer step reads: a GAN's critic takes a fresh real
-        batch for each of its --n_critic updates (as in WGAN-GP), a classifier one."""
-        return self.n_critic if self.task == "gan" else 1
+        """Global batches of the train split one optimizer step reads, as the task declares it
+        (``Task.batches_per_step``). Imports the task registry (and TensorFlow) on first use."""
+        from tfgpu.tasks.base import get_task
+
+        try:
+            task = get_task(self.task)
+        except ValueError as e:
+            raise ConfigError("task", str(e)) from None
+        return task.batches_per_step(self)
 
     @property
     def examples_per_step(self) -> int:

@@ -2,51 +2,35 @@
 
     python -m tfgpu.report --model_dir=D     # (re)write D/report.md and D/plots/*.png
 
-Reads ``history.jsonl``, ``metrics.json``, ``config.yaml`` and, after
-``--profile_input``, ``input_profile.json``; any of them may be missing or
-partial (a run still going, a crashed one). Plots: loss and accuracy (or the
-GAN's D/G losses and FID/KID) against the step, the learning rate and loss
-scale, and examples/sec. The chief writes the report at the end of every run.
+Reads ``history.jsonl``, ``metrics.json``, ``config.yaml``,
+``metric_specs.json`` and, after ``--profile_input``, ``input_profile.json``;
+any of them may be missing or partial (a run still going, a crashed one). The
+report names no task and no metric: its plots, image links, best scores, task
+sections and task options come from the declarations the trainer wrote to
+``metric_specs.json`` (``tfgpu.metric_specs``); for a run older than that file
+they come from the registered task named in ``config.yaml``. The chief writes
+the report at the end of every run.
 """
 import io
 import json
 import math
 import os
+import importlib
 import statistics
 import sys
 
-from tfgpu import cli
+from tfgpu import cli, metric_specs
 from tfgpu.config import ConfigError
 from tfgpu.fileio import atomic_write_bytes
 
 PLOTS_DIR = "plots"
 INPUT_BOUND_FRACTION = 0.1  # share of step time waiting for data above which a run is input-bound
 
-# Config keys worth seeing in a report, in this order (only those present are shown).
+# Config keys worth seeing in a report, in this order (only those present are shown), before the task's own
+# (``Task.report_options``).
 KEY_CONFIG = ("task", "model", "dataset", "data_dir", "image_size", "augment", "global_batch_size", "precision",
-              "jit_compile", "distribution_strategy", "num_gpus", "steps_per_loop", "train_steps", "epochs",
-              "optimizer", "base_learning_rate", "lr_schedule", "warmup_epochs", "warmup_steps", "weight_decay",
-              "label_smoothing", "grad_accum_steps", "data_workers", "cache", "gan_loss", "latent_dim",
-              "g_learning_rate", "d_learning_rate", "n_critic", "gradient_penalty", "ema_decay", "diffaugment",
-              "seed", "deterministic")
-
-# One PNG per entry: (file, title, [(panel y label, [(record kind, key, legend label)])]).
-PLOTS = (
-    ("loss.png", "Loss", [("loss", [("train", "loss", "train loss"), ("eval", "val_loss", "eval loss")])]),
-    ("accuracy.png", "Accuracy", [("accuracy", [("train", "accuracy", "train"), ("eval", "val_accuracy", "eval top-1"),
-                                               ("eval", "val_top5_accuracy", "eval top-5")])]),
-    ("gan_losses.png", "GAN losses", [("loss", [("train", "d_loss", "D loss"), ("train", "g_loss", "G loss")]),
-                                      ("mean D logit", [("train", "d_real", "real images"),
-                                                        ("train", "d_fake", "generated images")])]),
-    ("fid.png", "FID / KID (lower is better)", [("FID", [("eval", "fid", "FID")]), ("KID", [("eval", "kid", "KID")])]),
-    ("learning_rate.png", "Learning rate (and the float16 loss scale)", [
-        ("learning rate", [("train", "learning_rate", "learning rate"), ("train", "learning_rate_g", "G"),
-                           ("train", "learning_rate_d", "D")]),
-        ("loss scale", [("train", "loss_scale", "loss scale"), ("train", "loss_scale_g", "G"),
-                        ("train", "loss_scale_d", "D")])]),
-    ("throughput.png", "Training throughput", [("examples/sec", [("train", "examples_per_sec", "examples/sec")]),
-                                                ("ms/step", [("train", "step_time_ms", "step time")])]),
-)
+              "distribution_strategy", "num_gpus", "steps_per_loop", "train_steps", "epochs", "data_workers",
+              "cache", "seed", "deterministic")
 
 
 # -- reading what the run left --------------------------------------------------------------------------------------
@@ -159,44 +143,60 @@ def _png(figure) -> bytes:
     return buffer.getvalue()
 
 
-def write_plots(model_dir: str, history: dict) -> list:
-    """Writes every plot that has data to ``<model_dir>/plots/``; returns [(relative path, title)]."""
+def figures(specs) -> list:
+    """The plots the declarations ask for, in declaration order: [(plot, title, [(panel y label, scale, style,
+    [(record kind, key, legend label)])])]. A figure's title is the first one declared for it."""
+    by_plot, seen = {}, set()
+    for spec in specs:
+        if not spec.plot or spec.style == "image" or (spec.kind, spec.name) in seen:
+            continue
+        seen.add((spec.kind, spec.name))
+        figure = by_plot.setdefault(spec.plot, {"title": "", "panels": {}})
+        figure["title"] = figure["title"] or spec.title
+        panel = figure["panels"].setdefault(spec.panel, {"scale": spec.scale, "style": spec.style, "lines": []})
+        panel["lines"].append((spec.kind, spec.name, spec.label or spec.name))
+    return [(plot, figure["title"] or plot, [(ylabel, p["scale"], p["style"], p["lines"])
+                                             for ylabel, p in figure["panels"].items()])
+            for plot, figure in by_plot.items()]
+
+
+def write_plots(model_dir: str, history: dict, specs) -> list:
+    """Writes every declared plot that has data to ``<model_dir>/plots/<plot>.png``; returns [(relative path,
+    title)]."""
     from matplotlib.figure import Figure  # no pyplot: no global backend, no GUI, safe in any process
 
     written = []
-    for filename, title, panels in PLOTS:
+    for plot, title, panels in figures(specs):
         drawn = []
-        for ylabel, lines in panels:
+        for ylabel, scale, style, lines in panels:
             present = [(label, *series(history.get(kind, []), key)) for kind, key, label in lines]
             present = [(label, steps, values) for label, steps, values in present if steps]
-            if ylabel == "loss scale" and all(v == 1.0 for _, _, values in present for v in values):
-                present = []  # float32/bfloat16: the scale is constantly 1
             if present:
-                drawn.append((ylabel, present))
+                drawn.append((ylabel, scale, style, present))
         if not drawn:
             continue
         figure = Figure(figsize=(7.5, 2.6 + 1.9 * len(drawn)), dpi=100, layout="constrained")
         axes = figure.subplots(len(drawn), 1, sharex=True, squeeze=False)[:, 0]
-        for ax, (ylabel, present) in zip(axes, drawn):
-            if filename == "throughput.png":
+        for ax, (ylabel, scale, style, present) in zip(axes, drawn):
+            if style == "rate":
                 _draw_throughput(ax, *present[0])
             else:
-                for (label, steps, values), style in zip(present, ("-", "--", ":")):  # equal series stay visible
-                    ax.plot(steps, values, linestyle=style, marker="o" if len(steps) <= 30 else None, markersize=3,
-                            label=label)
+                for (label, steps, values), linestyle in zip(present, ("-", "--", ":")):  # equal series stay visible
+                    ax.plot(steps, values, linestyle=linestyle, marker="o" if len(steps) <= 30 else None,
+                            markersize=3, label=label)
                 if len(present) > 1:
                     ax.legend(fontsize=8)
-            if ylabel in ("learning rate", "loss") and _spans_decades(present):
+            if scale == "log" and _spans_decades(present):
                 ax.set_yscale("log")
-            elif ylabel == "learning rate":
+            elif scale == "log":
                 ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 4))
-            elif ylabel == "loss scale":
-                ax.set_yscale("log", base=2)  # dynamic loss scales are powers of two
+            elif scale == "log2":
+                ax.set_yscale("log", base=2)  # e.g. dynamic loss scales: powers of two
             ax.set_ylabel(ylabel)
             ax.grid(True, alpha=0.3)
         axes[-1].set_xlabel("step")
         axes[0].set_title(title)
-        path = os.path.join(PLOTS_DIR, filename)
+        path = os.path.join(PLOTS_DIR, f"{plot}.png")
         os.makedirs(os.path.join(model_dir, PLOTS_DIR), exist_ok=True)
         atomic_write_bytes(os.path.join(model_dir, path), _png(figure))
         written.append((path, title))
@@ -239,27 +239,63 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def fid_section(metrics: dict, evals: list) -> list:
-    """Markdown lines naming what the last FID/KID was measured with: the feature extractor and the number of
-    images (an FID is biased upward at small N and compares only with FIDs of the same extractor and N)."""
-    source = metrics if _finite(metrics.get("fid")) else next((r for r in reversed(evals) if _finite(r.get("fid"))),
-                                                              None)
-    if source is None:
+def _best(specs, evals: list) -> list:
+    """Markdown lines with the best value of each eval metric declared lower- or higher-is-better, and its step."""
+    rows = []
+    for spec in specs:
+        if spec.kind != "eval" or spec.lower_is_better is None:
+            continue
+        steps, values = series(evals, spec.name)
+        if values:
+            best = (min if spec.lower_is_better else max)(range(len(values)), key=values.__getitem__)
+            better = "lower" if spec.lower_is_better else "higher"
+            rows.append(f"| {spec.name} | {_fmt(values[best])} | {steps[best]} | {better} |")
+    if not rows:
         return []
-    num = source.get("fid_num_samples", source.get("fid_num_fake"))
-    scores = f"FID {source['fid']:.4g}"
-    if _finite(source.get("kid")):
-        scores += f" and KID {source['kid']:.4g}"
-    if _finite(num):
-        scores += f" at N={int(num):,} generated and {int(source.get('fid_num_real', num)):,} real images"
-    lines = ["## FID / KID", "", f"{scores}, features: `{source.get('feature_extractor', 'not recorded')}`."]
-    if source.get("feature_extractor_trained") is False:
-        lines.append("The feature network is untrained (randomly initialised): its FIDs say little about quality; "
-                     "pass --inception_weights or --fid_feature_model_dir.")
-    lines += ["An FID compares only with FIDs from the same extractor and the same N (it is biased upward by a "
-              "term that shrinks with N; raise N with --fid_num_samples); KID is unbiased. The Keras ImageNet "
-              "InceptionV3 extractor is not the Inception graph published FIDs use.", ""]
+    return ["## Best evaluation", "", "| metric | best | step | better |", "| --- | --- | --- | --- |", *rows, ""]
+
+
+def _images(specs, history: dict, model_dir: str) -> list:
+    """Markdown for each metric declared as an image: the latest record's image under the declared title."""
+    lines = []
+    for spec in specs:
+        if spec.style != "image":
+            continue
+        path = next((r[spec.name] for r in reversed(history.get(spec.kind, []))
+                     if isinstance(r.get(spec.name), str)), None)
+        if path:
+            relative = os.path.relpath(path, model_dir) if os.path.isabs(path) else path
+            lines += [f"## {spec.title or spec.name}", "", f"![{spec.label or spec.name}]({relative})", ""]
     return lines
+
+
+def _sections(names, metrics: dict, evals: list, notes: list) -> list:
+    """The markdown lines of the task's declared report sections ("module:function"); one that fails to load
+    or run becomes a note instead of costing the report."""
+    lines = []
+    for name in names:
+        try:
+            module, function = name.split(":")
+            lines += getattr(importlib.import_module(module), function)(metrics, evals)
+        except Exception as e:  # a section is the task's code: it must not cost the user the report
+            notes.append(f"report section {name} failed: {type(e).__name__}: {e}")
+    return lines
+
+
+def declarations(model_dir: str, config, needed: bool = True):
+    """The run's Declarations: from ``metric_specs.json``; for a run from before that file, from the task
+    named in config.yaml (which imports the task, and TensorFlow, so only when ``needed``); else the loop's."""
+    declared = metric_specs.read(model_dir)
+    if declared is not None:
+        return declared
+    if needed and config and isinstance(config.get("task"), str):
+        try:
+            from tfgpu.tasks.base import get_task
+
+            return metric_specs.of_task(get_task(config["task"]))
+        except (ImportError, ValueError):
+            pass
+    return metric_specs.Declarations(metric_specs.LOOP_METRICS)
 
 
 def _table(rows: list, header=("", "")) -> list:
@@ -271,9 +307,13 @@ def _table(rows: list, header=("", "")) -> list:
 _IN_SUMMARY = ("step", "num_replicas", "num_workers", "global_batch_size", "wall_time_s")
 
 
-def render(model_dir: str, history: dict, bad_lines: int, metrics, config, profile, plots: list) -> str:
-    """The report's markdown from what was read (pure: no file access)."""
+def render(model_dir: str, history: dict, bad_lines: int, metrics, config, profile, plots: list,
+           declared=None) -> str:
+    """The report's markdown from what was read and the run's Declarations (no file access but the task's
+    declared sections)."""
     config, metrics = config or {}, metrics or {}
+    declared = declared or metric_specs.Declarations(metric_specs.LOOP_METRICS)
+    notes = []
     train, evals = history.get("train", []), history.get("eval", [])
     name = os.path.basename(os.path.normpath(model_dir)) or model_dir
     lines = [f"# Run report: {name}", ""]
@@ -331,23 +371,21 @@ def render(model_dir: str, history: dict, bad_lines: int, metrics, config, profi
     if final:
         lines += _table(final, ("metric", "value")) + [""]
 
-    lines += fid_section(metrics, evals)
+    lines += _best(declared.metrics, evals)
+    lines += _sections(declared.report_sections, metrics, evals, notes)
     if plots:
         lines += ["## Plots", ""]
         for path, title in plots:
             lines += [f"![{title}]({path})", ""]
-    samples = next((r["samples"] for r in reversed(evals) if isinstance(r.get("samples"), str)), None)
-    if samples:
-        relative = os.path.relpath(samples, model_dir) if os.path.isabs(samples) else samples
-        lines += ["## Samples", "", f"![generated samples]({relative})", ""]
+    lines += _images(declared.metrics, history, model_dir)
 
     if config:
         lines += ["## Key config", ""]
-        lines += _table([(k, config[k]) for k in KEY_CONFIG if k in config and config[k] not in ("", None)],
+        keys = dict.fromkeys(KEY_CONFIG + tuple(declared.report_options))
+        lines += _table([(k, config[k]) for k in keys if k in config and config[k] not in ("", None)],
                         ("option", "value"))
         lines += ["", "Full config: `config.yaml` (rerun with `--config=config.yaml`).", ""]
 
-    notes = []
     if not train and not evals:
         notes.append("history.jsonl is missing or empty: no curves to plot")
     if bad_lines:
@@ -366,8 +404,9 @@ def write_report(model_dir: str) -> str:
     metrics = _read_json(os.path.join(model_dir, "metrics.json"))
     config = _read_yaml(os.path.join(model_dir, "config.yaml"))
     profile = _read_json(os.path.join(model_dir, "input_profile.json"))
-    plots = write_plots(model_dir, history)
-    text = render(model_dir, history, bad, metrics, config, profile, plots)
+    declared = declarations(model_dir, config, needed=bool(history or metrics))
+    plots = write_plots(model_dir, history, declared.metrics)
+    text = render(model_dir, history, bad, metrics, config, profile, plots, declared)
     path = os.path.join(model_dir, "report.md")
     atomic_write_bytes(path, text.encode())
     return path

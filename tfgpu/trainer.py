@@ -7,6 +7,12 @@ what Keras 3 ``fit`` cannot do under MirroredStrategy with
 early at checkpoint, evaluation and profiling boundaries, so those happen at
 exact steps. Metric shares returned by the task are accumulated per replica in
 sync-on-read variables and summed across replicas once per loop.
+
+The loop names no task and no task's metric: what it logs, counts as skipped
+(non-finite) steps and shows in the progress bar comes from the task's metric
+declarations (``Task.metrics``), written with the loop's own
+(``metric_specs.LOOP_METRICS``) to ``<model_dir>/metric_specs.json`` for the
+report.
 """
 import json
 import logging
@@ -21,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgpu import checkpoint as checkpoint_lib
+from tfgpu import metric_specs
 from tfgpu.config import Config, ConfigError
 from tfgpu.data import pipeline
 from tfgpu.distribute import Placement
@@ -138,6 +145,21 @@ class Trainer:
         self.chief = placement.is_chief
         self.history = History(self.model_dir, self.chief)
         self._preempt_requested = False
+        self.declarations = metric_specs.of_task(task)
+
+    def _declared(self, train_names) -> tuple:
+        """The train-step keys that count skipped steps; a ValueError for a key the task does not declare."""
+        declared = {s.name: s for s in self.declarations.metrics if s.kind == "train"}
+        missing = [name for name in train_names if name not in declared]
+        if missing:
+            raise ValueError(f"task {self.task.name!r} returns train metrics {', '.join(missing)} that "
+                             f"{type(self.task).__name__}.metrics does not declare")
+        return tuple(name for name in train_names if declared[name].counts_nonfinite)
+
+    def write_metric_specs(self) -> None:
+        """The run's metric declarations, for the report (chief only)."""
+        if self.chief:
+            metric_specs.write(self.model_dir, self.declarations)
 
     # -- setup ---------------------------------------------------------------
     def _build(self):
@@ -146,29 +168,34 @@ class Trainer:
                                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
             self.task.global_step = self.step
             self.task.build()
-        self.train_sums = _accumulators(self.strategy, self.task.train_metric_names)
+        train_names = tuple(self.task.train_metric_names)
+        self.nonfinite_names = self._declared(train_names)
+        self.train_sums = _accumulators(self.strategy, train_names)
         self.eval_sums = _accumulators(self.strategy, self.task.eval_metric_names())
         self.skipped_run = _SkippedRun(self.strategy)
         self.checkpointer = checkpoint_lib.Checkpointer(
             self.model_dir, self.placement, self.task.checkpoint_items(), self.step, self.config.keep_checkpoints)
 
         self._train_loop = self._loop(self.task.train_step, self.train_sums, self.step,
-                                      self.config.batches_per_step, self.skipped_run)
+                                      self.task.batches_per_step(self.config), self.skipped_run,
+                                      self.nonfinite_names)
         self._eval_loop = self._loop(self.task.eval_step, self.eval_sums)
 
-    def _loop(self, step_fn, sums: dict, counter=None, batches_per_step: int = 1, skipped_run=None):
+    def _loop(self, step_fn, sums: dict, counter=None, batches_per_step: int = 1, skipped_run=None,
+              nonfinite_names=()):
         """A tf.function running ``num_steps`` replica steps of ``step_fn`` in one host call, adding each
         step's metric shares to ``sums`` (and 1 to ``counter``). With ``batches_per_step`` > 1 a step gets a
         tuple of that many consecutive batches, so every replica holds its rows of the same global batches
-        as one device would. ``skipped_run`` counts consecutive steps whose ``nonfinite_steps`` share is
-        non-zero (skipped)."""
+        as one device would. ``skipped_run`` counts consecutive steps whose share of any of
+        ``nonfinite_names`` (metrics declared ``counts_nonfinite``) is non-zero (skipped)."""
 
         def replica_step(batch):
             values = step_fn(batch)
             for name, value in values.items():
                 sums[name].assign_add(tf.cast(value, tf.float32))
-            if skipped_run is not None and "nonfinite_steps" in values:
-                skipped_run.update(values["nonfinite_steps"] > 0)
+            flags = [values[name] > 0 for name in nonfinite_names if name in values]
+            if skipped_run is not None and flags:
+                skipped_run.update(tf.reduce_any(tf.stack(flags)))
 
         @tf.function
         def loop(iterator, num_steps):
@@ -190,9 +217,7 @@ class Trainer:
 
     def _boundaries(self) -> list:
         c = self.config
-        # A GAN evaluates (FID/KID) on the train split, so only a classifier without an eval split skips evals.
-        evaluates = bool(self.info.eval_split) or self.task.name != "classification"
-        every = [c.checkpoint_every_steps, c.eval_every_steps if evaluates else 0]
+        every = [c.checkpoint_every_steps, c.eval_every_steps if self._evaluates else 0]
         marks = set()
         for n in every:
             if n:
@@ -200,6 +225,11 @@ class Trainer:
         if c.profile_steps:
             marks.update(int(s) for s in c.profile_steps.split(","))
         return sorted(m for m in marks if 0 < m < self.total_steps) + [self.total_steps]
+
+    @property
+    def _evaluates(self) -> bool:
+        """Whether this run evaluates: with an eval split, or with a task that evaluates without one."""
+        return bool(self.info.eval_split) or self.task.evaluates_without_eval_split
 
     def _corrupt_data_error(self):
         found = pipeline.find_corrupt_record(self.info)
@@ -290,7 +320,7 @@ class Trainer:
     # -- evaluation ------------------------------------------------------------
     def evaluate(self, step: int, record: bool = True) -> dict:
         """Runs the task's evaluation; ``record`` appends it to history.jsonl and TensorBoard."""
-        if not self.info.eval_split and self.task.name == "classification":
+        if not self._evaluates:
             return {}
 
         def run_eval():
@@ -306,8 +336,10 @@ class Trainer:
             metrics = self.task.evaluate(run_eval, step, self.model_dir)
         except tf.errors.DataLossError:
             raise self._corrupt_data_error() from None
-        if self.config.skip_corrupt_records and "val_examples" in metrics:
-            skipped = self.info.split_sizes.get(self.info.eval_split, 0) - metrics["val_examples"]
+        read = [metrics[s.name] for s in self.declarations.metrics
+                if s.kind == "eval" and s.counts_examples and s.name in metrics]
+        if self.config.skip_corrupt_records and read:
+            skipped = self.info.split_sizes.get(self.info.eval_split, 0) - read[0]
             if skipped:
                 metrics["skipped_corrupt_records"] = skipped
                 log.warning("eval skipped %d unreadable records of split %s", skipped, self.info.eval_split)
@@ -349,6 +381,7 @@ class Trainer:
         self._steps_done = 0
         try:
             start_step = self._steps_done = self.restore()  # restoring broadcasts variables: a collective too
+            self.write_metric_specs()
             previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
             try:
                 return self._train_from(start_step)
@@ -365,13 +398,14 @@ class Trainer:
     def _train_from(self, start_step: int) -> dict:
         config = self.config
         step = start_step
-        last_train, last_eval, rates = {}, {}, []
+        last, last_eval, rates = {}, {}, []
         if step < self.total_steps:
             dataset = self.strategy.distribute_datasets_from_function(
                 pipeline.train_dataset_fn(config, self.info, step))
             iterator = iter(dataset)
             input_profile = self._profile_input(step) if config.profile_input else None
-            progress = _Progress(config, self.total_steps, step, self.chief)
+            progress = _Progress(config, self.total_steps, step, self.chief,
+                                 [s.name for s in self.declarations.metrics if s.progress])
             profile = [int(s) for s in config.profile_steps.split(",")] if config.profile_steps else []
             for boundary in (b for b in self._boundaries() if b > step):
                 while step < boundary:
@@ -390,28 +424,10 @@ class Trainer:
                     self._steps_done = step
                     if profile and step == profile[-1] and self.chief:
                         tf.profiler.experimental.stop()
-                    nonfinite = sums.pop("nonfinite_steps", 0.0)
-                    values = {k: v / num_steps for k, v in sums.items()}
-                    values["nonfinite_steps"] = int(round(nonfinite))
-                    values.update(self.task.learning_rates())
-                    values.update(self.task.loss_scales())
-                    values["examples_per_sec"] = num_steps * self.config.examples_per_step / elapsed
-                    values["step_time_ms"] = 1000 * elapsed / num_steps
+                    last = self._log_loop(step, num_steps, sums, elapsed, progress)
                     if not first_loop:  # the first loop includes tracing and compilation
-                        rates.append(values["examples_per_sec"])
-                    last_train = values
-                    self.history.write("train", step, values)
-                    self._summaries("train", step, values)
-                    progress.update(step, values)
-                    longest_skipped_run = self.skipped_run.read_longest()
-                    if longest_skipped_run >= config.max_nonfinite_steps:
-                        raise NonFiniteError(
-                            f"{longest_skipped_run} consecutive steps (no finite step between them, counted across "
-                            f"loops) had a non-finite loss or gradient and were skipped, by step {step} "
-                            f"(--max_nonfinite_steps={config.max_nonfinite_steps}; scattered skips do not count, "
-                            f"each loop's are in history.jsonl as nonfinite_steps). A skipped step changes no "
-                            f"weight, so the last checkpoint in {self.checkpointer.real_dir} is good. Lower "
-                            "--base_learning_rate, set --grad_clip_norm, or use --precision=float32/mixed_bfloat16.")
+                        rates.append(last["record"]["examples_per_sec"])
+                    self._stop_on_skipped_run(step)
                     if self._any_worker_preempted():
                         self.checkpointer.save()
                         log.warning("preempted: checkpoint saved at step %d; rerun the same command to resume", step)
@@ -425,17 +441,47 @@ class Trainer:
             self.checkpointer.save()
             if input_profile:
                 self._write_input_profile(input_profile, float(np.median(rates)) if rates else
-                                          last_train["examples_per_sec"])
+                                          last["record"]["examples_per_sec"])
         else:
             log.info("already trained to step %d (--train_steps=%d); evaluating only", step, self.total_steps)
         last_eval = self.evaluate(step) or last_eval
         final = {"step": step}
-        if last_train:
-            final.update({f"train_{k}" if not k.startswith(("learning_rate", "loss_scale")) else k: v
-                          for k, v in last_train.items() if k not in ("examples_per_sec", "step_time_ms")})
-        final["examples_per_sec"] = float(np.median(rates)) if rates else last_train.get("examples_per_sec", 0.0)
+        if last:  # the train step's metrics as train_<name>; learning rates and loss scales as they are
+            final.update({f"train_{k}": v for k, v in last["step_metrics"].items()})
+            final.update(last["task_state"])
+        final["examples_per_sec"] = (float(np.median(rates)) if rates else
+                                     last["record"]["examples_per_sec"] if last else 0.0)
         final.update(last_eval)
         return final
+
+    def _log_loop(self, step: int, num_steps: int, sums: dict, elapsed: float, progress) -> dict:
+        """One loop's record (history.jsonl, TensorBoard, progress): the step metrics averaged over the loop
+        (those that count skipped steps summed), the task's learning rates and loss scales, and throughput.
+        Returns the record and its parts."""
+        step_metrics = {name: (int(round(value)) if name in self.nonfinite_names else value / num_steps)
+                        for name, value in sums.items()}
+        task_state = {**self.task.learning_rates(), **self.task.loss_scales()}
+        record = {**step_metrics, **task_state,
+                  "examples_per_sec": num_steps * self.config.examples_per_step / elapsed,
+                  "step_time_ms": 1000 * elapsed / num_steps}
+        self.history.write("train", step, record)
+        self._summaries("train", step, record)
+        progress.update(step, record)
+        return {"record": record, "step_metrics": step_metrics, "task_state": task_state}
+
+    def _stop_on_skipped_run(self, step: int) -> None:
+        """Raises NonFiniteError when --max_nonfinite_steps steps in a row were skipped."""
+        limit = self.config.max_nonfinite_steps
+        longest_skipped_run = self.skipped_run.read_longest()
+        if longest_skipped_run >= limit:
+            counted = ", ".join(self.nonfinite_names)
+            raise NonFiniteError(
+                f"{longest_skipped_run} consecutive steps (no finite step between them, counted across "
+                f"loops) had a non-finite loss or gradient and were skipped, by step {step} "
+                f"(--max_nonfinite_steps={limit}; scattered skips do not count, "
+                f"each loop's are in history.jsonl as {counted}). A skipped step changes no "
+                f"weight, so the last checkpoint in {self.checkpointer.real_dir} is good. Lower "
+                "the learning rate, set --grad_clip_norm, or use --precision=float32/mixed_bfloat16.")
 
 
 def _cause(error: Exception) -> str:
@@ -455,10 +501,8 @@ def _fmt(values: dict) -> str:
 class _Progress:
     """A Keras-style progress bar on a terminal, one line per loop otherwise; chief only."""
 
-    KEYS = ("loss", "accuracy", "d_loss", "g_loss", "learning_rate", "loss_scale", "examples_per_sec",
-            "step_time_ms")
-
-    def __init__(self, config: Config, total: int, start: int, chief: bool):
+    def __init__(self, config: Config, total: int, start: int, chief: bool, keys):
+        self.keys = tuple(keys)  # the metrics declared ``progress``
         self.total = total
         verbose = config.verbose if config.verbose >= 0 else (1 if sys.stdout.isatty() else 2)
         self.verbose = verbose if chief else 0
@@ -466,11 +510,11 @@ class _Progress:
         if self.verbose == 1:
             import keras
 
-            self.bar = keras.utils.Progbar(total, stateful_metrics=self.KEYS, unit_name="step")
+            self.bar = keras.utils.Progbar(total, stateful_metrics=self.keys, unit_name="step")
             self.bar.update(start)
 
     def update(self, step: int, values: dict):
-        shown = [(k, values[k]) for k in self.KEYS if k in values]
+        shown = [(k, values[k]) for k in self.keys if k in values]
         if self.bar is not None:
             self.bar.update(step, shown)
         elif self.verbose == 2:

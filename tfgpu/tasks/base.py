@@ -6,10 +6,17 @@ replica's *share* of the global value, so summing over replicas gives the
 global value of the step (a loss is summed over the replica's examples and
 divided by the global batch). The trainer sums shares over replicas and
 averages over the steps of a loop.
+
+A task also declares what it logs (``metrics``: names, which are lower-is-better,
+which are plotted and how, which count skipped non-finite steps), what the
+report adds for it (``report_sections``, ``report_options``), how many batches a
+step reads and whether it evaluates without an eval split. The trainer and the
+report read these declarations, so they name no task and no task's metric.
 """
 import abc
 
 from tfgpu.config import Config
+from tfgpu.metric_specs import MetricSpec  # noqa: F401  (re-exported: tasks declare their metrics with it)
 
 _TASKS: dict = {}
 
@@ -42,6 +49,20 @@ def get_task(name: str):
 
 class Task(abc.ABC):
     name = ""
+    # Every metric the task may log: the keys ``train_step`` returns, ``learning_rates``/``loss_scales`` keys and
+    # the eval keys worth plotting or ranking (tfgpu.metric_specs.MetricSpec).
+    metrics: tuple = ()
+    # "module:function" names of functions (metrics dict, eval records) -> markdown lines the report adds.
+    report_sections: tuple = ()
+    # Options of this task shown in the report's key-config table (after the common ones).
+    report_options: tuple = ()
+    # Whether a run without an eval split still evaluates (a GAN scores FID/KID on the train split).
+    evaluates_without_eval_split = False
+
+    @classmethod
+    def batches_per_step(cls, config: Config) -> int:
+        """Global batches of the train split one step reads (the trainer hands the step a tuple when > 1)."""
+        return 1
 
     def __init__(self, config: Config, info, placement, total_steps: int):
         self.config = config
@@ -59,7 +80,7 @@ class Task(abc.ABC):
     @property
     @abc.abstractmethod
     def train_metric_names(self) -> tuple:
-        """Keys of the dict ``train_step`` returns."""
+        """Keys of the dict ``train_step`` returns; each is declared in ``metrics``."""
 
     @abc.abstractmethod
     def train_step(self, batch) -> dict:

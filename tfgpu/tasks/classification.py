@@ -9,11 +9,33 @@ import tensorflow as tf
 
 from tfgpu import optimizers, precision
 from tfgpu.models import create_model, get_spec
-from tfgpu.tasks.base import Task, register_task
+from tfgpu.tasks.base import MetricSpec, Task, register_task
+
+_LR_TITLE = "Learning rate (and the float16 loss scale)"
 
 
 @register_task("classification")
 class ClassificationTask(Task):
+    metrics = (
+        MetricSpec("loss", lower_is_better=True, plot="loss", title="Loss", panel="loss", label="train loss",
+                   scale="log", progress=True),
+        MetricSpec("val_loss", kind="eval", lower_is_better=True, plot="loss", panel="loss", label="eval loss"),
+        MetricSpec("accuracy", lower_is_better=False, plot="accuracy", title="Accuracy", panel="accuracy",
+                   label="train", progress=True),
+        MetricSpec("val_accuracy", kind="eval", lower_is_better=False, plot="accuracy", panel="accuracy",
+                   label="eval top-1"),
+        MetricSpec("val_top5_accuracy", kind="eval", lower_is_better=False, plot="accuracy", panel="accuracy",
+                   label="eval top-5"),
+        MetricSpec("val_examples", kind="eval", counts_examples=True),
+        MetricSpec("grad_norm"),
+        MetricSpec("nonfinite_steps", counts_nonfinite=True),
+        MetricSpec("learning_rate", plot="learning_rate", title=_LR_TITLE, panel="learning rate",
+                   label="learning rate", scale="log", progress=True),
+        MetricSpec("loss_scale", plot="learning_rate", panel="loss scale", label="loss scale", scale="log2",
+                   progress=True),
+    )
+    report_options = ("jit_compile", "optimizer", "base_learning_rate", "lr_schedule", "warmup_epochs", "warmup_steps",
+                      "weight_decay", "label_smoothing", "grad_accum_steps")
 
     def build(self):
         config = self.config

@@ -39,7 +39,7 @@ import tensorflow as tf
 from tfgpu import diffaugment, precision
 from tfgpu.config import ConfigError
 from tfgpu.models import get_spec
-from tfgpu.tasks.base import Task, register_task
+from tfgpu.tasks.base import MetricSpec, Task, register_task
 
 log = logging.getLogger("tfgpu")
 
@@ -113,6 +113,35 @@ class GanState(tf.Module):
 
 @register_task("gan")
 class GanTask(Task):
+    _LR = "Learning rate (and the float16 loss scale)"
+    metrics = (
+        MetricSpec("d_loss", plot="gan_losses", title="GAN losses", panel="loss", label="D loss", scale="log",
+                   progress=True),
+        MetricSpec("g_loss", plot="gan_losses", panel="loss", label="G loss", progress=True),
+        MetricSpec("d_real", plot="gan_losses", panel="mean D logit", label="real images"),
+        MetricSpec("d_fake", plot="gan_losses", panel="mean D logit", label="generated images"),
+        MetricSpec("gradient_penalty"),
+        MetricSpec("r1_penalty"),
+        MetricSpec("nonfinite_steps", counts_nonfinite=True),
+        MetricSpec("fid", kind="eval", lower_is_better=True, plot="fid", title="FID / KID (lower is better)",
+                   panel="FID", label="FID"),
+        MetricSpec("kid", kind="eval", lower_is_better=True, plot="fid", panel="KID", label="KID"),
+        MetricSpec("samples", kind="eval", style="image", title="Samples", label="generated samples"),
+        MetricSpec("learning_rate_g", plot="learning_rate", title=_LR, panel="learning rate", label="G", scale="log"),
+        MetricSpec("learning_rate_d", plot="learning_rate", panel="learning rate", label="D", scale="log"),
+        MetricSpec("loss_scale_g", plot="learning_rate", panel="loss scale", label="G", scale="log2"),
+        MetricSpec("loss_scale_d", plot="learning_rate", panel="loss scale", label="D", scale="log2"),
+    )
+    report_sections = ("tfgpu.tasks.gan_report:fid_section",)
+    report_options = ("gan_loss", "latent_dim", "g_learning_rate", "d_learning_rate", "n_critic", "gradient_penalty",
+                      "ema_decay", "diffaugment")
+    evaluates_without_eval_split = True  # FID/KID are scored on the train split
+
+    @classmethod
+    def batches_per_step(cls, config):
+        """A fresh real batch for each of the critic's --n_critic updates (as in WGAN-GP)."""
+        return config.n_critic
+
 
     def __init__(self, config, info, placement, total_steps):
         super().__init__(config, info, placement, total_steps)
