@@ -64,7 +64,7 @@ def main(argv=None) -> int:
             opts.config_flags["data_dir" if os.path.isdir(opts.data) else "dataset"] = opts.data
         config = run_config(opts.model_dir, opts)
         built, step = restore(config, opts.checkpoint)
-        if not built.info.eval_split and config.task == "classification":
+        if not built.info.eval_split and not built.task.evaluates_without_eval_split:
             raise ConfigError("eval_split", "the dataset has no eval split; name one with --eval_split")
         metrics = {"step": step, "split": built.info.eval_split, **built.trainer.evaluate(step, record=False)}
     except ConfigError as e:
