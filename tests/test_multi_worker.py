@@ -1,5 +1,13 @@
-"""The same loop under MultiWorkerMirroredStrategy: two worker processes on localhost with TF_CONFIG."""
+"""The same loop under MultiWorkerMirroredStrategy: two worker processes on localhost with TF_CONFIG.
+
+Default suite (each 2-worker run costs two TensorFlow start-ups, so the runs are shared): two workers started by
+tfgpu.launch train the same as one mirrored process of two replicas, only the chief writes; a worker killed
+mid-run is detected by the survivor, which re-executes itself and resumes with the replacement to the weights of
+an uninterrupted run; a lost worker is exit 129 (in-process); a port in use is a clear error. Marked slow: the same
+guarantees through other doors (TF_CONFIG by hand, a relaunch instead of --max_restarts) and SIGTERM agreement.
+"""
 import json
+import logging
 import os
 import re
 import signal
@@ -38,6 +46,7 @@ def _finish(procs, timeout=240):
     return outputs
 
 
+@pytest.mark.slow  # the same assertions run by default through tfgpu.launch in test_two_workers_through_the_launcher_...
 def test_two_workers_train_agree_and_only_the_chief_writes(tmp_path, data_cache):
     model_dir = tmp_path / "run"
     args = ["--dataset=digits", "--model=small_cnn", "--global_batch_size=64", "--train_steps=8",
@@ -82,6 +91,10 @@ def straight(tmp_path_factory, data_cache):
     return model_dir
 
 
+# Slow: by default test_max_restarts_lets_the_survivor_wait_for_a_replaced_worker kills a worker the same way (the
+# survivor's "a collective failed" error, resume equal to an uninterrupted run) and
+# test_a_lost_worker_exits_129_and_max_restarts_reexecutes_the_same_command holds the exit code in-process.
+@pytest.mark.slow
 def test_worker_death_stops_the_survivor_and_a_relaunch_resumes_exactly(straight, tmp_path, data_cache):
     model_dir = tmp_path / "crashed"
     procs = _start_workers(LONG + [f"--model_dir={model_dir}"], data_cache)
@@ -123,6 +136,7 @@ def test_max_restarts_lets_the_survivor_wait_for_a_replaced_worker(straight, tmp
         for p in procs:
             p.kill()
     assert procs[0].returncode == 0 and replacement.returncode == 0, survivor[-3000:]
+    assert "error: worker 0: a collective failed" in survivor and "rerun the same launch" in survivor
     assert "restarting this worker (1 of --max_restarts=1)" in survivor
     assert "final: step=60" in survivor and "final: step=60" in replaced
     expected, healed = _weights(straight), _weights(model_dir)
@@ -130,6 +144,10 @@ def test_max_restarts_lets_the_survivor_wait_for_a_replaced_worker(straight, tmp
         np.testing.assert_array_equal(healed[name], expected[name], err_msg=name)
 
 
+# Slow: a third 2-worker launch. SIGTERM's save-and-exit-143 runs by default on one worker
+# (tests/test_trainer.py::test_sigterm_saves_exits_143_and_resume_is_exact) and through tfgpu.launch
+# (tests/test_launch.py::test_sigterm_to_the_launcher_lets_workers_save_and_exits_143).
+@pytest.mark.slow
 def test_sigterm_to_one_worker_checkpoints_all_at_the_same_step(tmp_path, data_cache):
     model_dir = tmp_path / "run"
     procs = _start_workers(LONG + ["--train_steps=400", f"--model_dir={model_dir}"], data_cache)
@@ -147,34 +165,83 @@ def test_sigterm_to_one_worker_checkpoints_all_at_the_same_step(tmp_path, data_c
 
 
 def test_two_workers_through_the_launcher_match_mirrored_two_replicas(run_train, tmp_path, data_cache):
-    """Same global batches either way: one shard read element-sharded by 2 workers (0,2,4.. and 1,3,5..) or by
-    one pipeline feeding 2 replicas (0..31 and 32..63), unshuffled; BatchNorm synchronized.
+    """Same global batches either way, unshuffled, BatchNorm synchronized: each worker trains on a contiguous half
+    of the one train shard (tfgpu.data.pipeline.train_share), 32 records a step, so global batch k is records
+    32k..32k+31 of each half; the mirrored run reads a copy of the shard in that order (blocks of 32 from the two
+    halves in turn), 64 records a step split over its 2 replicas.
     Tolerance: 1e-4 on per-loop losses, 1e-4 absolute + 1e-4 relative on every variable (small_cnn: see
-    tests/test_trainer.py::test_mirrored_two_replicas_matches_one_device for why not a deeper net)."""
+    tests/test_trainer.py::test_mirrored_two_replicas_matches_one_device for why not a deeper net).
+    The launched job is also the default suite's end-to-end multi-worker run: both workers train every step and
+    report the same all-reduced loss, only the chief writes checkpoints, evaluation covers the split once."""
     from tfgpu.data import builtin, tfrecord
 
     data = builtin.load_builtin("digits")
     images, labels = data["splits"]["train"]
-    one_shard = tmp_path / "digits-one-shard"
-    split = tfrecord.write_arrays(str(one_shard), "train", images, labels, num_shards=1)
-    tfrecord.write_manifest(str(one_shard), {"classes": data["classes"], "splits": {"train": split},
-                                             "image_shape": {"height": 8, "width": 8, "channels": 1}})
-    common = [f"--data_dir={one_shard}", "--model=small_cnn", "--global_batch_size=64", "--train_steps=8",
-              "--steps_per_loop=4", "--shuffle_buffer=1", "--sync_batch_norm", "--deterministic", "--verbose=2"]
-    run_train(*common, "--cpu_logical_devices=2", "--distribution_strategy=mirrored",
+    half, per_worker = len(images) // 2, 32
+    blocks = [np.arange(start, min(start + per_worker, stop))
+              for first in range(0, half, per_worker) for start, stop in ((first, half), (half + first, 2 * half))]
+    order = np.concatenate(blocks + [np.arange(2 * half, len(images))])
+    one_shard, interleaved = tmp_path / "digits-one-shard", tmp_path / "digits-interleaved"
+    for directory, index in ((one_shard, np.arange(len(images))), (interleaved, order)):
+        splits = {"train": tfrecord.write_arrays(str(directory), "train", images[index], labels[index], num_shards=1),
+                  "val": tfrecord.write_arrays(str(directory), "val", *data["splits"]["val"], num_shards=1)}
+        tfrecord.write_manifest(str(directory), {"classes": data["classes"], "splits": splits,
+                                                 "image_shape": {"height": 8, "width": 8, "channels": 1}})
+    common = ["--model=small_cnn", "--global_batch_size=64", "--train_steps=8", "--steps_per_loop=4",
+              "--checkpoint_every_steps=4", "--shuffle_buffer=1", "--sync_batch_norm", "--deterministic",
+              "--verbose=2"]
+    run_train(*common, f"--data_dir={interleaved}", "--cpu_logical_devices=2", "--distribution_strategy=mirrored",
               f"--model_dir={tmp_path / 'mirrored'}")
     env = {**os.environ, "TFGPU_DATA_CACHE": data_cache, "TF_CPP_MIN_LOG_LEVEL": "2"}
     launch = subprocess.run([sys.executable, "-m", "tfgpu.launch", "--num_workers=2", "--", *common,
-                             f"--model_dir={tmp_path / 'workers'}"], cwd=REPO, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+                             f"--data_dir={one_shard}", f"--model_dir={tmp_path / 'workers'}"], cwd=REPO, env=env,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
     assert launch.returncode == 0, launch.stdout[-3000:]
-    assert read_metrics(tmp_path / "workers")["strategy"] == "multi_worker_mirrored"
+    for index in range(2):
+        assert re.search(rf"^\[worker {index}\] .*strategy=multi_worker_mirrored replicas=2 workers=2", launch.stdout,
+                         re.M), launch.stdout[-3000:]
+    finals = dict(re.findall(r"^\[worker (\d)\] final: step=8 .*train_loss=(\S+)", launch.stdout, re.M))
+    assert finals.keys() == {"0", "1"} and finals["0"] == finals["1"], launch.stdout[-3000:]  # all-reduced loss
+    metrics = read_metrics(tmp_path / "workers")
+    assert (metrics["strategy"], metrics["num_workers"], metrics["step"]) == ("multi_worker_mirrored", 2, 8)
+    assert sorted(f for f in os.listdir(tmp_path / "workers" / "checkpoints") if f.endswith(".index")) == \
+        ["ckpt-4.index", "ckpt-8.index"]
+    assert read_history(tmp_path / "workers", "eval")[-1]["val_examples"] == 359
     mirrored, workers = read_history(tmp_path / "mirrored"), read_history(tmp_path / "workers")
+    assert [r["step"] for r in workers] == [4, 8] and workers[-1]["loss"] < workers[0]["loss"] + 0.5
     np.testing.assert_allclose([r["loss"] for r in workers], [r["loss"] for r in mirrored], atol=1e-4)
     expected, actual = _weights(tmp_path / "mirrored"), _weights(tmp_path / "workers")
     assert expected.keys() == actual.keys()
     for name in expected:
         np.testing.assert_allclose(actual[name], expected[name], rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def test_a_lost_worker_exits_129_and_max_restarts_reexecutes_the_same_command(monkeypatch, capsys, tmp_path):
+    """In-process half of the worker-death guarantee (test_max_restarts_lets_the_survivor_wait_for_a_replaced_worker
+    loses a real peer): a lost worker is exit 129, which clusters retry, with its one-line error; --max_restarts=N
+    re-executes the same command N times, then gives up with 129."""
+    import time
+
+    from tfgpu import experiment, train, trainer
+
+    def lost(config):
+        raise trainer.WorkerLost("worker 0: a collective failed after step 10; rerun the same launch")
+
+    monkeypatch.setattr(experiment, "run", lost)
+    monkeypatch.setenv("TFGPU_RESTARTS", "0")
+    for name, value in (("handlers", []), ("propagate", False)):  # main() points tfgpu's logger at captured stderr
+        monkeypatch.setattr(logging.getLogger("tfgpu"), name, value)
+    args = ["--dataset=digits", "--model=small_cnn", f"--model_dir={tmp_path}"]
+    assert train.main(args) == trainer.WORKER_LOST_EXIT_CODE == 129
+    assert "error: worker 0: a collective failed after step 10" in capsys.readouterr().err
+    execs = []
+    monkeypatch.setattr(os, "execv", lambda path, argv: execs.append([path, *argv[1:]]))
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)
+    restarting = [*args, "--max_restarts=1"]
+    assert train.main(restarting) == 129  # returns only because execv is replaced here
+    assert execs == [[sys.executable, "-m", "tfgpu.train", *restarting]]
+    assert "restarting this worker (1 of --max_restarts=1)" in capsys.readouterr().err
+    assert train.main(restarting) == 129 and len(execs) == 1  # the one restart is spent
 
 
 def test_port_in_use_is_a_clear_error_not_a_hang(tmp_path, data_cache):
