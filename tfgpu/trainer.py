@@ -12,14 +12,14 @@ The loop names no task and no task's metric: what it logs, counts as skipped
 (non-finite) steps and shows in the progress bar comes from the task's metric
 declarations (``Task.metrics``), written with the loop's own
 (``metric_specs.LOOP_METRICS``) to ``<model_dir>/metric_specs.json`` for the
-report.
+report. How a run fails (exceptions, exit codes) is ``tfgpu.failures``; what it
+logs as it goes (history.jsonl, progress) is ``tfgpu.history``.
 """
 import json
 import logging
 import math
 import os
 import signal
-import sys
 import tempfile
 import time
 
@@ -31,52 +31,14 @@ from tfgpu import metric_specs
 from tfgpu.config import Config, ConfigError
 from tfgpu.data import pipeline
 from tfgpu.distribute import Placement
+from tfgpu.failures import (KERNEL_ERRORS as _KERNEL_ERRORS, KERNEL_FAILED_EXIT_CODE,  # noqa: F401 (re-exported)
+                            PREEMPTED_EXIT_CODE, WORKER_LOST_EXIT_CODE, KernelFailed, NonFiniteError, Preempted,
+                            WorkerLost, cause as _cause, lost_peer as _lost_peer)
 from tfgpu.fileio import atomic_write_bytes
+from tfgpu.history import History, Progress
 from tfgpu.report import input_verdict  # the one input-bound rule, shared with report.md
 
 log = logging.getLogger("tfgpu")
-PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: Kubeflow and Slurm retry it
-
-
-class Preempted(SystemExit):
-    """Raised after the coordinated checkpoint that follows a SIGTERM."""
-
-    def __init__(self, step):
-        super().__init__(PREEMPTED_EXIT_CODE)
-        self.step = step
-
-
-WORKER_LOST_EXIT_CODE = 129  # 128+: Kubeflow's ExitCode restart policy retries it; 1-127 are permanent
-KERNEL_FAILED_EXIT_CODE = 3  # below 128: a computation that failed here fails again on a rerun
-
-
-class NonFiniteError(RuntimeError):
-    """--max_nonfinite_steps consecutive steps were skipped for a non-finite loss or gradient."""
-
-
-class WorkerLost(RuntimeError):
-    """A collective failed or timed out because another worker died, hung or became unreachable."""
-
-
-class KernelFailed(RuntimeError):
-    """A kernel (cuDNN, XLA, a custom op) failed on this worker: not a lost peer, so not worth a retry."""
-
-
-# Errors a collective raises when a peer is gone (connection reset, --collective_timeout_s exceeded, aborted).
-_PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.CancelledError,
-                tf.errors.AbortedError)
-# Errors a kernel raises when it fails; they mean a lost peer only when their message says a collective or
-# its connection failed (TensorFlow aborts every pending collective with the first failure's message).
-_KERNEL_ERRORS = (tf.errors.InternalError, tf.errors.UnknownError)
-_COLLECTIVE_SIGNS = ("collective", "heartbeat", "connection reset", "socket closed", "failed to connect",
-                     "unreachable", "peer", "coordination service")
-
-
-def _lost_peer(error: Exception) -> bool:
-    """Whether ``error`` says that a collective failed because another worker is gone."""
-    if isinstance(error, _PEER_ERRORS):
-        return True
-    return isinstance(error, _KERNEL_ERRORS) and any(sign in str(error).lower() for sign in _COLLECTIVE_SIGNS)
 
 
 def _accumulators(strategy, names):
@@ -117,23 +79,13 @@ class _SkippedRun:
             variable.assign(0.0)
 
 
-class History:
-    """Appends one JSON object per loop or evaluation to ``<model_dir>/history.jsonl`` (chief only)."""
-
-    def __init__(self, model_dir: str, enabled: bool):
-        self.path = os.path.join(model_dir, "history.jsonl")
-        self.enabled = enabled
-
-    def write(self, kind: str, step: int, values: dict) -> None:
-        if not self.enabled:
-            return
-        line = json.dumps({"kind": kind, "step": step, "time": round(time.time(), 3), **values})
-        with open(self.path, "a") as f:
-            f.write(line + "\n")
-            f.flush()
-
-
 class Trainer:
+    """Trains and evaluates ``task`` under ``placement``'s strategy. Of the config it reads the loop's options
+    (model_dir, steps_per_loop, checkpoint_every_steps, keep_checkpoints, eval_every_steps, max_nonfinite_steps,
+    profile_steps, profile_input, tensorboard, verbose, skip_corrupt_records; data_dir to name the flag of a
+    corrupt record; global_batch_size and examples_per_step for rates) and hands the whole config only to the
+    input pipeline and to the task's declaration of batches per step."""
+
     def __init__(self, config: Config, placement: Placement, task, info, total_steps: int):
         self.config = config
         self.placement = placement
@@ -404,7 +356,7 @@ class Trainer:
                 pipeline.train_dataset_fn(config, self.info, step))
             iterator = iter(dataset)
             input_profile = self._profile_input(step) if config.profile_input else None
-            progress = _Progress(config, self.total_steps, step, self.chief,
+            progress = Progress(config.verbose, self.total_steps, step, self.chief,
                                  [s.name for s in self.declarations.metrics if s.progress])
             profile = [int(s) for s in config.profile_steps.split(",")] if config.profile_steps else []
             for boundary in (b for b in self._boundaries() if b > step):
@@ -484,42 +436,5 @@ class Trainer:
                 "the learning rate, set --grad_clip_norm, or use --precision=float32/mixed_bfloat16.")
 
 
-def _cause(error: Exception) -> str:
-    """The line of a TensorFlow error message that says what happened to the peer."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    for line in lines:
-        if any(word in line for word in ("aborted by", "Connection", "Deadline", "timed out", "unreachable",
-                                          "timeout")):
-            return line[:300]
-    return lines[0][:300] if lines else ""
-
-
 def _fmt(values: dict) -> str:
     return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
-
-
-class _Progress:
-    """A Keras-style progress bar on a terminal, one line per loop otherwise; chief only."""
-
-    def __init__(self, config: Config, total: int, start: int, chief: bool, keys):
-        self.keys = tuple(keys)  # the metrics declared ``progress``
-        self.total = total
-        verbose = config.verbose if config.verbose >= 0 else (1 if sys.stdout.isatty() else 2)
-        self.verbose = verbose if chief else 0
-        self.bar = None
-        if self.verbose == 1:
-            import keras
-
-            self.bar = keras.utils.Progbar(total, stateful_metrics=self.keys, unit_name="step")
-            self.bar.update(start)
-
-    def update(self, step: int, values: dict):
-        shown = [(k, values[k]) for k in self.keys if k in values]
-        if self.bar is not None:
-            self.bar.update(step, shown)
-        elif self.verbose == 2:
-            print(f"step {step}/{self.total} " + " ".join(f"{k}={v:.4g}" for k, v in shown), flush=True)
-
-    def close(self):
-        if self.bar is not None:
-            print(flush=True)
