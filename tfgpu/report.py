@@ -8,22 +8,21 @@ any of them may be missing or partial (a run still going, a crashed one). The
 report names no task and no metric: its plots, image links, best scores, task
 sections and task options come from the declarations the trainer wrote to
 ``metric_specs.json`` (``tfgpu.metric_specs``); for a run older than that file
-they come from the registered task named in ``config.yaml``. The chief writes
-the report at the end of every run.
+they come from the registered task named in ``config.yaml``. The plots are
+drawn by ``tfgpu.plots``. The chief writes the report at the end of every run.
 """
-import io
+import importlib
 import json
 import math
 import os
-import importlib
 import statistics
 import sys
 
 from tfgpu import cli, metric_specs
 from tfgpu.config import ConfigError
 from tfgpu.fileio import atomic_write_bytes
+from tfgpu.plots import series, write_plots
 
-PLOTS_DIR = "plots"
 INPUT_BOUND_FRACTION = 0.1  # share of step time waiting for data above which a run is input-bound
 
 # Config keys worth seeing in a report, in this order (only those present are shown), before the task's own
@@ -81,12 +80,6 @@ def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def series(records: list, key: str) -> tuple:
-    """(steps, values) of ``key`` over ``records``, skipping records without a finite value."""
-    points = [(r["step"], r[key]) for r in records if _finite(r.get(key))]
-    return [p[0] for p in points], [float(p[1]) for p in points]
-
-
 # -- the verdicts -----------------------------------------------------------------------------------------------------
 def _outruns_step(profile) -> bool:
     """The pipeline alone is clearly faster than the step alone (input_profile.json rates)."""
@@ -124,104 +117,22 @@ def contention_note(profile) -> str:
             "the CPU) or to host work between loops.")
 
 
-def throughput(train: list) -> dict:
-    """Median examples/sec and step time over the loops after the first (which includes tracing/compilation)."""
+def throughput(train: list, specs) -> tuple:
+    """([(unit, median)] of each train metric declared a rate (style ``rate``: examples/sec, ms/step), loops):
+    medians over the loops after the first (which includes tracing and compilation), in declaration order."""
     steady = train[1:] if len(train) > 1 else train
-    rates = [r["examples_per_sec"] for r in steady if _finite(r.get("examples_per_sec"))]
-    times = [r["step_time_ms"] for r in steady if _finite(r.get("step_time_ms"))]
-    return {"examples_per_sec": statistics.median(rates) if rates else None,
-            "step_time_ms": statistics.median(times) if times else None, "loops": len(rates)}
-
-
-# -- plots ----------------------------------------------------------------------------------------------------------
-def _png(figure) -> bytes:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    FigureCanvasAgg(figure)
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png")
-    return buffer.getvalue()
-
-
-def figures(specs) -> list:
-    """The plots the declarations ask for, in declaration order: [(plot, title, [(panel y label, scale, style,
-    [(record kind, key, legend label)])])]. A figure's title is the first one declared for it."""
-    by_plot, seen = {}, set()
+    medians, loops = [], 0
     for spec in specs:
-        if not spec.plot or spec.style == "image" or (spec.kind, spec.name) in seen:
-            continue
-        seen.add((spec.kind, spec.name))
-        figure = by_plot.setdefault(spec.plot, {"title": "", "panels": {}})
-        figure["title"] = figure["title"] or spec.title
-        panel = figure["panels"].setdefault(spec.panel, {"scale": spec.scale, "style": spec.style, "lines": []})
-        panel["lines"].append((spec.kind, spec.name, spec.label or spec.name))
-    return [(plot, figure["title"] or plot, [(ylabel, p["scale"], p["style"], p["lines"])
-                                             for ylabel, p in figure["panels"].items()])
-            for plot, figure in by_plot.items()]
+        if spec.kind == "train" and spec.style == "rate":
+            values = [r[spec.name] for r in steady if _finite(r.get(spec.name))]
+            if values:
+                medians.append((spec.panel or spec.name, statistics.median(values)))
+                loops = max(loops, len(values))
+    return medians, loops
 
 
-def write_plots(model_dir: str, history: dict, specs) -> list:
-    """Writes every declared plot that has data to ``<model_dir>/plots/<plot>.png``; returns [(relative path,
-    title)]."""
-    from matplotlib.figure import Figure  # no pyplot: no global backend, no GUI, safe in any process
-
-    written = []
-    for plot, title, panels in figures(specs):
-        drawn = []
-        for ylabel, scale, style, lines in panels:
-            present = [(label, *series(history.get(kind, []), key)) for kind, key, label in lines]
-            present = [(label, steps, values) for label, steps, values in present if steps]
-            if present:
-                drawn.append((ylabel, scale, style, present))
-        if not drawn:
-            continue
-        figure = Figure(figsize=(7.5, 2.6 + 1.9 * len(drawn)), dpi=100, layout="constrained")
-        axes = figure.subplots(len(drawn), 1, sharex=True, squeeze=False)[:, 0]
-        for ax, (ylabel, scale, style, present) in zip(axes, drawn):
-            if style == "rate":
-                _draw_throughput(ax, *present[0])
-            else:
-                for (label, steps, values), linestyle in zip(present, ("-", "--", ":")):  # equal series stay visible
-                    ax.plot(steps, values, linestyle=linestyle, marker="o" if len(steps) <= 30 else None,
-                            markersize=3, label=label)
-                if len(present) > 1:
-                    ax.legend(fontsize=8)
-            if scale == "log" and _spans_decades(present):
-                ax.set_yscale("log")
-            elif scale == "log":
-                ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 4))
-            elif scale == "log2":
-                ax.set_yscale("log", base=2)  # e.g. dynamic loss scales: powers of two
-            ax.set_ylabel(ylabel)
-            ax.grid(True, alpha=0.3)
-        axes[-1].set_xlabel("step")
-        axes[0].set_title(title)
-        path = os.path.join(PLOTS_DIR, f"{plot}.png")
-        os.makedirs(os.path.join(model_dir, PLOTS_DIR), exist_ok=True)
-        atomic_write_bytes(os.path.join(model_dir, path), _png(figure))
-        written.append((path, title))
-    return written
-
-
-def _draw_throughput(ax, label, steps, values):
-    """The loops after the first as a line from 0 up, with their median; the first loop (tracing and
-    compilation) as a separate marker whose value is in the legend even when it is off the scale."""
-    if len(steps) > 1:
-        ax.plot(steps[1:], values[1:], marker="o" if len(steps) <= 30 else None, markersize=3, label=label)
-        median = statistics.median(values[1:])
-        ax.axhline(median, color="grey", linestyle="--", linewidth=1, label=f"median {median:,.4g}")
-        ax.set_ylim(0, max(values[1:]) * 1.3)
-    ax.plot(steps[:1], values[:1], marker="x", linestyle="none", color="tab:red", markersize=7,
-            label=f"first loop (may include tracing and compilation): {values[0]:,.4g}")
-    if len(steps) == 1:
-        ax.set_ylim(0, values[0] * 1.3)
-    ax.legend(fontsize=8, loc="lower right")
-
-
-def _spans_decades(present) -> bool:
-    """True for positive values over more than two decades: a log axis shows all of them."""
-    values = [v for _, _, vs in present for v in vs]
-    return len(values) > 1 and min(values) > 0 and max(values) / min(values) > 100
+def _number(value: float) -> str:
+    return f"{value:,.1f}" if abs(value) >= 100 else f"{value:,.3g}"
 
 
 # -- the markdown -----------------------------------------------------------------------------------------------------
@@ -352,12 +263,11 @@ def render(model_dir: str, history: dict, bad_lines: int, metrics, config, profi
         lines += [f"| {label} | {value:,.0f} |" for label, value in rates if _finite(value)]
         lines.append("")
 
-    speed = throughput(train)
-    if speed["examples_per_sec"] is not None:
+    medians, loops = throughput(train, declared.metrics)
+    if medians:
         lines += ["## Throughput", "",
-                  f"Median {speed['examples_per_sec']:,.1f} examples/sec"
-                  + (f", {speed['step_time_ms']:,.2f} ms per step" if speed["step_time_ms"] is not None else "")
-                  + f" over {speed['loops']} loop(s) of steps"
+                  "Median " + ", ".join(f"{_number(value)} {unit}" for unit, value in medians)
+                  + f" over {loops} loop(s) of steps"
                   + (" (the first loop, which may include tracing and compilation, excluded)." if len(train) > 1
                      else "."), ""]
 
