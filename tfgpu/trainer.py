@@ -13,7 +13,9 @@ The loop names no task and no task's metric: what it logs, counts as skipped
 declarations (``Task.metrics``), written with the loop's own
 (``metric_specs.LOOP_METRICS``) to ``<model_dir>/metric_specs.json`` for the
 report. How a run fails (exceptions, exit codes) is ``tfgpu.failures``; what it
-logs as it goes (history.jsonl, progress) is ``tfgpu.history``.
+logs as it goes (history.jsonl, progress) is ``tfgpu.history``. The module
+stays one (~440 lines): the loop, its boundaries, the skipped-step guard,
+preemption, evaluation and input profiling share the Trainer's state.
 """
 import json
 import logging
