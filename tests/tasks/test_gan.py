@@ -16,6 +16,7 @@ from tfgpu.config import Config, ConfigError
 from tfgpu.data import pipeline
 from tfgpu.distribute import Placement
 from tfgpu.models import get_spec
+from tfgpu.tasks import gan as gan_task
 from tfgpu.tasks.gan import Float32Forward, GanTask
 
 SMALL = ["--task=gan", "--dataset=digits", "--global_batch_size=16", "--latent_dim=16", "--eval_split=none",
@@ -88,6 +89,37 @@ def test_nan_guard_skips_a_poisoned_step_and_counts_it(make_task, precision_name
     assert _changed([b for b, w in zip(d_before, task.discriminator.weights) if w.trainable], trainable_d)
     assert all(np.isfinite(w.numpy()).all() for w in task.discriminator.weights + task.generator.weights)
     assert int(task.state.step.numpy()) == 2
+
+
+@pytest.mark.parametrize("precision_name", ["float32", "mixed_bfloat16"])
+def test_skipped_updates_leave_their_network_optimizer_and_ema_bit_identical(make_task, monkeypatch,
+                                                                              precision_name):
+    """However many updates were skipped before: a skipped generator update leaves the generator's trainable
+    weights, its optimizer and the EMA bit-identical (its BatchNorm statistics move only in the critic's finite
+    updates, which draw fakes in training mode); a skipped critic update leaves the discriminator (weights and
+    statistics) and its optimizer bit-identical. The first finite step trains both networks again."""
+    poison = tf.Variable(1.0)
+    original = gan_task.generator_loss
+    monkeypatch.setattr(gan_task, "generator_loss", lambda kind, logits: original(kind, logits) * poison)
+    task, step = make_task(precision=precision_name, ema_decay=0.99)
+    step(_batch(seed=0))  # trained once: the EMA and the optimizers' slots are no longer at their start
+    g_vars = task.generator.trainable_weights + task.g_optimizer.variables + list(task.state.ema)
+    d_vars = task.discriminator.weights + task.d_optimizer.variables
+    g_before = _values(g_vars)
+    poison.assign(np.nan)
+    for i in range(1, 41):
+        assert float(step(_batch(seed=i))["nonfinite_steps"]) == 1.0
+    assert not _changed(g_before, g_vars)
+    d_before = _values(d_vars)
+    images, labels = _batch(seed=99)
+    nan_images = tf.tensor_scatter_nd_update(images, [[0, 0, 0, 0]], [np.nan])
+    for _ in range(40):
+        assert float(step((nan_images, labels))["nonfinite_steps"]) == 1.0
+    assert not _changed(d_before, d_vars) and not _changed(g_before, g_vars)
+    assert all(np.isfinite(v).all() for v in _values(g_vars + d_vars))
+    poison.assign(1.0)
+    assert float(step(_batch(seed=100))["nonfinite_steps"]) == 0.0
+    assert _changed(g_before, task.generator.trainable_weights) and _changed(d_before, d_vars)
 
 
 def test_both_loss_scales_back_off_on_overflow_and_grow_again(make_task):

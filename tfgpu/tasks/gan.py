@@ -323,13 +323,14 @@ class GanTask(Task):
         grads = tape.gradient(scaled, variables)
         return loss, self._apply(self.g_optimizer, loss, grads, variables)
 
-    def _update_ema(self):
-        """EMA of the generator's weights with warm-up: decay min(d, (1 + t) / (10 + t)) at step t."""
+    def _update_ema(self, applied):
+        """EMA of the generator's weights with warm-up: decay min(d, (1 + t) / (10 + t)) at step t; unchanged
+        when the generator's update was skipped (``applied`` false on every replica alike)."""
         t = tf.cast(self.state.step, tf.float32)
         decay = tf.minimum(self.config.ema_decay, (1.0 + t) / (10.0 + t))
         for ema, weight, trainable in zip(self.state.ema, self.generator.weights, self._trainable_mask):
             value = tf.cast(weight.value, ema.dtype)
-            ema.assign(decay * ema + (1.0 - decay) * value if trainable else value)
+            ema.assign(tf.where(applied, decay * ema + (1.0 - decay) * value if trainable else value, ema))
 
     def train_step(self, batch):
         config = self.config
@@ -339,21 +340,24 @@ class GanTask(Task):
         offset = tf.cast(replica, tf.int32) * per_replica
         totals = {name: tf.constant(0.0) for name in self.train_metric_names if name not in ("g_loss",
                                                                                               "nonfinite_steps")}
-        # BatchNorm statistics and spectral-norm vectors change in the forward pass; a non-finite step
-        # puts them back, so one bad batch cannot leave NaNs in the networks' state.
+        # The guard is per network update: a skipped critic update leaves the discriminator (weights, optimizer,
+        # BatchNorm statistics, spectral-norm vectors) as it was, a skipped generator update the generator and
+        # its EMA. Forward passes change both networks' state, so each phase puts back what it changed.
         state = self.generator.non_trainable_weights + self.discriminator.non_trainable_weights
-        saved = [tf.identity(w.value) for w in state]
-        all_finite = tf.constant(True)
+        d_finite = tf.constant(True)
         for k, (images, labels) in enumerate(real_batches):  # unrolled: each update is its own optimizer.apply
+            saved = [tf.identity(w.value) for w in state]
             metrics, finite = self._discriminator_step(tf.cast(images, tf.float32), tf.cast(labels, tf.int32),
                                                        self._seed(1, k), offset)
+            precision.restore_if_not_finite(finite, state, saved)
             totals = {name: totals[name] + metrics[name] / config.n_critic for name in totals}
-            all_finite = tf.logical_and(all_finite, finite)
-        g_loss, finite = self._generator_step(self._seed(2), offset, per_replica)
-        all_finite = tf.logical_and(all_finite, finite)
-        precision.restore_if_not_finite(all_finite, state, saved)
+            d_finite = tf.logical_and(d_finite, finite)
+        saved = [tf.identity(w.value) for w in state]
+        g_loss, g_finite = self._generator_step(self._seed(2), offset, per_replica)
+        precision.restore_if_not_finite(g_finite, state, saved)
         if config.ema_decay:
-            self._update_ema()
+            self._update_ema(g_finite)
+        all_finite = tf.logical_and(d_finite, g_finite)
         self.state.step.assign_add(1)
         num_replicas = self.placement.num_replicas
         return {**totals, "g_loss": g_loss,
