@@ -61,6 +61,9 @@ def test_acceptance_command_writes_results_and_ratio(tmp_path):
     assert "tfgpu/keras_fit = " in proc.stdout and "keras_fit " in proc.stdout
 
 
+# Slow (46 s): the acceptance test runs the benchmark end to end by default; the ratio keys of a sweep are
+# tested in-process (tests/bench/test_stats.py::test_ratio_keys_name_only_the_settings_that_vary).
+@pytest.mark.slow
 def test_batch_and_precision_lists_give_the_cross_product(tmp_path):
     out = tmp_path / "bench.json"
     proc = run_benchmark(*TINY, "--batch_size=16,32", "--precision=float32,mixed_bfloat16", "--baseline=none",
@@ -113,6 +116,8 @@ def test_bad_flags_name_the_flag(args, flag, capsys):
     assert len(err) == 1 and err[0].startswith(f"error: {flag}"), err
 
 
+# Slow (27 s): the batch search is tested in-process in tests/bench/test_runner.py.
+@pytest.mark.slow
 def test_auto_batch_size_end_to_end_on_cpu(tmp_path):
     out = tmp_path / "bench.json"
     proc = run_benchmark(*TINY, "--batch_size=auto", "--max_batch_size=8", "--baseline=none",
@@ -145,6 +150,8 @@ def rgb_dataset(tmp_path):
     return directory
 
 
+# Slow (32 s): the end-to-end acceptance command stays in the default suite.
+@pytest.mark.slow
 def test_real_data_against_synthetic_input_of_the_same_shape(tmp_path, rgb_dataset):
     out = tmp_path / "bench.json"
     proc = run_benchmark(*TINY, "--batch_size=16", f"--data_dir={rgb_dataset}", "--baseline=synthetic",
@@ -183,6 +190,8 @@ def test_mirrored_on_two_logical_cpus_with_both_baselines(tmp_path):
     assert "off*" in proc.stdout
 
 
+# Slow (29 s): the end-to-end acceptance command stays in the default suite.
+@pytest.mark.slow
 def test_one_device_skips_keras_fit_strategy_with_a_reason(tmp_path):
     out = tmp_path / "bench.json"
     proc = run_benchmark(*TINY, "--batch_size=16", "--baseline=keras_fit_strategy", "--repeats=2",

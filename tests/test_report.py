@@ -243,6 +243,9 @@ def test_command_line(tmp_path):
         assert proc.returncode == 1 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
+# Slow (19 s): tests/tasks/test_base.py trains a toy task in-process and reads its report; the other tests here
+# build reports from written runs.
+@pytest.mark.slow
 def test_a_short_training_run_ends_with_a_report(run_train, tmp_path):
     """The chief writes report.md and valid plots at the end of a real run (the trainer calls write_report)."""
     model_dir = tmp_path / "run"

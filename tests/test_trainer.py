@@ -57,6 +57,9 @@ def test_continuing_a_finished_run_equals_one_long_run(run_train, tmp_path):
     assert read_metrics(tmp_path / "split")["step"] == 12
 
 
+# Slow (66 s): exact resume stays in the default suite through test_continuing_a_finished_run_equals_one_long_run
+# and the multi-worker --max_restarts run; SIGTERM -> save -> 143 through test_launch's SIGTERM test.
+@pytest.mark.slow
 def test_sigterm_saves_exits_143_and_resume_is_exact(run_train, data_cache, tmp_path):
     """Preemption: SIGTERM mid-run checkpoints at a loop boundary and exits 143; the rerun finishes with the
     weights of an uninterrupted run (cosine schedule, deterministic mode)."""
@@ -115,6 +118,8 @@ def test_mirrored_multiloop_eval_covers_every_example_once(run_train, tmp_path):
     assert read_history(tmp_path, "eval")[-1]["val_examples"] == 359
 
 
+# Slow (19 s): a diagnostic; the input-bound verdict's rule is tested in-process in test_report.
+@pytest.mark.slow
 def test_profile_input_reports_wait_share_and_leaves_training_unchanged(run_train, tmp_path):
     common = SMALL + ["--model=small_cnn", "--train_steps=30", "--steps_per_loop=5", "--deterministic"]
     run_train(*common, f"--model_dir={tmp_path / 'plain'}")

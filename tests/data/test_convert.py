@@ -432,6 +432,9 @@ def test_output_inside_the_source_folder_and_a_second_writer_are_refused(png_fol
     assert convert(f"--source={root}", f"--output_dir={out}")[0] == 0  # once the other one is gone
 
 
+# Slow (18 s): a killed conversion leaving nothing complete-looking and workers dying with their parent stay in
+# the default suite.
+@pytest.mark.slow
 def test_a_worker_killed_mid_shard_stops_the_run_and_a_rerun_finishes(tmp_path):
     import psutil
 

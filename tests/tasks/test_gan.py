@@ -177,6 +177,9 @@ def test_latents_differ_between_replicas_but_follow_the_global_batch(make_task):
     assert not np.allclose(first.numpy(), second.numpy())
 
 
+# Slow (22 s): FID/KID and the extractors are tested in-process in tests/test_fid.py; the one-class and
+# float32-extractor checks of GanTask's evaluation stay in the default suite.
+@pytest.mark.slow
 def test_evaluation_scores_the_untrained_generator_and_writes_a_grid(make_task, tmp_path):
     """At step 0 the EMA generator is the untrained one: fid == fid_initial, same extractor and count."""
     task, _ = make_task(fid_num_samples=300)
@@ -329,6 +332,9 @@ def test_mirrored_float32_matches_one_device_exactly_up_to_summation_order(run_t
         np.testing.assert_allclose(w2[name], w1[name], rtol=1e-4, atol=1e-5, err_msg=name)
 
 
+# Slow (32 s): float16 GAN steps run in-process by default (loss scales, guard, penalty); mirrored GANs in
+# float32 are compared with one device in the slow suite too.
+@pytest.mark.slow
 def test_mirrored_mixed_float16_matches_one_device(run_train, tmp_path):
     """DCGAN with mixed_float16 and synchronized BN on 2 logical CPU replicas vs one device.
 
@@ -354,6 +360,9 @@ def test_mirrored_mixed_float16_matches_one_device(run_train, tmp_path):
     assert np.concatenate(close).mean() >= 0.98, np.concatenate(close).mean()
 
 
+# Slow (56 s): the trainer's resume is task-agnostic and stays in the default suite (test_trainer); the GAN's
+# checkpointed state (EMA, step) is restored by the same Checkpointer.
+@pytest.mark.slow
 def test_resume_equals_uninterrupted_and_sample_renders_the_checkpoint(run_train, data_cache, tmp_path):
     common = SMALL + ["--model=sngan", "--gan_loss=hinge", "--diffaugment=translation,cutout", "--deterministic",
                       "--n_critic=2"]
