@@ -85,6 +85,19 @@ def test_inception_extractor_refuses_a_missing_weights_file(tmp_path):
         fid.InceptionFeatures(str(tmp_path / "missing.h5"))
 
 
+def test_inception_extractor_names_a_file_that_is_not_weights(tmp_path):
+    text = tmp_path / "weights.h5"
+    text.write_text("not weights")
+    with pytest.raises(ValueError, match="not an HDF5"):
+        fid.InceptionFeatures(str(text))
+    other = tmp_path / "other.weights.h5"  # HDF5, but another network's weights
+    import keras
+    keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]).save_weights(str(other))
+    with pytest.raises(ValueError, match="not InceptionV3 weights") as error:
+        fid.InceptionFeatures(str(other))
+    assert len(str(error.value).splitlines()) == 1
+
+
 def test_classifier_extractor_gives_penultimate_features_and_fid_separates_digits(tmp_path):
     """A small classifier trained on real digits: features are the last Dense layer's input; FID between
     two halves of the digits is far lower than between digits and noise."""

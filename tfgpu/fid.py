@@ -136,6 +136,22 @@ class FeatureExtractor:
         return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
 
 
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def weights_file_problem(path: str) -> str:
+    """Why ``path`` cannot be a Keras .h5 weights file (one line), or "" when it looks like one. Cheap: checked
+    when the run starts, long before the first evaluation would load it."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_HDF5_SIGNATURE))
+    except OSError as e:
+        return f"{path}: cannot be read ({e.strerror or e})"
+    if head != _HDF5_SIGNATURE:
+        return f"{path}: not an HDF5 (.h5) weights file"
+    return ""
+
+
 class InceptionFeatures(FeatureExtractor):
     """Keras's ImageNet InceptionV3, average-pooled (2048-d), from a local weights file (not the 2015 FID
     Inception graph: see the module docstring)."""
@@ -147,9 +163,17 @@ class InceptionFeatures(FeatureExtractor):
 
         if not os.path.isfile(weights_path):
             raise FileNotFoundError(f"InceptionV3 weights file {weights_path!r} does not exist")
+        problem = weights_file_problem(weights_path)
+        if problem:
+            raise ValueError(problem)
         with float32_policy():
-            self.model = keras.applications.InceptionV3(include_top=False, pooling="avg", weights=weights_path,
-                                                        input_shape=(299, 299, 3))
+            try:
+                self.model = keras.applications.InceptionV3(include_top=False, pooling="avg", weights=weights_path,
+                                                            input_shape=(299, 299, 3))
+            except (ValueError, OSError, KeyError) as e:
+                raise ValueError(f"{weights_path}: not InceptionV3 weights without the top "
+                                 f"(inception_v3_weights_tf_dim_ordering_tf_kernels_notop.h5): "
+                                 f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
         self.name = f"keras_inception_v3_imagenet_avgpool:{os.path.abspath(weights_path)}"
 
         @tf.function(reduce_retracing=True)

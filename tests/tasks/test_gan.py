@@ -288,6 +288,9 @@ def test_bad_gan_options_name_their_flag(make_task, tmp_path):
         make_task(model="small_cnn")
     with pytest.raises(ConfigError, match="--inception_weights"):
         make_task(inception_weights=str(tmp_path / "missing.h5"))
+    (tmp_path / "text.h5").write_text("not weights")
+    with pytest.raises(ConfigError, match="--inception_weights.*not an HDF5"):  # at start, not at the first FID
+        make_task(inception_weights=str(tmp_path / "text.h5"))
     with pytest.raises(ConfigError, match="--fid_feature_model_dir"):
         make_task(fid_feature_model_dir=str(tmp_path / "no-run"))
     with pytest.raises(ConfigError, match="--diffaugment"):

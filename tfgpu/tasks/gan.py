@@ -182,6 +182,11 @@ class GanTask(Task):
         if config.inception_weights and not os.path.isfile(config.inception_weights):
             raise ConfigError("inception_weights", f"file {config.inception_weights!r} does not exist (FID never "
                               "downloads weights)")
+        if config.inception_weights:
+            from tfgpu.fid import weights_file_problem
+
+            if weights_file_problem(config.inception_weights):
+                raise ConfigError("inception_weights", weights_file_problem(config.inception_weights))
         if config.fid_feature_model_dir and not config.inception_weights:
             from tfgpu.fid import classifier_model_path
 
@@ -501,7 +506,10 @@ class GanTask(Task):
 
         config = self.config
         if config.inception_weights:
-            self._extractor = fid.InceptionFeatures(config.inception_weights)
+            try:
+                self._extractor = fid.InceptionFeatures(config.inception_weights)
+            except ValueError as e:
+                raise ConfigError("inception_weights", str(e)) from None
         elif config.fid_feature_model_dir:
             self._extractor = fid.ClassifierFeatures(config.fid_feature_model_dir)
         else:
