@@ -55,7 +55,8 @@ def test_exports_load_without_tfgpu_and_predict_like_the_trained_model(trained, 
     np.save(tmp_path / "batch.npy", batch)
     reference = f"""
 import numpy as np
-from tfgpu import train, experiment
+from tfgpu import train
+from tfgpu.training import experiment
 config = train.parse(["--config={model_dir}/config.yaml"])
 built = experiment.setup(config, write_config=False)
 built.trainer.restore()

@@ -145,7 +145,7 @@ def test_max_restarts_lets_the_survivor_wait_for_a_replaced_worker(straight, tmp
 
 
 # Slow: a third 2-worker launch. SIGTERM's save-and-exit-143 runs by default on one worker
-# (tests/test_trainer.py::test_sigterm_saves_exits_143_and_resume_is_exact) and through tfgpu.launch
+# (tests/training/test_trainer.py::test_sigterm_saves_exits_143_and_resume_is_exact) and through tfgpu.launch
 # (tests/test_launch.py::test_sigterm_to_the_launcher_lets_workers_save_and_exits_143).
 @pytest.mark.slow
 def test_sigterm_to_one_worker_checkpoints_all_at_the_same_step(tmp_path, data_cache):
@@ -170,7 +170,7 @@ def test_two_workers_through_the_launcher_match_mirrored_two_replicas(run_train,
     32k..32k+31 of each half; the mirrored run reads a copy of the shard in that order (blocks of 32 from the two
     halves in turn), 64 records a step split over its 2 replicas.
     Tolerance: 1e-4 on per-loop losses, 1e-4 absolute + 1e-4 relative on every variable (small_cnn: see
-    tests/test_trainer.py::test_mirrored_two_replicas_matches_one_device for why not a deeper net).
+    tests/training/test_trainer.py::test_mirrored_two_replicas_matches_one_device for why not a deeper net).
     The launched job is also the default suite's end-to-end multi-worker run: both workers train every step and
     report the same all-reduced loss, only the chief writes checkpoints, evaluation covers the split once."""
     from tfgpu.data import builtin, tfrecord
@@ -222,7 +222,8 @@ def test_a_lost_worker_exits_129_and_max_restarts_reexecutes_the_same_command(mo
     re-executes the same command N times, then gives up with 129."""
     import time
 
-    from tfgpu import experiment, train, trainer
+    from tfgpu import train
+    from tfgpu.training import experiment, trainer
 
     def lost(config):
         raise trainer.WorkerLost("worker 0: a collective failed after step 10; rerun the same launch")

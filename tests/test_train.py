@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import yaml
 
-from tfgpu import experiment, train
+from tfgpu import train
+from tfgpu.training import experiment
 from tfgpu.config import ConfigError
 from tfgpu.data import tfrecord
 
@@ -47,7 +48,7 @@ def test_lists_and_booleans_parse(tmp_path):
 
 def test_helpfull_groups_flags_by_module():
     text = train.help_text()
-    for group in ("tfgpu.distribute", "tfgpu.precision", "tfgpu.data", "tfgpu.optimizer"):
+    for group in ("tfgpu.runtime.distribute", "tfgpu.runtime.precision", "tfgpu.data", "tfgpu.optimizer"):
         assert group in text
     assert "--global_batch_size" in text and "Examples per optimizer step" in text
 

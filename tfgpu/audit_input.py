@@ -118,7 +118,8 @@ def format_report(result: dict) -> str:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    from tfgpu import cli, logs
+    from tfgpu import cli
+    from tfgpu.runtime import logs
 
     if cli.wants_help(argv):
         print(parser().format_help())
@@ -136,7 +137,7 @@ def main(argv=None) -> int:
         if service_workers and config.data_service:
             raise ConfigError("data_service_workers", f"starts its own tf.data service; drop --data_service="
                               f"{config.data_service} or --data_service_workers")
-        from tfgpu import experiment
+        from tfgpu.training import experiment
 
         experiment._check_batches(config, num_workers * replicas)
         if service_workers:
@@ -154,7 +155,7 @@ def main(argv=None) -> int:
             server._stop()
     print(format_report(result), flush=True)
     if opts.output_json:
-        from tfgpu.fileio import atomic_write_bytes
+        from tfgpu.runtime.fileio import atomic_write_bytes
 
         atomic_write_bytes(opts.output_json, json.dumps(result, indent=2).encode())
     bad = any(e["missing"] or e["duplicated"] for e in result["epochs"])

@@ -93,7 +93,7 @@ def parser() -> cli.ArgumentParser:
 def _run_case(spec: str) -> int:
     """Child side: one measurement, its result written as JSON where the parent reads it."""
     from tfgpu.bench import case
-    from tfgpu.fileio import atomic_write_bytes
+    from tfgpu.runtime.fileio import atomic_write_bytes
 
     spec = json.loads(spec)
     atomic_write_bytes(spec["result"], json.dumps(case.run_case(spec)).encode())
@@ -129,7 +129,7 @@ def main(argv=None) -> int:
 
     print(format_report(report), flush=True)
     if opts.output_json:
-        from tfgpu.fileio import atomic_write_bytes
+        from tfgpu.runtime.fileio import atomic_write_bytes
 
         atomic_write_bytes(opts.output_json, (json.dumps(report, indent=2) + "\n").encode())
     failed = [r for r in report["results"] if r["name"] == "tfgpu" and r["status"] != "ok"]

@@ -107,10 +107,24 @@ class Config:
                                       "stopping with the shard's name and record index; in training a repeat of "
                                       "a readable record of the same epoch takes each one's place, so epochs keep "
                                       "their length and resume stays exact.", "data")
+    input_range: tuple = _opt((-1.0, 1.0), "MIN,MAX: the pixel range images reach a classifier in (training, "
+                              "evaluation and the exported model's input), e.g. 0,1 or 0,255 for pretrained weights "
+                              "trained that way. GANs always use -1,1.", "data")
     cache: bool = _opt(False, "Hold encoded train records and decoded eval images in memory after the first "
                        "pass (datasets that fit in RAM).", "data")
     # -- model --------------------------------------------------------------
-    model: str = _opt("resnet20", "Registered model name (see tfgpu.models.list_models()).", "model")
+    model: str = _opt("resnet20", "Registered model name (see tfgpu.models.list_models()), or your own builder: "
+                      "MODULE:FUNCTION or path/to/file.py:FUNCTION, a function (input_shape, num_classes, "
+                      "**kwargs) -> keras.Model.", "model")
+    init_weights: str = _opt("", "Local .weights.h5 or .keras file loaded into the model after it is built and "
+                             "before the first step, on every worker (never downloaded); a restored checkpoint "
+                             "wins over it.", "model")
+    init_skip_mismatch: bool = _opt(False, "With --init_weights: load the layers whose shapes match (e.g. all but a "
+                                    "new classification head) and log the ones skipped, instead of failing.",
+                                    "model")
+    freeze: str = _opt("", "Regex over layer names: matching layers are not trained (BatchNorm in them runs in "
+                       "inference mode); empty = train everything.", "model")
+    unfreeze_at_step: int = _opt(0, "With --freeze: train every layer from this step on; 0 = never.", "model")
     num_classes: int = _opt(0, "Classes; 0 = from the dataset manifest.", "model")
     sync_batch_norm: bool = _opt(False, "Synchronize BatchNorm statistics across replicas.", "model")
     zero_init_residual: bool = _opt(False, "Zero-init the last BN gamma of each residual block.", "model")
@@ -140,6 +154,10 @@ class Config:
     grad_accum_steps: int = _opt(1, "Classification: split each per-replica batch into N micro-batches and sum "
                                  "their gradients (same step, 1/N activation memory).", "optimizer")
     # -- gan ----------------------------------------------------------------
+    generator: str = _opt("", "GAN: your own generator builder, MODULE:FUNCTION or path/to/file.py:FUNCTION, with "
+                          "the GAN builders' signature; empty = the --model family's.", "gan")
+    discriminator: str = _opt("", "GAN: your own discriminator builder, MODULE:FUNCTION or path/to/file.py:FUNCTION; "
+                              "empty = the --model family's.", "gan")
     latent_dim: int = _opt(128, "GAN: size of the generator's latent vector.", "gan")
     conditional: bool = _opt(False, "GAN: class-conditional generator and discriminator.", "gan")
     gan_loss: str = _opt("non_saturating", "GAN loss: non_saturating, minimax, wasserstein or hinge.", "gan",
@@ -222,6 +240,21 @@ class Config:
             raise ConfigError("dataset", "no data: set --dataset (digits, synthetic, tfds:NAME) or --data_dir")
         if self.augment == "imagenet" and not self.image_size:
             raise ConfigError("image_size", "--augment=imagenet crops to a fixed size; set --image_size (e.g. 224)")
+        if len(self.input_range) != 2 or not self.input_range[0] < self.input_range[1]:
+            raise ConfigError("input_range", f"expected MIN,MAX with MIN < MAX (e.g. 0,1 or -1,1), got "
+                              f"{','.join(f'{v:g}' for v in self.input_range)}")
+        if self.unfreeze_at_step < 0:
+            raise ConfigError("unfreeze_at_step", f"must be >= 0, got {self.unfreeze_at_step}")
+        if self.unfreeze_at_step and not self.freeze:
+            raise ConfigError("unfreeze_at_step", "has nothing to unfreeze: set --freeze=REGEX too")
+        if self.freeze:
+            import re
+            try:
+                re.compile(self.freeze)
+            except re.error as e:
+                raise ConfigError("freeze", f"{self.freeze!r} is not a valid regular expression: {e}") from None
+        if self.init_skip_mismatch and not self.init_weights:
+            raise ConfigError("init_skip_mismatch", "needs --init_weights=PATH")
         if self.data_service and not self.data_service.startswith(("grpc://", "grpc+local://")):
             raise ConfigError("data_service", f"{self.data_service!r} is not a grpc://host:port address")
         for f in dataclasses.fields(self):
@@ -322,7 +355,7 @@ def resolve(explicit: dict, yaml_path: str = "") -> Config:
 
 def save_yaml(config: Config, path: str) -> None:
     """Writes the effective config so ``--config=<model_dir>/config.yaml`` repeats the run."""
-    from tfgpu.fileio import atomic_write_bytes
+    from tfgpu.runtime.fileio import atomic_write_bytes
 
     text = "# Effective tfgpu config; rerun with --config=<this file>.\n" + yaml.safe_dump(
         config.to_dict(), sort_keys=False)

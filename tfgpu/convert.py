@@ -12,7 +12,8 @@ one-line ``error:`` naming the flag (or the bad image's or folder's path) on bad
 import os
 import sys
 
-from tfgpu import cli, logs
+from tfgpu import cli
+from tfgpu.runtime import logs
 
 USAGE = "python -m tfgpu.convert --source=SRC --output_dir=DIR [options]"
 

@@ -504,7 +504,7 @@ def main(argv=None) -> int:
     report["recommendations"] = recommend(report)
     print(format_report(report), flush=True)
     if opts.output_json:
-        from tfgpu.fileio import atomic_write_bytes
+        from tfgpu.runtime.fileio import atomic_write_bytes
 
         atomic_write_bytes(opts.output_json, (json.dumps(report, indent=2) + "\n").encode())
     return 0

@@ -44,7 +44,7 @@ def run_config(model_dir: str, namespace):
 
 def restore(config, checkpoint: str):
     """(built experiment, restored step) of a run, without rewriting its config.yaml."""
-    from tfgpu import experiment
+    from tfgpu.training import experiment
 
     built = experiment.setup(config, write_config=False)
     step = built.trainer.restore(checkpoint)
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     text = json.dumps(metrics, indent=2, sort_keys=True)
     print(text)
     if built.placement.is_chief:
-        from tfgpu.fileio import atomic_write_bytes
+        from tfgpu.runtime.fileio import atomic_write_bytes
 
         path = opts.output_json or os.path.join(
             config.model_dir, f"eval-{built.info.eval_split or 'gan'}-step{step}.json")

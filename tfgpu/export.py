@@ -29,7 +29,7 @@ def parser() -> cli.ArgumentParser:
 
 def save(task, fmt: str, output: str) -> None:
     """Writes what the task deploys (a GAN: its EMA generator) as a .keras file or a SavedModel directory."""
-    from tfgpu import experiment
+    from tfgpu.training import experiment
 
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     if fmt == "keras":

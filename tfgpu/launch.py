@@ -27,7 +27,7 @@ import time
 
 USAGE = ("python -m tfgpu.launch --num_workers=N [--gpus_per_worker=G] [--cpu_cores_per_worker=K] "
          "[launcher flags] -- <train flags>")
-PREEMPTED_EXIT_CODE = 143  # what a worker returns after saving on SIGTERM (tfgpu.trainer)
+PREEMPTED_EXIT_CODE = 143  # what a worker returns after saving on SIGTERM (tfgpu.training.trainer)
 TIMEOUT_EXIT_CODE = 124  # like coreutils timeout(1)
 CONFIG_ERROR_EXIT_CODE = 1
 LAST_LINES = 20

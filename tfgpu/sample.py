@@ -41,7 +41,7 @@ def main(argv=None) -> int:
         if config.task != "gan":
             raise ConfigError("model_dir", f"{opts.model_dir} is a {config.task} run, not a GAN run")
         built, step = restore(config, opts.checkpoint)
-        from tfgpu import images
+        from tfgpu.tasks.gan import images
 
         out = opts.out or os.path.join(config.model_dir, "samples", f"sample_step{step}.png")
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)

@@ -12,7 +12,8 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported anywhere
 
-from tfgpu import cli, logs  # noqa: E402
+from tfgpu import cli  # noqa: E402
+from tfgpu.runtime import logs
 from tfgpu import config as config_lib  # noqa: E402
 from tfgpu.config import ConfigError  # noqa: E402
 
@@ -70,10 +71,10 @@ def main(argv=None) -> int:
     logs.setup()
     try:
         config = parse(argv)
-        from tfgpu import cluster
+        from tfgpu.runtime import cluster
 
         cluster.resolve_for_run(config.cluster, config.distribution_strategy)  # before TensorFlow is imported
-        from tfgpu import experiment, trainer
+        from tfgpu.training import experiment, trainer
 
         try:
             metrics = experiment.run(config)

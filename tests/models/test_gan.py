@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfgpu import diffaugment
+from tfgpu.tasks.gan import diffaugment
 from tfgpu.models import get_spec, list_models
 from tfgpu.models.gan import GanModels, stage_sizes
 from tfgpu.models.gan.layers import SNConv2D, SNDense

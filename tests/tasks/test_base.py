@@ -8,7 +8,7 @@ import keras
 import pytest
 import tensorflow as tf
 
-from tfgpu import experiment, metric_specs, trainer
+from tfgpu.training import experiment, metric_specs, trainer
 from tfgpu.config import Config
 from tfgpu.tasks.base import MetricSpec, Task, get_task, register_task
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import checkpoint_weights
-from tfgpu import experiment
+from tfgpu.training import experiment
 from tfgpu.config import Config
 from tfgpu.models import register_model
 

@@ -1,5 +1,5 @@
 """tools/k8s/tfjob.py: the TFJob manifest is valid YAML with the fields the training operator needs, and the
-TF_CONFIG the operator injects from it is what tfgpu.cluster reads.
+TF_CONFIG the operator injects from it is what tfgpu.runtime.cluster reads.
 
 The tool's ``main`` runs in this process; one test runs it as the script users call."""
 import contextlib
@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
-from tfgpu import cluster
+from tfgpu.runtime import cluster
 
 TOOL = os.path.join(REPO, "tools", "k8s", "tfjob.py")
 QUICKSTART = os.path.join(REPO, "configs", "quickstart.flags")

@@ -68,7 +68,7 @@ def _replica_count(config) -> int:
     """Replicas the config's strategy will have on this host, found before TensorFlow initialises."""
     import tensorflow as tf
 
-    from tfgpu import distribute
+    from tfgpu.runtime import distribute
 
     distribute.configure_devices(config)  # setup() applies the same settings again: a no-op before init
     gpus = len(tf.config.get_visible_devices("GPU"))
@@ -89,7 +89,7 @@ def _macs(model, image_shape):
 
 def _timed_history(history):
     """The trainer's history writer, also noting wall and CPU clocks when each train loop's line is written."""
-    from tfgpu.trainer import History
+    from tfgpu.training.trainer import History
 
     class TimedHistory(History):
         def __init__(self, model_dir, enabled):
@@ -107,7 +107,7 @@ def _timed_history(history):
 def _run_tfgpu(case: dict, config) -> dict:
     """The tfgpu Trainer for warmup + timed windows; a window ends when its last loop's history line is written
     (so host work between loops counts)."""
-    from tfgpu import experiment
+    from tfgpu.training import experiment
 
     if case.get("per_replica_batch_size"):
         config = dataclasses.replace(config, global_batch_size=case["per_replica_batch_size"] * _replica_count(config))
@@ -134,7 +134,7 @@ def _run_keras_fit(case: dict, config, under_strategy: bool) -> dict:
     import keras
     import tensorflow as tf
 
-    from tfgpu import distribute, precision
+    from tfgpu.runtime import distribute, precision
     from tfgpu.data import pipeline
     from tfgpu.models import create_model
 

@@ -23,7 +23,7 @@ import re
 
 from tfgpu.config import ConfigError
 from tfgpu.data.folders import display
-from tfgpu.fileio import atomic_write_bytes
+from tfgpu.runtime.fileio import atomic_write_bytes
 
 STATE_DIR = ".tfgpu-convert"
 MANIFEST = "dataset.json"  # tfrecord.MANIFEST (not imported: this module stays free of TensorFlow)

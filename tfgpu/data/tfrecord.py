@@ -15,7 +15,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from tfgpu.fileio import atomic_path, atomic_write_bytes
+from tfgpu.runtime.fileio import atomic_path, atomic_write_bytes
 
 MANIFEST = "dataset.json"
 FORMAT_VERSION = 1

@@ -20,7 +20,7 @@ import threading
 import time
 
 from tfgpu.data import outdir
-from tfgpu.fileio import atomic_write_bytes
+from tfgpu.runtime.fileio import atomic_write_bytes
 
 
 class WorkerDiedError(RuntimeError):

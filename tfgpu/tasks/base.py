@@ -16,7 +16,7 @@ report read these declarations, so they name no task and no task's metric.
 import abc
 
 from tfgpu.config import Config
-from tfgpu.metric_specs import MetricSpec  # noqa: F401  (re-exported: tasks declare their metrics with it)
+from tfgpu.training.metric_specs import MetricSpec  # noqa: F401  (re-exported: tasks declare their metrics with it)
 
 _TASKS: dict = {}
 
@@ -38,9 +38,9 @@ def get_task(name: str):
     from tfgpu.tasks import classification  # noqa: F401  (registers)
 
     try:
-        __import__("tfgpu.tasks.gan")
+        __import__("tfgpu.tasks.gan.task")
     except ModuleNotFoundError as e:
-        if e.name != "tfgpu.tasks.gan":
+        if e.name != "tfgpu.tasks.gan.task":
             raise
     if name not in _TASKS:
         raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(_TASKS))}")
@@ -50,7 +50,7 @@ def get_task(name: str):
 class Task(abc.ABC):
     name = ""
     # Every metric the task may log: the keys ``train_step`` returns, ``learning_rates``/``loss_scales`` keys and
-    # the eval keys worth plotting or ranking (tfgpu.metric_specs.MetricSpec).
+    # the eval keys worth plotting or ranking (tfgpu.training.metric_specs.MetricSpec).
     metrics: tuple = ()
     # "module:function" names of functions (metrics dict, eval records) -> markdown lines the report adds.
     report_sections: tuple = ()
@@ -67,7 +67,7 @@ class Task(abc.ABC):
     def __init__(self, config: Config, info, placement, total_steps: int):
         self.config = config
         self.info = info  # tfgpu.data.pipeline.DatasetInfo
-        self.placement = placement  # tfgpu.distribute.Placement
+        self.placement = placement  # tfgpu.runtime.distribute.Placement
         self.total_steps = total_steps
         # The trainer's step counter (a tf.Variable), set before ``build``. It counts every step, skipped or
         # not, and learning-rate schedules follow it (optimizer.iterations counts only applied updates).

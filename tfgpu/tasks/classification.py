@@ -7,7 +7,8 @@ batch is cut into k micro-batches whose gradients are summed before one update.
 """
 import tensorflow as tf
 
-from tfgpu import optimizers, precision
+from tfgpu.runtime import precision
+from tfgpu.training import optimizers
 from tfgpu.models import create_model, get_spec
 from tfgpu.tasks.base import MetricSpec, Task, register_task
 

@@ -22,7 +22,7 @@ import yaml
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from tfgpu import fileio  # noqa: E402
+from tfgpu.runtime import fileio  # noqa: E402
 from tfgpu.train import expand_flagfiles  # noqa: E402
 
 CONTAINER = "tensorflow"  # the operator injects TF_CONFIG only into the container with this name

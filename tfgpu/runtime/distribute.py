@@ -55,9 +55,9 @@ def configure_devices(config: Config) -> None:
 
 
 def _cluster(config: Config):
-    """The multi-worker cluster description from tfgpu.cluster, or None for a single worker; ConfigError when the
+    """The multi-worker cluster description from tfgpu.runtime.cluster, or None for a single worker; ConfigError when the
     environment describes this process inconsistently or disagrees with --distribution_strategy."""
-    from tfgpu import cluster
+    from tfgpu.runtime import cluster
 
     return cluster.resolve_for_run(config.cluster, config.distribution_strategy)
 
@@ -125,7 +125,7 @@ def build_strategy(config: Config) -> Placement:
 
 
 def _multi_worker(config: Config, cluster_desc, num_workers: int) -> Placement:
-    from tfgpu import cluster
+    from tfgpu.runtime import cluster
 
     resolver = cluster.make_cluster_resolver(cluster_desc) if cluster_desc else None
     is_chief = cluster.is_chief(cluster_desc) if cluster_desc else True

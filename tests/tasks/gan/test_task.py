@@ -11,13 +11,13 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import REPO, checkpoint_weights, read_history, read_metrics
-from tfgpu import precision
+from tfgpu.runtime import precision
 from tfgpu.config import Config, ConfigError
 from tfgpu.data import pipeline
-from tfgpu.distribute import Placement
+from tfgpu.runtime.distribute import Placement
 from tfgpu.models import get_spec
-from tfgpu.tasks import gan as gan_task
-from tfgpu.tasks.gan import Float32Forward, GanTask
+from tfgpu.tasks.gan import task as gan_task
+from tfgpu.tasks.gan.task import Float32Forward, GanTask
 
 SMALL = ["--task=gan", "--dataset=digits", "--global_batch_size=16", "--latent_dim=16", "--eval_split=none",
          "--verbose=2", "--steps_per_loop=2"]
@@ -177,7 +177,7 @@ def test_latents_differ_between_replicas_but_follow_the_global_batch(make_task):
     assert not np.allclose(first.numpy(), second.numpy())
 
 
-# Slow (22 s): FID/KID and the extractors are tested in-process in tests/test_fid.py; the one-class and
+# Slow (22 s): FID/KID and the extractors are tested in-process in tests/tasks/gan/test_fid.py; the one-class and
 # float32-extractor checks of GanTask's evaluation stay in the default suite.
 @pytest.mark.slow
 def test_evaluation_scores_the_untrained_generator_and_writes_a_grid(make_task, tmp_path):
@@ -200,7 +200,7 @@ def test_fid_evaluations_keep_their_steps_without_an_eval_split(make_task):
     split (the trainer dropped those boundaries, and the GAN's evaluations silently never ran)."""
     import dataclasses
 
-    from tfgpu.trainer import Trainer
+    from tfgpu.training.trainer import Trainer
 
     task, _ = make_task(eval_every_steps=4, checkpoint_every_steps=0)
     info = dataclasses.replace(task.info, eval_split="")
@@ -266,7 +266,7 @@ def test_ema_generator_gets_batchnorm_statistics_of_its_own_weights(make_task):
     """The EMA weights come with BatchNorm statistics recomputed for them: the first BatchNorm's moving mean
     is the mean of its input (the EMA dense layer's output) over the fixed standing-statistics latents, not
     the raw generator's moving average copied into the EMA."""
-    from tfgpu.tasks.gan import STANDING_STATS_BATCHES
+    from tfgpu.tasks.gan.task import STANDING_STATS_BATCHES
 
     task, step = make_task()
     step(_batch())

@@ -92,7 +92,7 @@ def apply_if_finite(optimizer, loss, grads, variables, clip_norm: float = 0.0, n
     with an all-reduce, and a bad step poisons every replica's gradients so all of them skip it (and the
     float16 scale backs off). ``clip_norm`` > 0 clips the all-reduced gradient (``norm`` is measured first).
     """
-    from tfgpu import optimizers
+    from tfgpu.training import optimizers
 
     local_bad = tf.logical_not(tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads] +
                                              [tf.math.is_finite(loss)]))

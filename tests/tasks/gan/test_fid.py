@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from tfgpu import fid
+from tfgpu.tasks.gan import fid
 
 
 def test_frechet_distance_matches_closed_form_for_diagonal_gaussians():

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tfgpu import images
+from tfgpu.tasks.gan import images
 
 
 def test_float_images_map_to_uint8_and_clip():

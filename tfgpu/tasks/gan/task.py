@@ -15,7 +15,7 @@ and a mirrored run draws exactly what one device would (and a resumed run what
 an uninterrupted one would).
 
 Both optimizers are wrapped in a LossScaleOptimizer: the dynamic float16 loss
-scale under mixed_float16 (``tfgpu.precision``), otherwise a fixed scale of 1
+scale under mixed_float16 (``tfgpu.runtime.precision``), otherwise a fixed scale of 1
 that still skips non-finite updates. Finiteness is decided over all replicas
 (an all-reduce), and a non-finite loss or gradient poisons every replica's
 gradient so all of them skip the same update. Skipped steps are counted in
@@ -36,7 +36,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfgpu import diffaugment, precision
+from tfgpu.runtime import precision
+from tfgpu.tasks.gan import diffaugment
 from tfgpu.config import ConfigError
 from tfgpu.models import get_spec
 from tfgpu.tasks.base import MetricSpec, Task, register_task
@@ -132,7 +133,7 @@ class GanTask(Task):
         MetricSpec("loss_scale_g", plot="learning_rate", panel="loss scale", label="G", scale="log2"),
         MetricSpec("loss_scale_d", plot="learning_rate", panel="loss scale", label="D", scale="log2"),
     )
-    report_sections = ("tfgpu.tasks.gan_report:fid_section",)
+    report_sections = ("tfgpu.tasks.gan.report:fid_section",)
     report_options = ("gan_loss", "latent_dim", "g_learning_rate", "d_learning_rate", "n_critic", "gradient_penalty",
                       "ema_decay", "diffaugment")
     evaluates_without_eval_split = True  # FID/KID are scored on the train split
@@ -183,12 +184,12 @@ class GanTask(Task):
             raise ConfigError("inception_weights", f"file {config.inception_weights!r} does not exist (FID never "
                               "downloads weights)")
         if config.inception_weights:
-            from tfgpu.fid import weights_file_problem
+            from tfgpu.tasks.gan.fid import weights_file_problem
 
             if weights_file_problem(config.inception_weights):
                 raise ConfigError("inception_weights", weights_file_problem(config.inception_weights))
         if config.fid_feature_model_dir and not config.inception_weights:
-            from tfgpu.fid import classifier_model_path
+            from tfgpu.tasks.gan.fid import classifier_model_path
 
             path = classifier_model_path(config.fid_feature_model_dir)
             if not os.path.isfile(path):
@@ -402,7 +403,7 @@ class GanTask(Task):
         self._barrier()
 
     def _evaluate_on_chief(self, step, model_dir):
-        from tfgpu import fid, images
+        from tfgpu.tasks.gan import fid, images
 
         extractor = self.feature_extractor(model_dir)
         real = self._real_feature_matrix(extractor)
@@ -502,7 +503,7 @@ class GanTask(Task):
         ``<model_dir>/fid_features`` (left untrained, and named so, when the data has one class)."""
         if self._extractor is not None:
             return self._extractor
-        from tfgpu import fid
+        from tfgpu.tasks.gan import fid
 
         config = self.config
         if config.inception_weights:

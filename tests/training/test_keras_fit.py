@@ -1,8 +1,8 @@
-"""tfgpu.keras_fit: stock Keras 3 ``fit`` under Mirrored with steps_per_execution > 1 and under MWMS.
+"""tfgpu.training.keras_fit: stock Keras 3 ``fit`` under Mirrored with steps_per_execution > 1 and under MWMS.
 
 If a Keras upgrade changes the internals the patch replaces, ``test_installed_keras_is_a_verified_release``
 fails; if it fixes the bugs, ``test_mirrored_steps_per_execution_4_matches_steps_per_execution_1`` fails on
-its "unpatched Keras still fails" line. Either way: re-verify tfgpu.keras_fit before widening its guard.
+its "unpatched Keras still fails" line. Either way: re-verify tfgpu.training.keras_fit before widening its guard.
 """
 import json
 import os
@@ -24,7 +24,7 @@ import tensorflow as tf
 {devices}
 import keras
 from sklearn.datasets import load_digits
-from tfgpu import keras_fit
+from tfgpu.training import keras_fit
 
 digits = load_digits()
 X = (digits.images[..., None] / 16.0).astype("float32")
@@ -112,7 +112,7 @@ def _assert_same_weights(a, b, atol):
 
 
 def test_installed_keras_is_a_verified_release():
-    from tfgpu import keras_fit
+    from tfgpu.training import keras_fit
 
     keras_fit.check_keras()  # version in range, signatures, call sites and the replaced sources all verified
 
@@ -120,7 +120,7 @@ def test_installed_keras_is_a_verified_release():
 def test_patch_is_idempotent_and_reversible():
     from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
 
-    from tfgpu import keras_fit
+    from tfgpu.training import keras_fit
 
     original = TensorFlowTrainer._make_function, TensorFlowTrainer._maybe_symbolic_build
     try:
@@ -140,7 +140,7 @@ def test_guard_rejects_unverified_keras(monkeypatch):
     import keras
     from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
 
-    from tfgpu import keras_fit
+    from tfgpu.training import keras_fit
 
     monkeypatch.setattr(keras, "__version__", "3.16.0")
     with pytest.raises(keras_fit.KerasInternalsChanged, match=r"supports Keras 3.12 up to \(not including\) 3.16, "
@@ -251,7 +251,7 @@ def test_backup_and_restore_resumes_an_interrupted_fit_in_process(tmp_path):
     import keras
     import tensorflow as tf
 
-    from tfgpu import keras_fit
+    from tfgpu.training import keras_fit
 
     x = np.random.default_rng(0).normal(size=(256, 4)).astype("float32")
     y = x @ np.array([1.0, -2.0, 0.5, 3.0], dtype="float32")

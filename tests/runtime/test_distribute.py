@@ -1,9 +1,9 @@
-"""tfgpu.distribute: which strategy a run gets, and that a single-worker strategy never trains inside a cluster."""
+"""tfgpu.runtime.distribute: which strategy a run gets, and that a single-worker strategy never trains inside a cluster."""
 import json
 
 import pytest
 
-from tfgpu import distribute
+from tfgpu.runtime import distribute
 from tfgpu.config import Config, ConfigError
 
 

@@ -11,7 +11,7 @@ import re
 import time
 
 from tfgpu.config import Config, ConfigError, save_yaml
-from tfgpu.fileio import atomic_path, atomic_write_bytes
+from tfgpu.runtime.fileio import atomic_path, atomic_write_bytes
 
 log = logging.getLogger("tfgpu")
 
@@ -33,16 +33,16 @@ class Setup:
     """The pieces of a run, built and checked, before any training: what run, evaluate, export and the
     benchmark share."""
     config: Config
-    placement: object  # tfgpu.distribute.Placement
+    placement: object  # tfgpu.runtime.distribute.Placement
     info: object  # tfgpu.data.pipeline.DatasetInfo
     task: object  # tfgpu.tasks.base.Task
-    trainer: object  # tfgpu.trainer.Trainer
+    trainer: object  # tfgpu.training.trainer.Trainer
     total_steps: int
 
 
 def setup(config: Config, write_config: bool = True) -> Setup:
     """Devices, strategy, data description, task and trainer for ``config``; raises ConfigError early."""
-    from tfgpu import cluster
+    from tfgpu.runtime import cluster
 
     # A cluster that describes this process inconsistently, or a single-worker strategy in a cluster of several,
     # is refused before model_dir is touched: N processes must never train as N chiefs into one directory.
@@ -52,11 +52,11 @@ def setup(config: Config, write_config: bool = True) -> Setup:
     import keras
     import tensorflow as tf
 
-    from tfgpu import distribute, precision
+    from tfgpu.runtime import distribute, precision
     from tfgpu.data import pipeline
     from tfgpu.models import list_models
     from tfgpu.tasks.base import get_task
-    from tfgpu.trainer import Trainer
+    from tfgpu.training.trainer import Trainer
 
     distribute.configure_devices(config)
     if config.deterministic:
@@ -175,7 +175,7 @@ def export_model(task, path: str) -> str:
 
 def _write_report(model_dir: str) -> None:
     try:
-        from tfgpu import report
+        from tfgpu.reporting import report
     except ImportError:
         return
     try:

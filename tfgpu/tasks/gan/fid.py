@@ -293,7 +293,7 @@ def train_feature_classifier(train, val, out_dir: str, seed: int, epochs: int = 
 
     import keras
 
-    from tfgpu.fileio import atomic_write_bytes
+    from tfgpu.runtime.fileio import atomic_write_bytes
 
     images, labels = train
     num_classes = int(max(labels.max(), val[1].max() if val is not None and len(val[1]) else 0)) + 1

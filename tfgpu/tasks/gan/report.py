@@ -1,7 +1,7 @@
 """The GAN's section of the run report: what the last FID/KID was measured with.
 
 Declared by the GAN task (``GanTask.report_sections``) and called by
-``tfgpu.report`` with the run's metrics and eval records. No TensorFlow here:
+``tfgpu.reporting.report`` with the run's metrics and eval records. No TensorFlow here:
 the report runs in a light process.
 """
 import math

@@ -21,7 +21,7 @@ installed Keras: its version must be in ``SUPPORTED_KERAS`` and the source of bo
 must be one tfgpu was verified against (``VERIFIED_SOURCES``); otherwise it raises
 ``KerasInternalsChanged`` naming what changed. Usage::
 
-    from tfgpu import keras_fit
+    from tfgpu.training import keras_fit
     keras_fit.patch()
     strategy = keras_fit.make_strategy()          # MWMS from TF_CONFIG or Slurm, else Mirrored
     with strategy.scope():
@@ -73,7 +73,7 @@ _ORIGINALS = {}
 
 
 class KerasInternalsChanged(RuntimeError):
-    """The installed Keras is not one tfgpu.keras_fit was verified against."""
+    """The installed Keras is not one tfgpu.training.keras_fit was verified against."""
 
 
 def _trainer_class():
@@ -92,15 +92,15 @@ def check_keras(allow_unverified: bool = False) -> None:
     ``allow_unverified`` accepts replaced methods whose source differs from every verified release (the
     version range, signatures and call sites are still checked)."""
     if keras.config.backend() != "tensorflow":
-        raise KerasInternalsChanged(f"tfgpu.keras_fit needs the TensorFlow backend, KERAS_BACKEND is "
+        raise KerasInternalsChanged(f"tfgpu.training.keras_fit needs the TensorFlow backend, KERAS_BACKEND is "
                                     f"{keras.config.backend()!r}")
     version = tuple(int(p) for p in keras.__version__.split(".")[:2] if p.isdigit())
     low, high = SUPPORTED_KERAS
     if not low <= version < high:
         raise KerasInternalsChanged(
-            f"tfgpu.keras_fit supports Keras {'.'.join(map(str, low))} up to (not including) "
+            f"tfgpu.training.keras_fit supports Keras {'.'.join(map(str, low))} up to (not including) "
             f"{'.'.join(map(str, high))}, found {keras.__version__}: re-verify the patch against this release "
-            "(tests/test_keras_fit.py) before widening SUPPORTED_KERAS")
+            "(tests/training/test_keras_fit.py) before widening SUPPORTED_KERAS")
     try:
         trainer = _trainer_class()
     except ImportError as e:
@@ -124,8 +124,8 @@ def check_keras(allow_unverified: bool = False) -> None:
                 problems.append(f"TensorFlowTrainer.{name} differs from the verified Keras releases "
                                 f"({', '.join(sorted(set(verified.values())))})")
     if problems:
-        raise KerasInternalsChanged(f"Keras {keras.__version__} changed the internals tfgpu.keras_fit patches: "
-                                    + "; ".join(problems) + ". Re-verify tfgpu.keras_fit against this release.")
+        raise KerasInternalsChanged(f"Keras {keras.__version__} changed the internals tfgpu.training.keras_fit patches: "
+                                    + "; ".join(problems) + ". Re-verify tfgpu.training.keras_fit against this release.")
 
 
 def patch(allow_unverified: bool = False) -> None:
@@ -172,7 +172,7 @@ def _reduce_logs(outputs, strategy):
 def _make_function(self, step_function):
     """Replaces TensorFlowTrainer._make_function: same contract, no ``strategy.run`` under ``tf.cond``."""
     if getattr(self, "unrolled_steps_per_execution", 1) > 1:
-        log.warning("tfgpu.keras_fit ignores unrolled_steps_per_execution=%d", self.unrolled_steps_per_execution)
+        log.warning("tfgpu.training.keras_fit ignores unrolled_steps_per_execution=%d", self.unrolled_steps_per_execution)
 
     @tf.autograph.experimental.do_not_convert  # as Keras does: explicit tf.while_loop/tf.cond below, no autograph
     def one_step_on_data(data):
@@ -237,7 +237,7 @@ def _maybe_symbolic_build(self, iterator=None, data_batch=None):
 def make_strategy(cluster: str = "auto", collective_timeout_s: float = 0.0):
     """MultiWorkerMirroredStrategy when TF_CONFIG or Slurm name several workers, else MirroredStrategy on the
     visible devices. Call before TensorFlow initialises its runtime."""
-    from tfgpu import cluster as cluster_lib
+    from tfgpu.runtime import cluster as cluster_lib
 
     desc = cluster_lib.resolve_cluster(cluster)
     if desc is None:
@@ -249,7 +249,7 @@ def make_strategy(cluster: str = "auto", collective_timeout_s: float = 0.0):
 
 def is_chief(strategy=None) -> bool:
     """Whether this task writes the real checkpoints and logs: the chief, else worker 0; always true on one host."""
-    from tfgpu import cluster as cluster_lib
+    from tfgpu.runtime import cluster as cluster_lib
 
     strategy = strategy or tf.distribute.get_strategy()
     resolver = getattr(strategy, "cluster_resolver", None)

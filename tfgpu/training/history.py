@@ -1,7 +1,7 @@
 """What a run logs as it trains: ``<model_dir>/history.jsonl`` and the progress bar or lines.
 
 One JSON object per loop of steps (``kind: train``) or evaluation (``kind: eval``) with its ``step`` and
-``time``; the report reads them back (``tfgpu.report.read_history``).
+``time``; the report reads them back (``tfgpu.reporting.report.read_history``).
 """
 import json
 import os

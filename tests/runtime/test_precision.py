@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import read_history
-from tfgpu import precision
+from tfgpu.runtime import precision
 
 SMALL = ["--dataset=digits", "--model=small_cnn", "--global_batch_size=32", "--eval_split=none", "--verbose=2",
          "--base_learning_rate=0.8", "--lr_schedule=constant"]
@@ -37,7 +37,7 @@ def float16_task(tmp_path, data_cache):
     import keras
     import tensorflow as tf
 
-    from tfgpu import experiment
+    from tfgpu.training import experiment
     from tfgpu.config import Config
 
     config = Config(model_dir=str(tmp_path), dataset="digits", data_cache_dir=data_cache, model="small_cnn",

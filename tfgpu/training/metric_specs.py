@@ -109,7 +109,7 @@ def from_json(value) -> Declarations:
 
 def write(model_dir: str, declarations: Declarations) -> str:
     """Writes ``<model_dir>/metric_specs.json`` atomically; returns its path."""
-    from tfgpu.fileio import atomic_write_bytes
+    from tfgpu.runtime.fileio import atomic_write_bytes
 
     path = os.path.join(model_dir, SPECS_FILE)
     atomic_write_bytes(path, json.dumps(to_json(declarations), indent=2).encode())

@@ -142,7 +142,7 @@ def test_a_peer_lost_outside_the_train_loop_is_reported_as_worker_lost(tmp_path,
     import keras
     import tensorflow as tf
 
-    from tfgpu import experiment, trainer
+    from tfgpu.training import experiment, trainer
     from tfgpu.config import Config
 
     config = Config(model_dir=str(tmp_path), dataset="digits", data_cache_dir=data_cache, model="small_cnn",
@@ -173,7 +173,7 @@ def _trainer_skipping(tmp_path, data_cache, skip, **overrides):
     """An in-process classification trainer whose step ``s`` (0-based) trains on a NaN batch when ``skip(s)``."""
     import tensorflow as tf
 
-    from tfgpu import experiment
+    from tfgpu.training import experiment
     from tfgpu.config import Config
 
     values = dict(model_dir=str(tmp_path), dataset="digits", data_cache_dir=data_cache, model="small_cnn",
@@ -210,7 +210,7 @@ def test_scattered_skips_do_not_stop_the_run(tmp_path, data_cache):
 def test_consecutive_skips_across_a_loop_boundary_stop_the_run(tmp_path, data_cache):
     import keras
 
-    from tfgpu import trainer
+    from tfgpu.training import trainer
 
     run, _ = _trainer_skipping(tmp_path, data_cache, lambda s: 6 <= s < 9, max_nonfinite_steps=3)
     try:
@@ -251,7 +251,7 @@ def test_the_schedule_follows_the_trainer_step_through_skips_and_a_resume(tmp_pa
 def test_only_collective_failures_count_as_a_lost_peer():
     import tensorflow as tf
 
-    from tfgpu import trainer
+    from tfgpu.training import trainer
 
     lost = [tf.errors.UnavailableError(None, None, "Socket closed"),
             tf.errors.DeadlineExceededError(None, None, "Collective ops timed out"),
@@ -272,7 +272,8 @@ def test_a_kernel_error_fails_as_itself_not_as_a_lost_worker(tmp_path, data_cach
     import keras
     import tensorflow as tf
 
-    from tfgpu import experiment, train, trainer
+    from tfgpu import train
+    from tfgpu.training import experiment, trainer
     from tfgpu.config import Config
 
     config = Config(model_dir=str(tmp_path), dataset="digits", data_cache_dir=data_cache, model="small_cnn",

@@ -12,7 +12,7 @@ import shutil
 
 import tensorflow as tf
 
-from tfgpu.distribute import Placement, worker_dir
+from tfgpu.runtime.distribute import Placement, worker_dir
 
 log = logging.getLogger("tfgpu")
 

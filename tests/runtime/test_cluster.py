@@ -1,4 +1,4 @@
-"""tfgpu.cluster: TF_CONFIG and Slurm environments → one cluster description and a ClusterResolver."""
+"""tfgpu.runtime.cluster: TF_CONFIG and Slurm environments → one cluster description and a ClusterResolver."""
 import json
 import os
 import re
@@ -13,7 +13,7 @@ import portpicker
 import pytest
 
 from tests.conftest import REPO, read_metrics
-from tfgpu import cluster
+from tfgpu.runtime import cluster
 from tfgpu.config import ConfigError
 
 # The environment `srun` gave task 1 of a 2-node, 1-task-per-node step (sbatch --nodes=2 --ntasks-per-node=1),
@@ -304,7 +304,7 @@ def test_tf_config_resolver_round_trip(monkeypatch):
 
 # Stands in for Slurm's srun on a machine without Slurm: starts SLURM_NTASKS copies of the command on this host
 # with the variables a real srun step sets, prefixes output like --label, and stops the rest when one fails
-# (--kill-on-bad-exit). Everything it runs (the sbatch template, tfgpu.train, tfgpu.cluster) is real.
+# (--kill-on-bad-exit). Everything it runs (the sbatch template, tfgpu.train, tfgpu.runtime.cluster) is real.
 FAKE_SRUN = r'''#!/usr/bin/env python3
 import os, subprocess, sys, threading
 args = sys.argv[1:]
@@ -342,11 +342,11 @@ def _two_free_consecutive_ports():
 
 
 # Stands in for the Python the template runs (TFGPU_PYTHON): instead of training, each task resolves its cluster
-# with tfgpu.cluster exactly as `tfgpu.train --cluster=slurm` does first, prints what it got, and exits FAKE_EXIT.
+# with tfgpu.runtime.cluster exactly as `tfgpu.train --cluster=slurm` does first, prints what it got, and exits FAKE_EXIT.
 FAKE_PYTHON = r'''#!{python}
 import json, os, sys
 sys.path.insert(0, {repo!r})
-from tfgpu import cluster
+from tfgpu.runtime import cluster
 desc = cluster.resolve_for_run("slurm", "auto")
 print("TASK " + json.dumps({{"args": sys.argv[1:], "task_id": desc["task_id"], "chief": desc["is_chief"],
                             "workers": desc["cluster_spec"]["worker"]}}), flush=True)

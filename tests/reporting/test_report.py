@@ -11,9 +11,10 @@ import pytest
 import yaml
 from PIL import Image
 
-from tfgpu import metric_specs, report
+from tfgpu.reporting import report
+from tfgpu.training import metric_specs
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.conftest import REPO
 
 
 def write_lines(path, records):

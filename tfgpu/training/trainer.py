@@ -12,8 +12,8 @@ The loop names no task and no task's metric: what it logs, counts as skipped
 (non-finite) steps and shows in the progress bar comes from the task's metric
 declarations (``Task.metrics``), written with the loop's own
 (``metric_specs.LOOP_METRICS``) to ``<model_dir>/metric_specs.json`` for the
-report. How a run fails (exceptions, exit codes) is ``tfgpu.failures``; what it
-logs as it goes (history.jsonl, progress) is ``tfgpu.history``. The module
+report. How a run fails (exceptions, exit codes) is ``tfgpu.training.failures``; what it
+logs as it goes (history.jsonl, progress) is ``tfgpu.training.history``. The module
 stays one (~440 lines): the loop, its boundaries, the skipped-step guard,
 preemption, evaluation and input profiling share the Trainer's state.
 """
@@ -28,17 +28,17 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from tfgpu import checkpoint as checkpoint_lib
-from tfgpu import metric_specs
+from tfgpu.training import checkpoint as checkpoint_lib
+from tfgpu.training import metric_specs
 from tfgpu.config import Config, ConfigError
 from tfgpu.data import pipeline
-from tfgpu.distribute import Placement
-from tfgpu.failures import (KERNEL_ERRORS as _KERNEL_ERRORS, KERNEL_FAILED_EXIT_CODE,  # noqa: F401 (re-exported)
+from tfgpu.runtime.distribute import Placement
+from tfgpu.training.failures import (KERNEL_ERRORS as _KERNEL_ERRORS, KERNEL_FAILED_EXIT_CODE,  # noqa: F401 (re-exported)
                             PREEMPTED_EXIT_CODE, WORKER_LOST_EXIT_CODE, KernelFailed, NonFiniteError, Preempted,
                             WorkerLost, cause as _cause, lost_peer as _lost_peer)
-from tfgpu.fileio import atomic_write_bytes
-from tfgpu.history import History, Progress
-from tfgpu.report import input_verdict  # the one input-bound rule, shared with report.md
+from tfgpu.runtime.fileio import atomic_write_bytes
+from tfgpu.training.history import History, Progress
+from tfgpu.reporting.report import input_verdict  # the one input-bound rule, shared with report.md
 
 log = logging.getLogger("tfgpu")
 

@@ -5,7 +5,7 @@ import math
 import numpy as np
 from PIL import Image
 
-from tfgpu.fileio import atomic_write_bytes
+from tfgpu.runtime.fileio import atomic_write_bytes
 
 
 def to_uint8(images) -> np.ndarray:

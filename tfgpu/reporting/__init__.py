@@ -1,0 +1,1 @@
+"""What a finished (or crashed) run leaves for people: the markdown report and its plots."""

@@ -1,0 +1,321 @@
+"""The run report: ``<model_dir>/report.md`` and PNG plots from what a run leaves behind.
+
+The command ``python -m tfgpu.report`` (``tfgpu/report.py``) calls ``write_report``.
+
+Reads ``history.jsonl``, ``metrics.json``, ``config.yaml``,
+``metric_specs.json`` and, after ``--profile_input``, ``input_profile.json``;
+any of them may be missing or partial (a run still going, a crashed one). The
+report names no task and no metric: its plots, image links, best scores, task
+sections and task options come from the declarations the trainer wrote to
+``metric_specs.json`` (``tfgpu.training.metric_specs``); for a run older than that file
+they come from the registered task named in ``config.yaml``. The plots are
+drawn by ``tfgpu.reporting.plots``. The chief writes the report at the end of every run.
+"""
+import importlib
+import json
+import math
+import os
+import statistics
+
+from tfgpu.config import ConfigError
+from tfgpu.reporting.plots import series, write_plots
+from tfgpu.runtime.fileio import atomic_write_bytes
+from tfgpu.training import metric_specs
+
+INPUT_BOUND_FRACTION = 0.1  # share of step time waiting for data above which a run is input-bound
+
+# Config keys worth seeing in a report, in this order (only those present are shown), before the task's own
+# (``Task.report_options``).
+KEY_CONFIG = ("task", "model", "dataset", "data_dir", "image_size", "augment", "global_batch_size", "precision",
+              "distribution_strategy", "num_gpus", "steps_per_loop", "train_steps", "epochs", "data_workers",
+              "cache", "seed", "deterministic")
+
+
+# -- reading what the run left --------------------------------------------------------------------------------------
+def read_history(path: str) -> tuple:
+    """(records by kind sorted by step, keeping the last record of a step written twice after a resume;
+    number of unreadable lines)."""
+    by_key, bad = {}, 0
+    if not os.path.exists(path):
+        return {}, 0
+    with open(path, errors="replace") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                key = (record["kind"], int(record["step"]))
+            except (ValueError, KeyError, TypeError):
+                bad += 1  # e.g. the half-written last line of a killed run
+                continue
+            by_key[key] = record
+    kinds = {}
+    for (kind, step), record in sorted(by_key.items(), key=lambda kv: kv[0][1]):
+        kinds.setdefault(kind, []).append(record)
+    return kinds, bad
+
+
+def _read_json(path: str):
+    try:
+        with open(path) as f:
+            value = json.load(f)
+        return value if isinstance(value, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _read_yaml(path: str):
+    import yaml
+
+    try:
+        with open(path) as f:
+            value = yaml.safe_load(f)
+        return value if isinstance(value, dict) else None
+    except (OSError, yaml.YAMLError):
+        return None
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# -- the verdicts -----------------------------------------------------------------------------------------------------
+def _outruns_step(profile) -> bool:
+    """The pipeline alone is clearly faster than the step alone (input_profile.json rates)."""
+    input_rate, step_rate = profile.get("input_examples_per_sec"), profile.get("compute_examples_per_sec")
+    return _finite(input_rate) and _finite(step_rate) and step_rate > 0 and input_rate > 1.2 * step_rate
+
+
+def input_verdict(profile) -> str:
+    """One line on whether the run waited for data, from input_profile.json (written with --profile_input)."""
+    if not profile:
+        return ("input-bound: not measured; rerun with --profile_input to time the input pipeline alone against "
+                "the training step")
+    wait = profile.get("input_wait_fraction")
+    if not _finite(wait):
+        return profile.get("verdict") or "input-bound: not measured (input_profile.json has no input_wait_fraction)"
+    if wait <= INPUT_BOUND_FRACTION:  # the trainer's rule
+        return f"not input-bound: {wait:.0%} of step time waiting for data"
+    if _outruns_step(profile):
+        ratio = profile["input_examples_per_sec"] / profile["compute_examples_per_sec"]
+        return (f"input-bound: {wait:.0%} of step time waiting for data, although the pipeline alone is "
+                f"{ratio:.1f}x faster than the step; try --cache or a larger --steps_per_loop before more "
+                "--data_workers")
+    return (f"input-bound: {wait:.0%} of step time waiting for data; raise --data_workers or use --cache "
+            "(or store smaller images)")
+
+
+def contention_note(profile) -> str:
+    """Why a pipeline faster than the step can still cost time; "" unless that is the case."""
+    if not profile or not _finite(profile.get("input_wait_fraction")) or \
+            profile["input_wait_fraction"] <= INPUT_BOUND_FRACTION or not _outruns_step(profile):
+        return ""
+    return (f"The pipeline alone delivers {profile['input_examples_per_sec']:,.0f} examples/sec and the step alone "
+            f"consumes {profile['compute_examples_per_sec']:,.0f}, so the pipeline is fast enough by itself; the "
+            "time goes to running both at once (they share the CPU cores, all of them when the step also runs on "
+            "the CPU) or to host work between loops.")
+
+
+def throughput(train: list, specs) -> tuple:
+    """([(unit, median)] of each train metric declared a rate (style ``rate``: examples/sec, ms/step), loops):
+    medians over the loops after the first (which includes tracing and compilation), in declaration order."""
+    steady = train[1:] if len(train) > 1 else train
+    medians, loops = [], 0
+    for spec in specs:
+        if spec.kind == "train" and spec.style == "rate":
+            values = [r[spec.name] for r in steady if _finite(r.get(spec.name))]
+            if values:
+                medians.append((spec.panel or spec.name, statistics.median(values)))
+                loops = max(loops, len(values))
+    return medians, loops
+
+
+def _number(value: float) -> str:
+    return f"{value:,.1f}" if abs(value) >= 100 else f"{value:,.3g}"
+
+
+# -- the markdown -----------------------------------------------------------------------------------------------------
+def _fmt(value) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value).lower() if value is not None else "-"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
+            return f"{value:.4g}"
+        return f"{value:,.4f}".rstrip("0").rstrip(".") if abs(value) < 1000 else f"{value:,.1f}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_fmt(v) for v in value) or "-"
+    return str(value)
+
+
+def _best(specs, evals: list) -> list:
+    """Markdown lines with the best value of each eval metric declared lower- or higher-is-better, and its step."""
+    rows = []
+    for spec in specs:
+        if spec.kind != "eval" or spec.lower_is_better is None:
+            continue
+        steps, values = series(evals, spec.name)
+        if values:
+            best = (min if spec.lower_is_better else max)(range(len(values)), key=values.__getitem__)
+            better = "lower" if spec.lower_is_better else "higher"
+            rows.append(f"| {spec.name} | {_fmt(values[best])} | {steps[best]} | {better} |")
+    if not rows:
+        return []
+    return ["## Best evaluation", "", "| metric | best | step | better |", "| --- | --- | --- | --- |", *rows, ""]
+
+
+def _images(specs, history: dict, model_dir: str) -> list:
+    """Markdown for each metric declared as an image: the latest record's image under the declared title."""
+    lines = []
+    for spec in specs:
+        if spec.style != "image":
+            continue
+        path = next((r[spec.name] for r in reversed(history.get(spec.kind, []))
+                     if isinstance(r.get(spec.name), str)), None)
+        if path:
+            relative = os.path.relpath(path, model_dir) if os.path.isabs(path) else path
+            lines += [f"## {spec.title or spec.name}", "", f"![{spec.label or spec.name}]({relative})", ""]
+    return lines
+
+
+def _sections(names, metrics: dict, evals: list, notes: list) -> list:
+    """The markdown lines of the task's declared report sections ("module:function"); one that fails to load
+    or run becomes a note instead of costing the report."""
+    lines = []
+    for name in names:
+        try:
+            module, function = name.split(":")
+            lines += getattr(importlib.import_module(module), function)(metrics, evals)
+        except Exception as e:  # a section is the task's code: it must not cost the user the report
+            notes.append(f"report section {name} failed: {type(e).__name__}: {e}")
+    return lines
+
+
+def declarations(model_dir: str, config, needed: bool = True):
+    """The run's Declarations: from ``metric_specs.json``; for a run from before that file, from the task
+    named in config.yaml (which imports the task, and TensorFlow, so only when ``needed``); else the loop's."""
+    declared = metric_specs.read(model_dir)
+    if declared is not None:
+        return declared
+    if needed and config and isinstance(config.get("task"), str):
+        try:
+            from tfgpu.tasks.base import get_task
+
+            return metric_specs.of_task(get_task(config["task"]))
+        except (ImportError, ValueError):
+            pass
+    return metric_specs.Declarations(metric_specs.LOOP_METRICS)
+
+
+def _table(rows: list, header=("", "")) -> list:
+    lines = [f"| {header[0]} | {header[1]} |", "| --- | --- |"]
+    lines += [f"| {k} | {_fmt(v).replace('|', '/')} |" for k, v in rows]
+    return lines
+
+
+_IN_SUMMARY = ("step", "num_replicas", "num_workers", "global_batch_size", "wall_time_s")
+
+
+def render(model_dir: str, history: dict, bad_lines: int, metrics, config, profile, plots: list,
+           declared=None) -> str:
+    """The report's markdown from what was read and the run's Declarations (no file access but the task's
+    declared sections)."""
+    config, metrics = config or {}, metrics or {}
+    declared = declared or metric_specs.Declarations(metric_specs.LOOP_METRICS)
+    notes = []
+    train, evals = history.get("train", []), history.get("eval", [])
+    name = os.path.basename(os.path.normpath(model_dir)) or model_dir
+    lines = [f"# Run report: {name}", ""]
+    what = [config.get("task") or metrics.get("task"), config.get("model") or metrics.get("model")]
+    data = config.get("data_dir") or config.get("dataset")
+    summary = " ".join(str(w) for w in what if w)
+    if data:
+        summary += f" on {data}"
+    facts = []
+    for key in ("precision", "strategy", "num_replicas", "num_workers", "global_batch_size"):
+        value = metrics.get(key, config.get(key))
+        if value is not None:
+            facts.append(f"{key}={_fmt(value)}")
+    lines.append(f"{summary or 'tfgpu run'}{' (' + ', '.join(facts) + ')' if facts else ''}.")
+    last_step = max([r["step"] for r in train + evals] + ([metrics["step"]] if _finite(metrics.get("step")) else []),
+                    default=None)
+    target = config.get("train_steps") or None
+    progress = [f"last step {last_step}" + (f" of {target}" if target else "")] if last_step is not None else []
+    if _finite(metrics.get("wall_time_s")):
+        progress.append(f"wall time {metrics['wall_time_s']:.0f} s")
+    if not metrics:
+        progress.append("no metrics.json yet (the run is still going, or it stopped before the end)")
+    sentence = "; ".join(progress)
+    lines += ["", sentence[:1].upper() + sentence[1:] + "." if progress else "No steps recorded.", ""]
+
+    lines += ["## Input pipeline", "", input_verdict(profile) + ".", ""]
+    caveat = contention_note(profile)
+    if caveat:
+        lines += [caveat, ""]
+    if profile:
+        rates = [(label, profile.get(key)) for label, key in (("input pipeline alone", "input_examples_per_sec"),
+                                                              ("train step alone (data in place)",
+                                                               "compute_examples_per_sec"),
+                                                              ("training", "train_examples_per_sec"))]
+        lines += ["| measured with --profile_input | examples/sec |", "| --- | --- |"]
+        lines += [f"| {label} | {value:,.0f} |" for label, value in rates if _finite(value)]
+        lines.append("")
+
+    medians, loops = throughput(train, declared.metrics)
+    if medians:
+        lines += ["## Throughput", "",
+                  "Median " + ", ".join(f"{_number(value)} {unit}" for unit, value in medians)
+                  + f" over {loops} loop(s) of steps"
+                  + (" (the first loop, which may include tracing and compilation, excluded)." if len(train) > 1
+                     else "."), ""]
+
+    final = [(k, v) for k, v in sorted(metrics.items()) if _finite(v) and k not in _IN_SUMMARY]
+    if not final and (train or evals):  # no metrics.json: the latest logged values stand in
+        latest = {**(train[-1] if train else {}), **(evals[-1] if evals else {})}
+        final = [(k, v) for k, v in sorted(latest.items()) if k not in ("kind", "time") and _finite(v)]
+        lines += ["## Latest logged metrics (no metrics.json)", ""]
+    elif final:
+        lines += ["## Final metrics", ""]
+    if final:
+        lines += _table(final, ("metric", "value")) + [""]
+
+    lines += _best(declared.metrics, evals)
+    lines += _sections(declared.report_sections, metrics, evals, notes)
+    if plots:
+        lines += ["## Plots", ""]
+        for path, title in plots:
+            lines += [f"![{title}]({path})", ""]
+    lines += _images(declared.metrics, history, model_dir)
+
+    if config:
+        lines += ["## Key config", ""]
+        keys = dict.fromkeys(KEY_CONFIG + tuple(declared.report_options))
+        lines += _table([(k, config[k]) for k in keys if k in config and config[k] not in ("", None)],
+                        ("option", "value"))
+        lines += ["", "Full config: `config.yaml` (rerun with `--config=config.yaml`).", ""]
+
+    if not train and not evals:
+        notes.append("history.jsonl is missing or empty: no curves to plot")
+    if bad_lines:
+        notes.append(f"history.jsonl has {bad_lines} unreadable line(s), skipped (a run killed mid-write)")
+    if not config:
+        notes.append("config.yaml is missing or unreadable")
+    if notes:
+        lines += ["## Notes", ""] + [f"- {n}." for n in notes] + [""]
+    lines.append("Regenerate with `python -m tfgpu.report --model_dir=" + model_dir + "`.")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(model_dir: str) -> str:
+    """Writes ``<model_dir>/report.md`` and its plots from whatever the run has left; returns report.md's path."""
+    history, bad = read_history(os.path.join(model_dir, "history.jsonl"))
+    metrics = _read_json(os.path.join(model_dir, "metrics.json"))
+    config = _read_yaml(os.path.join(model_dir, "config.yaml"))
+    profile = _read_json(os.path.join(model_dir, "input_profile.json"))
+    declared = declarations(model_dir, config, needed=bool(history or metrics))
+    plots = write_plots(model_dir, history, declared.metrics)
+    text = render(model_dir, history, bad, metrics, config, profile, plots, declared)
+    path = os.path.join(model_dir, "report.md")
+    atomic_write_bytes(path, text.encode())
+    return path

@@ -1,0 +1,1 @@
+"""Where a run executes: cluster membership, the tf.distribute strategy, precision, logging, crash-safe files."""

@@ -1,0 +1,1 @@
+"""The GAN task and what only it uses: FID/KID, DiffAugment, sample grids, its report section."""
