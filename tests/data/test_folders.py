@@ -76,6 +76,23 @@ def test_a_link_leading_outside_its_class_folder_is_followed_and_said(tmp_path):
     assert scan.followed_outside == ["cat/more/1.png", "cat/more/2.png"]
 
 
+def test_an_outside_image_reached_from_two_classes_is_taken_once_in_the_first(tmp_path):
+    """One folder outside the dataset linked from two classes (and twice from one, once through a subfolder link):
+    each image is converted once, under the first class in sorted order, and every other way to it is said
+    (found by the property test below: the same image was taken as a cat and as a dog)."""
+    root, elsewhere = tmp_path / "data", tmp_path / "elsewhere"
+    touch(root, "cat/0.png", "dog/0.png")
+    touch(elsewhere, "more/1.png", "more/sub/2.png")
+    os.symlink(elsewhere / "more", root / "cat" / "more")
+    os.symlink(elsewhere / "more" / "sub", root / "cat" / "sub")
+    os.symlink(elsewhere / "more", root / "dog" / "more")
+    scan = folders.scan_folder(str(root))
+    assert images(scan)["train"] == {"cat": ["cat/0.png", "cat/more/1.png", "cat/more/sub/2.png"],
+                                     "dog": ["dog/0.png"]}
+    assert reasons(scan) == {"symlink_loop": ["cat/sub"],  # a folder already visited through cat/more
+                             "symlink_to_taken_image": ["dog/more/1.png", "dog/more/sub/2.png"]}
+
+
 def test_other_extensions_loose_images_and_unreadable_folders_are_counted(tmp_path, monkeypatch):
     touch(tmp_path, "cat/0.webp", "cat/1.TIF", "cat/2.heic", "cat/sub/3.JPEG", "dog/0.gif", "dog/locked/1.png",
           "loose.png")

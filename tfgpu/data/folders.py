@@ -38,6 +38,8 @@ REASONS = {
     "symlink_loop": "symlinks inside or around their own class folder, or to a folder already visited (loops, "
                     "copies)",
     "symlink_to_other_class": "symlinks into or around another class or split folder",
+    "symlink_to_taken_image": "images reached again through symlinks (each image is converted once, in the class "
+                              "that reaches it first in sorted order)",
     "unreadable_folder": "folders that cannot be listed",
 }
 FOLLOWED_OUTSIDE = "symlinks_followed_outside_class_folder"
@@ -77,6 +79,7 @@ class _Scanner:
         self.root = root
         self.not_converted = {}
         self.followed_outside = []
+        self.taken_through_links = set()  # real paths of images taken through links, across all class folders
 
     def skip(self, reason, path):
         self.not_converted.setdefault(reason, []).append(path)
@@ -132,6 +135,13 @@ class _Scanner:
                 else:
                     rel = os.path.relpath(path, self.root)
                     if outside or is_link:
+                        # Images outside every class folder can be reached by several links (from one class or
+                        # from two): each is converted once, never twice and never under two labels.
+                        real_image = os.path.realpath(path)
+                        if real_image in self.taken_through_links:
+                            self.skip("symlink_to_taken_image", path)
+                            continue
+                        self.taken_through_links.add(real_image)
                         self.followed_outside.append(rel)
                     found.append(rel)
 
