@@ -243,6 +243,9 @@ class Config:
         if len(self.input_range) != 2 or not self.input_range[0] < self.input_range[1]:
             raise ConfigError("input_range", f"expected MIN,MAX with MIN < MAX (e.g. 0,1 or -1,1), got "
                               f"{','.join(f'{v:g}' for v in self.input_range)}")
+        if self.task == "gan" and tuple(self.input_range) != (-1.0, 1.0):
+            raise ConfigError("input_range", "GANs always use -1,1 (the generator ends in tanh); leave it unset "
+                              "with --task=gan")
         if self.unfreeze_at_step < 0:
             raise ConfigError("unfreeze_at_step", f"must be >= 0, got {self.unfreeze_at_step}")
         if self.unfreeze_at_step and not self.freeze:
@@ -263,9 +266,18 @@ class Config:
                 raise ConfigError(f.name, f"{getattr(self, f.name)!r} is not one of {', '.join(map(str, choices))}")
         from tfgpu.models.registry import get_spec  # cheap: no TensorFlow work
         try:
-            get_spec(self.model)
+            get_spec(self.model)  # a user's MODULE:FUNCTION is imported here (tfgpu.models.user)
+        except ConfigError:
+            raise
         except ValueError as e:
             raise ConfigError("model", str(e)) from None
+        for flag in ("generator", "discriminator"):
+            if getattr(self, flag):
+                if self.task != "gan":
+                    raise ConfigError(flag, f"is for --task=gan; this run is --task={self.task}")
+                from tfgpu.models import user
+
+                user.load(getattr(self, flag), flag)
         return self
 
     def to_dict(self) -> dict:
@@ -350,6 +362,11 @@ def resolve(explicit: dict, yaml_path: str = "") -> Config:
                 raise ConfigError("config", f"{yaml_path}: {name}: {e.reason}") from None
     for name, value in explicit.items():
         values[name] = coerce(name, value)
+    from tfgpu.models import user  # a relative path/to/file.py:FUNCTION is saved absolute, to load from anywhere
+
+    for name in user.FLAGS:
+        if name in values:
+            values[name] = user.absolute(values[name])
     return Config(**values).validate()
 
 

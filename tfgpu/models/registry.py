@@ -3,6 +3,11 @@
 A builder takes ``(input_shape, num_classes, **kwargs)`` and returns a
 ``keras.Model`` built under the current dtype policy. ``create_model`` is the
 one place that guarantees float32 logits, so builders never mention precision.
+
+A name that is not registered but has the form ``MODULE:FUNCTION`` or
+``path/to/file.py:FUNCTION`` is the user's own builder (``tfgpu.models.user``):
+``get_spec`` imports it as a classifier. Registered names always win, even one
+that contains a colon.
 """
 import dataclasses
 from typing import Callable
@@ -49,17 +54,56 @@ def list_models(family: str | None = None) -> list[str]:
     return sorted(n for n, s in _MODELS.items() if family is None or s.family == family)
 
 
-def get_spec(name: str) -> ModelSpec:
+def is_registered(name: str) -> bool:
     _import_families()
-    if name not in _MODELS:
-        raise ValueError(f"unknown model {name!r}; known models: {', '.join(sorted(_MODELS))}")
-    return _MODELS[name]
+    return name in _MODELS
+
+
+def get_spec(name: str) -> ModelSpec:
+    """The registered model ``name``, else the user's builder it names (``MODULE:FUNCTION`` or
+    ``file.py:FUNCTION``, a ``ConfigError(model)`` when it cannot be imported), else a ValueError listing the
+    known names."""
+    _import_families()
+    if name in _MODELS:
+        return _MODELS[name]
+    from tfgpu.models import user
+
+    if user.is_reference(name):
+        return ModelSpec(name, user.load(name, "model"), "classifier", None)
+    raise ValueError(f"unknown model {name!r}; known models: {', '.join(sorted(_MODELS))}; or your own builder as "
+                     "MODULE:FUNCTION or path/to/file.py:FUNCTION")
 
 
 def create_model(name: str, input_shape, num_classes: int, **kwargs) -> keras.Model:
-    """Builds model ``name``; its output is cast to float32 whatever the policy."""
-    model = get_spec(name).builder(tuple(input_shape), num_classes, **kwargs)
-    if model.outputs[0].dtype != "float32":
-        logits = keras.layers.Activation("linear", dtype="float32", name="float32_logits")(model.outputs[0])
-        model = keras.Model(model.input, logits, name=model.name)
+    """Builds model ``name``; its output is cast to float32 whatever the policy. A user's model whose logits are
+    not ``(batch, num_classes)`` is ``ConfigError(model)``."""
+    spec = get_spec(name)
+    model = float32_outputs(spec.builder(tuple(input_shape), num_classes, **kwargs), input_shape)
+    shape = tuple(model.outputs[0].shape)
+    if shape[1:] != (num_classes,):
+        from tfgpu.config import ConfigError
+
+        raise ConfigError("model", f"{name} gives outputs of shape {shape}; a classifier of {num_classes} classes "
+                          f"must give logits of shape (batch, {num_classes})")
     return model
+
+
+def float32_outputs(model: keras.Model, input_shape=None) -> keras.Model:
+    """``model`` as a functional model whose first output is float32: unchanged when it already is one, else a
+    functional model around it that casts the output.
+
+    A subclassed model (one without symbolic ``outputs``) is called on a ``keras.Input`` of ``input_shape`` and
+    wrapped, which builds its weights (so its parameters can be counted) and gives the output its dtype."""
+    if getattr(model, "outputs", None):
+        inputs, output = model.input, model.outputs[0]
+    else:
+        inputs = keras.Input(tuple(input_shape))
+        output = model(inputs)
+        if isinstance(output, (list, tuple)):
+            output = output[0]
+        if output.dtype == "float32":
+            return keras.Model(inputs, output, name=model.name)
+    if output.dtype == "float32":
+        return model
+    logits = keras.layers.Activation("linear", dtype="float32", name="float32_logits")(output)
+    return keras.Model(inputs, logits, name=model.name)

@@ -83,8 +83,13 @@ def setup(config: Config, write_config: bool = True) -> Setup:
              info.image_shape, info.num_train_examples, info.eval_split or "none",
              info.split_sizes.get(info.eval_split, 0), info.num_classes, total_steps,
              config.examples_per_step, total_steps / pipeline.steps_per_epoch(config, info))
+    from tfgpu.models import user
+
     if placement.is_chief and write_config:
         save_yaml(config, os.path.join(config.model_dir, "config.yaml"))
+        user.write_source_record(config, config.model_dir)  # model_source.json: which file built a user model
+    elif not write_config:
+        user.warn_if_changed(config, config.model_dir)
     precision.set_policy(config.precision)
     task = task_class(config, info, placement, total_steps)
     return Setup(config, placement, info, task, Trainer(config, placement, task, info, total_steps), total_steps)

@@ -167,7 +167,8 @@ class GanTask(Task):
         from tfgpu.models.gan import stage_sizes
 
         try:
-            stage_sizes(self.info.image_shape)
+            if not (config.generator and config.discriminator):  # the family builds one of the networks
+                stage_sizes(self.info.image_shape)
         except ValueError as e:
             raise ConfigError("image_size", str(e)) from None
         if config.conditional and self.info.num_classes < 2:
@@ -199,10 +200,8 @@ class GanTask(Task):
 
     def build(self):
         config = self.config
-        nets = get_spec(config.model).builder(
-            self.info.image_shape, max(self.info.num_classes, 1), latent_dim=config.latent_dim,
-            conditional=config.conditional, sync_batch_norm=config.sync_batch_norm)
-        self.generator, self.discriminator = nets.generator, nets.discriminator
+        self.generator, self.discriminator = self._networks(("generator", "discriminator"),
+                                                            sync_batch_norm=config.sync_batch_norm)
         self.g_optimizer = self._optimizer(config.g_learning_rate, "generator_adam")
         self.d_optimizer = self._optimizer(config.d_learning_rate, "discriminator_adam")
         self.g_optimizer.build(self.generator.trainable_variables)
@@ -214,6 +213,26 @@ class GanTask(Task):
         # The penalties' gradient of a gradient needs float32's range (module docstring).
         self._penalty_precision = (Float32Forward(self.discriminator) if config.precision == "mixed_float16"
                                    else contextlib.nullcontext())
+
+    def _networks(self, which, **kwargs) -> list:
+        """The networks named in ``which`` ("generator", "discriminator"): the user's builder where --generator or
+        --discriminator names one (``tfgpu.models.user.build_gan_network``), else the --model family's."""
+        from tfgpu.models import user
+
+        config = self.config
+        shape, classes = self.info.image_shape, max(self.info.num_classes, 1)
+        family = None
+        nets = []
+        for name in which:
+            if getattr(config, name):
+                nets.append(user.build_gan_network(name, getattr(config, name), shape, classes, config.latent_dim,
+                                                   config.conditional, **kwargs))
+                continue
+            if family is None:
+                family = get_spec(config.model).builder(shape, classes, latent_dim=config.latent_dim,
+                                                        conditional=config.conditional, **kwargs)
+            nets.append(getattr(family, name))
+        return nets
 
     def _optimizer(self, learning_rate, name):
         config = self.config
@@ -486,9 +505,7 @@ class GanTask(Task):
         """A generator copy outside the strategy (plain variables) that evaluation loads weights into."""
         if self._eval_generator is None:
             config = self.config
-            generator = get_spec(config.model).builder(
-                self.info.image_shape, max(self.info.num_classes, 1), latent_dim=config.latent_dim,
-                conditional=config.conditional).generator
+            generator, = self._networks(("generator",))
 
             @tf.function(reduce_retracing=True)
             def generate(z, labels):
