@@ -62,24 +62,48 @@ def default_cache_dir() -> str:
 
 
 def _builtin_dir(config: Config, name: str) -> str:
-    """Converts a built-in dataset to TFRecords once (atomic shards, manifest last) and returns its dir."""
+    """A built-in dataset converted once into the data cache by tfgpu's converter (the same shards and manifest
+    as ``python -m tfgpu.convert --source=NAME --num_shards=2 --image_format=png``); returns its directory."""
     directory = os.path.join(config.data_cache_dir or default_cache_dir(), f"{name}-v{tfrecord.FORMAT_VERSION}")
-    if os.path.exists(os.path.join(directory, tfrecord.MANIFEST)):
-        return directory
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except OSError as e:
-        raise ConfigError("data_cache_dir", f"cannot create {directory}: {e.strerror}") from None
-    data = builtin.load_builtin(name)
-    splits = {}
-    for split, (images, labels) in data["splits"].items():
-        splits[split] = tfrecord.write_arrays(directory, split, images, labels, num_shards=2, image_format="png")
-    h, w, c = next(iter(data["splits"].values()))[0].shape[1:]
-    tfrecord.write_manifest(directory, {
-        "name": name, "classes": data["classes"], "splits": splits, "compression": "none",
-        "image_shape": {"height": int(h), "width": int(w), "channels": int(c)}})
-    log.info("converted built-in dataset %s to %s", name, directory)
+    _convert_once(config, directory, source=name, num_shards="2", image_format="png")
     return directory
+
+
+def _convert_once(config: Config, directory: str, **options) -> None:
+    """Converts ``--dataset`` into the cache ``directory`` with tfgpu's converter (``tfgpu.data.convert``, the one
+    dataset writer) unless it is there already. Processes that start together (the workers of one host) wait
+    for the first instead of converting twice; the converter's errors name ``--dataset``."""
+    import fcntl
+
+    from tfgpu.data import convert
+
+    if os.path.exists(os.path.join(directory, tfrecord.MANIFEST)):
+        return
+    try:
+        os.makedirs(os.path.dirname(directory) or ".", exist_ok=True)
+        lock = open(directory.rstrip("/") + ".lock", "a")
+    except OSError as e:
+        raise ConfigError("data_cache_dir", f"cannot write to {os.path.dirname(directory)}: {e.strerror}") from None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.exists(os.path.join(directory, tfrecord.MANIFEST)):
+            return
+        try:
+            convert.convert(convert.Options(output_dir=directory, **options), stream=_LogStream(), out=_LogStream())
+        except (ConfigError, convert.BadImageError, convert.WorkerDiedError) as e:
+            raise ConfigError("dataset", f"{config.dataset}: {getattr(e, 'reason', e)}") from None
+        log.info("converted %s to %s", config.dataset, directory)
+
+
+class _LogStream:
+    """The converter's summary lines, into this run's log instead of stdout."""
+
+    def write(self, text):
+        if text.strip():
+            log.info("%s", text.rstrip())
+
+    def flush(self):
+        pass
 
 
 def _manifest_image_shape(manifest: dict, directory: str):
@@ -164,21 +188,10 @@ def prepare(config: Config) -> DatasetInfo:
 def _tfds_dir(config: Config) -> str:
     """A tfds:NAME dataset converted once into the data cache by tfgpu's converter (same shards and manifest as
     ``python -m tfgpu.convert --source=tfds:NAME``)."""
-    from tfgpu import convert as convert_cli
-    from tfgpu.data import convert
-
     name = config.dataset[len("tfds:"):]
     directory = os.path.join(config.data_cache_dir or default_cache_dir(), f"tfds-{name.replace('/', '-')}")
-    if not os.path.exists(os.path.join(directory, tfrecord.MANIFEST)):
-        args = [f"--source={config.dataset}", f"--output_dir={directory}"]
-        if config.tfds_data_dir:
-            args.append(f"--tfds_data_dir={config.tfds_data_dir}")
-        if config.download:
-            args.append("--download")
-        try:
-            convert.convert(convert_cli.parse_args(args))
-        except convert.BadImageError as e:
-            raise ConfigError("dataset", f"{config.dataset}: {e}") from None
+    _convert_once(config, directory, source=config.dataset, tfds_data_dir=os.path.expanduser(config.tfds_data_dir),
+                  download=config.download)
     return directory
 
 
