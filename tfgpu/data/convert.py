@@ -345,10 +345,3 @@ def _manifest(o, source, splits, tasks, results, enc, fingerprint) -> dict:
                       "jpeg_quality": o.jpeg_quality if o.image_format == "jpeg" else None,
                       "channels": enc.channels or None},
     }
-
-
-def main(argv=None):
-    """Runs ``python -m tfgpu.convert``'s argument list; raises ConfigError/BadImageError instead of exiting."""
-    from tfgpu import convert as cli
-
-    return convert(cli.parse_args(argv))
