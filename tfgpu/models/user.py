@@ -86,7 +86,7 @@ class UserBuilder:
 def _describe(value) -> str:
     kind = type(value)
     name = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-    return "None" if value is None else f"a {name}"
+    return "None" if value is None else f"{'an' if name[0].lower() in 'aeiou' else 'a'} {name}"
 
 
 def load(reference: str, flag: str = "model") -> UserBuilder:

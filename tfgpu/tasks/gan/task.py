@@ -504,7 +504,6 @@ class GanTask(Task):
     def _evaluation_generator(self):
         """A generator copy outside the strategy (plain variables) that evaluation loads weights into."""
         if self._eval_generator is None:
-            config = self.config
             generator, = self._networks(("generator",))
 
             @tf.function(reduce_retracing=True)
