@@ -1,16 +1,32 @@
 """tfgpu: multi-GPU and multi-node training of Keras 3 models on TensorFlow.
 
 Importing ``tfgpu`` is cheap: the attributes below load TensorFlow only when first used.
+
+- ``tfgpu.fit(model_fn, train_data, *, model_dir, eval_data=None, **options)``: the run of
+  ``python -m tfgpu.train`` for your own model and data (``tfgpu.training.fit``).
+- ``tfgpu.ConfigError``: what a bad option or argument raises; ``.flag`` names it.
+- ``tfgpu.keras_fit``: stock ``model.fit`` under multi-worker strategies (``tfgpu.training.keras_fit``).
 """
 
 __version__ = "0.1.0"
 
-_LAZY = {"keras_fit": "tfgpu.training.keras_fit"}
+# attribute -> (module, name in it), or the module itself when the name is None
+_LAZY = {
+    "fit": ("tfgpu.training.fit", "fit"),
+    "ConfigError": ("tfgpu.config", "ConfigError"),
+    "keras_fit": ("tfgpu.training.keras_fit", None),
+}
 
 
 def __getattr__(name):
     if name in _LAZY:
         import importlib
 
-        return importlib.import_module(_LAZY[name])
+        module_name, attribute = _LAZY[name]
+        module = importlib.import_module(module_name)
+        return module if attribute is None else getattr(module, attribute)
     raise AttributeError(f"module 'tfgpu' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))
