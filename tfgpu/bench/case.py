@@ -20,20 +20,15 @@ def _environment() -> dict:
     import keras
     import tensorflow as tf
 
-    cpu, flags = platform.processor(), set()
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and cpu in ("", "x86_64"):
-                    cpu = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
+    from tfgpu.runtime.host import cpu_facts
+
+    cpu = cpu_facts()
     gpus = [tf.config.experimental.get_device_details(g).get("device_name", g.name)
             for g in tf.config.list_physical_devices("GPU")]
     build = tf.sysconfig.get_build_info()
     return {"tensorflow": tf.__version__, "keras": keras.__version__, "python": platform.python_version(),
-            "platform": platform.platform(), "cpu": cpu, "cpu_count": os.cpu_count(),
-            "cpu_features": sorted(flags & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}),
+            "platform": platform.platform(), "cpu": cpu["model"], "cpu_count": os.cpu_count(),
+            "cpu_features": sorted(f for f, present in cpu["flags"].items() if present),
             "gpus": gpus, "cuda": build.get("cuda_version"), "cudnn": build.get("cudnn_version")}
 
 
