@@ -72,7 +72,8 @@ def check_spec(dataset, argument: str) -> None:
         raise ConfigError(argument, f"elements must be (image, label) pairs of tensors, got {_describe(spec)}; "
                           f"{_FIX['pair']}")
     image, label = spec
-    if image.shape.rank == 4 or (image.shape.rank is not None and label.shape.rank == 1):
+    leading_match = image.shape.rank == 3 and label.shape.rank == 1 and image.shape[0] == label.shape[0]
+    if image.shape.rank == 4 or leading_match:  # (N, H, W) grayscale batches match their (N,) labels
         raise ConfigError(argument, f"elements look batched (image {_shape(image)}, label {_shape(label)}); "
                           f"{_FIX['batched']}")
     if image.dtype != tf.uint8:
@@ -238,7 +239,7 @@ def materialize(directory: str, datasets: dict, arguments: dict, num_classes: in
                                  key)
     manifest[KEY] = found
     outdir.publish(directory, tasks, results, lambda: tfrecord.write_manifest(directory, manifest))
-    return manifest
+    return tfrecord.read_manifest(directory)
 
 
 # -- reuse, refuse, wait -------------------------------------------------------------------------------------------

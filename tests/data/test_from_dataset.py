@@ -1,0 +1,139 @@
+"""A tf.data.Dataset written once as a converted dataset: the converter's records, one clear error for each wrong
+element structure, a fingerprint that ignores order but not content, reuse and refusal, a worker waiting for the
+chief."""
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import given, settings, strategies as st
+
+from tfgpu.config import Config, ConfigError
+from tfgpu.data import builtin, from_dataset, pipeline, tfrecord
+
+ARGS = {"train": "train_data", "val": "eval_data"}
+
+
+@pytest.fixture(scope="module")
+def digits():
+    """200 train and 50 val digits (uint8 8x8x1, int64 labels)."""
+    splits = builtin.load_builtin("digits")["splits"]
+    (xt, yt), (xv, yv) = splits["train"], splits["val"]
+    return (xt[:200], yt[:200]), (xv[:50], yv[:50])
+
+
+def _ds(images, labels):
+    return tf.data.Dataset.from_tensor_slices((images, labels))
+
+
+def test_written_records_are_the_converters_and_the_pipeline_reads_them(digits, tmp_path):
+    """Byte-identical shards to tfrecord.write_arrays (the built-in datasets' writer) for the same examples, and a
+    manifest the input pipeline reads: classes from the labels, the image shape, both splits."""
+    (xt, yt), (xv, yv) = digits
+    out = tmp_path / "data"
+    manifest = from_dataset.materialize(str(out), {"train": _ds(xt, yt), "val": _ds(xv, yv)}, ARGS)
+    for split, (x, y) in (("train", (xt, yt)), ("val", (xv, yv))):
+        entry = tfrecord.write_arrays(str(tmp_path / "reference"), split, x, y, num_shards=1, image_format="png")
+        assert [s["sha256"] for s in manifest["splits"][split]["shards"]] == [s["sha256"] for s in entry["shards"]]
+        assert manifest["splits"][split]["class_counts"] == {**{str(c): 0 for c in range(10)},
+                                                           **entry["class_counts"]}
+    info = pipeline.prepare(Config(model_dir=str(tmp_path / "run"), data_dir=str(out)))
+    assert info.num_classes == 10 and info.image_shape == (8, 8, 1)
+    assert info.split_sizes == {"train": 200, "val": 50} and info.eval_split == "val"
+    assert not [f for f in os.listdir(out) if f.endswith(".tmp")]
+
+
+def test_unknown_cardinality_is_counted_and_num_classes_sets_the_classes(digits, tmp_path):
+    (xt, yt), _ = digits
+    filtered = _ds(xt, yt).filter(lambda x, y: y < 5)
+    assert int(filtered.cardinality()) == tf.data.UNKNOWN_CARDINALITY
+    manifest = from_dataset.materialize(str(tmp_path), {"train": filtered}, ARGS, num_classes=7)
+    assert manifest["splits"]["train"]["num_examples"] == int(np.sum(yt < 5))
+    assert manifest["classes"] == [str(c) for c in range(7)]
+
+
+def _spec_error(dataset) -> str:
+    with pytest.raises(ConfigError) as e:
+        from_dataset.check_spec(dataset, "train_data")
+    assert e.value.flag == "train_data"
+    return str(e.value)
+
+
+def test_wrong_structures_are_one_error_naming_the_argument_and_the_fix():
+    images = np.zeros((4, 8, 8, 1), np.uint8)
+    labels = np.zeros(4, np.int64)
+    assert "ds.unbatch()" in _spec_error(_ds(images, labels).batch(2))
+    assert "ds.unbatch()" in _spec_error(_ds(images[..., 0], labels).batch(2))  # (N, H, W) grayscale batches
+    assert "no label" in _spec_error(tf.data.Dataset.from_tensor_slices(images))
+    assert "dicts (image, label)" in _spec_error(tf.data.Dataset.from_tensor_slices({"image": images,
+                                                                                     "label": labels}))
+    assert "uint8" in _spec_error(_ds(images.astype(np.float32), labels))
+    assert "HxWxC" in _spec_error(_ds(images[..., 0], labels))
+    assert "2 channels" in _spec_error(_ds(np.zeros((4, 8, 8, 2), np.uint8), labels))
+    assert "integer class indices" in _spec_error(_ds(images, labels.astype(np.float32)))
+    assert "scalars" in _spec_error(_ds(images, labels[:, None]))
+    assert "infinite" in _spec_error(_ds(images, labels).repeat())
+    assert "no examples" in _spec_error(_ds(images, labels).take(0))
+    assert "tf.data.Dataset" in _spec_error((images, labels))
+    from_dataset.check_spec(_ds(images, labels.astype(np.int32)), "train_data")  # any integer labels
+
+
+def test_bad_labels_stop_before_a_dataset_exists(tmp_path):
+    images = np.zeros((3, 4, 4, 3), np.uint8)
+    with pytest.raises(ConfigError, match="example 2: label -1 is not a class index"):
+        from_dataset.materialize(str(tmp_path), {"train": _ds(images, np.array([0, 1, -1]))}, ARGS)
+    with pytest.raises(ConfigError, match=r"label 3 .*num_classes=3"):
+        from_dataset.materialize(str(tmp_path), {"train": _ds(images, np.array([0, 3, 1]))}, ARGS, num_classes=3)
+    assert not os.path.exists(tmp_path / tfrecord.MANIFEST)
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2 ** 16), n=st.integers(1, 12))
+def test_fingerprint_ignores_order_and_sees_any_changed_pixel_or_label(seed, n):
+    rng = np.random.default_rng(seed)
+    images, labels = rng.integers(0, 256, (n, 3, 3, 1), dtype=np.uint8), rng.integers(0, 4, n)
+    base = from_dataset.fingerprint({"train": _ds(images, labels)}, ARGS)
+    order = rng.permutation(n)
+    assert from_dataset.fingerprint({"train": _ds(images[order], labels[order])}, ARGS) == base
+    i = int(rng.integers(n))
+    changed = images.copy()
+    changed[i, 1, 2, 0] ^= 1
+    relabelled = labels.copy()
+    relabelled[i] += 1
+    for x, y in ((changed, labels), (images, relabelled)):
+        other = from_dataset.fingerprint({"train": _ds(x, y)}, ARGS)
+        assert from_dataset.difference(base, other, ARGS) == ("train_data", "its content differs from the data "
+                                                                           "written")
+
+
+def test_ensure_reuses_matching_data_and_refuses_other_data(digits, tmp_path, monkeypatch):
+    (xt, yt), (xv, yv) = digits
+    out = str(tmp_path / "data")
+    first = from_dataset.ensure(out, {"train": _ds(xt, yt)}, ARGS, is_chief=True)
+    shard = os.path.join(out, first["splits"]["train"]["shards"][0]["file"])
+    written = os.stat(shard).st_mtime_ns
+
+    def no_writing(*args, **kwargs):
+        raise AssertionError("wrote the data again")
+
+    monkeypatch.setattr(from_dataset, "materialize", no_writing)
+    again = from_dataset.ensure(out, {"train": _ds(xt, yt).shuffle(64, seed=1)}, ARGS, is_chief=True)
+    assert again == first and os.stat(shard).st_mtime_ns == written
+    with pytest.raises(ConfigError, match="number of examples differs .*199 now.*use a new model_dir") as e:
+        from_dataset.ensure(out, {"train": _ds(xt[1:], yt[1:])}, ARGS, is_chief=True)
+    assert e.value.flag == "train_data"
+    with pytest.raises(ConfigError, match="is given now but was None") as e:
+        from_dataset.ensure(out, {"train": _ds(xt, yt), "val": _ds(xv, yv)}, ARGS, is_chief=True)
+    assert e.value.flag == "eval_data"
+    with pytest.raises(ConfigError, match="worker 1 differs from the chief"):
+        from_dataset.ensure(out, {"train": _ds(xt, 9 - yt)}, ARGS, is_chief=False, worker="worker 1")
+    assert from_dataset.ensure(out, {"train": _ds(xt, yt)}, ARGS, is_chief=False) == first
+
+
+def test_a_worker_gives_up_when_the_chief_shows_no_progress(tmp_path, monkeypatch):
+    monkeypatch.setattr(from_dataset, "WAIT_STALL_S", 0.2)
+    monkeypatch.setattr(from_dataset, "_POLL_S", 0.05)
+    data = _ds(np.zeros((2, 4, 4, 1), np.uint8), np.array([0, 1]))
+    with pytest.raises(ConfigError, match="storage every worker sees") as e:
+        from_dataset.ensure(str(tmp_path), {"train": data}, ARGS, is_chief=False)
+    assert e.value.flag == "model_dir"
