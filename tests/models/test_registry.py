@@ -55,9 +55,23 @@ def test_registering_a_taken_name_raises_and_keeps_the_original():
     assert get_spec("resnet50").builder is original
 
 
-def test_unknown_model_lists_the_known_names():
-    with pytest.raises(ValueError, match="unknown model 'resnet5'.*efficientnet_b0.*resnet50"):
+def test_unknown_model_lists_the_known_names_and_the_own_builder_form():
+    with pytest.raises(ValueError, match="unknown model 'resnet5'.*efficientnet_b0.*resnet50.*; or your own builder "
+                                         "as MODULE:FUNCTION or path/to/file.py:FUNCTION"):
         create_model("resnet5", (32, 32, 3), 10)
+
+
+def test_a_registered_builder_with_the_wrong_logits_is_refused_naming_the_model():
+    register_model("test_wrong_logits")(lambda input_shape, num_classes: keras.Sequential(
+        [keras.Input(input_shape), keras.layers.Flatten(), keras.layers.Dense(num_classes + 1)]))
+    try:
+        with pytest.raises(ValueError, match="--model: test_wrong_logits gives outputs of shape \\(None, 8\\); a "
+                                             "classifier of 7 classes must give logits of shape \\(batch, 7\\)"):
+            create_model("test_wrong_logits", (4, 4, 1), 7)
+    finally:
+        from tfgpu.models import registry
+
+        del registry._MODELS["test_wrong_logits"]
 
 
 def test_classifiers_accept_any_channel_count():

@@ -300,3 +300,12 @@ def test_a_registered_model_writes_no_source_record(tmp_path):
 def test_absolute_changes_only_relative_files(reference, expected):
     assert user.absolute(reference) == expected
 
+
+
+def test_a_sequential_model_gets_float32_logits_under_mixed_precision(tmp_path):
+    path = tmp_path / f"seq_{uuid.uuid4().hex[:8]}.py"
+    path.write_text("import keras\n\ndef build(input_shape, num_classes):\n    return keras.Sequential([keras.Input("
+                    "input_shape), keras.layers.Flatten(), keras.layers.Dense(num_classes)])\n")
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    model = create_model(f"{path}:build", (4, 4, 1), 3)
+    assert model(np.zeros((2, 4, 4, 1), "float32")).dtype == "float32"

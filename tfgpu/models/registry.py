@@ -94,8 +94,8 @@ def float32_outputs(model: keras.Model, input_shape=None) -> keras.Model:
 
     A subclassed model (one without symbolic ``outputs``) is called on a ``keras.Input`` of ``input_shape`` and
     wrapped, which builds its weights (so its parameters can be counted) and gives the output its dtype."""
-    if getattr(model, "outputs", None):
-        inputs, output = model.input, model.outputs[0]
+    if getattr(model, "outputs", None):  # functional or Sequential (whose ``input`` is undefined, ``inputs`` not)
+        inputs, output = model.inputs[0] if len(model.inputs) == 1 else model.inputs, model.outputs[0]
     else:
         inputs = keras.Input(tuple(input_shape))
         output = model(inputs)
