@@ -1,0 +1,158 @@
+"""tfgpu.fit: the same run as python -m tfgpu.train on the same data converted, options checked as flags are, one
+clear error for wrong data or a wrong model before training, resume without writing the data again, and a cheap
+``import tfgpu``. The example script and the multi-worker run are in tests/examples/test_fit_dataset.py."""
+import logging
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfgpu
+from tests.conftest import checkpoint_weights, read_history, read_metrics
+from tfgpu.data import builtin, tfrecord
+from tfgpu.training import fit as fit_lib
+
+TIMING = ("examples_per_sec", "eval_time_s", "wall_time_s")
+SMALL = dict(global_batch_size=32, steps_per_loop=1, checkpoint_every_steps=1, verbose=0, seed=7)
+
+
+@pytest.fixture(scope="module")
+def digits():
+    """256 train and 64 val digits (uint8 8x8x1, int64 labels)."""
+    splits = builtin.load_builtin("digits")["splits"]
+    (xt, yt), (xv, yv) = splits["train"], splits["val"]
+    return (xt[:256], yt[:256]), (xv[:64], yv[:64])
+
+
+def _ds(arrays):
+    return tf.data.Dataset.from_tensor_slices(arrays)
+
+
+def build_model():
+    inputs = keras.Input((8, 8, 1))
+    x = keras.layers.Conv2D(4, 3, activation="relu")(inputs)
+    x = keras.layers.BatchNormalization()(keras.layers.Flatten()(x))
+    return keras.Model(inputs, keras.layers.Dense(10)(x))
+
+
+@pytest.fixture
+def run_state():
+    """Restores what a run in this process changes for the next test: tfgpu's logger, the dtype policy, Keras's
+    session and (after deterministic=True) TensorFlow's op determinism."""
+    from tensorflow.python.framework import config as tf_config
+
+    logger = logging.getLogger("tfgpu")
+    saved = logger.handlers[:], logger.level, logger.propagate
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved
+    keras.mixed_precision.set_global_policy("float32")
+    keras.backend.clear_session()
+    tf_config.disable_op_determinism()
+
+
+def test_fit_on_a_dataset_equals_train_on_the_same_data_converted(digits, tmp_path, run_state, capsys):
+    """Same seed, deterministic=True: tfgpu.fit on tf.data Datasets and tfgpu.train's main on the directory the
+    built-in datasets' writer (tfrecord.write_arrays) makes from the same arrays end with identical checkpoints
+    and metrics."""
+    from tfgpu import train
+
+    (xt, yt), (xv, yv) = digits
+    options = dict(SMALL, train_steps=3, deterministic=True)
+    fitted = tfgpu.fit(build_model, _ds((xt, yt)), eval_data=_ds((xv, yv)), model_dir=str(tmp_path / "fit"),
+                       **options)
+    converted = str(tmp_path / "converted")
+    splits = {split: tfrecord.write_arrays(converted, split, x, y, num_shards=1)
+              for split, (x, y) in (("train", (xt, yt)), ("val", (xv, yv)))}
+    tfrecord.write_manifest(converted, {"name": "digits", "classes": [str(c) for c in range(10)], "splits": splits,
+                                        "compression": "none",
+                                        "image_shape": {"height": 8, "width": 8, "channels": 1}})
+    flags = [f"--{k}={v}" for k, v in options.items()]
+    assert train.main(flags + [f"--model={fit_lib.register(build_model)}", f"--data_dir={converted}",
+                               f"--model_dir={tmp_path / 'train'}"]) == 0
+    trained = read_metrics(tmp_path / "train")
+    assert fitted == read_metrics(tmp_path / "fit")
+    assert {k: v for k, v in fitted.items() if k not in TIMING} == {k: v for k, v in trained.items()
+                                                                    if k not in TIMING}
+    assert fitted["step"] == 3 and fitted["val_examples"] == 64
+    a, b = checkpoint_weights(tmp_path / "fit"), checkpoint_weights(tmp_path / "train")
+    assert a.keys() == b.keys() and len(a) > 5
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+@pytest.mark.parametrize("options, flag, message", [
+    (dict(global_batch_sise=64), "global_batch_sise", "unknown option (did you mean global_batch_size"),
+    (dict(global_batch_size="many"), "global_batch_size", "expected int, got 'many'"),
+    (dict(global_batch_size=0), "global_batch_size", "must be positive"),
+    (dict(precision="fp8"), "precision", "'fp8' is not one of float32"),
+    (dict(input_range=(1, 0)), "input_range", "MIN < MAX"),
+    (dict(data_dir="/data"), "data_dir", "pass the directory as train_data"),
+    (dict(eval_split="test"), "eval_split", "written as split 'val'"),
+    (dict(sync_batch_norm=True), "sync_batch_norm", "synchronized=True"),
+    (dict(task="gan"), "task", "trains classifiers"),
+])
+def test_a_bad_option_is_a_config_error_naming_it_before_anything_is_written(options, flag, message, digits,
+                                                                              tmp_path):
+    with pytest.raises(tfgpu.ConfigError) as e:
+        tfgpu.fit(build_model, _ds(digits[0]), model_dir=str(tmp_path / "run"), **options)
+    assert e.value.flag == flag and str(e.value).startswith(f"tfgpu.fit: {flag}: ") and message in str(e.value)
+    assert not os.path.exists(tmp_path / "run")
+
+
+def test_wrong_data_is_one_error_before_training(digits, tmp_path):
+    (xt, yt), (xv, yv) = digits
+    cases = [
+        (dict(train_data=_ds((xt, yt)).batch(8)), "train_data", "look batched"),
+        (dict(train_data=_ds(xt)), "train_data", "no label"),
+        (dict(train_data=_ds((xt.astype("float32") / 255, yt))), "train_data", "uint8 in [0, 255]"),
+        (dict(train_data=(xt, yt)), "train_data", "from_tensor_slices"),
+        (dict(train_data=_ds((xt, yt)), eval_data=_ds((np.repeat(xv, 3, -1), yv))), "eval_data", "3 channels"),
+        (dict(train_data=_ds((xt, yt)), eval_data=str(tmp_path)), "eval_data", "must be one too"),
+        (dict(train_data=str(tmp_path / "converted"), eval_data=_ds((xv, yv))), "eval_data", "eval split"),
+    ]
+    for data, flag, message in cases:
+        with pytest.raises(tfgpu.ConfigError) as e:
+            tfgpu.fit(build_model, model_dir=str(tmp_path / "run"), **data)
+        assert e.value.flag == flag and message in str(e.value), (data, str(e.value))
+    assert not os.path.exists(tmp_path / "run")
+
+
+def test_a_model_that_does_not_fit_the_data_is_named(digits, tmp_path, run_state):
+    def three_classes():
+        inputs = keras.Input((8, 8, 1))
+        return keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Flatten()(inputs)))
+
+    with pytest.raises(tfgpu.ConfigError, match="model_fn: its model has 3 outputs, but the data has 10 classes"):
+        tfgpu.fit(three_classes, _ds(digits[0]), model_dir=str(tmp_path), train_steps=1, **SMALL)
+    assert not os.path.exists(tmp_path / "checkpoints")
+    with pytest.raises(tfgpu.ConfigError, match="model_fn: returned str, not a keras.Model"):
+        tfgpu.fit(lambda: "model", _ds(digits[0]), model_dir=str(tmp_path), train_steps=1, **SMALL)
+
+
+def test_fitting_again_resumes_without_writing_the_data_again(digits, tmp_path, run_state, capsys):
+    """A second call with more train_steps continues from the checkpoint on the data written by the first (its
+    fingerprint checked: a shuffled copy of the same examples matches); other data is refused."""
+    (xt, yt), _ = digits
+    tfgpu.fit(build_model, _ds((xt, yt)), model_dir=str(tmp_path), train_steps=1, **SMALL)
+    shard = tmp_path / "data" / "train-00000-of-00001.tfrecord"
+    written = shard.stat().st_mtime_ns
+    metrics = tfgpu.fit(build_model, _ds((xt, yt)).shuffle(256), model_dir=str(tmp_path), train_steps=2, **SMALL)
+    assert metrics["step"] == 2 and [r["step"] for r in read_history(tmp_path)] == [1, 2]
+    assert shard.stat().st_mtime_ns == written
+    assert capsys.readouterr().err.count("tfgpu.fit: writing 256 examples") == 1
+    with pytest.raises(tfgpu.ConfigError, match="train_data: its content differs .*use a new model_dir"):
+        tfgpu.fit(build_model, _ds((xt, (yt + 1) % 10)), model_dir=str(tmp_path), train_steps=3, **SMALL)
+
+
+def test_import_tfgpu_stays_cheap_and_keras_fit_stays_reachable():
+    code = ("import sys, tfgpu; tfgpu.ConfigError; tfgpu.fit; "
+            "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules, 'TensorFlow imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    from tfgpu.training import keras_fit
+
+    assert tfgpu.keras_fit is keras_fit and tfgpu.fit is fit_lib.fit
+    assert tfgpu.ConfigError is fit_lib.ConfigError and issubclass(fit_lib.FitError, tfgpu.ConfigError)
