@@ -1,7 +1,8 @@
 """Entrypoint: ``python -m tfgpu.launch --num_workers=N [--gpus_per_worker=G] [launcher flags] -- <train flags>``.
 
 Starts N MultiWorkerMirroredStrategy workers on this host (``python -m tfgpu.train <train flags>``
-each, with free localhost ports, its own TF_CONFIG and its own share of the host's GPUs in
+each, or the command after ``--`` when it starts with a program, e.g. ``-- python script.py`` for a
+tfgpu.fit script), with free localhost ports, its own TF_CONFIG and its own share of the host's GPUs in
 CUDA_VISIBLE_DEVICES), prefixes their output with ``[worker i]``, and supervises them:
 
 - all exit 0 → exit 0;
@@ -66,6 +67,14 @@ def split_argv(argv):
         i = argv.index("--")
         return argv[:i], argv[i + 1:]
     return argv, []
+
+
+def worker_command(args, worker_args) -> list:
+    """``python -m <--module> <worker args>``; or, when the worker args start with a program rather than a flag
+    (``-- python script.py``), that command as given (a tfgpu.fit script run by every worker)."""
+    if worker_args and not worker_args[0].startswith("-"):
+        return list(worker_args)
+    return [args.python, "-m", args.module, *worker_args]
 
 
 def parse_args(argv):
@@ -308,7 +317,7 @@ class Launcher:
         cores = core_sets(n, self.args.cpu_cores_per_worker)
         gpus = gpu_sets(n, self.args.gpus_per_worker, *host_gpus())
         configs = tf_configs(self.args.host, free_ports(n))
-        command = [self.args.python, "-m", self.args.module, *self.worker_args]
+        command = worker_command(self.args, self.worker_args)
         try:
             for index in range(n):
                 env = {**os.environ, "TF_CONFIG": configs[index], "PYTHONUNBUFFERED": "1"}
