@@ -44,11 +44,15 @@ def build_all(input_shape, num_classes, **kwargs):
 class Net(keras.Model):
     def __init__(self, num_classes, **kwargs):
         super().__init__(**kwargs)
+        self.num_classes = num_classes
         self.conv, self.pool = layers.Conv2D(4, 3), layers.GlobalAveragePooling2D()
         self.head = layers.Dense(num_classes)
 
     def call(self, x):
         return self.head(self.pool(self.conv(x)))
+
+    def get_config(self):
+        return {**super().get_config(), "num_classes": self.num_classes}
 
 
 def subclassed(input_shape, num_classes):
@@ -309,3 +313,42 @@ def test_a_sequential_model_gets_float32_logits_under_mixed_precision(tmp_path):
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     model = create_model(f"{path}:build", (4, 4, 1), 3)
     assert model(np.zeros((2, 4, 4, 1), "float32")).dtype == "float32"
+
+
+CUSTOM = """
+import keras
+
+
+class NeedsConfig(keras.layers.Layer):
+    def __init__(self, units, activation, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(units, activation=activation)
+
+    def call(self, x):
+        return self.dense(x)
+
+
+def unsaveable(input_shape, num_classes):
+    inputs = keras.Input(input_shape)
+    return keras.Model(inputs, NeedsConfig(num_classes, lambda x: x)(keras.layers.Flatten()(inputs)))
+
+
+def unregistered(input_shape, num_classes):
+    inputs = keras.Input(input_shape)
+    return keras.Model(inputs, NeedsConfig(num_classes, "linear")(keras.layers.Flatten()(inputs)))
+"""
+
+
+def test_a_model_that_cannot_be_saved_is_refused_before_training_and_an_unregistered_layer_warned(tmp_path,
+                                                                                                     caplog):
+    path = tmp_path / f"custom_{uuid.uuid4().hex[:8]}.py"
+    path.write_text(CUSTOM)
+    with pytest.raises(ConfigError) as error:
+        create_model(f"{path}:unsaveable", (4, 4, 1), 3)
+    assert (f"{path}:unsaveable's model cannot be saved, so export/model.keras would fail after training: Object "
+            "NeedsConfig was created by passing non-serializable argument values in `__init__()`, and therefore the "
+            "object must override `get_config()`") in _one_line_naming(error.value, "model")
+    with caplog.at_level(logging.WARNING, logger="tfgpu"):
+        create_model(f"{path}:unregistered", (4, 4, 1), 3)
+    assert (f"--model: NeedsConfig (from {path}) is not registered with @keras.saving.register_keras_serializable(); "
+            "export/model.keras will load only with custom_objects={'NeedsConfig': NeedsConfig}") in caplog.text

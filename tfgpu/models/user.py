@@ -72,7 +72,28 @@ class UserBuilder:
         model = self.function(tuple(input_shape), num_classes, **accepted)
         if not isinstance(model, keras.Model):
             raise ConfigError(self.flag, f"{self.reference} returned {_describe(model)}, not a keras.Model")
+        if self.flag != "discriminator":  # the exported network: refuse now what would fail after training
+            self.check_saveable(model)
         return model
+
+    def check_saveable(self, model) -> None:
+        """``ConfigError`` when Keras cannot serialize ``model`` (a custom layer or model whose constructor
+        arguments need a ``get_config``), so export would fail only after training; a warning for each class of the
+        user's module that is not registered, since the .keras file then loads only with ``custom_objects``."""
+        import keras
+
+        try:
+            keras.saving.serialize_keras_object(model)
+        except Exception as e:  # Keras raises NotImplementedError or TypeError, in several lines
+            lines = str(e).strip().split("\n\n")[0].split()
+            raise ConfigError(self.flag, f"{self.reference}'s model cannot be saved, so export/model.keras would "
+                              f"fail after training: {' '.join(lines) or type(e).__name__}") from None
+        classes = {type(layer) for layer in model._flatten_layers(include_self=True)}
+        for cls in sorted((c for c in classes if c.__module__ == self.module.__name__), key=lambda c: c.__name__):
+            if keras.saving.get_registered_object(keras.saving.get_registered_name(cls)) is None:
+                log.warning("--%s: %s (from %s) is not registered with @keras.saving.register_keras_serializable(); "
+                            "export/model.keras will load only with custom_objects={'%s': %s}", self.flag,
+                            cls.__name__, self.file or self.module.__name__, cls.__name__, cls.__name__)
 
     def split_kwargs(self, kwargs: dict) -> tuple[dict, list]:
         """(the keyword arguments the function declares, the names of those it does not)."""
