@@ -1,6 +1,7 @@
 """What a classification step computes: micro-batch accumulation, clipping and smoothing, run in-process."""
 import dataclasses
 import json
+import os
 
 import keras
 import numpy as np
@@ -8,7 +9,7 @@ import pytest
 
 from tests.conftest import checkpoint_weights
 from tfgpu.training import experiment
-from tfgpu.config import Config
+from tfgpu.config import Config, ConfigError
 from tfgpu.models import register_model
 
 
@@ -93,3 +94,162 @@ def test_200_skipped_steps_leave_every_variable_bit_identical(base, tmp_path, pr
     finally:
         keras.backend.clear_session()
         keras.mixed_precision.set_global_policy("float32")
+
+
+# -- fine-tuning: --init_weights, --init_skip_mismatch, --freeze, --unfreeze_at_step ---------------------------
+_FIRST_BLOCK = "^(conv2d|batch_normalization)$"  # small_cnn's first conv and its BatchNorm
+
+
+def _pretrained(path, num_classes=10, seed=3):
+    """small_cnn weights as a plain Keras script saves them, every value (BN statistics too) away from init."""
+    from tfgpu.models.small_cnn import small_cnn
+
+    keras.utils.set_random_seed(seed)
+    model = small_cnn((8, 8, 1), num_classes)
+    rng = np.random.default_rng(seed)
+    model.set_weights([np.abs(rng.normal(1.0, 0.2, w.shape)).astype("float32") if "variance" in v.path else
+                       rng.normal(0.0, 0.3, w.shape).astype("float32")
+                       for v, w in zip(model.weights, model.get_weights())])
+    model.save_weights(str(path))
+    keras.backend.clear_session()
+    return {layer.name: layer.get_weights() for layer in model.layers if layer.weights}
+
+
+@pytest.fixture
+def finetune(tmp_path, data_cache):
+    return Config(model_dir=str(tmp_path / "run"), dataset="digits", data_cache_dir=data_cache, model="small_cnn",
+                  global_batch_size=32, train_steps=4, steps_per_loop=4, deterministic=True, eval_split="none",
+                  tensorboard=False, verbose=0, lr_schedule="constant", weight_decay=1e-3,
+                  init_weights=str(tmp_path / "pretrained.weights.h5"))
+
+
+def _train_in_process(config):
+    """Trains like python -m tfgpu.train (without export and report); returns (final metrics, layer weights)."""
+    try:
+        built = experiment.setup(config)
+        metrics = built.trainer.train()
+        return metrics, {layer.name: layer.get_weights() for layer in built.task.model.layers if layer.weights}
+    finally:
+        keras.backend.clear_session()
+
+
+def _equal(a, b) -> bool:
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def test_evaluation_before_the_first_step_equals_plain_keras_evaluate(finetune):
+    """The same weights and the same eval pixels (tfgpu's eval dataset, whatever its input range) give the same
+    loss and accuracy in tfgpu's evaluation at step 0 and in Keras' model.evaluate."""
+    import tensorflow as tf
+
+    from tfgpu.data import pipeline
+    from tfgpu.models.small_cnn import small_cnn
+
+    _pretrained(finetune.init_weights)
+    config = dataclasses.replace(finetune, eval_split="val")
+    try:
+        built = experiment.setup(config)
+        assert built.trainer.restore(initial_weights=True) == 0
+        ours = built.trainer.evaluate(0, record=False)
+        steps = pipeline.eval_steps(config, built.info, 1, 1)
+        batches = list(pipeline.eval_dataset_fn(config, built.info, steps)(tf.distribute.InputContext()))
+    finally:
+        keras.backend.clear_session()
+    keep = np.concatenate([w.numpy() for _, _, w in batches]) > 0
+    images = np.concatenate([x.numpy() for x, _, _ in batches])[keep]
+    labels = np.concatenate([y.numpy() for _, y, _ in batches])[keep]
+    plain = small_cnn((8, 8, 1), 10)
+    plain.load_weights(finetune.init_weights)
+    plain.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    loss, accuracy = plain.evaluate(images, labels, batch_size=64, verbose=0)
+    keras.backend.clear_session()
+    assert ours["val_examples"] == len(labels) == 359
+    assert ours["val_loss"] == pytest.approx(loss, rel=1e-5)
+    assert ours["val_accuracy"] == pytest.approx(accuracy, abs=1e-7)
+
+
+def test_a_new_head_needs_skip_mismatch_and_a_resume_restores_instead_of_reloading(finetune, tmp_path):
+    pretrained = _pretrained(finetune.init_weights, num_classes=3)
+    with pytest.raises(ConfigError) as e:
+        _train_in_process(finetune)
+    assert "\n" not in str(e.value) and "layer logits: weight kernel has shape (64, 3) in the file, (64, 10)" in \
+        str(e.value)
+    config = dataclasses.replace(finetune, init_skip_mismatch=True, train_steps=2, steps_per_loop=2, freeze="^conv2d$")
+    _, trained = _train_in_process(config)
+    assert _equal(trained["conv2d"], pretrained["conv2d"])  # frozen: still the file's
+    os.remove(finetune.init_weights)  # a resumed run neither needs nor reads the file
+    try:
+        built = experiment.setup(dataclasses.replace(config, train_steps=4))
+        assert built.trainer.restore(initial_weights=True) == 2
+        restored = {layer.name: layer.get_weights() for layer in built.task.model.layers if layer.weights}
+    finally:
+        keras.backend.clear_session()
+    assert all(_equal(restored[name], trained[name]) for name in trained)
+    assert not _equal(trained["conv2d_1"], pretrained["conv2d_1"])  # so a reload would have shown
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", pytest.param("adamw", marks=pytest.mark.slow)])
+def test_frozen_layers_stay_bit_identical_and_the_count_says_what_trains(finetune, optimizer):
+    """No gradient, momentum, weight decay (L2 for sgd, decoupled for adamw) or BatchNorm statistics update
+    reaches a frozen layer; the others train."""
+    pretrained = _pretrained(finetune.init_weights)
+    metrics, trained = _train_in_process(dataclasses.replace(finetune, freeze=_FIRST_BLOCK, optimizer=optimizer))
+    for name in ("conv2d", "batch_normalization"):
+        assert _equal(trained[name], pretrained[name]), name
+    for name in ("conv2d_1", "batch_normalization_1", "logits"):
+        assert all(not np.array_equal(a, b) for a, b in zip(trained[name], pretrained[name])), name
+    frozen = 3 * 3 * 1 * 32 + 2 * 32  # the first conv's kernel, the BatchNorm's gamma and beta
+    assert metrics["parameters"] == metrics["trainable_parameters"] + frozen == 19562
+
+
+def _first_kernel(model_dir, step):
+    """small_cnn's first conv kernel (the only model variable of shape (3, 3, 1, 32)) in a checkpoint."""
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(os.path.join(model_dir, "checkpoints", f"ckpt-{step}"))
+    found = [reader.get_tensor(name) for name, shape in reader.get_variable_to_shape_map().items()
+             if shape == [3, 3, 1, 32] and ("_trainable_variables" in name or name.startswith("model/"))]
+    assert len(found) == 1, reader.get_variable_to_shape_map()
+    return found[0]
+
+
+def test_unfreeze_at_step_trains_every_layer_from_that_step(finetune):
+    pretrained = _pretrained(finetune.init_weights)
+    config = dataclasses.replace(finetune, freeze=_FIRST_BLOCK, unfreeze_at_step=2, checkpoint_every_steps=2)
+    metrics, trained = _train_in_process(config)
+    np.testing.assert_array_equal(_first_kernel(config.model_dir, 2), pretrained["conv2d"][0])  # steps 0, 1
+    assert not np.array_equal(trained["conv2d"][0], pretrained["conv2d"][0])  # steps 2, 3
+    assert metrics["trainable_parameters"] == metrics["parameters"] == 19562
+    assert metrics["trainable_parameters_before_unfreeze"] == 19562 - 352
+
+
+@pytest.mark.slow  # three training runs
+def test_a_resume_on_either_side_of_the_unfreeze_step_is_exact(finetune, tmp_path):
+    _pretrained(finetune.init_weights)
+    config = dataclasses.replace(finetune, freeze=_FIRST_BLOCK, unfreeze_at_step=2)
+    _, straight = _train_in_process(config)
+    for stop in (2, 3):  # at the unfreeze step (the restore unfreezes), and after it
+        resumed = dataclasses.replace(config, model_dir=str(tmp_path / f"stopped_at_{stop}"))
+        _train_in_process(dataclasses.replace(resumed, train_steps=stop))
+        _, continued = _train_in_process(resumed)
+        assert all(_equal(continued[name], straight[name]) for name in straight), stop
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--init_weights={tmp}/missing.weights.h5"], "error: --init_weights: {tmp}/missing.weights.h5: no such file"),
+    (["--init_weights={tmp}/weights.npz"], "error: --init_weights: {tmp}/weights.npz: expected a local .weights.h5"),
+    (["--freeze=^nothing$"], "error: --freeze: '^nothing$' matches no layer name of the model (its layers: "),
+    (["--task=gan", "--model=dcgan", "--latent_dim=16", "--init_weights={tmp}/g.weights.h5"],
+     "error: --init_weights: --task=gan does not support it (classification does)"),
+    (["--task=gan", "--model=dcgan", "--latent_dim=16", "--freeze=conv"],
+     "error: --freeze: --task=gan does not support it (classification does)"),
+])
+def test_bad_fine_tuning_flags_are_one_line_before_training(train_here, tmp_path, args, expected):
+    tmp = str(tmp_path)
+    result = train_here("--dataset=digits", "--model=small_cnn", "--global_batch_size=16", "--train_steps=2",
+                        "--eval_split=none", f"--model_dir={tmp}/run", *(a.format(tmp=tmp) for a in args),
+                        check=False)
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert result.returncode == 1 and len(errors) == 1 and errors[0].startswith(expected.format(tmp=tmp))
+    assert "Traceback" not in result.output
+    assert not os.path.exists(os.path.join(tmp, "run", "checkpoints"))  # refused before a step or checkpoint

@@ -15,7 +15,7 @@ report read these declarations, so they name no task and no task's metric.
 """
 import abc
 
-from tfgpu.config import Config
+from tfgpu.config import Config, ConfigError
 from tfgpu.training.metric_specs import MetricSpec  # noqa: F401  (re-exported: tasks declare their metrics with it)
 
 _TASKS: dict = {}
@@ -108,6 +108,35 @@ class Task(abc.ABC):
 
     def loss_scales(self) -> dict:
         """Current dynamic loss scales for logs, by name; empty without loss scaling."""
+        return {}
+
+    def check_fine_tuning(self, loads_initial_weights: bool) -> None:
+        """Refuses fine-tuning options this task cannot honour, as ConfigError naming the flag; called by the
+        trainer before it builds anything. ``loads_initial_weights``: no checkpoint will be restored, so
+        --init_weights will be read (a task that implements it checks its file here). This default
+        implements neither --init_weights nor --freeze."""
+        for flag in ("init_weights", "freeze"):
+            if getattr(self.config, flag):
+                raise ConfigError(flag, f"--task={self.name} does not support it (classification does)")
+
+    def load_initial_weights(self) -> None:
+        """Loads --init_weights into the built models; the trainer calls it on every worker, after ``build``
+        and only when no checkpoint was restored (a restored checkpoint always wins)."""
+        raise ConfigError("init_weights", f"--task={self.name} does not support it (classification does)")
+
+    def step_boundaries(self) -> tuple:
+        """Steps at which the task changes what a step trains (e.g. --unfreeze_at_step); the trainer ends a
+        loop there and calls ``at_step``."""
+        return ()
+
+    def at_step(self, step: int) -> bool:
+        """Puts the task in the state for training from ``step`` on (called after a restore, with the step
+        restored, and at each of ``step_boundaries``); True when that changed which variables a step trains,
+        so the trainer traces its step again."""
+        return False
+
+    def parameter_counts(self) -> dict:
+        """Parameter counts for metrics.json and the report, e.g. {"parameters": n, "trainable_parameters": m}."""
         return {}
 
     def describe(self) -> str:

@@ -4,14 +4,24 @@ Losses are summed over the replica's examples and divided by the global batch,
 so the optimizer's all-reduce (a sum) yields the mean gradient of the global
 batch whatever the replica count. With --grad_accum_steps=k each replica's
 batch is cut into k micro-batches whose gradients are summed before one update.
+
+Fine-tuning: --init_weights loads a local Keras weights file into the built model (``models.weights``)
+when no checkpoint was restored; --freeze keeps the matching layers out of training (``models.freeze``)
+until --unfreeze_at_step, where the trainer stops a loop and the step is traced again over every variable.
+The optimizer is built over all variables before freezing, so its slots and the checkpoint are the same
+frozen or not, and a resume on either side of the unfreeze step is exact.
 """
+import logging
+
 import tensorflow as tf
 
 from tfgpu.runtime import precision
 from tfgpu.training import optimizers
 from tfgpu.models import create_model, get_spec
+from tfgpu.models.summary import count_params
 from tfgpu.tasks.base import MetricSpec, Task, register_task
 
+log = logging.getLogger("tfgpu")
 _LR_TITLE = "Learning rate (and the float16 loss scale)"
 
 
@@ -36,7 +46,7 @@ class ClassificationTask(Task):
                    progress=True),
     )
     report_options = ("jit_compile", "optimizer", "base_learning_rate", "lr_schedule", "warmup_epochs", "warmup_steps",
-                      "weight_decay", "label_smoothing", "grad_accum_steps")
+                      "weight_decay", "label_smoothing", "grad_accum_steps", "init_weights", "freeze")
 
     def build(self):
         config = self.config
@@ -46,15 +56,64 @@ class ClassificationTask(Task):
                                   sync_batch_norm=config.sync_batch_norm,
                                   zero_init_residual=config.zero_init_residual)
         from tfgpu.data.pipeline import steps_per_epoch
+        from tfgpu.models.freeze import Freezer
+        self.freezer = Freezer(self.model, config.freeze) if config.freeze else None
+        self.num_parameters = count_params(self.model)
 
         self.schedule = optimizers.learning_rate_schedule(config, self.total_steps, steps_per_epoch(config, self.info))
         learning_rate = (optimizers.ScheduleAtStep(self.schedule, self.global_step)
                          if self.global_step is not None else self.schedule)
         self.optimizer = precision.wrap_optimizer(optimizers.create_optimizer(config, learning_rate), config)
+        # Slots for every variable, frozen or not: the same optimizer (and checkpoint) trains after the unfreeze.
         optimizers.exclude_from_decay(self.optimizer, self.model.trainable_variables)
         self.optimizer.build(self.model.trainable_variables)
+        if self.freezer:
+            self.freezer.freeze()
+        self.num_trainable_while_frozen = count_params(self.model)
+        self._trace_gradients()
+
+    def _trace_gradients(self):
+        """A fresh gradient function: a traced one keeps the trainable variables it was traced with."""
         # XLA compiles the forward and backward pass; the all-reduce and the update stay outside it.
         self._grads_fn = tf.function(self._gradients, jit_compile=True) if self.jit_compile else self._gradients
+
+    def check_fine_tuning(self, loads_initial_weights):
+        if self.config.init_weights and loads_initial_weights:
+            from tfgpu.models.weights import check_file
+
+            check_file(self.config.init_weights)
+
+    def load_initial_weights(self):
+        from tfgpu.models.weights import load_initial_weights
+
+        path = self.config.init_weights
+        result = load_initial_weights(self.model, path, self.config.init_skip_mismatch)
+        log.info("--init_weights: loaded %d layer(s) from %s", len(result.loaded), path)
+        if result.skipped:
+            log.warning("--init_weights: kept as initialized (--init_skip_mismatch): %s", "; ".join(result.skipped))
+        if result.unused:
+            log.warning("--init_weights: layers of %s that no layer of the model took: %s", path,
+                        ", ".join(result.unused))
+
+    def step_boundaries(self):
+        at = self.config.unfreeze_at_step
+        return (at,) if self.freezer and 0 < at < self.total_steps else ()
+
+    def at_step(self, step):
+        at = self.config.unfreeze_at_step
+        if not (self.freezer and self.freezer.frozen and at and step >= at):
+            return False
+        self.freezer.unfreeze()
+        self._trace_gradients()
+        log.info("step %d: --unfreeze_at_step=%d: every layer trains now (%s trainable parameters)", step, at,
+                 f"{count_params(self.model):,}")
+        return True
+
+    def parameter_counts(self):
+        counts = {"parameters": self.num_parameters, "trainable_parameters": count_params(self.model)}
+        if self.freezer and self.config.unfreeze_at_step:
+            counts["trainable_parameters_before_unfreeze"] = self.num_trainable_while_frozen
+        return counts
 
     @property
     def jit_compile(self) -> bool:
@@ -146,9 +205,9 @@ class ClassificationTask(Task):
         return {}
 
     def describe(self):
-        from tfgpu.models.summary import count_params
-
-        return f"model={self.config.model} params={count_params(self.model):,} input={self.info.image_shape}"
+        trainable = count_params(self.model)
+        frozen = f" ({trainable:,} trainable)" if trainable != self.num_parameters else ""
+        return f"model={self.config.model} params={self.num_parameters:,}{frozen} input={self.info.image_shape}"
 
     def export(self, path):
         self.model.save(path)

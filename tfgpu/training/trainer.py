@@ -130,10 +130,14 @@ class Trainer:
         self.checkpointer = checkpoint_lib.Checkpointer(
             self.model_dir, self.placement, self.task.checkpoint_items(), self.step, self.config.keep_checkpoints)
 
+        self._trace_train_loop()
+        self._eval_loop = self._loop(self.task.eval_step, self.eval_sums)
+
+    def _trace_train_loop(self):
+        """A fresh train loop; the task's ``at_step`` asks for one when a step trains other variables."""
         self._train_loop = self._loop(self.task.train_step, self.train_sums, self.step,
                                       self.task.batches_per_step(self.config), self.skipped_run,
                                       self.nonfinite_names)
-        self._eval_loop = self._loop(self.task.eval_step, self.eval_sums)
 
     def _loop(self, step_fn, sums: dict, counter=None, batches_per_step: int = 1, skipped_run=None,
               nonfinite_names=()):
@@ -178,6 +182,7 @@ class Trainer:
                 marks.update(range(n, self.total_steps, n))
         if c.profile_steps:
             marks.update(int(s) for s in c.profile_steps.split(","))
+        marks.update(self.task.step_boundaries())
         return sorted(m for m in marks if 0 < m < self.total_steps) + [self.total_steps]
 
     @property
@@ -315,15 +320,25 @@ class Trainer:
         self._writer.flush()
 
     # -- the loop ----------------------------------------------------------------
-    def restore(self, checkpoint_path: str = "") -> int:
+    def restore(self, checkpoint_path: str = "", initial_weights: bool = False) -> int:
         """Builds the task's models and optimizers and restores the latest (or the given) checkpoint;
-        returns its step (0 when there is none)."""
+        returns its step (0 when there is none). With ``initial_weights`` (training) and no checkpoint to
+        restore, the task loads --init_weights instead: a restored checkpoint always wins, so a resumed run
+        never reloads them, and a run that loads them checks their file before building anything."""
+        latest = tf.train.latest_checkpoint(checkpoint_lib.checkpoint_dir(self.model_dir))
+        fresh = not checkpoint_path and latest is None
+        if initial_weights:
+            self.task.check_fine_tuning(loads_initial_weights=fresh)
         self._build()
         if checkpoint_path:
             self.checkpointer.checkpoint.restore(checkpoint_path).expect_partial()
             step = int(self.step.numpy())
         else:
             step = self.checkpointer.restore_latest()
+        if initial_weights and fresh and self.config.init_weights:
+            self.task.load_initial_weights()  # on every worker: each builds its own copy of the model
+        if self.task.at_step(step):
+            self._trace_train_loop()
         if self.task.describe():
             log.info("%s", self.task.describe())
         self._writer = (tf.summary.create_file_writer(os.path.join(self.model_dir, "summaries"))
@@ -334,7 +349,8 @@ class Trainer:
         """Trains to ``total_steps`` (resuming from the latest checkpoint) and returns the final metrics."""
         self._steps_done = 0
         try:
-            start_step = self._steps_done = self.restore()  # restoring broadcasts variables: a collective too
+            # Restoring broadcasts variables: a collective too.
+            start_step = self._steps_done = self.restore(initial_weights=True)
             self.write_metric_specs()
             previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
             try:
@@ -391,6 +407,8 @@ class Trainer:
                         self.checkpointer.save()
                     if config.eval_every_steps and step % config.eval_every_steps == 0:
                         last_eval = self.evaluate(step)
+                    if self.task.at_step(step):
+                        self._trace_train_loop()
             progress.close()
             self.checkpointer.save()
             if input_profile:
@@ -405,6 +423,7 @@ class Trainer:
             final.update(last["task_state"])
         final["examples_per_sec"] = (float(np.median(rates)) if rates else
                                      last["record"]["examples_per_sec"] if last else 0.0)
+        final.update(self.task.parameter_counts())
         final.update(last_eval)
         return final
 
