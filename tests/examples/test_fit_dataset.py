@@ -21,10 +21,14 @@ SCRIPT = os.path.join(REPO, "examples", "fit_dataset.py")
 
 
 @pytest.fixture
-def example():
-    """The example as a module, and afterwards the process state a run changes put back."""
+def example(monkeypatch):
+    """The example as a module, and afterwards the process state a run changes put back (no report.md: its plots
+    take seconds and have tests of their own)."""
     import keras
 
+    from tfgpu.training import experiment
+
+    monkeypatch.setattr(experiment, "_write_report", lambda model_dir: None)
     spec = importlib.util.spec_from_file_location("fit_dataset_example", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

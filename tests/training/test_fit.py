@@ -40,11 +40,15 @@ def build_model():
 
 
 @pytest.fixture
-def run_state():
+def run_state(monkeypatch):
     """Restores what a run in this process changes for the next test: tfgpu's logger, the dtype policy, Keras's
-    session and (after deterministic=True) TensorFlow's op determinism."""
+    session and (after deterministic=True) TensorFlow's op determinism. Runs write no report.md (its plots take
+    seconds; the report has tests of its own)."""
     from tensorflow.python.framework import config as tf_config
 
+    from tfgpu.training import experiment
+
+    monkeypatch.setattr(experiment, "_write_report", lambda model_dir: None)
     logger = logging.getLogger("tfgpu")
     saved = logger.handlers[:], logger.level, logger.propagate
     yield
@@ -121,16 +125,36 @@ def test_wrong_data_is_one_error_before_training(digits, tmp_path):
     assert not os.path.exists(tmp_path / "run")
 
 
-def test_a_model_that_does_not_fit_the_data_is_named(digits, tmp_path, run_state):
+def test_model_fn_is_built_in_the_scope_under_the_policy_and_checked_against_the_data(digits, tmp_path, run_state):
+    seen = {}
+
     def three_classes():
+        seen.update(policy=keras.mixed_precision.global_policy().name, in_scope=tf.distribute.has_strategy())
         inputs = keras.Input((8, 8, 1))
         return keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Flatten()(inputs)))
 
     with pytest.raises(tfgpu.ConfigError, match="model_fn: its model has 3 outputs, but the data has 10 classes"):
-        tfgpu.fit(three_classes, _ds(digits[0]), model_dir=str(tmp_path), train_steps=1, **SMALL)
+        tfgpu.fit(three_classes, _ds(digits[0]), model_dir=str(tmp_path), train_steps=1, precision="mixed_bfloat16",
+                  **SMALL)
+    assert seen == {"policy": "mixed_bfloat16", "in_scope": True}
     assert not os.path.exists(tmp_path / "checkpoints")
     with pytest.raises(tfgpu.ConfigError, match="model_fn: returned str, not a keras.Model"):
         tfgpu.fit(lambda: "model", _ds(digits[0]), model_dir=str(tmp_path), train_steps=1, **SMALL)
+
+    class Apply(keras.layers.Layer):  # a function as constructor argument: Keras cannot save it
+        def __init__(self, function):
+            super().__init__()
+            self.function = function
+
+        def call(self, x):
+            return self.function(x)
+
+    def unsaveable():
+        inputs = keras.Input((8, 8, 1))
+        return keras.Model(inputs, keras.layers.Dense(10)(keras.layers.Flatten()(Apply(lambda x: x * 2)(inputs))))
+
+    with pytest.raises(tfgpu.ConfigError, match="model_fn: .*unsaveable's model cannot be saved"):
+        tfgpu.fit(unsaveable, _ds(digits[0]), model_dir=str(tmp_path), train_steps=1, **SMALL)
 
 
 def test_fitting_again_resumes_without_writing_the_data_again(digits, tmp_path, run_state, capsys):

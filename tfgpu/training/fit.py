@@ -34,7 +34,7 @@ TensorFlow applies device settings (logical CPU devices, GPU memory growth) and
 MultiWorkerMirrored's collectives only to a runtime that has not started, but building a
 Dataset starts it. So once the data is on disk, ``fit`` starts TensorFlow's runtime afresh
 when the run needs it (a multi-worker job, or device settings the running one refuses);
-tensors and datasets made before that call must not be used after it (build them again).
+tensors and datasets made before such a call may not be usable after it (build them again).
 """
 import logging
 import os
@@ -191,7 +191,22 @@ def _build(name: str, input_shape, num_classes: int):
         if outputs[0].shape[-1] != num_classes:
             raise FitError("model_fn", f"its model has {outputs[0].shape[-1]} outputs, but the data has "
                            f"{num_classes} classes (one logit per class; num_classes=N sets the classes)")
+    _check_saveable(_MODEL_FNS[name], model)
     return model
+
+
+def _check_saveable(model_fn, model) -> None:
+    """The check ``--model=MODULE:FUNCTION`` builders get (tfgpu.models.user): a model Keras cannot serialize is
+    refused now, not when export/model.keras fails after training."""
+    import sys
+
+    from tfgpu.models import user
+
+    module = sys.modules.get(getattr(model_fn, "__module__", None) or "")
+    if module is not None:
+        reference = getattr(model_fn, "__qualname__", None) or type(model_fn).__name__
+        user.UserBuilder(reference, "model_fn", model_fn, module, getattr(module, "__file__", None) or "") \
+            .check_saveable(model)
 
 
 def _fresh_runtime_if_needed(config, multi_worker: bool) -> None:
@@ -206,6 +221,6 @@ def _fresh_runtime_if_needed(config, multi_worker: bool) -> None:
             return
         except RuntimeError:
             pass
-    log.info("restarting TensorFlow's runtime to apply %s (tensors and datasets made before this call are not "
+    log.info("restarting TensorFlow's runtime to apply %s (tensors and datasets made before this call may not be "
              "usable after it)", "MultiWorkerMirrored's collectives" if multi_worker else "the device settings")
     context._reset_context()
