@@ -77,3 +77,12 @@ def test_options_are_filed_and_described_for_the_tasks_that_read_them():
         if meta["group"] == "optimizer" and name != "grad_clip_norm":
             assert meta["help"].startswith("Classification"), name
     assert "GAN" in by_name["grad_clip_norm"]["help"]
+
+
+def test_a_gan_refuses_an_input_range_other_than_its_tanh_range():
+    from tfgpu.config import Config
+
+    with pytest.raises(ConfigError, match=r"^--input_range: GANs always use -1,1 \(the generator ends in tanh\)"):
+        Config(model_dir="d", dataset="digits", task="gan", input_range=(0.0, 1.0)).validate()
+    Config(model_dir="d", dataset="digits", task="gan", input_range=(-1.0, 1.0)).validate()
+    Config(model_dir="d", dataset="digits", input_range=(0.0, 1.0)).validate()

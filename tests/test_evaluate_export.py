@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import REPO, read_history
 
 RUN = ["--dataset=digits", "--model=small_cnn", "--global_batch_size=32", "--train_steps=30", "--steps_per_loop=10",
-       "--precision=mixed_bfloat16", "--base_learning_rate=0.8"]
+       "--precision=mixed_bfloat16", "--base_learning_rate=0.8", "--input_range=0,1"]
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,11 @@ def _tool(name, args, env, check=True):
 
 
 def test_evaluate_reproduces_the_runs_final_eval_under_another_strategy(trained):
+    """Also in the run's --input_range (0,1 here), read back from its config.yaml."""
+    from tfgpu.evaluate import parser, run_config
+
     model_dir, env = trained
+    assert run_config(str(model_dir), parser().parse_args([f"--model_dir={model_dir}"])).input_range == (0.0, 1.0)
     final = read_history(model_dir, "eval")[-1]
     out = os.path.join(model_dir, "eval-two-replicas.json")
     _tool("evaluate", [f"--model_dir={model_dir}", "--cpu_logical_devices=2", f"--output_json={out}"], env)
@@ -49,9 +53,17 @@ def test_evaluate_without_a_run_dir_names_the_flag(tmp_path, trained):
 
 def test_exports_load_without_tfgpu_and_predict_like_the_trained_model(trained, tmp_path):
     model_dir, env = trained
-    _tool("export", [f"--model_dir={model_dir}", "--format=saved_model", f"--output={tmp_path / 'sm'}"], env)
-    _tool("export", [f"--model_dir={model_dir}", "--format=keras", f"--output={tmp_path / 'm.keras'}"], env)
-    batch = np.random.default_rng(0).uniform(-1, 1, (5, 8, 8, 1)).astype(np.float32)
+    logs = [_tool("export", [f"--model_dir={model_dir}", "--format=saved_model", f"--output={tmp_path / 'sm'}"],
+                  env).stdout,
+            _tool("export", [f"--model_dir={model_dir}", "--format=keras", f"--output={tmp_path / 'm.keras'}"],
+                  env).stdout]
+    for log, described in zip(logs, ("sm.input.json", "m.input.json")):
+        assert f"input: float32 NHWC images in [0, 1] (--input_range), described in {tmp_path / described}" in log
+        with open(tmp_path / described) as f:
+            description = json.load(f)
+        assert description["input"]["range"] == [0.0, 1.0] and description["input"]["shape"] == [None, 8, 8, 1]
+        assert description["output"]["shape"] == [None, 10] and description["classes"] == [str(i) for i in range(10)]
+    batch = np.random.default_rng(0).uniform(0, 1, (5, 8, 8, 1)).astype(np.float32)
     np.save(tmp_path / "batch.npy", batch)
     reference = f"""
 import numpy as np

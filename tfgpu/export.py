@@ -3,9 +3,13 @@
 Rebuilds the run's model, restores the latest (or a given) checkpoint and saves
 it in a form that loads without tfgpu: a ``.keras`` file (``keras.saving.load_model``)
 or a TensorFlow SavedModel with a ``serve`` signature (``tf.saved_model.load``,
-TF Serving). Inputs are float32 images in [-1, 1] and outputs float32 logits,
-whatever precision the run trained in.
+TF Serving). A classifier takes float32 NHWC images in the run's --input_range
+(default -1,1) and returns float32 logits, whatever precision the run trained
+in; a GAN's generator returns float32 images in [-1, 1]. Beside the model,
+``<name>.input.json`` states its input (shape, dtype, range, how to scale uint8
+pixels) and output, and the command's last line repeats the range.
 """
+import json
 import os
 import sys
 
@@ -25,6 +29,50 @@ def parser() -> cli.ArgumentParser:
     p.add_argument("--output", default="", help="Where to write; default <model_dir>/export/model.keras or "
                    "<model_dir>/export/saved_model.")
     return p
+
+
+def description_path(output: str) -> str:
+    """Where the description of an export at ``output`` goes: ``export/model.keras`` -> ``export/model.input.json``,
+    ``export/saved_model`` -> ``export/saved_model.input.json``."""
+    stem = output.rstrip("/")
+    return (stem[:-len(".keras")] if stem.endswith(".keras") else stem) + ".input.json"
+
+
+def describe(config, info) -> dict:
+    """What an exported model takes and returns, for its user (the run's --input_range for a classifier)."""
+    h, w, c = info.image_shape
+    images = {"dtype": "float32", "layout": "NHWC", "shape": [None, h, w, c]}
+    if config.task == "gan":
+        inputs = {"latent": {"dtype": "float32", "shape": [None, config.latent_dim]}}
+        if config.conditional:
+            inputs["label"] = {"dtype": "int64", "shape": [None]}
+        return {"task": "gan", "model": config.model, "input": inputs,
+                "output": {**images, "range": [-1.0, 1.0], "meaning": "generated images"},
+                "classes": list(info.classes)}
+    low, high = (float(v) for v in config.input_range)
+    return {"task": config.task, "model": config.model,
+            "input": {**images, "range": [low, high],
+                      "from_uint8": f"pixels 0..255 map linearly to {low:g}..{high:g}: "
+                                    f"x / 255 * ({high:g} - {low:g}) + {low:g}"},
+            "output": {"dtype": "float32", "shape": [None, info.num_classes], "meaning": "logits, one per class"},
+            "classes": list(info.classes)}
+
+
+def summary(description: dict) -> str:
+    """One line for the log: what the exported model takes."""
+    if description["task"] == "gan":
+        return "outputs float32 images in [-1, 1]"
+    low, high = description["input"]["range"]
+    return f"input: float32 NHWC images in [{low:g}, {high:g}] (--input_range)"
+
+
+def write_description(config, info, output: str) -> str:
+    """Writes ``description_path(output)`` (atomically) and returns its path."""
+    from tfgpu.runtime.fileio import atomic_write_bytes
+
+    path = description_path(output)
+    atomic_write_bytes(path, (json.dumps(describe(config, info), indent=2) + "\n").encode())
+    return path
 
 
 def save(task, fmt: str, output: str) -> None:
@@ -55,12 +103,14 @@ def main(argv=None) -> int:
             opts.model_dir, "export", "model.keras" if opts.format == "keras" else "saved_model")
         if opts.format == "keras" and not output.endswith(".keras"):
             raise ConfigError("output", f"{output!r}: a Keras model file must end in .keras")
-        built, step = restore(run_config(opts.model_dir, opts), opts.checkpoint)
+        config = run_config(opts.model_dir, opts)
+        built, step = restore(config, opts.checkpoint)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     save(built.task, opts.format, output)
-    print(f"exported step {step} to {output}")
+    path = write_description(config, built.info, output)
+    print(f"exported step {step} to {output}; {summary(describe(config, built.info))}, described in {path}")
     return 0
 
 

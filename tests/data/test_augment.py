@@ -1,7 +1,10 @@
-"""ImageNet preprocessing: fused random-resized crop for JPEG records, center-crop evaluation, seeded and exact."""
+"""Preprocessing: ImageNet's fused random-resized crop for JPEG records and center-crop evaluation, seeded and
+exact; the pixel range images reach the model in (--input_range)."""
 import numpy as np
 import pytest
 import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tfgpu.data import augment, tfrecord
 
@@ -122,3 +125,48 @@ def test_imagenet_crop_at_the_native_size_when_no_image_size_is_given(photo):
     for image_format in ("jpeg", "png"):
         out = augment.preprocess_train(record(photo, image_format), 0, 3, "imagenet", tf.constant([4, 4], tf.int64))
         assert out.shape == photo.shape
+
+
+PIXELS = np.arange(256, dtype=np.uint8)
+
+
+def test_default_range_is_bit_identical_to_earlier_runs():
+    """Checkpoints trained before --input_range see exactly the inputs they were trained on."""
+    before = np.arange(256, dtype=np.float32) / np.float32(127.5) - np.float32(1.0)
+    for args in ((), ((-1.0, 1.0),), ([-1, 1],)):
+        after = augment.to_model_range(tf.constant(PIXELS), *args).numpy()
+        assert after.dtype == np.float32
+        np.testing.assert_array_equal(after.view(np.uint32), before.view(np.uint32))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.floats(-1e4, 1e4, width=32), st.floats(-1e4, 1e4, width=32))
+def test_any_range_maps_pixel_0_to_min_and_255_to_max_in_order(a, b):
+    low, high = min(a, b), max(a, b)
+    if low == high:
+        return
+    scaled = augment.to_model_range(tf.constant(PIXELS), (low, high)).numpy()
+    assert scaled[0] == np.float32(low) and scaled[-1] == np.float32(high)
+    assert (np.diff(scaled) >= 0).all()
+
+
+@pytest.mark.parametrize("input_range", [(0.0, 1.0), (-1.0, 1.0), (0.0, 255.0)])
+def test_cifar_padding_repeats_the_image_not_a_fill_value(input_range):
+    """Reflect padding: a white image stays white in every range (a constant fill would add a black border in
+    [0, 1] or a grey one in [-1, 1])."""
+    white = record(np.full((8, 8, 3), 255, np.uint8), "png")
+    for i in range(8):
+        out = augment.preprocess_train(white, 8, 3, "cifar", tf.constant([i, 5], tf.int64), input_range).numpy()
+        assert (out == np.float32(input_range[1])).all(), i
+
+
+@pytest.mark.parametrize("augmentation", ["none", "flip", "cifar", "imagenet"])
+def test_an_augmented_image_is_the_same_picture_in_any_range(photo, augmentation):
+    features, seed = record(photo, "png"), tf.constant([3, 9], tf.int64)
+    default = augment.preprocess_train(features, 32, 3, augmentation, seed).numpy()
+    unit = augment.preprocess_train(features, 32, 3, augmentation, seed, (0.0, 1.0)).numpy()
+    eval_unit = augment.preprocess_eval(features, 32, 3, augmentation, (0.0, 1.0)).numpy()
+    eval_default = augment.preprocess_eval(features, 32, 3, augmentation).numpy()
+    assert 0 <= unit.min() and unit.max() <= 1 and 0 <= eval_unit.min() and eval_unit.max() <= 1
+    np.testing.assert_allclose(unit, (default + 1) / 2, atol=1e-6)
+    np.testing.assert_allclose(eval_unit, (eval_default + 1) / 2, atol=1e-6)

@@ -1,13 +1,16 @@
-"""The input pipeline: exact resume by step, full epochs, and eval that sees every example once."""
+"""The input pipeline: exact resume by step, full epochs, eval that sees every example once, and the pixel range
+images reach the model in (--input_range)."""
 import collections
 import hashlib
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tfgpu.config import Config, ConfigError
-from tfgpu.data import pipeline
+from tfgpu.data import builtin, pipeline
 
 
 @pytest.fixture(scope="module")
@@ -152,3 +155,36 @@ def test_cache_resume_skips_only_inside_its_epoch(digits):
     three_steps_later = _labels(config, info, epoch_100k + 3, 34)
     assert time.perf_counter() - started < 20
     assert three_steps_later == at_epoch_start[6:]
+
+
+def _eval_images(config, info):
+    steps = pipeline.eval_steps(config, info, 1, 1)
+    batches = pipeline.eval_dataset_fn(config, info, steps)(_ctx()).as_numpy_iterator()
+    return np.concatenate([x[w > 0] for x, _, w in batches])
+
+
+def test_default_range_eval_images_are_bit_identical_to_earlier_runs(digits):
+    config, info = digits(eval_batch_size=128)
+    before = np.asarray(builtin.load_builtin("digits")["splits"]["val"][0], np.float32) / np.float32(127.5) - 1
+    after = _eval_images(config, info)
+    assert collections.Counter(map(_key, after)) == collections.Counter(map(_key, before.astype(np.float32)))
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.floats(-300, 300, width=32), st.floats(-300, 300, width=32))
+def test_images_reach_the_model_spanning_exactly_the_input_range(digits, a, b):
+    """Digits hold pixels 0 and 255: eval images span [MIN, MAX] exactly, and so do augmented train batches."""
+    low, high = min(a, b), max(a, b)
+    if low == high:
+        return
+    config, info = digits(eval_batch_size=128, global_batch_size=128, augment="cifar", input_range=(low, high))
+    images = _eval_images(config, info)
+    assert images.min() == np.float32(low) and images.max() == np.float32(high)
+    train = np.concatenate([x for x, _ in pipeline.train_dataset_fn(config, info, 0)(_ctx()).take(2)])
+    assert train.min() == np.float32(low) and train.max() == np.float32(high)
+
+
+def test_synthetic_data_is_drawn_in_the_input_range():
+    config = Config(model_dir="unused", dataset="synthetic", global_batch_size=16, input_range=(0.0, 255.0))
+    images, _ = next(iter(pipeline.train_dataset_fn(config, pipeline.prepare(config), 0)(_ctx())))
+    assert 0 <= float(tf.reduce_min(images)) and 1 < float(tf.reduce_max(images)) <= 255

@@ -1,8 +1,12 @@
 """Preprocessing ops: small pure functions from a parsed record to a model-ready image.
 
-Models receive float32 NHWC images scaled to [-1, 1]. Random ops are stateless
-and take an explicit ``seed`` (shape [2] int), so a resumed run augments
-exactly like an uninterrupted one.
+Models receive float32 NHWC images scaled linearly from uint8 [0, 255] to
+``input_range`` (--input_range; default [-1, 1], and always [-1, 1] for GANs).
+Every augmentation works on pixels before that scaling (uint8, or float32 in
+[0, 255]), and none fills with a constant (CIFAR's padding reflects the
+image), so an augmented image holds the same pixels in any range. Random ops
+are stateless and take an explicit ``seed`` (shape [2] int), so a resumed run
+augments exactly like an uninterrupted one.
 
 ``imagenet``: training takes an Inception-style random-resized crop (decoding only
 the crop window of JPEG records, ``tf.image.decode_and_crop_jpeg``) and a flip;
@@ -13,9 +17,20 @@ import tensorflow as tf
 from tfgpu.data import tfrecord
 
 
-def to_model_range(image):
-    """uint8 [0, 255] -> float32 [-1, 1]."""
-    return tf.cast(image, tf.float32) / 127.5 - 1.0
+DEFAULT_RANGE = (-1.0, 1.0)
+
+
+def to_model_range(image, input_range=DEFAULT_RANGE):
+    """Pixels in [0, 255] (uint8 or float) -> float32 in ``input_range`` (MIN, MAX): 0 -> MIN, 255 -> MAX exactly.
+
+    The default keeps the arithmetic of every earlier tfgpu run (``x / 127.5 - 1``), so their checkpoints see
+    bit-identical inputs; other ranges interpolate in the form that is exact at both ends."""
+    image = tf.cast(image, tf.float32)
+    low, high = (float(v) for v in input_range)
+    if (low, high) == DEFAULT_RANGE:
+        return image / 127.5 - 1.0
+    t = image / 255.0
+    return low * (1.0 - t) + high * t
 
 
 def resize_to(image, size: int):
@@ -27,7 +42,10 @@ def flip(image, seed):
 
 
 def pad_crop_flip(image, seed, pad_fraction: float = 0.125):
-    """CIFAR augmentation: reflect-pad by 1/8 of the size, random crop back, random flip."""
+    """CIFAR augmentation: reflect-pad by 1/8 of the size, random crop back, random flip.
+
+    Reflection, not a constant fill: the border repeats the image's own pixels, so no value stands for "black"
+    or "grey" and the result is the same picture whatever --input_range it is scaled to afterwards."""
     h, w, c = tf.shape(image)[0], tf.shape(image)[1], image.shape[-1]
     pad = tf.maximum(1, tf.cast(tf.round(tf.cast(h, tf.float32) * pad_fraction), tf.int32))
     padded = tf.pad(image, [[pad, pad], [pad, pad], [0, 0]], mode="REFLECT")
@@ -103,10 +121,10 @@ def center_crop(features, image_size: int, channels: int, crop_fraction: float =
     return tf.slice(image, [top, left, 0], [image_size, image_size, -1])
 
 
-def preprocess_train(features, image_size: int, channels: int, augment: str, seed):
-    """Decodes one record and applies ``augment`` (none|flip|cifar|imagenet); returns float32 [-1, 1]."""
+def preprocess_train(features, image_size: int, channels: int, augment: str, seed, input_range=DEFAULT_RANGE):
+    """Decodes one record and applies ``augment`` (none|flip|cifar|imagenet); returns float32 in ``input_range``."""
     if augment == "imagenet":
-        return to_model_range(random_resized_crop_flip(features, image_size, channels, seed))
+        return to_model_range(random_resized_crop_flip(features, image_size, channels, seed), input_range)
     image = tfrecord.decode_image(features, channels)
     if image_size:
         image = tf.cast(resize_to(image, image_size), tf.uint8) if _needs_resize(image, image_size) else image
@@ -116,18 +134,18 @@ def preprocess_train(features, image_size: int, channels: int, augment: str, see
         image = pad_crop_flip(image, seed)
     elif augment != "none":
         raise ValueError(f"unknown augmentation {augment!r}")
-    return to_model_range(image)
+    return to_model_range(image, input_range)
 
 
-def preprocess_eval(features, image_size: int, channels: int, augment: str = "none"):
+def preprocess_eval(features, image_size: int, channels: int, augment: str = "none", input_range=DEFAULT_RANGE):
     """Decodes one record and resizes it to ``image_size`` if needed (``imagenet``: resize and center crop, the
-    evaluation that matches its training crops); returns float32 [-1, 1]."""
+    evaluation that matches its training crops); returns float32 in ``input_range``."""
     if augment == "imagenet" and image_size:
-        return to_model_range(center_crop(features, image_size, channels))
+        return to_model_range(center_crop(features, image_size, channels), input_range)
     image = tfrecord.decode_image(features, channels)
     if image_size:
         image = tf.cast(resize_to(image, image_size), tf.uint8) if _needs_resize(image, image_size) else image
-    return to_model_range(image)
+    return to_model_range(image, input_range)
 
 
 def _needs_resize(image, size):

@@ -17,7 +17,8 @@ resumed run skips, inside its epoch, the records the checkpointed steps consumed
 uninterrupted run sees from step N on (with a tf.data service: the same epochs,
 not the same order). Evaluation visits every example exactly once across all
 pipelines; pipelines are padded with weight-0 examples so all replicas run the
-same number of steps.
+same number of steps. Train and eval images (and synthetic data) reach the model
+in --input_range (``augment.to_model_range``).
 """
 import dataclasses
 import glob
@@ -304,7 +305,7 @@ def train_dataset_fn(config: Config, info: DatasetInfo, start_step: int, record_
         per_replica = ctx.get_per_replica_batch_size(config.global_batch_size)
         replicas_here = ctx.num_replicas_in_sync // ctx.num_input_pipelines
         if info.name == "synthetic":
-            return _synthetic(info, per_replica, config.seed + ctx.input_pipeline_id)
+            return _synthetic(info, per_replica, config.seed + ctx.input_pipeline_id, config.input_range)
         split_files = info.split_files[info.train_split]
         segments, epoch_size = train_share(split_files, ctx.num_input_pipelines, ctx.input_pipeline_id)
         share = sum(n for _, _, n in segments)
@@ -331,7 +332,8 @@ def train_dataset_fn(config: Config, info: DatasetInfo, start_step: int, record_
             if record_keys:
                 return element[0]
             features = tfrecord.parse_example(element)
-            image = augment.preprocess_train(features, config.image_size, c, config.augment, index)
+            image = augment.preprocess_train(features, config.image_size, c, config.augment, index,
+                                             config.input_range)
             return tf.ensure_shape(image, [h, w, c]), features[tfrecord.LABEL]
 
         h, w, c = info.image_shape
@@ -378,8 +380,9 @@ def _service_epochs(config, segment_ds, read, parse, per_replica, share, epoch_s
     which records of an epoch a step sees is not a function of the step: a resumed run restarts inside the
     same epoch at the same count, but the records it skips are not the ones the interrupted run trained on
     (its interrupted epoch may repeat or miss up to the records consumed before the interruption; every later
-    epoch is exactly once). Workers batch their examples; batches are re-cut here, so no worker drops a
-    remainder."""
+    epoch is exactly once). A pipeline whose share is one record longer than its epoch leaves out the record
+    that arrives last, so which one varies from epoch to epoch and run to run. Workers batch their examples;
+    batches are re-cut here, so no worker drops a remainder."""
     service = tf.data.experimental.service
     records = read(segment_ds.shuffle(64))
     if config.shuffle_buffer > 1:
@@ -393,11 +396,12 @@ def _service_epochs(config, segment_ds, read, parse, per_replica, share, epoch_s
     return _exact_epoch(produced.unbatch(), share, epoch_size, config.skip_corrupt_records)
 
 
-def _synthetic(info: DatasetInfo, per_replica: int, seed: int):
-    """One random batch repeated forever: measures the model, not the input pipeline."""
+def _synthetic(info: DatasetInfo, per_replica: int, seed: int, input_range=augment.DEFAULT_RANGE):
+    """One random batch (pixels uniform in ``input_range``) repeated forever: measures the model, not the input
+    pipeline."""
     h, w, c = info.image_shape
     rng = np.random.default_rng(seed)
-    images = rng.uniform(-1, 1, (per_replica, h, w, c)).astype(np.float32)
+    images = rng.uniform(*input_range, (per_replica, h, w, c)).astype(np.float32)
     labels = rng.integers(0, info.num_classes, per_replica).astype(np.int64)
     return tf.data.Dataset.from_tensors((images, labels)).repeat()
 
@@ -431,7 +435,7 @@ def eval_dataset_fn(config: Config, info: DatasetInfo, steps: int):
 
         def parse(serialized):
             features = tfrecord.parse_example(serialized)
-            image = augment.preprocess_eval(features, config.image_size, c, config.augment)
+            image = augment.preprocess_eval(features, config.image_size, c, config.augment, config.input_range)
             return tf.ensure_shape(image, [h, w, c]), features[tfrecord.LABEL], tf.constant(1.0)
 
         ds = records.map(parse, num_parallel_calls=workers, deterministic=True)
