@@ -117,6 +117,7 @@ def test_wrong_data_is_one_error_before_training(digits, tmp_path):
         (dict(train_data=_ds((xt, yt)), eval_data=_ds((np.repeat(xv, 3, -1), yv))), "eval_data", "3 channels"),
         (dict(train_data=_ds((xt, yt)), eval_data=str(tmp_path)), "eval_data", "must be one too"),
         (dict(train_data=str(tmp_path / "converted"), eval_data=_ds((xv, yv))), "eval_data", "eval split"),
+        (dict(train_data=str(tmp_path / "converted")), "train_data", "no dataset.json in it"),
     ]
     for data, flag, message in cases:
         with pytest.raises(tfgpu.ConfigError) as e:

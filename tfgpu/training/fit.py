@@ -81,7 +81,7 @@ def fit(model_fn, train_data, *, model_dir, eval_data=None, **options) -> dict:
     except FitError:
         raise
     except ConfigError as e:
-        raise FitError(e.flag, e.reason) from None
+        raise FitError("train_data" if e.flag == "data_dir" else e.flag, e.reason) from None
 
 
 def _fit(model_fn, train_data, model_dir, eval_data, options: dict) -> dict:
@@ -136,6 +136,10 @@ def _datasets(train_data, eval_data) -> dict:
                                       os.path.abspath(eval_data) != os.path.abspath(train_data)):
             raise FitError("eval_data", "with a directory as train_data, evaluation uses that directory's eval split "
                            "(eval_split=...); leave eval_data out, or pass both as tf.data.Datasets")
+        directory = os.fspath(train_data)
+        if not any(c in directory for c in "*?[") and not os.path.isfile(os.path.join(directory, "dataset.json")):
+            raise FitError("train_data", f"{directory!r} is not a converted dataset (no dataset.json in it): pass a "
+                           "tf.data.Dataset, or convert the data with python -m tfgpu.convert")
         return {}
     import tensorflow as tf
 
