@@ -186,3 +186,13 @@ def test_every_layer_but_a_resized_head_loads(tmp_path_factory, widths, classes,
     if classes != new_classes:
         with pytest.raises(ConfigError, match="layer head"):
             load_initial_weights(_net(new_classes, widths=tuple(widths)), path)
+
+
+def test_the_optimizer_state_of_a_compiled_models_file_is_ignored(tmp_path):
+    source = _net(10)
+    source.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    source.fit(np.zeros((4, 8, 8, 3), "float32"), np.zeros(4, "int64"), epochs=1, verbose=0)
+    source.save_weights(str(tmp_path / "fitted.weights.h5"))
+    target = _net(10)
+    result = load_initial_weights(target, str(tmp_path / "fitted.weights.h5"))  # strict: nothing left over
+    assert not result.unused and _same(target, source)

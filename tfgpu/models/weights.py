@@ -14,7 +14,8 @@ by position and checked by shape.
 
 Loading writes the model's own weights to a temporary ``.weights.h5``, overwrites the matched layers
 with the file's arrays and has Keras load that file back strictly, so Keras still decides which
-variables each layer owns. Nothing is downloaded. Errors are ``ConfigError("init_weights", ...)``: one
+variables each layer owns. The optimizer state a compiled model's file carries is ignored (tfgpu's
+optimizer starts fresh). Nothing is downloaded. Errors are ``ConfigError("init_weights", ...)``: one
 line naming the file, the layer, the weight and both shapes.
 """
 import dataclasses
@@ -90,6 +91,8 @@ def _entries(h5file) -> list:
     groups = {}  # parent path -> (vars group, layer name)
 
     def visit(path, obj):
+        if "optimizer" in path.split("/"):  # a compiled model's file carries its optimizer: tfgpu builds its own
+            return
         if isinstance(obj, h5py.Group) and (path == "vars" or path.endswith("/vars")):
             name = obj.attrs.get("name")
             groups[path[:-len("vars")].rstrip("/")] = (obj, name.decode() if isinstance(name, bytes) else name)
