@@ -57,6 +57,8 @@ def test_exports_load_without_tfgpu_and_predict_like_the_trained_model(trained, 
                   env).stdout,
             _tool("export", [f"--model_dir={model_dir}", "--format=keras", f"--output={tmp_path / 'm.keras'}"],
                   env).stdout]
+    with open(model_dir / "export" / "model.input.json") as f:  # the run's own export is described too
+        assert json.load(f)["input"]["range"] == [0.0, 1.0]
     for log, described in zip(logs, ("sm.input.json", "m.input.json")):
         assert f"input: float32 NHWC images in [0, 1] (--input_range), described in {tmp_path / described}" in log
         with open(tmp_path / described) as f:

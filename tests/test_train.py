@@ -48,7 +48,7 @@ def test_lists_and_booleans_parse(tmp_path):
 
 def test_helpfull_groups_flags_by_module():
     text = train.help_text()
-    for group in ("tfgpu.runtime.distribute", "tfgpu.runtime.precision", "tfgpu.data", "tfgpu.optimizer"):
+    for group in ("tfgpu.distribute", "tfgpu.precision", "tfgpu.data", "tfgpu.optimizer"):
         assert group in text
     assert "--global_batch_size" in text and "Examples per optimizer step" in text
 

@@ -11,7 +11,8 @@ import re
 import time
 
 from tfgpu.config import Config, ConfigError, save_yaml
-from tfgpu.runtime.fileio import atomic_path, atomic_write_bytes
+from tfgpu.runtime.fileio import atomic_write_bytes
+from tfgpu.training import exporting
 
 log = logging.getLogger("tfgpu")
 
@@ -131,7 +132,8 @@ def run(config: Config) -> dict:
                     "num_workers": placement.num_workers, "global_batch_size": config.global_batch_size,
                     "wall_time_s": round(time.time() - started, 1)})
     if placement.is_chief:
-        export_model(task, os.path.join(config.model_dir, "export", "model.keras"))
+        exported = exporting.export_model(task, os.path.join(config.model_dir, "export", "model.keras"))
+        exporting.write_description(config, built.info, exported)
         atomic_write_bytes(os.path.join(config.model_dir, "metrics.json"),
                            json.dumps(metrics, indent=2, sort_keys=True).encode())
         _write_report(config.model_dir)
@@ -168,14 +170,6 @@ def find_undecodable_image(info):
             except tf.errors.DataLossError:  # an unreadable shard: the corrupt-record check names it
                 continue
     return None
-
-
-def export_model(task, path: str) -> str:
-    """Saves the task's deployable model to ``path`` (a .keras file), atomically."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with atomic_path(path, suffix=".keras") as tmp:
-        task.export(tmp)
-    return path
 
 
 def _write_report(model_dir: str) -> None:

@@ -1,0 +1,75 @@
+"""What a run deploys and how its user feeds it: the exported model (a .keras file or a SavedModel) and, beside
+it, ``<name>.input.json`` (input shape, dtype, --input_range, how to scale uint8 pixels, output, classes).
+
+Used by the training run's own export (``experiment.run``) and by ``python -m tfgpu.export``.
+"""
+import json
+import os
+
+from tfgpu.runtime.fileio import atomic_path, atomic_write_bytes
+
+
+def export_model(task, path: str) -> str:
+    """Saves the task's deployable model to ``path`` (a .keras file), atomically."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with atomic_path(path, suffix=".keras") as tmp:
+        task.export(tmp)
+    return path
+
+
+def description_path(output: str) -> str:
+    """Where the description of an export at ``output`` goes: ``export/model.keras`` -> ``export/model.input.json``,
+    ``export/saved_model`` -> ``export/saved_model.input.json``."""
+    stem = output.rstrip("/")
+    return (stem[:-len(".keras")] if stem.endswith(".keras") else stem) + ".input.json"
+
+
+def describe(config, info) -> dict:
+    """What an exported model takes and returns, for its user (the run's --input_range for a classifier)."""
+    h, w, c = info.image_shape
+    images = {"dtype": "float32", "layout": "NHWC", "shape": [None, h, w, c]}
+    if config.task == "gan":
+        inputs = {"latent": {"dtype": "float32", "shape": [None, config.latent_dim]}}
+        if config.conditional:
+            inputs["label"] = {"dtype": "int64", "shape": [None]}
+        return {"task": "gan", "model": config.model, "input": inputs,
+                "output": {**images, "range": [-1.0, 1.0], "meaning": "generated images"},
+                "classes": list(info.classes)}
+    low, high = (float(v) for v in config.input_range)
+    return {"task": config.task, "model": config.model,
+            "input": {**images, "range": [low, high],
+                      "from_uint8": f"pixels 0..255 map linearly to {low:g}..{high:g}: "
+                                    f"x / 255 * ({high:g} - {low:g}) + {low:g}"},
+            "output": {"dtype": "float32", "shape": [None, info.num_classes], "meaning": "logits, one per class"},
+            "classes": list(info.classes)}
+
+
+def summary(description: dict) -> str:
+    """One line for the log: what the exported model takes."""
+    if description["task"] == "gan":
+        return "outputs float32 images in [-1, 1]"
+    low, high = description["input"]["range"]
+    return f"input: float32 NHWC images in [{low:g}, {high:g}] (--input_range)"
+
+
+def write_description(config, info, output: str) -> str:
+    """Writes ``description_path(output)`` (atomically) and returns its path."""
+    path = description_path(output)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    atomic_write_bytes(path, (json.dumps(describe(config, info), indent=2) + "\n").encode())
+    return path
+
+
+def save(task, fmt: str, output: str) -> None:
+    """Writes what the task deploys (a GAN: its EMA generator) as a .keras file or a SavedModel directory."""
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    if fmt == "keras":
+        export_model(task, output)
+        return
+    import shutil
+
+    tmp = output.rstrip("/") + f".tmp-{os.getpid()}"
+    task.model.export(tmp, format="tf_saved_model", verbose=False)
+    if os.path.exists(output):
+        shutil.rmtree(output)
+    os.replace(tmp, output)
