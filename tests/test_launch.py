@@ -5,7 +5,6 @@ Two slow tests run TensorFlow workers: a bare MultiWorkerMirroredStrategy all-re
 the default suite launches tfgpu.train on two workers in
 tests/test_multi_worker.py::test_two_workers_through_the_launcher_match_mirrored_two_replicas.
 """
-import json
 import os
 import re
 import signal
@@ -13,13 +12,12 @@ import subprocess
 import sys
 import time
 
-import hypothesis
-import hypothesis.strategies as st
 import psutil
 import pytest
 
 from tests.conftest import REPO, read_metrics
 from tfgpu import launch
+from tfgpu.runtime import launcher
 
 # A worker that follows its TF_CONFIG and does what TINY_MODE says: "ok" prints and exits 0, "fail:I:CODE" makes
 # worker I exit CODE after some output while the others wait, "stubborn" ignores SIGTERM, "save" exits 143 on
@@ -240,83 +238,12 @@ def test_gpus_that_do_not_split_evenly_stop_the_launch_before_any_worker(worker_
     def no_worker_may_start(*args, **kwargs):
         raise AssertionError("a worker was started")
 
-    monkeypatch.setattr(launch.subprocess, "Popen", no_worker_may_start)
+    monkeypatch.setattr(launcher.subprocess, "Popen", no_worker_may_start)
     assert launch.main(["--num_workers=2", "--module=tiny_worker"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: --num_workers=2 does not divide the 3 GPUs visible (CUDA_VISIBLE_DEVICES=0,1,2)")
 
 
-EIGHT = [str(i) for i in range(8)]
-
-
-@pytest.mark.parametrize("workers, per_worker, devices, expected", [
-    (2, -1, EIGHT, ["0,1,2,3", "4,5,6,7"]),
-    (8, -1, EIGHT, EIGHT),
-    (1, -1, ["3"], ["3"]),
-    (3, 2, EIGHT, ["0,1", "2,3", "4,5"]),  # an explicit share may leave GPUs unused
-    (2, 0, EIGHT, ["", ""]),  # CPU workers on a GPU host
-    (2, -1, [], [None, None]),  # no GPU: the environment is left alone
-    (2, -1, ["GPU-a1", "MIG-b2"], ["GPU-a1", "MIG-b2"]),
-])
-def test_gpu_split(workers, per_worker, devices, expected):
-    assert launch.gpu_sets(workers, per_worker, devices) == expected
-
-
-@pytest.mark.parametrize("workers, per_worker, devices, message", [
-    (3, -1, EIGHT, "--num_workers=3 does not divide the 8 GPUs visible (this host): pass --gpus_per_worker=K with "
-                   "K x 3 <= 8, a --num_workers among 1,2,4,8, or --gpus_per_worker=0 for CPU workers"),
-    (2, -1, ["0"], "--num_workers=2 does not divide the 1 GPUs"),
-    (3, 3, EIGHT, "--gpus_per_worker=3 x --num_workers=3 needs 9 GPUs but 8 are visible"),
-    (2, 1, [], "--gpus_per_worker=1 but no GPU is visible"),
-])
-def test_gpu_split_errors_name_the_flags(workers, per_worker, devices, message):
-    with pytest.raises(launch.LaunchError, match=re.escape(message)):
-        launch.gpu_sets(workers, per_worker, devices)
-
-
-@hypothesis.settings(max_examples=200, deadline=None)
-@hypothesis.given(num_gpus=st.integers(0, 16), workers=st.integers(1, 9), per_worker=st.integers(-1, 5))
-def test_gpu_split_never_shares_a_gpu(num_gpus, workers, per_worker):
-    devices = [f"GPU-{i}" for i in range(num_gpus)]
-    try:
-        sets = launch.gpu_sets(workers, per_worker, devices)
-    except launch.LaunchError as e:
-        assert "\n" not in str(e) and "--" in str(e)
-        return
-    assert len(sets) == workers
-    if None in sets:  # nothing to split
-        assert set(sets) == {None} and not devices and per_worker == -1
-        return
-    shares = [s.split(",") if s else [] for s in sets]
-    used = [d for share in shares for d in share]
-    assert len(used) == len(set(used)) and set(used) <= set(devices)  # disjoint, all real
-    assert len({len(share) for share in shares}) == 1  # the same count each
-    if per_worker == -1:
-        assert len(used) == num_gpus  # the default split hands out every GPU
-
-
-def test_visible_devices_and_nvidia_smi_listing():
-    assert launch.parse_visible_devices("0, 2,3") == ["0", "2", "3"]
-    assert launch.parse_visible_devices("1,-1,2") == ["1"]  # CUDA stops at the first invalid index
-    assert launch.parse_visible_devices("") == []
-    with pytest.raises(launch.LaunchError, match="lists GPU 1 twice"):
-        launch.parse_visible_devices("1,0,1")
-    listing = ("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-11111111-2222)\n"
-               "GPU 1: NVIDIA A100-SXM4-40GB (UUID: GPU-33333333-4444)\n"
-               "  MIG 3g.20gb     Device  0: (UUID: MIG-aaaa-bbbb)\n"
-               "  MIG 3g.20gb     Device  1: (UUID: MIG-cccc-dddd)\n")
-    assert launch.parse_nvidia_smi_list(listing) == ["0", "MIG-aaaa-bbbb", "MIG-cccc-dddd"]
-    assert launch.host_gpus({"CUDA_VISIBLE_DEVICES": "4,5"}) == (["4", "5"], "CUDA_VISIBLE_DEVICES=4,5")
-
-
-def test_exit_code_rules():
-    assert launch.exit_code(-9) == 137 and launch.exit_code(3) == 3
-    assert launch.worst_exit_code([0, 0]) == 0
-    assert launch.worst_exit_code([143, 0]) == 143
-    assert launch.worst_exit_code([143, 137, 1]) == 137
-    assert launch.split_argv(["--num_workers=2", "--", "--x", "--", "y"]) == (["--num_workers=2"], ["--x", "--", "y"])
-    configs = [json.loads(c) for c in launch.tf_configs("localhost", [1, 2])]
-    assert configs[1] == {"cluster": {"worker": ["localhost:1", "localhost:2"]}, "task": {"type": "worker", "index": 1}}
 
 
 @pytest.mark.slow  # by default a real all-reduce runs through the launcher in tests/test_multi_worker.py
@@ -338,3 +265,7 @@ def test_train_end_to_end(tmp_path, data_cache):
     assert re.search(r"^\[worker 0\] final: step=8", proc.stdout, re.M), proc.stdout[-4000:]
     metrics = read_metrics(model_dir)
     assert metrics["num_workers"] == 2 and metrics["step"] == 8
+
+
+def test_split_argv_gives_everything_after_the_first_separator_to_the_workers():
+    assert launch.split_argv(["--num_workers=2", "--", "--x", "--", "y"]) == (["--num_workers=2"], ["--x", "--", "y"])

@@ -53,13 +53,13 @@ def test_the_script_trains_its_model_on_its_datasets(example, tmp_path, capsys):
 
 
 def test_launch_runs_a_script_given_after_the_separator():
-    from tfgpu import launch
+    from tfgpu.runtime import launcher
 
     args = types.SimpleNamespace(python="/usr/bin/python3", module="tfgpu.train")
-    assert launch.worker_command(args, ["python", "examples/fit_dataset.py", "--train_steps=5"]) == \
+    assert launcher.worker_command(args, ["python", "examples/fit_dataset.py", "--train_steps=5"]) == \
         ["python", "examples/fit_dataset.py", "--train_steps=5"]
-    assert launch.worker_command(args, ["--flagfile=f"]) == ["/usr/bin/python3", "-m", "tfgpu.train", "--flagfile=f"]
-    assert launch.worker_command(args, []) == ["/usr/bin/python3", "-m", "tfgpu.train"]
+    assert launcher.worker_command(args, ["--flagfile=f"]) == ["/usr/bin/python3", "-m", "tfgpu.train", "--flagfile=f"]
+    assert launcher.worker_command(args, []) == ["/usr/bin/python3", "-m", "tfgpu.train"]
 
 
 def _run(args, timeout):
