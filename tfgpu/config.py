@@ -46,6 +46,10 @@ class Config:
     keep_checkpoints: int = _opt(3, "How many recent checkpoints to keep.", "experiment")
     eval_every_steps: int = _opt(0, "Evaluate every N steps (and always at the end); 0 = end only.", "experiment")
     eval_steps: int = _opt(0, "Eval batches per evaluation; 0 = the whole eval split exactly once.", "experiment")
+    target: str = _opt("", "METRIC:VALUE (e.g. val_accuracy:0.97, fid:20): stop at the first evaluation that "
+                       "reaches it, after a checkpoint, and exit 0; metrics ending in loss, fid or kid (or declared "
+                       "lower-is-better) must fall to VALUE, others rise to it. With --eval_every_steps=0 a target "
+                       "evaluates once per epoch. Empty = train the whole schedule.", "experiment")
     max_nonfinite_steps: int = _opt(20, "Stop the run (exit 2) when this many steps in a row, with no finite "
                                     "step between them (across loops), have a non-finite loss or gradient; each "
                                     "such step is skipped and changes no weight. Scattered skips never stop it.",
