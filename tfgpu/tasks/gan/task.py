@@ -26,14 +26,15 @@ their gradient of a gradient overflows float16 at the usual loss scales (2^15
 gave NaN at initialisation, so the first updates were skipped) and underflows
 without one (R1 of a smooth critic lost 99% of its gradient). Only that extra
 forward pass pays float32's cost; the real and fake logits stay in float16.
+
+The losses and that float32 forward pass live in ``losses.py``; evaluation (FID/KID on the chief, sample
+grids, the EMA generator's own BatchNorm statistics) in ``evaluation.py``.
 """
 import contextlib
 import logging
-import math
 import os
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from tfgpu.runtime import precision
@@ -41,61 +42,12 @@ from tfgpu.tasks.gan import diffaugment
 from tfgpu.config import ConfigError
 from tfgpu.models import get_spec
 from tfgpu.tasks.base import MetricSpec, Task, register_task
+from tfgpu.tasks.gan.evaluation import GanEvaluation
+from tfgpu.tasks.gan.losses import Float32Forward, discriminator_loss, generator_loss
 
 log = logging.getLogger("tfgpu")
 
 _ONLY_FIRST = tf.VariableAggregation.ONLY_FIRST_REPLICA
-SAMPLE_GRID_SIZE = 64
-STANDING_STATS_BATCHES = 8  # x 256 latents: BatchNorm statistics recomputed for the EMA generator
-
-
-# -- losses: per-example, float32 logits -------------------------------------------
-def discriminator_loss(kind: str, real_logits, fake_logits):
-    if kind in ("non_saturating", "minimax"):
-        return tf.nn.softplus(-real_logits) + tf.nn.softplus(fake_logits)
-    if kind == "wasserstein":
-        return fake_logits - real_logits
-    if kind == "hinge":
-        return tf.nn.relu(1.0 - real_logits) + tf.nn.relu(1.0 + fake_logits)
-    raise ValueError(f"unknown GAN loss {kind!r}")
-
-
-def generator_loss(kind: str, fake_logits):
-    if kind == "non_saturating":
-        return tf.nn.softplus(-fake_logits)  # -log D(G(z))
-    if kind == "minimax":
-        return -tf.nn.softplus(fake_logits)  # log(1 - D(G(z)))
-    if kind in ("wasserstein", "hinge"):
-        return -fake_logits
-    raise ValueError(f"unknown GAN loss {kind!r}")
-
-
-class Float32Forward:
-    """While open, every layer of ``model`` computes in float32 (its variables are float32 already), so a
-    forward pass traced inside runs in float32 whatever the mixed policy; on exit the policies are back.
-
-    Opened around the penalty's forward pass while a step is traced. MirroredStrategy traces its replicas
-    in threads that run one at a time and pause only at cross-replica calls (synchronized BatchNorm), each
-    replica at the same point of the same code, so the override is counted: it ends when the last replica
-    that opened it closes it."""
-
-    def __init__(self, model: keras.Model):
-        self._layers = [layer for layer in model._flatten_layers(include_self=True)
-                        if layer.dtype_policy.compute_dtype != "float32"]
-        self._policies = [layer.dtype_policy for layer in self._layers]
-        self._open = 0
-
-    def __enter__(self):
-        if self._open == 0:
-            for layer in self._layers:
-                layer.dtype_policy = "float32"
-        self._open += 1
-
-    def __exit__(self, *exc):
-        self._open -= 1
-        if self._open == 0:
-            for layer, policy in zip(self._layers, self._policies):
-                layer.dtype_policy = policy
 
 
 class GanState(tf.Module):
@@ -113,7 +65,7 @@ class GanState(tf.Module):
 
 
 @register_task("gan")
-class GanTask(Task):
+class GanTask(GanEvaluation, Task):
     _LR = "Learning rate (and the float16 loss scale)"
     metrics = (
         MetricSpec("d_loss", plot="gan_losses", title="GAN losses", panel="loss", label="D loss", scale="log",
@@ -392,195 +344,6 @@ class GanTask(Task):
     def eval_metric_names(self):
         return ()
 
-    def evaluate(self, run_eval, step, model_dir):
-        """FID and KID of the EMA generator (and, once per run, of the untrained one) against the train split,
-        and a sample grid ``<model_dir>/samples/step_N.png``, computed on the chief.
-
-        The other workers wait for the chief in a collective with no timeout: an evaluation (the first one
-        trains a feature classifier) can outlast any --collective_timeout_s, which would otherwise fail the
-        next training collective they wait in (exit 129, and a requeue loop). A worker that dies meanwhile
-        still ends the wait (the peers' health checks do not depend on timeouts)."""
-        if self.config.eval_split == "none":
-            return {}
-        result = self._evaluate_on_chief(step, model_dir) if self.placement.is_chief else {}
-        self._wait_for_chief()
-        return result
-
-    def _wait_for_chief(self):
-        if self.placement.num_workers == 1:
-            return
-        if self._barrier is None:
-            strategy = self.placement.strategy
-            no_timeout = tf.distribute.experimental.CommunicationOptions(timeout_seconds=0)  # 0: wait forever
-
-            @tf.function
-            def barrier():
-                return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(
-                    tf.distribute.ReduceOp.SUM, tf.constant(1.0), options=no_timeout))
-
-            self._barrier = barrier
-        self._barrier()
-
-    def _evaluate_on_chief(self, step, model_dir):
-        from tfgpu.tasks.gan import fid, images
-
-        extractor = self.feature_extractor(model_dir)
-        real = self._real_feature_matrix(extractor)
-        n = len(real)
-        if float(self.state.fid_initial.numpy()) < 0:
-            initial = self._initial_generator_weights
-            if self.config.ema_decay:  # scored as the EMA generator is (generator_weights)
-                initial = self._with_standing_statistics(initial)
-            self.state.fid_initial.assign(fid.fid_from_features(real, extractor(self._sample(n, initial, seed=1))))
-        weights = self.generator_weights()
-        fake = extractor(self._sample(n, weights, seed=1))
-        result = fid.scores(real, fake, extractor.name)
-        grid_path = os.path.join(model_dir, "samples", f"step_{step}.png")
-        os.makedirs(os.path.dirname(grid_path), exist_ok=True)
-        grid = images.save_grid(self._sample(SAMPLE_GRID_SIZE, weights, seed=2), grid_path)
-        self._image_summary(model_dir, step, grid)
-        result["fid_initial"] = float(self.state.fid_initial.numpy())
-        result["fid_num_samples"] = n
-        result["feature_extractor_trained"] = extractor.trained
-        result["samples"] = grid_path
-        result["sampled_with"] = "ema" if self.config.ema_decay else "generator"
-        if n < self.config.fid_num_samples:
-            log.warning("FID/KID used %d images, fewer than --fid_num_samples=%d: the train split has no more",
-                        n, self.config.fid_num_samples)
-        return result
-
-    def generator_weights(self, ema: bool = True) -> list:
-        """The generator's weights as numpy arrays: the EMA copy (when on and ``ema``) or the raw ones.
-
-        The EMA copy's BatchNorm statistics are recomputed for the EMA weights (``_with_standing_statistics``);
-        the raw generator's moving averages were measured on other weights."""
-        if ema and self.config.ema_decay:
-            return self._with_standing_statistics([v.numpy() for v in self.state.ema])
-        return [w.numpy() for w in self.generator.weights]
-
-    def _with_standing_statistics(self, weights: list) -> list:
-        """``weights`` with every BatchNorm moving mean and variance replaced by the average of its batch
-        statistics over ``STANDING_STATS_BATCHES`` x 256 latents (fixed seed), the generator in training mode:
-        BigGAN's "standing statistics" for its EMA generator. Deterministic; a generator without BatchNorm
-        comes back unchanged."""
-        generator, _ = self._evaluation_generator()
-        norms = [layer for layer in generator._flatten_layers(include_self=False)
-                 if isinstance(layer, keras.layers.BatchNormalization)]
-        generator.set_weights(weights)
-        if not norms:
-            return list(weights)
-        momenta = [layer.momentum for layer in norms]
-        try:
-            for k in range(STANDING_STATS_BATCHES):
-                for layer in norms:
-                    layer.momentum = k / (k + 1)  # a running mean: batch k gets weight 1 / (k + 1)
-                z, labels = self._evaluation_latents(256, start=256 * k, seed=3)
-                self._generate(generator, z, labels, training=True)
-        finally:
-            for layer, momentum in zip(norms, momenta):
-                layer.momentum = momentum
-        return generator.get_weights()
-
-    def sample(self, num: int, ema: bool = True, seed: int = 0) -> np.ndarray:
-        """``num`` generated images in [-1, 1] (NHWC float32) from the current (or restored) weights."""
-        return self._sample(num, self.generator_weights(ema), seed)
-
-    def _evaluation_latents(self, size, start, seed):
-        """Latents and labels (classes in turn) for evaluation draws, fixed by --seed and ``seed``."""
-        draw_seed = tf.constant([self.config.seed + 7919 * seed, start], tf.int64)
-        z = tf.random.stateless_normal([size, self.config.latent_dim], draw_seed)
-        labels = tf.cast(tf.range(start, start + size) % max(self.info.num_classes, 1), tf.int32)
-        return z, labels
-
-    def _sample(self, num, weights, seed, batch_size=256):
-        generator, generate = self._evaluation_generator()
-        generator.set_weights(weights)
-        out = []
-        for start in range(0, num, batch_size):
-            z, labels = self._evaluation_latents(min(batch_size, num - start), start, seed)
-            out.append(generate(z, labels).numpy())
-        return np.concatenate(out)
-
-    def _evaluation_generator(self):
-        """A generator copy outside the strategy (plain variables) that evaluation loads weights into."""
-        if self._eval_generator is None:
-            generator, = self._networks(("generator",))
-
-            @tf.function(reduce_retracing=True)
-            def generate(z, labels):
-                return self._generate(generator, z, labels, training=False)
-
-            self._eval_generator = (generator, generate)
-        return self._eval_generator
-
-    def feature_extractor(self, model_dir: str):
-        """The extractor FID and KID use: Keras's ImageNet InceptionV3 (--inception_weights), a classifier run
-        (--fid_feature_model_dir), or else a small classifier trained once on this run's data into
-        ``<model_dir>/fid_features`` (left untrained, and named so, when the data has one class)."""
-        if self._extractor is not None:
-            return self._extractor
-        from tfgpu.tasks.gan import fid
-
-        config = self.config
-        if config.inception_weights:
-            try:
-                self._extractor = fid.InceptionFeatures(config.inception_weights)
-            except ValueError as e:
-                raise ConfigError("inception_weights", str(e)) from None
-        elif config.fid_feature_model_dir:
-            self._extractor = fid.ClassifierFeatures(config.fid_feature_model_dir)
-        else:
-            directory = os.path.join(model_dir, "fid_features")
-            if not os.path.isfile(fid.classifier_model_path(directory)):
-                train = self._read_split(self.info.train_split, config.fid_num_samples)
-                val = self._read_split(self.info.eval_split, config.fid_num_samples) if self.info.eval_split else None
-                epochs = max(5, math.ceil(600 * 64 / len(train[0])))  # about 600 steps of batch 64
-                log.info("training a feature classifier for FID/KID on %d %s images (%d epochs) into %s; pass "
-                         "--fid_feature_model_dir or --inception_weights to use another extractor", len(train[0]),
-                         self.info.train_split, epochs, directory)
-                metrics = fid.train_feature_classifier(train, val, directory, config.seed, epochs=epochs)
-                log.info("feature classifier: %s", metrics)
-            self._extractor = fid.ClassifierFeatures(directory, label=f"auto-trained on {self.info.name}")
-        log.info("FID/KID features: %s; %d real and %d generated images per evaluation (an FID compares only "
-                 "with FIDs of the same extractor and sample count; raise it with --fid_num_samples)",
-                 self._extractor.name, self.config.fid_num_samples, self.config.fid_num_samples)
-        return self._extractor
-
-    def _real_feature_matrix(self, extractor):
-        if self._real_features is None:
-            images, _ = self._read_split(self.info.train_split, self.config.fid_num_samples)
-            self._real_features = extractor(images)
-        return self._real_features
-
-    def _read_split(self, split: str, limit: int):
-        """Up to ``limit`` (images in [-1, 1], labels) of ``split``, in file order (host memory)."""
-        from tfgpu.data import augment, tfrecord
-
-        h, w, c = self.info.image_shape
-        files = [f for f, _ in self.info.split_files[split]]
-        records = tf.data.TFRecordDataset(files, compression_type="GZIP" if self.info.compression == "gzip"
-                                          else None)
-
-        def parse(serialized):
-            features = tfrecord.parse_example(serialized)
-            return augment.preprocess_eval(features, h, c), features[tfrecord.LABEL]
-
-        images, labels = [], []
-        for x, y in records.take(limit).map(parse, num_parallel_calls=tf.data.AUTOTUNE).batch(512):
-            images.append(x.numpy())
-            labels.append(y.numpy())
-        if not images:
-            raise ConfigError("data_dir", f"split {split!r} of {self.info.name} is empty")
-        return np.concatenate(images), np.concatenate(labels)
-
-    def _image_summary(self, model_dir, step, grid):
-        if not self.config.tensorboard:
-            return
-        if self._writer is None:
-            self._writer = tf.summary.create_file_writer(os.path.join(model_dir, "summaries", "samples"))
-        with self._writer.as_default(step=step):
-            tf.summary.image("samples", grid[None], max_outputs=1)
-        self._writer.flush()
 
     def learning_rates(self):
         return {"learning_rate_g": self.config.g_learning_rate, "learning_rate_d": self.config.d_learning_rate}
