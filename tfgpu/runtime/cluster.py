@@ -17,6 +17,7 @@ A description looks like::
 import json
 import os
 import re
+import sys
 
 from tfgpu.config import ConfigError
 
@@ -230,6 +231,51 @@ def _from_tf_config(environ):
     return _describe(cluster_spec, task_type, task_id, "tf_config", rpc_layer)
 
 
+# -- Kubernetes Indexed Job -----------------------------------------------------------------------------------------
+
+# Set in every pod by tools/k8s/indexed_job.py and jobset.py; Kubernetes itself sets JOB_COMPLETION_INDEX.
+INDEXED_JOB_VARS = ("TFGPU_K8S_JOB", "TFGPU_K8S_SERVICE", "TFGPU_K8S_WORKERS")
+INDEXED_JOB_PORT = 2222
+
+
+def indexed_job_tf_config(environ) -> str:
+    """TF_CONFIG (JSON) for one pod of a Kubernetes Indexed Job, computed from its completion index.
+
+    Pod i of Job J whose template names the headless Service S as its subdomain is reachable as ``J-i.S``, so
+    every pod can list the same workers in index order without an operator injecting anything: pod i is worker i
+    and pod 0 the chief. ``python -m tfgpu.runtime.cluster`` prints it for the pod's entrypoint to export."""
+    for name in INDEXED_JOB_VARS + ("JOB_COMPLETION_INDEX",):
+        if not environ.get(name, "").strip():
+            raise ValueError(f"{name} is not set: run this in a pod of the Indexed Job rendered by tools/k8s")
+    for name in ("TFGPU_K8S_JOB", "TFGPU_K8S_SERVICE"):
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", environ[name]):
+            raise ValueError(f"{name}={environ[name]!r} is not a DNS label (lowercase letters, digits, '-')")
+    numbers = {}
+    for name, default in (("TFGPU_K8S_WORKERS", None), ("JOB_COMPLETION_INDEX", None),
+                          ("TFGPU_K8S_PORT", INDEXED_JOB_PORT)):
+        raw = environ.get(name, "").strip() or str(default)
+        if not raw.isdigit():
+            raise ValueError(f"{name}={raw!r} is not a number")
+        numbers[name] = int(raw)
+    workers, index, port = numbers["TFGPU_K8S_WORKERS"], numbers["JOB_COMPLETION_INDEX"], numbers["TFGPU_K8S_PORT"]
+    if workers < 1 or not 1 <= port <= 65535:
+        raise ValueError(f"TFGPU_K8S_WORKERS={workers} must be at least 1 and TFGPU_K8S_PORT={port} a port")
+    if index >= workers:
+        raise ValueError(f"JOB_COMPLETION_INDEX={index} is out of range for TFGPU_K8S_WORKERS={workers}")
+    job, service = environ["TFGPU_K8S_JOB"], environ["TFGPU_K8S_SERVICE"]
+    return json.dumps({"cluster": {"worker": [f"{job}-{i}.{service}:{port}" for i in range(workers)]},
+                       "task": {"type": "worker", "index": index}})
+
+
+def _print_indexed_job_tf_config() -> int:
+    try:
+        print(indexed_job_tf_config(os.environ))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 # -- Slurm ----------------------------------------------------------------------------------------------------------
 
 # Where Slurm says how many tasks there are, most specific first (a step may use fewer tasks than its job).
@@ -370,3 +416,7 @@ def expand_tasks_per_node(text: str) -> list:
             raise ValueError(f"Slurm tasks-per-node {text!r} is malformed at {part!r}")
         counts += [int(m.group(1))] * int(m.group(2) or 1)
     return counts
+
+
+if __name__ == "__main__":
+    sys.exit(_print_indexed_job_tf_config())
