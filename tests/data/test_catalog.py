@@ -1,9 +1,9 @@
-"""Built-in datasets: converted once into the data cache by tfgpu's converter, also when processes race."""
+"""tfgpu.data.catalog: built-in datasets are converted once into the data cache by tfgpu's converter, also when processes race."""
 import json
 import threading
 
 from tfgpu.config import Config
-from tfgpu.data import pipeline, tfrecord
+from tfgpu.data import catalog, tfrecord
 
 
 def test_builtin_digits_is_converted_once_by_the_converter_even_when_two_runs_start_together(tmp_path, caplog):
@@ -14,7 +14,7 @@ def test_builtin_digits_is_converted_once_by_the_converter_even_when_two_runs_st
 
     def prepare():
         try:
-            infos.append(pipeline.prepare(config))
+            infos.append(catalog.prepare(config))
         except Exception as e:  # noqa: BLE001 (reported below)
             errors.append(e)
 

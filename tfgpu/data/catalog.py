@@ -1,0 +1,177 @@
+"""Which dataset a run names, and what it looks like: ``prepare(config) -> DatasetInfo``.
+
+``--data_dir`` is a dataset converted by ``tfgpu.convert``; a built-in dataset (``--dataset=digits``) or
+``--dataset=tfds:NAME`` is converted once into the data cache by the same converter (processes of one host
+that start together wait for the first). The manifest (``dataset.json``) gives classes, image shape, splits
+and their shards; ``DatasetInfo`` carries what the model, the loop and the input pipeline need of it.
+"""
+import dataclasses
+import glob
+import logging
+import os
+
+from tfgpu.config import Config, ConfigError
+from tfgpu.data import builtin, tfrecord
+
+log = logging.getLogger("tfgpu")
+EVAL_SPLITS = ("val", "validation", "test")
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+    """What the model and the loop need to know about the data."""
+    name: str
+    directory: str  # "" for synthetic data
+    classes: tuple
+    image_shape: tuple  # (height, width, channels) the model sees
+    split_sizes: dict
+    split_files: dict  # split -> tuple of (file, num_examples)
+    compression: str
+    train_split: str
+    eval_split: str  # "" when there is no evaluation
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def num_train_examples(self) -> int:
+        return self.split_sizes[self.train_split]
+
+
+def default_cache_dir() -> str:
+    return os.environ.get("TFGPU_DATA_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "tfgpu")
+
+
+def _builtin_dir(config: Config, name: str) -> str:
+    """A built-in dataset converted once into the data cache by tfgpu's converter (the same shards and manifest
+    as ``python -m tfgpu.convert --source=NAME --num_shards=2 --image_format=png``); returns its directory."""
+    directory = os.path.join(config.data_cache_dir or default_cache_dir(), f"{name}-v{tfrecord.FORMAT_VERSION}")
+    _convert_once(config, directory, source=name, num_shards="2", image_format="png")
+    return directory
+
+
+def _convert_once(config: Config, directory: str, **options) -> None:
+    """Converts ``--dataset`` into the cache ``directory`` with tfgpu's converter (``tfgpu.data.convert``, the one
+    dataset writer) unless it is there already. Processes that start together (the workers of one host) wait
+    for the first instead of converting twice; the converter's errors name ``--dataset``."""
+    import fcntl
+
+    from tfgpu.data import convert
+
+    if os.path.exists(os.path.join(directory, tfrecord.MANIFEST)):
+        return
+    try:
+        os.makedirs(os.path.dirname(directory) or ".", exist_ok=True)
+        lock = open(directory.rstrip("/") + ".lock", "a")
+    except OSError as e:
+        raise ConfigError("data_cache_dir", f"cannot write to {os.path.dirname(directory)}: {e.strerror}") from None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.exists(os.path.join(directory, tfrecord.MANIFEST)):
+            return
+        try:
+            convert.convert(convert.Options(output_dir=directory, **options), stream=_LogStream(), out=_LogStream())
+        except (ConfigError, convert.BadImageError, convert.WorkerDiedError) as e:
+            raise ConfigError("dataset", f"{config.dataset}: {getattr(e, 'reason', e)}") from None
+        log.info("converted %s to %s", config.dataset, directory)
+
+
+class _LogStream:
+    """The converter's summary lines, into this run's log instead of stdout."""
+
+    def write(self, text):
+        if text.strip():
+            log.info("%s", text.rstrip())
+
+    def flush(self):
+        pass
+
+
+def _manifest_image_shape(manifest: dict, directory: str):
+    """(height, width, channels) from the manifest; height/width None when images vary in size."""
+    shape = manifest.get("image_shape") or {}
+    if "height" in shape:
+        return shape["height"], shape["width"], shape["channels"]
+    # Converter manifests keep min/max statistics; a fixed size means min == max.
+    h, w = shape.get("height_min"), shape.get("width_min")
+    same = h == shape.get("height_max") and w == shape.get("width_max")
+    channels = shape.get("channels")
+    if not channels:
+        raise ValueError(f"{directory}/{tfrecord.MANIFEST} gives no image channels")
+    return (h if same else None), (w if same else None), channels
+
+
+def prepare(config: Config) -> DatasetInfo:
+    """Finds the dataset the config names and describes it; raises ConfigError naming the flag when it can't."""
+    if not config.data_dir and config.dataset == "synthetic":
+        size = config.image_size or 32
+        n = config.num_classes or 10
+        return DatasetInfo("synthetic", "", tuple(str(i) for i in range(n)), (size, size, 3),
+                           {"train": 1_281_167, "val": 0}, {}, "none", "train", "")
+    pattern = ""
+    if config.data_dir and any(ch in config.data_dir for ch in "*?["):
+        # A glob over a converted dataset's shards: train on the matching shards only.
+        pattern, directory, flag = config.data_dir, os.path.dirname(config.data_dir), "data_dir"
+    elif config.data_dir:
+        directory, flag = config.data_dir, "data_dir"
+    elif config.dataset in builtin.BUILTIN:
+        directory, flag = _builtin_dir(config, config.dataset), "dataset"
+    elif config.dataset.startswith("tfds:"):
+        directory, flag = _tfds_dir(config), "dataset"
+    else:
+        raise ConfigError("dataset", f"unknown dataset {config.dataset!r}; use one of "
+                          f"{', '.join(builtin.BUILTIN + ('synthetic',))}, tfds:NAME, or --data_dir")
+    try:
+        manifest = tfrecord.read_manifest(directory)
+    except (FileNotFoundError, ValueError) as e:
+        raise ConfigError(flag, str(e)) from None
+    splits = manifest["splits"]
+    if config.train_split not in splits:
+        raise ConfigError("train_split", f"split {config.train_split!r} not in {directory} "
+                          f"(splits: {', '.join(splits)})")
+    eval_split = config.eval_split
+    if eval_split == "none":
+        eval_split = ""
+    elif not eval_split:
+        eval_split = next((s for s in EVAL_SPLITS if s in splits), "")
+    elif eval_split not in splits:
+        raise ConfigError("eval_split", f"split {eval_split!r} not in {directory} (splits: {', '.join(splits)})")
+    h, w, c = _manifest_image_shape(manifest, directory)
+    if config.image_size:
+        h = w = config.image_size
+    elif h is None:
+        raise ConfigError("image_size", f"images in {directory} vary in size; set --image_size")
+    files = {}
+    for split, entry in splits.items():
+        files[split] = tuple((os.path.join(directory, s["file"]), int(s["num_examples"])) for s in entry["shards"])
+        missing = [f for f, _ in files[split] if not os.path.exists(f)]
+        if missing:
+            raise ConfigError(flag, f"{directory} is incomplete: {missing[0]} is missing")
+    sizes = {s: int(e["num_examples"]) for s, e in splits.items()}
+    if pattern:
+        matched = {os.path.abspath(f) for f in glob.glob(pattern)}
+        chosen = tuple((f, n) for f, n in files[config.train_split] if os.path.abspath(f) in matched)
+        if not chosen:
+            raise ConfigError("data_dir", f"{pattern!r} matches none of the {config.train_split!r} shards in "
+                              f"{directory}")
+        files[config.train_split] = chosen
+        sizes[config.train_split] = sum(n for _, n in chosen)
+    classes = tuple(manifest.get("classes") or ())
+    if config.num_classes and classes and config.num_classes != len(classes):
+        raise ConfigError("num_classes", f"{config.num_classes} but {directory} has {len(classes)} classes")
+    if not classes:
+        classes = tuple(str(i) for i in range(config.num_classes))
+    return DatasetInfo(manifest.get("name", os.path.basename(directory.rstrip("/"))), directory, classes,
+                       (int(h), int(w), int(c)), sizes, files,
+                       manifest.get("compression", "none"), config.train_split, eval_split)
+
+
+def _tfds_dir(config: Config) -> str:
+    """A tfds:NAME dataset converted once into the data cache by tfgpu's converter (same shards and manifest as
+    ``python -m tfgpu.convert --source=tfds:NAME``)."""
+    name = config.dataset[len("tfds:"):]
+    directory = os.path.join(config.data_cache_dir or default_cache_dir(), f"tfds-{name.replace('/', '-')}")
+    _convert_once(config, directory, source=config.dataset, tfds_data_dir=os.path.expanduser(config.tfds_data_dir),
+                  download=config.download)
+    return directory
