@@ -26,7 +26,7 @@ def _opt(default, help: str, group: str, choices: tuple | None = None):
     return dataclasses.field(default=default, metadata={"help": help, "group": group, "choices": choices})
 
 
-PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")  # the policies; --precision also takes auto
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker_mirrored")
 
 
@@ -74,7 +74,10 @@ class Config:
                              "(same PID, resumes from the last checkpoint) instead of exiting; for clusters that "
                              "restart the lost worker themselves.", "distribute")
     # -- precision ----------------------------------------------------------
-    precision: str = _opt("float32", "Compute dtype policy; logits and losses stay float32.", "precision", PRECISIONS)
+    precision: str = _opt("float32", "Compute dtype policy; logits and losses stay float32. auto: mixed_bfloat16 on "
+                          "GPUs of compute capability >= 8.0 and on CPUs with AVX512_BF16 or AMX, mixed_float16 on "
+                          "7.x, else float32 (the oldest GPU decides); resolved per worker when the run starts, and "
+                          "config.yaml records the result.", "precision", PRECISIONS + ("auto",))
     jit_compile: bool = _opt(False, "Classification: compile each replica's forward and backward pass with XLA, "
                              "under every strategy (not on logical CPU devices, nor with --sync_batch_norm over "
                              "several replicas). The GAN task does not compile with XLA.", "precision")
@@ -215,6 +218,9 @@ class Config:
 
     @property
     def compute_dtype(self) -> str:
+        if self.precision == "auto":  # a concrete policy only exists once experiment.setup resolved it
+            raise ValueError("precision 'auto' is not resolved yet: experiment.setup (precision.resolve_config) "
+                             "turns it into a policy for this run's devices")
         return {"float32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}[self.precision]
 
     def validate(self) -> "Config":

@@ -3,13 +3,19 @@ the guard has no scale outside float16, XLA compiles.
 
 Training runs in this process (``train_here``) but where XLA_FLAGS or logical CPU devices must be set before
 TensorFlow starts."""
+import copy
+import json
 import os
 
+import hypothesis
+import hypothesis.strategies as st
 import numpy as np
 import pytest
+import yaml
 
-from tests.conftest import read_history
-from tfgpu.runtime import precision
+from tests.conftest import REPO, read_history
+from tfgpu.config import Config
+from tfgpu.runtime import host, precision
 
 SMALL = ["--dataset=digits", "--model=small_cnn", "--global_batch_size=32", "--eval_split=none", "--verbose=2",
          "--base_learning_rate=0.8", "--lr_schedule=constant"]
@@ -123,3 +129,123 @@ def test_jit_compile_is_turned_off_with_a_warning_on_logical_cpus(run_train, tmp
     proc = run_train(*SMALL, "--jit_compile", "--cpu_logical_devices=2", "--train_steps=2", "--steps_per_loop=2",
                      f"--model_dir={tmp_path}")
     assert "--jit_compile is off for this run" in proc.output
+
+
+# -- --precision=auto: the rule on recorded hosts (tests/fixtures/devices/*.json) and in a run ------------------------
+def _host(name):
+    with open(os.path.join(REPO, "tests", "fixtures", "devices", f"{name}.json")) as f:
+        return json.load(f)
+
+
+def _gpu(name, compute_capability):
+    return {"name": name, "compute_capability": compute_capability}
+
+
+@pytest.mark.parametrize("recorded, expected, named", [
+    ("cpu_only_amx_bf16", "mixed_bfloat16", "avx512_bf16 and amx_bf16"),
+    ("cpu_only_avx2", "float32", "no AVX512_BF16/AMX"),
+    ("a100x8_two_numa_nodes", "mixed_bfloat16", "NVIDIA A100-SXM4-80GB, Ampere, compute capability 8.0"),
+    ("v100x4_cloud_no_numa", "mixed_float16", "Tesla V100-SXM2-16GB, Volta"),
+    ("t4_single_small_disk", "mixed_float16", "Tesla T4, Turing, compute capability 7.5"),
+])
+def test_auto_on_recorded_hosts(recorded, expected, named):
+    facts = _host(recorded)
+    chosen, why = precision.resolve_auto(facts["cpu"]["flags"], facts["gpus"])
+    assert chosen == expected and named in why, why
+
+
+@pytest.mark.parametrize("gpus, expected", [
+    ([_gpu("NVIDIA H100 80GB HBM3", "9.0")], "mixed_bfloat16"),
+    ([_gpu("NVIDIA L4", "8.9"), _gpu("NVIDIA B200", "10.0")], "mixed_bfloat16"),
+    ([_gpu("Tesla P100-PCIE-16GB", "6.0")], "float32"),
+    ([_gpu("NVIDIA A100-SXM4-40GB", "8.0"), _gpu("Tesla V100-SXM2-16GB", "7.0")], "mixed_float16"),
+    ([_gpu("NVIDIA H100 80GB HBM3", "9.0"), _gpu("Tesla P100-PCIE-16GB", "6.0")], "float32"),
+])
+def test_auto_on_gpus_follows_the_oldest_gpu_whatever_the_cpu(gpus, expected):
+    amx = _host("cpu_only_amx_bf16")["cpu"]["flags"]
+    chosen, why = precision.resolve_auto(amx, gpus)
+    oldest = min(gpus, key=lambda g: tuple(map(int, g["compute_capability"].split("."))))
+    assert chosen == expected and oldest["name"] in why, why
+
+
+@hypothesis.settings(max_examples=40, deadline=None)
+@hypothesis.given(st.lists(st.sampled_from(["6.0", "6.1", "7.0", "7.5", "8.0", "8.6", "8.9", "9.0", "10.0"]),
+                           min_size=1, max_size=8),
+                  st.fixed_dictionaries({f: st.booleans() for f in host.CPU_FLAGS}))
+def test_auto_is_the_choice_for_the_oldest_gpu_alone(capabilities, cpu_flags):
+    """Every replica runs one policy: any set of GPUs gets what its oldest GPU would get alone, and the CPU's
+    flags play no part once there is a GPU."""
+    gpus = [_gpu(f"gpu{i}", cc) for i, cc in enumerate(capabilities)]
+    oldest = min(gpus, key=lambda g: tuple(map(int, g["compute_capability"].split("."))))
+    chosen, _ = precision.resolve_auto(cpu_flags, gpus)
+    assert chosen == precision.resolve_auto({}, [oldest])[0]
+    major = int(oldest["compute_capability"].split(".")[0])
+    assert chosen == ("mixed_bfloat16" if major >= 8 else "mixed_float16" if major == 7 else "float32")
+
+
+def test_auto_is_no_policy_until_resolved():
+    config = Config(model_dir="/tmp/x", precision="auto")
+    for use in (lambda: config.compute_dtype, lambda: precision.set_policy("auto"),
+                lambda: precision.wrap_optimizer(None, config)):
+        with pytest.raises(ValueError, match="auto"):
+            use()
+
+
+def test_setup_resolves_auto_before_anything_reads_it(tmp_path, data_cache, monkeypatch, caplog):
+    """experiment.setup turns auto into this host's policy once: the task, the trainer, the Keras policy and
+    config.yaml all see the policy, and the choice is logged with its reason; --config=<that config.yaml>
+    parses to the same policy."""
+    import keras
+
+    from tfgpu import train
+    from tfgpu.training import experiment
+
+    monkeypatch.setattr(host, "cpu_facts", lambda: copy.deepcopy(_host("cpu_only_amx_bf16")["cpu"]))
+    config = Config(model_dir=str(tmp_path), dataset="digits", data_cache_dir=data_cache, model="small_cnn",
+                    global_batch_size=16, train_steps=1, eval_split="none", tensorboard=False, verbose=0,
+                    precision="auto")
+    try:
+        with caplog.at_level("INFO", logger="tfgpu"):
+            built = experiment.setup(config)
+        assert {built.config.precision, built.task.config.precision, built.trainer.config.precision,
+                keras.mixed_precision.global_policy().name} == {"mixed_bfloat16"}
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+        keras.backend.clear_session()
+    assert [r.getMessage() for r in caplog.records if "precision" in r.getMessage()] == [
+        "precision: --precision=auto chose mixed_bfloat16 (this CPU has avx512_bf16 and amx_bf16, so oneDNN "
+        "computes bfloat16 natively)"]
+    with open(tmp_path / "config.yaml") as f:
+        assert yaml.safe_load(f)["precision"] == "mixed_bfloat16"
+    repeated = train.parse([f"--config={tmp_path / 'config.yaml'}", f"--model_dir={tmp_path / 'again'}"])
+    assert repeated.precision == "mixed_bfloat16"
+
+
+@pytest.mark.slow
+def test_auto_run_records_the_resolved_precision_and_its_config_repeats_it(train_here, tmp_path, monkeypatch):
+    """The run logs its choice with the reason; config.yaml and metrics.json hold the policy, not "auto", so
+    --config=<model_dir>/config.yaml repeats the run in that policy even on a host that would choose another."""
+    tiny = ["--dataset=digits", "--model=small_cnn", "--global_batch_size=32", "--eval_split=none",
+            "--train_steps=2", "--steps_per_loop=1", "--tensorboard=false"]
+    monkeypatch.setattr(host, "cpu_facts", lambda: copy.deepcopy(_host("cpu_only_amx_bf16")["cpu"]))
+    first = tmp_path / "first"
+    out = train_here(*tiny, "--precision=auto", f"--model_dir={first}").output
+    assert "--precision=auto chose mixed_bfloat16 (this CPU has avx512_bf16 and amx_bf16" in out, out[-2000:]
+    with open(first / "config.yaml") as f:
+        assert yaml.safe_load(f)["precision"] == "mixed_bfloat16"
+    with open(first / "metrics.json") as f:
+        assert json.load(f)["precision"] == "mixed_bfloat16"
+
+    monkeypatch.setattr(host, "cpu_facts", lambda: copy.deepcopy(_host("cpu_only_avx2")["cpu"]))
+    again = tmp_path / "again"
+    out = train_here(f"--config={first / 'config.yaml'}", f"--model_dir={again}").output
+    assert "--precision=auto" not in out
+    with open(again / "metrics.json") as f:
+        assert json.load(f)["precision"] == "mixed_bfloat16"
+
+
+def test_a_bad_precision_is_one_line_naming_the_flag(train_here, tmp_path):
+    result = train_here("--dataset=digits", "--precision=fp8", f"--model_dir={tmp_path}", check=False)
+    assert result.returncode == 1
+    assert result.output.strip().splitlines() == [
+        "error: --precision: 'fp8' is not one of float32, mixed_float16, mixed_bfloat16, auto"], result.output

@@ -18,6 +18,17 @@ def _precision_for_gpus(gpus: list) -> tuple:
     return "float32", f"{gen}: no tensor cores, so mixed precision saves memory but little time"
 
 
+def precision_for(cpu_flags: dict, gpus: list) -> tuple:
+    """(precision, why) for a run on ``gpus`` (the doctor's GPU records; the oldest decides) or, with none, on a
+    CPU with ``cpu_flags`` (``host.parse_cpuinfo``'s flags). The doctor's advice and ``--precision=auto``."""
+    if gpus:
+        return _precision_for_gpus(gpus)
+    which = " and ".join(f for f in ("avx512_bf16", "amx_bf16") if cpu_flags.get(f))
+    if which:
+        return "mixed_bfloat16", f"this CPU has {which}, so oneDNN computes bfloat16 natively"
+    return "float32", "this CPU has no AVX512_BF16/AMX, so bfloat16 would be emulated"
+
+
 def _bytes(n) -> str:
     return f"{n / GIB:.1f} GiB" if n is not None else "unknown"
 
@@ -30,7 +41,7 @@ def recommend(report: dict) -> list:
     flags = cpu.get("flags") or {}
     build = report.get("build") or {}
     if gpus:
-        precision, why = _precision_for_gpus(gpus)
+        precision, why = precision_for(flags, gpus)
         recs.append(f"precision: --precision={precision} ({why})")
         names = {(g["name"], g["compute_capability"]) for g in gpus}
         if len(names) > 1:
@@ -68,14 +79,10 @@ def recommend(report: dict) -> list:
     else:
         reasons = report.get("gpu_reason") or no_gpu_reasons(report)
         recs.append("no GPU: " + "; ".join(reasons))
-        if flags.get("avx512_bf16") or flags.get("amx_bf16"):
-            which = " and ".join(f for f in ("avx512_bf16", "amx_bf16") if flags.get(f))
-            recs.append(f"precision: --precision=mixed_bfloat16 (this CPU has {which}, so oneDNN computes "
-                        "bfloat16 natively; confirm the gain with python -m tfgpu.benchmark "
-                        "--precision=float32,mixed_bfloat16)")
-        else:
-            recs.append("precision: --precision=float32 (this CPU has no AVX512_BF16/AMX, so bfloat16 would be "
-                        "emulated; mixed precision pays off on GPUs with tensor cores)")
+        precision, why = precision_for(flags, [])
+        then = ("confirm the gain with python -m tfgpu.benchmark --precision=float32,mixed_bfloat16"
+                if precision == "mixed_bfloat16" else "mixed precision pays off on GPUs with tensor cores")
+        recs.append(f"precision: --precision={precision} ({why}; {then})")
         recs.append("multi-replica testing: --cpu_logical_devices=2 --distribution_strategy=mirrored runs the "
                     "multi-GPU code path on this CPU")
     xla = report.get("xla") or {}

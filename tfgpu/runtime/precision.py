@@ -6,17 +6,65 @@ loss scale (bfloat16 has float32's exponent range). Under every policy a step
 whose loss or gradient is non-finite on any replica is skipped, and a skipped
 step changes no variable (weights, optimizer slots and iterations, BatchNorm
 statistics) except, under float16 alone, the loss scale.
+
+``--precision=auto`` becomes one of the policies once, when the run starts (``resolve_config``, called by
+``experiment.setup`` before anything reads the precision or writes config.yaml): ``resolve_auto`` is the pure
+rule over recorded facts (the doctor's rule, ``runtime.advice.precision_for``). Each worker resolves it from its
+own devices; the workers of a job on different hardware must set --precision themselves.
 """
+import dataclasses
+import logging
+import re
+
 import keras
 import tensorflow as tf
 
 from tfgpu.config import Config
+from tfgpu.runtime import advice, host
 
 MIN_LOSS_SCALE = 1.0  # a float16 scale backs off no lower than this (or the initial scale, if lower)
+
+log = logging.getLogger("tfgpu")
+
+
+def resolve_auto(cpu_flags: dict, gpus: list) -> tuple:
+    """(policy, reason) that ``--precision=auto`` stands for on a run over ``gpus`` (dicts with "name" and
+    "compute_capability" such as "8.0"; the oldest decides) or, with none, on a CPU with ``cpu_flags``
+    (``runtime.host.parse_cpuinfo``'s flags): mixed_bfloat16 from compute capability 8.0 and on CPUs with
+    AVX512_BF16 or AMX, mixed_float16 on 7.x, float32 otherwise."""
+    return advice.precision_for(cpu_flags, gpus)
+
+
+def run_gpus(placement) -> list:
+    """The GPUs this run computes on (its placement's GPU devices) as TensorFlow describes them: name and
+    compute capability ("0.0" when TensorFlow reports none, e.g. a GPU that is not NVIDIA's)."""
+    visible = tf.config.get_visible_devices("GPU")  # logical GPU i is visible physical GPU i
+    gpus = []
+    for device in placement.devices:
+        index = re.search(r"GPU:(\d+)$", device, re.IGNORECASE)
+        if index and int(index.group(1)) < len(visible):
+            physical = visible[int(index.group(1))]
+            details = tf.config.experimental.get_device_details(physical)
+            gpus.append({"name": details.get("device_name", physical.name),
+                         "compute_capability": ".".join(map(str, details.get("compute_capability", (0, 0))))})
+    return gpus
+
+
+def resolve_config(config: Config, placement) -> Config:
+    """``config`` with ``--precision=auto`` replaced by the policy for this run's devices (the choice and its
+    reason logged in one line); any other precision unchanged."""
+    if config.precision != "auto":
+        return config
+    gpus = run_gpus(placement)
+    chosen, why = resolve_auto({} if gpus else host.cpu_facts()["flags"], gpus)
+    log.info("precision: --precision=auto chose %s (%s)", chosen, why)
+    return dataclasses.replace(config, precision=chosen)
 
 
 def set_policy(precision: str) -> None:
     """Sets the global Keras dtype policy; call before building models."""
+    if precision == "auto":
+        raise ValueError("precision 'auto' is not a dtype policy: resolve it first (resolve_config)")
     keras.mixed_precision.set_global_policy(precision)
 
 
@@ -79,6 +127,8 @@ def wrap_optimizer(optimizer: keras.optimizers.Optimizer, config: Config) -> Gua
     """Wraps ``optimizer`` in the non-finite step guard: with dynamic loss scaling under mixed_float16, with
     no scaling otherwise. Every optimizer of a task goes through here (Keras' compile-time wrapping covers
     only one)."""
+    if config.precision == "auto":
+        raise ValueError("precision 'auto' is not a dtype policy: resolve it first (resolve_config)")
     if config.precision == "mixed_float16":
         return GuardedOptimizer(optimizer, initial_scale=config.initial_loss_scale,
                                 dynamic_growth_steps=config.loss_scale_growth_steps)

@@ -63,6 +63,8 @@ def setup(config: Config, write_config: bool = True) -> Setup:
     if config.deterministic:
         tf.config.experimental.enable_op_determinism()
     placement = distribute.build_strategy(config)
+    # --precision=auto becomes a policy here, before anything reads it or config.yaml records it.
+    config = precision.resolve_config(config, placement)
     try:
         task_class = get_task(config.task)
     except ValueError as e:
@@ -115,7 +117,7 @@ def run(config: Config) -> dict:
 
     started = time.time()
     built = setup(config)
-    placement, task = built.placement, built.task
+    config, placement, task = built.config, built.placement, built.task  # config: --precision=auto resolved
     try:
         metrics = built.trainer.train()
     except tf.errors.InvalidArgumentError as e:
