@@ -7,8 +7,12 @@ flagfile is resolved against that file's directory first). Exit codes: 0 done,
 1 bad flag or input, 2 too many non-finite steps, 3 a GPU kernel failed, 129 a
 worker was lost (after ``--max_restarts`` re-executions).
 """
-import os
-import sys
+import time
+
+PROCESS_STARTED = time.time()  # as early as this command can know it: --target's time_to_target_s counts from here
+
+import os  # noqa: E402
+import sys  # noqa: E402
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported anywhere
 
@@ -64,6 +68,9 @@ def _restart_if_allowed(max_restarts: int, argv: list) -> None:
 
 
 def main(argv=None) -> int:
+    """Runs the command; with ``argv`` None (this process's command line) the run's clock starts when this
+    module was imported, otherwise (a call from Python) now."""
+    started_at = PROCESS_STARTED if argv is None else time.time()
     argv = sys.argv[1:] if argv is None else list(argv)
     if cli.wants_help(argv):
         print(help_text())
@@ -77,7 +84,7 @@ def main(argv=None) -> int:
         from tfgpu.training import experiment, trainer
 
         try:
-            metrics = experiment.run(config)
+            metrics = experiment.run(config, started_at=started_at)
         except trainer.NonFiniteError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

@@ -21,6 +21,7 @@ from tfgpu.config import ConfigError
 from tfgpu.reporting.plots import series, write_plots
 from tfgpu.runtime.fileio import atomic_write_bytes
 from tfgpu.training import metric_specs
+from tfgpu.training import target as target_lib
 
 INPUT_BOUND_FRACTION = 0.1  # share of step time waiting for data above which a run is input-bound
 
@@ -248,6 +249,9 @@ def render(model_dir: str, history: dict, bad_lines: int, metrics, config, profi
         progress.append("no metrics.json yet (the run is still going, or it stopped before the end)")
     sentence = "; ".join(progress)
     lines += ["", sentence[:1].upper() + sentence[1:] + "." if progress else "No steps recorded.", ""]
+    reached = target_lib.sentence(metrics, declared)  # --target: reached at which step and time, or not
+    if reached:
+        lines += [reached[:1].upper() + reached[1:] + ".", ""]
 
     lines += ["## Input pipeline", "", input_verdict(profile) + ".", ""]
     caveat = contention_note(profile)

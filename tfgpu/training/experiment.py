@@ -111,12 +111,14 @@ def _check_batches(config: Config, num_replicas: int) -> None:
         raise ConfigError("eval_batch_size", f"{eval_batch} is not divisible by the {num_replicas} replicas")
 
 
-def run(config: Config) -> dict:
-    """Trains (or resumes) the run described by ``config``; returns the final metrics the chief writes."""
+def run(config: Config, started_at: float | None = None) -> dict:
+    """Trains (or resumes) the run described by ``config``; returns the final metrics the chief writes.
+    ``started_at``: when the run started (time.time()), for --target's time_to_target_s; default now."""
     import tensorflow as tf
 
     started = time.time()
     built = setup(config)
+    built.trainer.started_at = started if started_at is None else started_at
     config, placement, task = built.config, built.placement, built.task  # config: --precision=auto resolved
     try:
         metrics = built.trainer.train()

@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from tfgpu.training import checkpoint as checkpoint_lib
 from tfgpu.training import metric_specs
+from tfgpu.training import target as target_lib
 from tfgpu.config import Config, ConfigError
 from tfgpu.data import pipeline
 from tfgpu.runtime.distribute import Placement
@@ -100,6 +101,15 @@ class Trainer:
         self.history = History(self.model_dir, self.chief)
         self._preempt_requested = False
         self.declarations = metric_specs.of_task(task)
+        self.target = target_lib.resolve(config.target, self.declarations) if config.target else None
+        if self.target and not self._evaluates:
+            raise ConfigError("target", "needs evaluations, and this run has no eval split (--eval_split=none)")
+        # time_to_target_s counts from here unless the caller knows an earlier start (experiment.run passes the
+        # process's start for python -m tfgpu.train).
+        self.started_at = time.time()
+        self._target_hit = None  # step, epochs and seconds of the evaluation that reached the target
+        self._target_best = None  # the best value of the target's metric evaluated so far
+        self._resumed_eval = {}  # the evaluation of a checkpoint resumed from that already reaches the target
 
     def _declared(self, train_names) -> tuple:
         """The train-step keys that count skipped steps; a ValueError for a key the task does not declare."""
@@ -173,13 +183,25 @@ class Trainer:
             var.assign(tf.zeros_like(var))
         return values
 
+    def _eval_steps(self) -> set:
+        """Steps before the last at which the run evaluates: every --eval_every_steps; with a target and no
+        --eval_every_steps, the first step at or after each epoch's end."""
+        c = self.config
+        if not self._evaluates:
+            return set()
+        if c.eval_every_steps:
+            return set(range(c.eval_every_steps, self.total_steps, c.eval_every_steps))
+        if not self.target:
+            return set()
+        per_epoch = pipeline.steps_per_epoch(c, self.info)
+        ends = (math.ceil(k * per_epoch - 1e-9) for k in range(1, int(self.total_steps / per_epoch) + 1))
+        return {s for s in ends if 0 < s < self.total_steps}
+
     def _boundaries(self) -> list:
         c = self.config
-        every = [c.checkpoint_every_steps, c.eval_every_steps if self._evaluates else 0]
-        marks = set()
-        for n in every:
-            if n:
-                marks.update(range(n, self.total_steps, n))
+        marks = set(self._eval_steps())
+        if c.checkpoint_every_steps:
+            marks.update(range(c.checkpoint_every_steps, self.total_steps, c.checkpoint_every_steps))
         if c.profile_steps:
             marks.update(int(s) for s in c.profile_steps.split(","))
         marks.update(self.task.step_boundaries())
@@ -252,11 +274,51 @@ class Trainer:
         log.warning("SIGTERM: saving a checkpoint at the end of this loop, then exiting %d", PREEMPTED_EXIT_CODE)
 
     def _any_worker_preempted(self) -> bool:
+        return self._any_worker(self._preempt_requested)
+
+    def _any_worker(self, flag: bool) -> bool:
+        """Whether ``flag`` is true on any worker: the same answer on every worker (a collective when there are
+        several, so every worker must ask at the same point)."""
         if self.placement.num_workers == 1:
-            return self._preempt_requested
-        flag = tf.constant(1.0 if self._preempt_requested else 0.0)
-        per_replica = self.strategy.experimental_distribute_values_from_function(lambda ctx: flag)
+            return flag
+        value = tf.constant(1.0 if flag else 0.0)
+        per_replica = self.strategy.experimental_distribute_values_from_function(lambda ctx: value)
         return float(self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)) > 0
+
+    # -- the target ------------------------------------------------------------
+    def _reaches_target(self, step: int, metrics: dict, progress=None) -> bool:
+        """Whether the evaluation ``metrics`` at ``step`` reaches --target, decided together by all workers
+        (a GAN scores FID on the chief alone, so the others have no value to compare); records when it did."""
+        if self.target is None or self._target_hit is not None:
+            return False
+        value = metrics.get(self.target.metric)
+        self._target_best = self.target.better(value, self._target_best)
+        if progress is not None:
+            progress.set_best(self._target_best)
+        if not self._any_worker(self.target.reached(value)):
+            return False
+        self._target_hit = {"step": step, "seconds": time.time() - self.started_at,
+                            "epochs": step / pipeline.steps_per_epoch(self.config, self.info)}
+        return True
+
+    def _resumed_at_target(self, step: int) -> bool:
+        """A run resumed from an evaluation step whose checkpoint already reaches the target trains no further:
+        it evaluates that checkpoint (as the run that saved it did) and keeps that run's time to target."""
+        if self.target is None or not (0 < step < self.total_steps) or step not in self._eval_steps():
+            return False
+        self._resumed_eval = self.evaluate(step, record=False)
+        if not self._reaches_target(step, self._resumed_eval):
+            return False
+        try:
+            with open(os.path.join(self.model_dir, "metrics.json")) as f:
+                before = json.load(f)
+        except (OSError, ValueError):
+            before = {}
+        same = before.get("target") == str(self.target) and before.get("step_at_target") == step
+        self._target_hit["seconds"] = before.get("time_to_target_s") if same else None
+        log.info("target %s already reached at step %d (the checkpoint resumed from): not training further",
+                 self.target.describe(), step)
+        return True
 
     def _worker_lost(self, error: Exception) -> "WorkerLost":
         """Any collective (train loop, metric read, preemption vote, checkpoint, eval) fails the same way when
@@ -369,13 +431,16 @@ class Trainer:
         config = self.config
         step = start_step
         last, last_eval, rates = {}, {}, []
-        if step < self.total_steps:
+        eval_steps = self._eval_steps()
+        stopped = self._resumed_at_target(step)  # at the target: no more training, no more evaluation
+        if step < self.total_steps and not stopped:
             dataset = self.strategy.distribute_datasets_from_function(
                 pipeline.train_dataset_fn(config, self.info, step))
             iterator = iter(dataset)
             input_profile = self._profile_input(step) if config.profile_input else None
             progress = Progress(config.verbose, self.total_steps, step, self.chief,
-                                 [s.name for s in self.declarations.metrics if s.progress])
+                                [s.name for s in self.declarations.metrics if s.progress],
+                                self.target.metric if self.target else "")
             profile = [int(s) for s in config.profile_steps.split(",")] if config.profile_steps else []
             for boundary in (b for b in self._boundaries() if b > step):
                 while step < boundary:
@@ -403,20 +468,31 @@ class Trainer:
                         log.warning("preempted: checkpoint saved at step %d; rerun the same command to resume", step)
                         raise Preempted(step)
                 if step < self.total_steps:
-                    if config.checkpoint_every_steps and step % config.checkpoint_every_steps == 0:
+                    saved = bool(config.checkpoint_every_steps and step % config.checkpoint_every_steps == 0)
+                    if saved:
                         self.checkpointer.save()
-                    if config.eval_every_steps and step % config.eval_every_steps == 0:
+                    if step in eval_steps:
                         last_eval = self.evaluate(step)
+                        stopped = self._reaches_target(step, last_eval, progress)
+                        if stopped:
+                            if not saved:
+                                self.checkpointer.save()
+                            break
                     if self.task.at_step(step):
                         self._trace_train_loop()
             progress.close()
-            self.checkpointer.save()
+            if not stopped:
+                self.checkpointer.save()
             if input_profile:
                 self._write_input_profile(input_profile, float(np.median(rates)) if rates else
                                           last["record"]["examples_per_sec"])
-        else:
+        elif not stopped:
             log.info("already trained to step %d (--train_steps=%d); evaluating only", step, self.total_steps)
-        last_eval = self.evaluate(step) or last_eval
+        if not stopped:
+            last_eval = self.evaluate(step) or last_eval
+            self._reaches_target(step, last_eval)
+        elif not last_eval:  # resumed at the target: the evaluation of the checkpoint, not recorded again
+            last_eval = self._resumed_eval
         final = {"step": step}
         if last:  # the train step's metrics as train_<name>; learning rates and loss scales as they are
             final.update({f"train_{k}": v for k, v in last["step_metrics"].items()})
@@ -425,6 +501,9 @@ class Trainer:
                                      last["record"]["examples_per_sec"] if last else 0.0)
         final.update(self.task.parameter_counts())
         final.update(last_eval)
+        if self.target:
+            final.update(target_lib.fields(self.target, self._target_hit))
+            log.info("%s", target_lib.sentence(final, self.declarations, self._target_best))
         return final
 
     def _log_loop(self, step: int, num_steps: int, sums: dict, elapsed: float, progress) -> dict:

@@ -1,0 +1,155 @@
+"""--target=METRIC:VALUE: parsing and the comparison rule (pure), and runs that stop at the first evaluation that
+reaches it, after a checkpoint, or run their whole schedule when none does."""
+import json
+import os
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from tests.conftest import read_history, read_metrics
+from tfgpu.config import ConfigError
+from tfgpu.training import metric_specs, target
+from tfgpu.training.metric_specs import Declarations, MetricSpec
+
+TINY = ["--dataset=digits", "--model=small_cnn", "--global_batch_size=64", "--steps_per_loop=2",
+        "--checkpoint_every_steps=0", "--tensorboard=false", "--verbose=2"]
+
+CLASSIFIER = Declarations((MetricSpec("loss", lower_is_better=True), MetricSpec("accuracy", lower_is_better=False),
+                           MetricSpec("val_loss", kind="eval", lower_is_better=True),
+                           MetricSpec("val_accuracy", kind="eval", lower_is_better=False),
+                           MetricSpec("val_examples", kind="eval", counts_examples=True))
+                          + metric_specs.LOOP_METRICS)
+
+
+# -- the rule ------------------------------------------------------------------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(st.from_regex(r"[a-z][a-z0-9_]{0,15}", fullmatch=True), st.floats(allow_nan=False, allow_infinity=False))
+def test_a_target_parses_back_from_its_own_text(metric, value):
+    parsed = target.parse(f"{metric}:{value!r}")
+    assert parsed == (metric, value)
+    resolved = target.Target(metric, value, False)
+    assert target.parse(str(resolved)) == (metric, pytest.approx(value, rel=1e-5))
+
+
+@pytest.mark.parametrize("text", ["val_accuracy", "val_accuracy:", ":0.9", "val_accuracy:high", "fid:nan",
+                                  "fid:inf", ""])
+def test_a_malformed_target_is_one_error_naming_the_flag(text):
+    with pytest.raises(ConfigError, match=r"^--target: expected METRIC:VALUE"):
+        target.parse(text)
+
+
+def test_direction_comes_from_the_declaration_then_the_name():
+    declared = Declarations((MetricSpec("val_error", kind="eval", lower_is_better=True),
+                             MetricSpec("score_loss", kind="eval", lower_is_better=False),
+                             MetricSpec("fid", kind="eval"), MetricSpec("kid", kind="eval"),
+                             MetricSpec("val_iou", kind="eval")))
+    assert [target.resolve(f"{n}:1", declared).op for n in ("val_error", "score_loss", "fid", "kid", "val_iou")] \
+        == ["<=", ">=", "<=", "<=", ">="]
+    lower, higher = target.resolve("val_loss:0.5", CLASSIFIER), target.resolve("val_accuracy:0.9", CLASSIFIER)
+    assert lower.reached(0.5) and lower.reached(0.1) and not lower.reached(0.51)
+    assert higher.reached(0.9) and higher.reached(1.0) and not higher.reached(0.89)
+    assert not higher.reached(float("nan")) and not higher.reached(None) and not lower.reached(float("inf"))
+    assert higher.better(0.8, None) == 0.8 and higher.better(0.7, 0.8) == 0.8 and lower.better(0.7, 0.8) == 0.7
+
+
+def test_the_metric_is_an_eval_metric_with_or_without_its_prefix():
+    assert target.resolve("accuracy:0.97", CLASSIFIER) == target.Target("val_accuracy", 0.97, False)
+    assert str(target.resolve("loss:0.2", CLASSIFIER)) == "val_loss:0.2"
+    for name in ("top1", "val_examples", "eval_time_s", "examples_per_sec"):
+        with pytest.raises(ConfigError, match=rf"^--target: '{name}' is not an eval metric of this task; it "
+                                              r"evaluates val_loss, val_accuracy$"):
+            target.resolve(f"{name}:1", CLASSIFIER)
+
+
+def test_the_outcome_in_one_sentence():
+    high = target.Target("val_accuracy", 0.97, False)
+    reached = {"step": 450, **target.fields(high, {"step": 440, "seconds": 61.97, "epochs": 19.5666})}
+    assert reached["time_to_target_s"] == 62.0 and reached["epochs_at_target"] == 19.57
+    assert target.sentence(reached, CLASSIFIER) == \
+        "target val_accuracy >= 0.97 reached at step 440 (19.57 epochs) in 62.0 s"
+    missed = {"step": 675, **target.fields(target.Target("fid", 20.0, True), None)}
+    assert missed == {"step": 675, "target": "fid:20", "target_reached": False, "time_to_target_s": None,
+                      "step_at_target": None, "epochs_at_target": None}
+    assert target.sentence(missed, best=23.25) == "target fid <= 20 not reached in 675 steps (best 23.25)"
+    assert target.sentence({"step": 3}) == ""
+
+
+# -- runs ----------------------------------------------------------------------------------------------------------
+def test_an_easy_target_stops_at_its_evaluation_after_a_checkpoint_and_a_rerun_trains_no_further(train_here,
+                                                                                                  tmp_path):
+    args = TINY + ["--train_steps=40", "--eval_every_steps=2", "--target=accuracy:0.2", f"--model_dir={tmp_path}"]
+    result = train_here(*args)
+    metrics, evals = read_metrics(tmp_path), read_history(tmp_path, "eval")
+    at = metrics["step_at_target"]
+    assert metrics["target_reached"] is True and metrics["target"] == "val_accuracy:0.2" and at < 40
+    # The first evaluation that reached it, and nothing after it: no training, no evaluation, no other checkpoint.
+    assert [e["step"] for e in evals] == list(range(2, at + 1, 2))
+    assert all(e["val_accuracy"] < 0.2 for e in evals[:-1]) and evals[-1]["val_accuracy"] >= 0.2
+    assert read_history(tmp_path)[-1]["step"] == metrics["step"] == at
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["checkpoint", f"ckpt-{at}.data-00000-of-00001",
+                                                           f"ckpt-{at}.index"]
+    assert metrics["epochs_at_target"] == round(at * 64 / 1438, 2)
+    assert 0 < metrics["time_to_target_s"] <= metrics["wall_time_s"] + 1
+    assert f"target val_accuracy >= 0.2 reached at step {at} ({metrics['epochs_at_target']:g} epochs) in " \
+           in result.output
+    assert "best_val_accuracy=" in result.output and " eta=" in result.output
+    assert f"Target val_accuracy >= 0.2 reached at step {at}" in (tmp_path / "report.md").read_text()
+
+    again = train_here(*args)
+    assert f"target val_accuracy >= 0.2 already reached at step {at}" in again.output
+    assert read_history(tmp_path)[-1]["step"] == at and len(read_history(tmp_path, "eval")) == len(evals)
+    resumed = read_metrics(tmp_path)
+    assert resumed["step"] == at and resumed["target_reached"] is True
+    assert resumed["time_to_target_s"] == metrics["time_to_target_s"]  # the run that reached it
+
+
+def test_a_lower_is_better_target_stops_at_the_first_evaluation(train_here, tmp_path):
+    train_here(*TINY, "--train_steps=20", "--eval_every_steps=4", "--target=val_loss:100", f"--model_dir={tmp_path}")
+    metrics = read_metrics(tmp_path)
+    assert (metrics["step"], metrics["step_at_target"], metrics["target_reached"]) == (4, 4, True)
+    assert [e["step"] for e in read_history(tmp_path, "eval")] == [4]
+
+
+def test_an_unreachable_target_runs_the_schedule_evaluating_once_per_epoch(train_here, tmp_path):
+    """Batch 512 on 1,438 digits: 2.81 steps per epoch, so evaluations at steps 3 and 6 and at the end, 8."""
+    result = train_here(*TINY, "--global_batch_size=512", "--train_steps=8", "--target=val_accuracy:1.01",
+                        f"--model_dir={tmp_path}")
+    metrics = read_metrics(tmp_path)
+    assert [e["step"] for e in read_history(tmp_path, "eval")] == [3, 6, 8]
+    assert metrics["step"] == 8 and metrics["target_reached"] is False and metrics["step_at_target"] is None
+    assert metrics["time_to_target_s"] is None and metrics["epochs_at_target"] is None
+    assert "target val_accuracy >= 1.01 not reached in 8 steps (best " in result.output
+
+
+def test_without_a_target_metrics_and_progress_lines_have_nothing_of_it(train_here, tmp_path):
+    result = train_here(*TINY, "--train_steps=4", "--eval_split=none", f"--model_dir={tmp_path}")
+    assert not set(target.FIELDS) & set(read_metrics(tmp_path))
+    lines = [line for line in result.output.splitlines() if line.startswith("step ")]
+    assert [line.split()[1] for line in lines] == ["2/4", "4/4"]
+    assert all(" elapsed=" in line and " eta=" in line and "best_" not in line for line in lines)
+    assert "target" not in result.output and "final: step=4" in result.output
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--target=val_accuracy", "--target: expected METRIC:VALUE with a number"),
+    ("--target=top1:0.9", "--target: 'top1' is not an eval metric of this task; it evaluates val_loss, "
+                          "val_accuracy, val_top5_accuracy"),
+    ("--target=accuracy:0.9 --eval_split=none", "--target: needs evaluations, and this run has no eval split"),
+])
+def test_a_bad_target_is_one_line_before_training(train_here, tmp_path, flag, message):
+    result = train_here(*TINY, "--train_steps=4", *flag.split(), f"--model_dir={tmp_path}", check=False)
+    errors = [line for line in result.output.splitlines() if "error" in line.lower()]
+    assert result.returncode == 1 and len(errors) == 1 and errors[0].startswith(f"error: {message}"), result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "history.jsonl").exists() and not (tmp_path / "checkpoints").exists()
+
+
+# Slow (about 15 s: a process of its own, for the logical devices).
+@pytest.mark.slow
+def test_two_replicas_stop_at_the_same_evaluation(run_train, tmp_path):
+    """Under mirrored on 2 logical CPUs the evaluation is summed over replicas before the comparison."""
+    run_train(*TINY, "--cpu_logical_devices=2", "--distribution_strategy=mirrored", "--train_steps=20",
+              "--eval_every_steps=4", "--target=val_loss:100", f"--model_dir={tmp_path}")
+    metrics = read_metrics(tmp_path)
+    assert metrics["num_replicas"] == 2 and metrics["step_at_target"] == metrics["step"] == 4
+    assert json.loads((tmp_path / "metric_specs.json").read_text())["metrics"]
