@@ -239,6 +239,10 @@ class Config:
                 raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
         if self.train_steps == 0 and self.epochs <= 0:
             raise ConfigError("epochs", f"must be positive when --train_steps is 0, got {self.epochs}")
+        if self.target:  # the metric is checked against the task's declarations when the trainer is built
+            from tfgpu.training import target
+
+            target.parse(self.target)
         if self.base_learning_rate <= 0:
             raise ConfigError("base_learning_rate", f"must be positive, got {self.base_learning_rate}")
         if not 0 <= self.label_smoothing < 1:
