@@ -42,7 +42,16 @@ def test_recipe_header_says_how_to_run_it_and_what_to_expect(recipe):
 def test_imagenet_recipe_keeps_the_reference_hyperparameters():
     resolved = config.resolve({**_flags_in(_CONFIGS / "imagenet_resnet50.flags"), "model_dir": "/tmp/x"})
     assert (resolved.global_batch_size, resolved.base_learning_rate, resolved.epochs) == (1024, 0.1, 90)
-    assert (resolved.precision, resolved.jit_compile, resolved.image_size) == ("mixed_float16", True, 224)
+    assert (resolved.precision, resolved.jit_compile, resolved.image_size) == ("auto", True, 224)
+
+
+@pytest.mark.parametrize("recipe, precision", [
+    ("quickstart.flags", "auto"), ("imagenet_resnet50.flags", "auto"), ("cifar10_resnet56.flags", "auto"),
+    ("cifar10_resnet20_bf16_cpu.flags", "mixed_bfloat16"),  # its name promises bfloat16
+    ("cifar10_wgan_gp.flags", "mixed_float16"), ("quickstart_gan.flags", "float32"),  # GANs: auto not tried
+])
+def test_recipes_pick_the_precision_by_hardware_unless_they_need_one(recipe, precision):
+    assert _flags_in(_CONFIGS / recipe)["precision"] == precision
 
 
 def test_wgan_gp_recipe_keeps_the_papers_algorithm_1_defaults():
