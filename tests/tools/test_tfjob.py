@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
+from tests.tools import k8s_schema
 from tfgpu.runtime import cluster
 
 TOOL = os.path.join(REPO, "tools", "k8s", "tfjob.py")
@@ -77,6 +78,17 @@ def test_manifest_has_what_the_operator_and_tfgpu_need():
     assert volumes["dshm"]["emptyDir"]["medium"] == "Memory" and mounts["dshm"] == "/dev/shm"
     assert config_map["metadata"]["namespace"] == "ml"
     assert "--model=resnet20" in config_map["data"]["train.flags"].splitlines()
+
+
+def test_manifests_fit_the_kubernetes_schemas():
+    """No package ships the TFJob CRD's schema: the ConfigMap is validated as it is, each replica's pod template
+    as a core Pod (tests/tools/k8s_schema.py)."""
+    config_map, tfjob = _manifests(f"--flagfile={QUICKSTART}", "--image=i", "--workers=4", "--gpus=8", "--pvc=c",
+                                   "--namespace=ml", "--cpu=16", "--memory=64Gi")
+    k8s_schema.validate(config_map)
+    for replica_type, replica in tfjob["spec"]["tfReplicaSpecs"].items():
+        k8s_schema.validate(k8s_schema.as_pod(f"{tfjob['metadata']['name']}-{replica_type.lower()}-0",
+                                              replica["template"]))
 
 
 def test_operator_tf_config_is_accepted_by_tfgpu_cluster():

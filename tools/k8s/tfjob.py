@@ -11,6 +11,9 @@ worker 0 is the chief that alone writes ``model_dir``. ``model_dir`` must be on 
 worker sees (a ReadWriteMany PVC, or gs://): a restarted pod resumes from its checkpoints.
 ``--restart_policy=OnFailure`` restarts failed pods; ``ExitCode`` restarts only exit codes
 128-255 (143 after a preemption save, 129 after a lost peer) and gives up on 1 (bad config).
+
+TFJob belongs to the Kubeflow Training Operator v1, which Kubeflow Trainer v2 replaces; indexed_job.py (core
+Kubernetes, no operator) and jobset.py render the same run for clusters without it.
 """
 import os
 import sys
