@@ -201,6 +201,8 @@ def test_entrypoint_exports_tf_config_then_runs_train(tmp_path):
     (["--workers=2", "--pvc=c", "--backoff_limit=-1"], "--backoff_limit must be >= 0"),
     (["--workers=2", "--pvc=c", "--name=Bad_Name"], "--name 'Bad_Name' must be a DNS label"),
     (["--workers=2", "--pvc=c", "--", "--cluster=slurm"], "--cluster is set by indexed_job.py"),
+    (["--workers=2", "--pvc=c", "--restart_policy=Always"], "argument --restart_policy: invalid choice: 'Always'"),
+    (["--pvc=c"], "the following arguments are required: --workers"),
 ])
 def test_bad_flags_are_one_line_errors(args, message):
     code, out, err = _render(f"--flagfile={QUICKSTART}", "--image=i", *args)

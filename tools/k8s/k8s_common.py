@@ -26,9 +26,16 @@ class RenderError(ValueError):
     """A bad flag; the message names it."""
 
 
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse that raises RenderError (one line, exit 1) instead of printing usage and exiting 2."""
+
+    def error(self, message):
+        raise RenderError(message)
+
+
 def parser(prog: str, description: str, restart_policies, default_restart_policy, restart_help: str,
            name_limit: int = 50):
-    p = argparse.ArgumentParser(prog=prog, description=description)
+    p = _ArgumentParser(prog=prog, description=description)
     p.add_argument("--flagfile", required=True, help="tfgpu.train flagfile to run (inlined into a ConfigMap).")
     p.add_argument("--image", required=True, help="Container image with tfgpu installed.")
     p.add_argument("--workers", type=int, required=True, help="Worker replicas (worker 0 is the chief).")
@@ -165,8 +172,8 @@ def main(arg_parser, render, argv=None) -> int:
     """Parse ``argv`` (the train flags after ``--``), render, write YAML; a bad flag is one line and exit 1."""
     argv = sys.argv[1:] if argv is None else list(argv)
     ours, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    args = arg_parser.parse_args(ours)
     try:
+        args = arg_parser.parse_args(ours)
         text = to_yaml(render(args, extra))
     except (RenderError, ValueError) as e:  # tfgpu.config.ConfigError is a ValueError: bad nested flagfile
         print(f"error: {e}", file=sys.stderr)
