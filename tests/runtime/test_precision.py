@@ -249,3 +249,22 @@ def test_a_bad_precision_is_one_line_naming_the_flag(train_here, tmp_path):
     assert result.returncode == 1
     assert result.output.strip().splitlines() == [
         "error: --precision: 'fp8' is not one of float32, mixed_float16, mixed_bfloat16, auto"], result.output
+
+
+def test_the_run_gpus_are_its_placements_gpus_as_tensorflow_describes_them(monkeypatch):
+    """Logical GPU i is visible GPU i; TensorFlow's details give name and (major, minor); a CPU placement has none."""
+    import types
+
+    import tensorflow as tf
+
+    visible = [types.SimpleNamespace(name=f"/physical_device:GPU:{i}") for i in range(2)]
+    details = {"/physical_device:GPU:0": {"device_name": "Tesla V100-SXM2-16GB", "compute_capability": (7, 0)},
+               "/physical_device:GPU:1": {"device_name": "NVIDIA H100 80GB HBM3", "compute_capability": (9, 0)}}
+    monkeypatch.setattr(tf.config, "get_visible_devices", lambda kind: visible if kind == "GPU" else [])
+    monkeypatch.setattr(tf.config.experimental, "get_device_details", lambda device: details[device.name])
+    one_device = types.SimpleNamespace(devices=("/job:localhost/replica:0/task:0/device:GPU:1",))
+    assert precision.run_gpus(one_device) == [{"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"}]
+    mirrored = types.SimpleNamespace(devices=("/job:worker/replica:0/task:0/device:GPU:0",
+                                              "/job:worker/replica:0/task:0/device:GPU:1"))
+    assert precision.resolve_auto({}, precision.run_gpus(mirrored))[0] == "mixed_float16"
+    assert precision.run_gpus(types.SimpleNamespace(devices=("/job:localhost/replica:0/task:0/device:CPU:0",))) == []
