@@ -1,7 +1,7 @@
 """--target=METRIC:VALUE: parsing and the comparison rule (pure), and runs that stop at the first evaluation that
 reaches it, after a checkpoint, or run their whole schedule when none does."""
-import json
 import os
+import time
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -77,8 +77,11 @@ def test_the_outcome_in_one_sentence():
 # -- runs ----------------------------------------------------------------------------------------------------------
 def test_an_easy_target_stops_at_its_evaluation_after_a_checkpoint_and_a_rerun_trains_no_further(train_here,
                                                                                                   tmp_path):
-    args = TINY + ["--train_steps=40", "--eval_every_steps=2", "--target=accuracy:0.2", f"--model_dir={tmp_path}"]
+    args = TINY + ["--train_steps=40", "--eval_every_steps=2", "--base_learning_rate=0.5", "--target=accuracy:0.2",
+                   f"--model_dir={tmp_path}"]
+    called = time.time()
     result = train_here(*args)
+    took = time.time() - called
     metrics, evals = read_metrics(tmp_path), read_history(tmp_path, "eval")
     at = metrics["step_at_target"]
     assert metrics["target_reached"] is True and metrics["target"] == "val_accuracy:0.2" and at < 40
@@ -89,7 +92,7 @@ def test_an_easy_target_stops_at_its_evaluation_after_a_checkpoint_and_a_rerun_t
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["checkpoint", f"ckpt-{at}.data-00000-of-00001",
                                                            f"ckpt-{at}.index"]
     assert metrics["epochs_at_target"] == round(at * 64 / 1438, 2)
-    assert 0 < metrics["time_to_target_s"] <= metrics["wall_time_s"] + 1
+    assert 0 < metrics["time_to_target_s"] <= took  # from the call of main here: a process's start on its own
     assert f"target val_accuracy >= 0.2 reached at step {at} ({metrics['epochs_at_target']:g} epochs) in " \
            in result.output
     assert "best_val_accuracy=" in result.output and " eta=" in result.output
@@ -103,13 +106,6 @@ def test_an_easy_target_stops_at_its_evaluation_after_a_checkpoint_and_a_rerun_t
     assert resumed["time_to_target_s"] == metrics["time_to_target_s"]  # the run that reached it
 
 
-def test_a_lower_is_better_target_stops_at_the_first_evaluation(train_here, tmp_path):
-    train_here(*TINY, "--train_steps=20", "--eval_every_steps=4", "--target=val_loss:100", f"--model_dir={tmp_path}")
-    metrics = read_metrics(tmp_path)
-    assert (metrics["step"], metrics["step_at_target"], metrics["target_reached"]) == (4, 4, True)
-    assert [e["step"] for e in read_history(tmp_path, "eval")] == [4]
-
-
 def test_an_unreachable_target_runs_the_schedule_evaluating_once_per_epoch(train_here, tmp_path):
     """Batch 512 on 1,438 digits: 2.81 steps per epoch, so evaluations at steps 3 and 6 and at the end, 8."""
     result = train_here(*TINY, "--global_batch_size=512", "--train_steps=8", "--target=val_accuracy:1.01",
@@ -119,15 +115,6 @@ def test_an_unreachable_target_runs_the_schedule_evaluating_once_per_epoch(train
     assert metrics["step"] == 8 and metrics["target_reached"] is False and metrics["step_at_target"] is None
     assert metrics["time_to_target_s"] is None and metrics["epochs_at_target"] is None
     assert "target val_accuracy >= 1.01 not reached in 8 steps (best " in result.output
-
-
-def test_without_a_target_metrics_and_progress_lines_have_nothing_of_it(train_here, tmp_path):
-    result = train_here(*TINY, "--train_steps=4", "--eval_split=none", f"--model_dir={tmp_path}")
-    assert not set(target.FIELDS) & set(read_metrics(tmp_path))
-    lines = [line for line in result.output.splitlines() if line.startswith("step ")]
-    assert [line.split()[1] for line in lines] == ["2/4", "4/4"]
-    assert all(" elapsed=" in line and " eta=" in line and "best_" not in line for line in lines)
-    assert "target" not in result.output and "final: step=4" in result.output
 
 
 @pytest.mark.parametrize("flag, message", [
@@ -146,10 +133,11 @@ def test_a_bad_target_is_one_line_before_training(train_here, tmp_path, flag, me
 
 # Slow (about 15 s: a process of its own, for the logical devices).
 @pytest.mark.slow
-def test_two_replicas_stop_at_the_same_evaluation(run_train, tmp_path):
+def test_two_replicas_stop_at_the_first_evaluation_that_reaches_a_lower_is_better_target(run_train, tmp_path):
     """Under mirrored on 2 logical CPUs the evaluation is summed over replicas before the comparison."""
     run_train(*TINY, "--cpu_logical_devices=2", "--distribution_strategy=mirrored", "--train_steps=20",
               "--eval_every_steps=4", "--target=val_loss:100", f"--model_dir={tmp_path}")
     metrics = read_metrics(tmp_path)
-    assert metrics["num_replicas"] == 2 and metrics["step_at_target"] == metrics["step"] == 4
-    assert json.loads((tmp_path / "metric_specs.json").read_text())["metrics"]
+    assert metrics["num_replicas"] == 2 and metrics["target_reached"] is True
+    assert metrics["step_at_target"] == metrics["step"] == 4
+    assert [e["step"] for e in read_history(tmp_path, "eval")] == [4]

@@ -199,9 +199,13 @@ def test_scattered_skips_do_not_stop_the_run(tmp_path, data_cache):
     --max_nonfinite_steps=3 finishes (it stopped with exit 2 when skips of consecutive loops were added up)."""
     import keras
 
+    from tfgpu.training import target
+
     run, _ = _trainer_skipping(tmp_path, data_cache, lambda s: s % 8 in (3, 4), max_nonfinite_steps=3)
     try:
-        assert run.train()["step"] == 24
+        final = run.train()
+        assert final["step"] == 24
+        assert not set(target.FIELDS) & final.keys()  # no --target: metrics.json gains nothing of it
     finally:
         keras.backend.clear_session()
     assert [r["nonfinite_steps"] for r in read_history(tmp_path)] == [1, 1, 1, 1, 1, 1]
