@@ -268,3 +268,53 @@ def test_the_run_gpus_are_its_placements_gpus_as_tensorflow_describes_them(monke
                                               "/job:worker/replica:0/task:0/device:GPU:1"))
     assert precision.resolve_auto({}, precision.run_gpus(mirrored))[0] == "mixed_float16"
     assert precision.run_gpus(types.SimpleNamespace(devices=("/job:localhost/replica:0/task:0/device:CPU:0",))) == []
+
+
+@pytest.mark.parametrize("choices, job", [(["mixed_bfloat16"], "mixed_bfloat16"),
+                                          (["mixed_bfloat16", "mixed_float16"], "mixed_float16"),
+                                          (["mixed_float16", "float32", "mixed_bfloat16"], "float32")])
+def test_a_job_runs_the_policy_of_its_least_capable_worker(choices, job):
+    assert precision.least_capable(choices) == job
+
+
+_WORKER_WITH_CPU_FLAGS = """import json, sys
+from tfgpu.runtime import host
+host.cpu_facts = lambda: {"model": "recorded", "flags": json.loads(sys.argv[1])}
+from tfgpu import train
+sys.exit(train.main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.slow
+def test_workers_on_different_cpus_agree_on_one_policy(tmp_path, data_cache):
+    """Two workers whose own devices would choose differently (one CPU has AMX, one has not) both train in
+    float32, the policy both can run, and each says why in one line."""
+    import subprocess
+    import sys
+
+    import portpicker
+
+    cluster = {"worker": [f"localhost:{portpicker.pick_unused_port()}" for _ in range(2)]}
+    args = ["--dataset=digits", "--model=small_cnn", "--global_batch_size=32", "--train_steps=2",
+            "--steps_per_loop=1", "--eval_split=none", "--tensorboard=false", "--precision=auto",
+            "--collective_timeout_s=60", f"--model_dir={tmp_path}"]
+    procs = []
+    for index, recorded in enumerate(("cpu_only_amx_bf16", "cpu_only_avx2")):
+        env = {**os.environ, "TFGPU_DATA_CACHE": data_cache, "TF_CPP_MIN_LOG_LEVEL": "2",
+               "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})}
+        procs.append(subprocess.Popen(
+            [sys.executable, "-c", _WORKER_WITH_CPU_FLAGS, json.dumps(_host(recorded)["cpu"]["flags"]), *args],
+            cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    try:
+        outputs = [proc.communicate(timeout=240)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    assert all(proc.returncode == 0 for proc in procs), outputs[0][-3000:] + outputs[1][-3000:]
+    assert "precision: --precision=auto chose float32, which every worker can run (this worker alone would run " \
+           "mixed_bfloat16: this CPU has avx512_bf16 and amx_bf16" in outputs[0], outputs[0][-3000:]
+    assert "precision: --precision=auto chose float32 (this CPU has no AVX512_BF16/AMX" in outputs[1]
+    with open(tmp_path / "config.yaml") as f:
+        assert yaml.safe_load(f)["precision"] == "float32"
+    with open(tmp_path / "metrics.json") as f:
+        assert json.load(f)["precision"] == "float32"

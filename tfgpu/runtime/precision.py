@@ -10,7 +10,8 @@ statistics) except, under float16 alone, the loss scale.
 ``--precision=auto`` becomes one of the policies once, when the run starts (``resolve_config``, called by
 ``experiment.setup`` before anything reads the precision or writes config.yaml): ``resolve_auto`` is the pure
 rule over recorded facts (the doctor's rule, ``runtime.advice.precision_for``). Each worker resolves it from its
-own devices; the workers of a job on different hardware must set --precision themselves.
+own devices, and the workers of a multi-worker job then agree in one all-reduce on the policy of the least capable
+among them (``least_capable``), so every worker builds the same variables.
 """
 import dataclasses
 import logging
@@ -23,6 +24,7 @@ from tfgpu.config import Config
 from tfgpu.runtime import advice, host
 
 MIN_LOSS_SCALE = 1.0  # a float16 scale backs off no lower than this (or the initial scale, if lower)
+BY_CAPABILITY = ("float32", "mixed_float16", "mixed_bfloat16")  # each needs more of the hardware than the last
 
 log = logging.getLogger("tfgpu")
 
@@ -50,15 +52,33 @@ def run_gpus(placement) -> list:
     return gpus
 
 
+def least_capable(choices) -> str:
+    """The policy every device of a job can run, from each device's own choice: the oldest decides."""
+    return min(choices, key=BY_CAPABILITY.index)
+
+
+def _agree_across_workers(strategy, chosen: str) -> str:
+    """The job's policy: an all-reduce of each replica's choice (counts per policy), then ``least_capable``."""
+    mine = tf.one_hot(BY_CAPABILITY.index(chosen), len(BY_CAPABILITY))
+    counts = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(mine)), axis=None)
+    return least_capable([p for p, n in zip(BY_CAPABILITY, counts.numpy()) if n > 0])
+
+
 def resolve_config(config: Config, placement) -> Config:
     """``config`` with ``--precision=auto`` replaced by the policy for this run's devices (the choice and its
-    reason logged in one line); any other precision unchanged."""
+    reason logged in one line; with several workers, the policy all of them can run); any other precision
+    unchanged."""
     if config.precision != "auto":
         return config
     gpus = run_gpus(placement)
     chosen, why = resolve_auto({} if gpus else host.cpu_facts()["flags"], gpus)
-    log.info("precision: --precision=auto chose %s (%s)", chosen, why)
-    return dataclasses.replace(config, precision=chosen)
+    job = _agree_across_workers(placement.strategy, chosen) if placement.num_workers > 1 else chosen
+    if job == chosen:
+        log.info("precision: --precision=auto chose %s (%s)", chosen, why)
+    else:
+        log.info("precision: --precision=auto chose %s, which every worker can run (this worker alone would "
+                 "run %s: %s)", job, chosen, why)
+    return dataclasses.replace(config, precision=job)
 
 
 def set_policy(precision: str) -> None:
