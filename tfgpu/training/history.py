@@ -48,7 +48,8 @@ class Progress:
         if self.verbose == 1:
             import keras
 
-            self.bar = keras.utils.Progbar(total, stateful_metrics=self.keys + (self.best_key,), unit_name="step")
+            stateful = self.keys + ((self.best_key,) if self.best_key else ())
+            self.bar = keras.utils.Progbar(total, stateful_metrics=stateful, unit_name="step")
             self.bar.update(start)
 
     def set_best(self, value) -> None:

@@ -13,9 +13,12 @@ The loop names no task and no task's metric: what it logs, counts as skipped
 declarations (``Task.metrics``), written with the loop's own
 (``metric_specs.LOOP_METRICS``) to ``<model_dir>/metric_specs.json`` for the
 report. How a run fails (exceptions, exit codes) is ``tfgpu.training.failures``; what it
-logs as it goes (history.jsonl, progress) is ``tfgpu.training.history``. The module
-stays one (~440 lines): the loop, its boundaries, the skipped-step guard,
-preemption, evaluation and input profiling share the Trainer's state.
+logs as it goes (history.jsonl, progress) is ``tfgpu.training.history``. With
+``--target`` the loop stops at the first evaluation that reaches it, decided by
+all workers together; the rule and metrics.json's fields are
+``tfgpu.training.target``. The module stays one (~540 lines): the loop, its
+boundaries, the skipped-step guard, preemption, evaluation, the target and
+input profiling share the Trainer's state.
 """
 import json
 import logging
