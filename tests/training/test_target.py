@@ -1,12 +1,15 @@
 """--target=METRIC:VALUE: parsing and the comparison rule (pure), and runs that stop at the first evaluation that
 reaches it, after a checkpoint, or run their whole schedule when none does."""
 import os
+import re
+import subprocess
+import sys
 import time
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tests.conftest import read_history, read_metrics
+from tests.conftest import REPO, read_history, read_metrics
 from tfgpu.config import ConfigError
 from tfgpu.training import metric_specs, target
 from tfgpu.training.metric_specs import Declarations, MetricSpec
@@ -141,3 +144,19 @@ def test_two_replicas_stop_at_the_first_evaluation_that_reaches_a_lower_is_bette
     assert metrics["num_replicas"] == 2 and metrics["target_reached"] is True
     assert metrics["step_at_target"] == metrics["step"] == 4
     assert [e["step"] for e in read_history(tmp_path, "eval")] == [4]
+
+
+# Slow (about 30 s: two worker processes).
+@pytest.mark.slow
+def test_two_workers_stop_at_the_same_step(tmp_path, data_cache):
+    """Under multi_worker_mirrored every worker evaluates and the decision is all-reduced: both end at the
+    first evaluation, exit 0, and the chief records it."""
+    env = {**os.environ, "TFGPU_DATA_CACHE": data_cache, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    launch = subprocess.run([sys.executable, "-m", "tfgpu.launch", "--num_workers=2", "--", *TINY, "--train_steps=20",
+                             "--eval_every_steps=4", "--target=val_loss:100", f"--model_dir={tmp_path}"], cwd=REPO,
+                            env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    assert launch.returncode == 0, launch.stdout[-3000:]
+    finals = re.findall(r"^\[worker (\d)\] final: step=(\d+) .*target_reached=(\w+)", launch.stdout, re.M)
+    assert sorted(finals) == [("0", "4", "True"), ("1", "4", "True")], launch.stdout[-3000:]
+    metrics = read_metrics(tmp_path)
+    assert (metrics["num_workers"], metrics["step_at_target"], metrics["target_reached"]) == (2, 4, True)
