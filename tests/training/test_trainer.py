@@ -285,7 +285,7 @@ def test_a_kernel_error_fails_as_itself_not_as_a_lost_worker(tmp_path, data_cach
     run = experiment.setup(config).trainer
     run.placement = dataclasses.replace(run.placement, num_workers=2)
 
-    def restore():  # where a kernel fails does not matter: every collective of train() is handled alike
+    def restore(**kwargs):  # where a kernel fails does not matter: every collective of train() is handled alike
         raise tf.errors.InternalError(None, None, "cuDNN launch failure : input shape ([16,8,8,1])")
 
     run.restore = restore
