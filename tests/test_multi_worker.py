@@ -225,7 +225,7 @@ def test_a_lost_worker_exits_129_and_max_restarts_reexecutes_the_same_command(mo
     from tfgpu import train
     from tfgpu.training import experiment, trainer
 
-    def lost(config):
+    def lost(config, **kwargs):
         raise trainer.WorkerLost("worker 0: a collective failed after step 10; rerun the same launch")
 
     monkeypatch.setattr(experiment, "run", lost)

@@ -296,7 +296,7 @@ def test_a_kernel_error_fails_as_itself_not_as_a_lost_worker(tmp_path, data_cach
     finally:
         keras.backend.clear_session()
 
-    def fails(config):
+    def fails(config, **kwargs):
         raise trainer.KernelFailed("worker 0: a TensorFlow kernel failed")
 
     monkeypatch.setattr(experiment, "run", fails)
