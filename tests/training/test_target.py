@@ -64,6 +64,16 @@ def test_the_metric_is_an_eval_metric_with_or_without_its_prefix():
             target.resolve(f"{name}:1", CLASSIFIER)
 
 
+def test_the_registered_tasks_declare_their_targets():
+    from tfgpu.tasks.base import get_task
+
+    gan = metric_specs.of_task(get_task("gan"))
+    assert target.eval_metrics(gan) == ["fid", "kid"]  # not the sample grid
+    assert target.resolve("fid:20", gan).describe() == "fid <= 20"
+    classification = metric_specs.of_task(get_task("classification"))
+    assert target.resolve("val_top5_accuracy:0.99", classification).describe() == "val_top5_accuracy >= 0.99"
+
+
 def test_the_outcome_in_one_sentence():
     high = target.Target("val_accuracy", 0.97, False)
     reached = {"step": 450, **target.fields(high, {"step": 440, "seconds": 61.97, "epochs": 19.5666})}
