@@ -74,6 +74,7 @@ write_conf() {
   host=$(node_name)
   getent hosts "$host" > /dev/null || fail 7 "this host's name $host does not resolve (add it to /etc/hosts)"
   # cred_expire: a requeued job waits this long before it may start again (Slurm's default: 120 s).
+  # MessageTimeout: 30 s, not 10, for a host busy starting TensorFlow workers (slurmd stopped answering in time).
   # At least 2 CPUs, so that 2-task jobs run on a 1-core host too (config_overrides: slurmd takes this count).
   cpus=$(nproc)
   [ "$cpus" -ge 2 ] || cpus=2
@@ -98,6 +99,7 @@ SelectTypeParameters=CR_Core
 SlurmdParameters=config_overrides
 ReturnToService=2
 KillWait=30
+MessageTimeout=30
 NodeName=$host CPUs=$cpus RealMemory=1000 State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP"
   if [ -f "$CONF" ] && ! grep -qxF "$MARK" "$CONF"; then
