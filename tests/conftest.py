@@ -38,6 +38,22 @@ def run_train(data_cache):
     return run
 
 
+@pytest.fixture(autouse=True)
+def _tfgpu_logger_as_python_leaves_it():
+    """Every test starts with tfgpu's logger as Python leaves it (no handler, propagating to the root, where
+    caplog listens) and leaves it so: a test that ran a command's main() (logs.setup) must not mute the next
+    test's caplog."""
+    logger = logging.getLogger("tfgpu")
+
+    def reset():
+        logger.handlers[:], logger.propagate = [], True
+        logger.setLevel(logging.NOTSET)
+
+    reset()
+    yield
+    reset()
+
+
 @pytest.fixture
 def train_here(data_cache, monkeypatch, capsys):
     """Runs ``tfgpu.train.main(args)`` in this process on one device; returns an object with .returncode and

@@ -41,7 +41,9 @@ def _parser():
     p.add_argument("--stop_grace_s", type=float, default=30.0,
                    help="After SIGTERM, seconds a worker gets to save and exit before SIGKILL.")
     p.add_argument("--python", default=sys.executable, help="Python interpreter for the workers.")
-    p.add_argument("--module", default="tfgpu.train", help="Module each worker runs with `python -m`.")
+    p.add_argument("--module", default=None, help="Module each worker runs with `python -m` (default tfgpu.train; "
+                   "without --module, worker args that start with a program, e.g. `-- python script.py`, are run "
+                   "as given).")
     p.add_argument("--host", default="localhost", help="Address the workers use to reach each other.")
     return p
 

@@ -55,11 +55,14 @@ def test_the_script_trains_its_model_on_its_datasets(example, tmp_path, capsys):
 def test_launch_runs_a_script_given_after_the_separator():
     from tfgpu.runtime import launcher
 
-    args = types.SimpleNamespace(python="/usr/bin/python3", module="tfgpu.train")
+    args = types.SimpleNamespace(python="/usr/bin/python3", module=None)  # no --module given
     assert launcher.worker_command(args, ["python", "examples/fit_dataset.py", "--train_steps=5"]) == \
         ["python", "examples/fit_dataset.py", "--train_steps=5"]
     assert launcher.worker_command(args, ["--flagfile=f"]) == ["/usr/bin/python3", "-m", "tfgpu.train", "--flagfile=f"]
     assert launcher.worker_command(args, []) == ["/usr/bin/python3", "-m", "tfgpu.train"]
+    # An explicit --module takes every worker arg, positional ones too (a worker module given a directory).
+    args.module = "fit_worker"
+    assert launcher.worker_command(args, ["/tmp/run", "1"]) == ["/usr/bin/python3", "-m", "fit_worker", "/tmp/run", "1"]
 
 
 def _run(args, timeout):

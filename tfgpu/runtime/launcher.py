@@ -24,11 +24,13 @@ class LaunchError(Exception):
 
 
 def worker_command(args, worker_args) -> list:
-    """``python -m <--module> <worker args>``; or, when the worker args start with a program rather than a flag
-    (``-- python script.py``), that command as given (a tfgpu.fit script run by every worker)."""
-    if worker_args and not worker_args[0].startswith("-"):
+    """``python -m <--module> <worker args>`` (``tfgpu.train`` by default); or, without ``--module``, when the worker
+    args start with a program rather than a flag (``-- python script.py``), that command as given (a tfgpu.fit
+    script run by every worker). With ``--module`` every worker arg goes to the module, positional ones too."""
+    module = getattr(args, "module", None)
+    if module is None and worker_args and not worker_args[0].startswith("-"):
         return list(worker_args)
-    return [args.python, "-m", args.module, *worker_args]
+    return [args.python, "-m", module or "tfgpu.train", *worker_args]
 
 
 def core_sets(num_workers: int, cores_per_worker: int, available=None):
