@@ -180,7 +180,13 @@ case $ACTION in
     echo "local_cluster: down"
     ;;
   status)
-    state=$(command -v sinfo > /dev/null && node_state)
+    if ! command -v sinfo > /dev/null; then
+      echo "local_cluster: not up (Slurm is not installed)"; exit 8
+    fi
+    if [ -f "$CONF" ] && grep -qxF "$MARK" "$CONF" && ! running "$CTLD_PID"; then
+      echo "local_cluster: not up (slurmctld is not running)"; exit 8
+    fi
+    state=$(node_state)
     case $state in
       idle|mixed|allocated|completing) echo "local_cluster: up: node $(node_name) $state"; exit 0 ;;
       *) echo "local_cluster: not up (node $(node_name): ${state:-no answer from slurmctld})"; exit 8 ;;
