@@ -52,6 +52,10 @@ def test_acceptance_command_writes_results_and_ratio(tmp_path):
         assert r["macs_per_example"] == 16 * 16 * 32 * 27 + 8 * 8 * 64 * 288 + 64 * 10
     assert by_name["tfgpu"]["strategy"] == "one_device" and by_name["tfgpu"]["steps_per_loop"] == 5
     assert by_name["keras_fit"]["steps_per_execution"] == 1
+    # Each side's XLA scope (none here) and how its batches reach the device.
+    assert by_name["tfgpu"]["xla_scope"] == by_name["keras_fit"]["xla_scope"] == "none"
+    assert by_name["keras_fit"]["input_to_device"] == "host memory (CPU device)"
+    assert report["ratio_spread"]["tfgpu/keras_fit"]["n"] == 1
     expected = by_name["tfgpu"]["examples_per_sec"] / by_name["keras_fit"]["examples_per_sec"]
     assert report["ratios"]["tfgpu/keras_fit"] == pytest.approx(expected, rel=1e-3)
     assert list(report["ratios"]) == ["tfgpu/keras_fit"]
@@ -59,6 +63,7 @@ def test_acceptance_command_writes_results_and_ratio(tmp_path):
     assert report["cpu_time_ratios"]["tfgpu/keras_fit"] == pytest.approx(cpu_expected, rel=1e-3)
     assert report["environment"]["tensorflow"] and report["environment"]["cpu_count"]
     assert "tfgpu/keras_fit = " in proc.stdout and "keras_fit " in proc.stdout
+    assert "(1 repeat: no spread" in proc.stdout
 
 
 # Slow (46 s): the acceptance test runs the benchmark end to end by default; the ratio keys of a sweep are
@@ -97,6 +102,9 @@ def test_an_error_found_in_the_child_is_one_line_naming_the_benchmark_flag(tmp_p
 
 @pytest.mark.parametrize("args, flag", [
     (["--precision=float33"], "--precision"),
+    (["--precision=auto,float33"], "--precision"),
+    (["--keras_one_device_strategy=maybe"], "--keras_one_device_strategy"),
+    (["--baseline=tfgpu_one_device"], "--baseline"),
     (["--batch_size=32,big"], "--batch_size"),
     (["--batch_size=0"], "--batch_size"),
     (["--jit_compile=maybe"], "--jit_compile"),
@@ -172,7 +180,7 @@ def test_synthetic_baseline_needs_real_data(capsys):
 
 
 @pytest.mark.slow
-def test_mirrored_on_two_logical_cpus_with_both_baselines(tmp_path):
+def test_mirrored_on_two_logical_cpus_with_every_fit_baseline(tmp_path):
     out = tmp_path / "bench.json"
     proc = run_benchmark(*TINY, "--batch_size=32", "--distribution_strategy=mirrored", "--cpu_logical_devices=2",
                          "--jit_compile=true", f"--output_json={out}")
@@ -186,8 +194,13 @@ def test_mirrored_on_two_logical_cpus_with_both_baselines(tmp_path):
     fit_mirrored = by_name["keras_fit_strategy"]
     assert fit_mirrored["status"] == "ok" and fit_mirrored["steps_per_execution"] == 1
     assert fit_mirrored["num_replicas"] == 2
-    assert set(report["ratios"]) == {"tfgpu/keras_fit", "tfgpu/keras_fit_strategy"}
-    assert "off*" in proc.stdout
+    # fit on one device is compared with tfgpu on one device; the 2-replica run is the scaling figure.
+    assert by_name["tfgpu_one_device"]["num_replicas"] == 1 and by_name["keras_fit_spe"]["steps_per_execution"] == 5
+    assert set(report["ratios"]) == {"tfgpu/keras_fit", "tfgpu/keras_fit_spe", "tfgpu/keras_fit_strategy",
+                                     "tfgpu:2_devices/1_device"}
+    expected = by_name["tfgpu_one_device"]["examples_per_sec"] / by_name["keras_fit"]["examples_per_sec"]
+    assert report["ratios"]["tfgpu/keras_fit"] == pytest.approx(expected, rel=1e-3)
+    assert "off*" in proc.stdout and "note: batch 32 float32: tfgpu ran on 2 devices" in proc.stdout
 
 
 # Slow (29 s): the end-to-end acceptance command stays in the default suite.

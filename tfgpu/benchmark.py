@@ -12,9 +12,19 @@ ratios of tfgpu to each baseline.
 Runners: ``tfgpu`` (the Trainer: ``--steps_per_loop`` steps per tf.function
 call, under ``--distribution_strategy``), ``keras_fit`` (what users write:
 ``model.compile(SGD, sparse CE); model.fit(...)`` on one device, same model,
-data, global batch, precision and XLA setting) and ``keras_fit_strategy``
+data, global batch, precision and XLA setting, ``steps_per_execution=1``),
+``keras_fit_spe`` (the same with ``steps_per_execution`` equal to tfgpu's
+``--steps_per_loop``: the same steps per host call) and ``keras_fit_strategy``
 (Keras ``fit`` under the same strategy, ``steps_per_execution=1`` because larger
 values fail under MirroredStrategy; a failure is recorded, not raised).
+
+Fair ratios: tfgpu/BASELINE is only taken between runs on the same devices; when
+tfgpu's strategy uses more devices than the one-device baselines, each round also
+runs tfgpu on one device (``tfgpu_one_device``) for that ratio, and the
+all-device run gives the scaling ratio. Each ratio is printed with its min-max
+over the paired repeats. The JSON and the table state each side's XLA scope
+(tfgpu compiles the gradient step, Keras ``fit`` the whole train step) and how
+batches reach the device (``--keras_one_device_strategy``).
 
 Timing: ``--untimed_steps`` (tracing, compilation, autotuning) are excluded, then
 ``--windows`` windows of ``--steps_per_window`` steps are timed by wall clock,
@@ -48,6 +58,13 @@ RENAMED = {"warmup_steps": "renamed --untimed_steps (steps before timing); --war
                            "learning-rate warmup"}
 
 
+def _bool(text: str) -> bool:
+    table = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
+    if text.lower() not in table:
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return table[text.lower()]
+
+
 class _Renamed(argparse.Action):
     """A flag that was renamed: a one-line error pointing to the new name."""
 
@@ -63,9 +80,12 @@ def parser() -> cli.ArgumentParser:
     a("--max_batch_size", type=int, default=0, help="auto: largest per-replica batch to try; "
       "0 = until out of memory on GPU, 256 on CPU.")
     a("--batch_granularity", type=int, default=8, help="auto: per-replica batches are multiples of this.")
-    a("--precision", default="float32", help=f"Comma separated: {', '.join(PRECISIONS)}.")
+    a("--precision", default="float32", help=f"Comma separated: {', '.join(PRECISIONS)}, or auto (the policy "
+      "tfgpu.train's --precision=auto picks on this host: bf16 on AVX512_BF16/AMX CPUs and compute capability "
+      ">= 8.0, fp16 on 7.x, else float32).")
     a("--jit_compile", default="false", nargs="?", const="true", help="XLA: true, false or 'false,true'.")
-    a("--baseline", default="keras_fit,keras_fit_strategy", help="Comma separated from keras_fit, "
+    a("--baseline", default="keras_fit,keras_fit_spe,keras_fit_strategy", help="Comma separated from keras_fit "
+      "(steps_per_execution=1, as users write it), keras_fit_spe (steps_per_execution = --steps_per_loop), "
       "keras_fit_strategy, synthetic (tfgpu on synthetic data of the real data's shape: the input pipeline's "
       "cost), or none.")
     a("--untimed_steps", type=int, default=20, help="Steps run before timing starts (tracing, XLA compilation, "
@@ -77,7 +97,11 @@ def parser() -> cli.ArgumentParser:
     a("--repeats", type=int, default=1, help="Run every measurement this many times, runners alternating, and "
       "pool their windows (steadier numbers on a busy machine).")
     a("--keras_steps_per_execution", type=int, default=1, help="keras_fit: steps_per_execution "
-      "(1 is what users write; keras_fit_strategy always uses 1).")
+      "(1 is what users write; keras_fit_spe uses --steps_per_loop, keras_fit_strategy always 1).")
+    a("--keras_one_device_strategy", type=_bool, default=False, nargs="?", const=True, help="keras_fit and "
+      "keras_fit_spe compile and fit under tf.distribute.OneDeviceStrategy on their device, so batches are "
+      "prefetched to the GPU as tfgpu's are; off = what users write (without a strategy, fit copies each batch "
+      "to the GPU inside the step). No difference on a CPU.")
     a("--case_timeout_s", type=float, default=1800, help="Kill a measurement that takes longer.")
     a("--output_json", default="", help="Write results and ratios here.")
     a("--_case", default="", help=argparse.SUPPRESS)

@@ -43,3 +43,42 @@ def test_auto_batch_stops_at_max_batch_size_and_caps_cpu_by_default():
 def test_auto_batch_reports_when_nothing_fits():
     with pytest.raises(RuntimeError, match="even a per-replica batch of 8 does not fit"):
         bench_runner.auto_batch(_FakeRunner(limit=4), "float32", False)
+
+
+class _FakeMeasureRunner:
+    """Stands in for the child processes of measure(): every run succeeds; tfgpu uses ``replicas`` devices."""
+
+    def __init__(self, baselines, replicas=1, steps_per_loop=10, keras_steps_per_execution=1, repeats=2):
+        opts = argparse.Namespace(repeats=repeats, keras_steps_per_execution=keras_steps_per_execution)
+        self.plan = argparse.Namespace(opts=opts, baselines=baselines, shared={"steps_per_loop": steps_per_loop})
+        self.replicas, self.calls = replicas, []
+
+    def run(self, runner, batch, precision, jit, per_replica=0, probe=False):
+        self.calls.append(runner)
+        devices = self.replicas if runner == "tfgpu" else 1
+        rate = 100.0 * devices
+        return {"name": runner, "status": "ok", "batch_size": batch, "precision": precision, "jit_compile": jit,
+                "num_replicas": devices, "strategy": "mirrored" if devices > 1 else "one_device",
+                "steps_per_window": 10, "peak_memory_bytes": 1, "examples_per_sec": rate,
+                "window_examples_per_sec": [rate]}
+
+
+def test_measure_runs_tfgpu_on_one_device_too_when_it_uses_more_devices_than_fit():
+    runner = _FakeMeasureRunner(("keras_fit", "keras_fit_strategy"), replicas=2)
+    results = {r["name"]: r for r in bench_runner.measure(runner, 64, "float32", False)}
+    assert runner.calls == ["tfgpu", "tfgpu_one_device", "keras_fit", "keras_fit_strategy"] * 2
+    assert results["tfgpu_one_device"]["repeats"] == 2 and results["tfgpu_one_device"]["num_replicas"] == 1
+    one_device = _FakeMeasureRunner(("keras_fit",), replicas=1)
+    bench_runner.measure(one_device, 64, "float32", False)
+    assert one_device.calls == ["tfgpu", "keras_fit"] * 2
+
+
+def test_keras_fit_spe_runs_fit_with_tfgpus_steps_per_call_and_is_skipped_when_that_is_keras_fits():
+    runner = _FakeMeasureRunner(("keras_fit", "keras_fit_spe"), steps_per_loop=10)
+    results = bench_runner.measure(runner, 64, "float32", False)
+    assert runner.calls == ["tfgpu", "keras_fit", "keras_fit_spe"] * 2
+    assert [r["status"] for r in results] == ["ok"] * 3
+    same = _FakeMeasureRunner(("keras_fit", "keras_fit_spe"), steps_per_loop=1)
+    results = {r["name"]: r for r in bench_runner.measure(same, 64, "float32", False)}
+    assert same.calls == ["tfgpu", "keras_fit"] * 2
+    assert results["keras_fit_spe"]["status"] == "skipped" and "--steps_per_loop=1" in results["keras_fit_spe"]["reason"]

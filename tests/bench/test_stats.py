@@ -1,5 +1,7 @@
 """tfgpu.bench.stats: the arithmetic of ratios, spread, pooled rounds, peak TFLOPS and MFU."""
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tfgpu.bench import stats
 
@@ -66,15 +68,61 @@ def test_ratio_keys_name_only_the_settings_that_vary():
                {**_result("keras_fit_strategy", 64, "float32", None), "status": "failed"}]
     assert stats.ratios(results) == {"tfgpu/keras_fit@precision=float32": 1.25,
                                          "tfgpu/keras_fit@precision=mixed_bfloat16": 1.5,
-                                         "tfgpu:mixed_bfloat16/float32": 1.8}
+                                         "tfgpu:mixed_bfloat16/float32": 1.8,
+                                         "keras_fit:mixed_bfloat16/float32": 1.5}
     # Examples per CPU-second: the baseline's CPU time per step over tfgpu's (same batch).
     for r, cpu_ms in zip(results, (50.0, 60.0, 30.0, 30.0)):
         r["cpu_ms_per_step"] = cpu_ms
     assert stats.ratios(results, stats.examples_per_cpu_second) == {
         "tfgpu/keras_fit@precision=float32": 1.2, "tfgpu/keras_fit@precision=mixed_bfloat16": 1.0,
-        "tfgpu:mixed_bfloat16/float32": pytest.approx(50 / 30, abs=1e-4)}
+        "tfgpu:mixed_bfloat16/float32": pytest.approx(50 / 30, abs=1e-4), "keras_fit:mixed_bfloat16/float32": 2.0}
     # XLA that was asked for but not in effect (logical CPU replicas) gives no XLA ratio.
     xla = [_result("tfgpu", 64, "float32", 100.0), _result("tfgpu", 64, "float32", 130.0, jit=True, effective=False)]
     assert stats.ratios(xla) == {}
     xla[1]["jit_compile_effective"] = True
     assert stats.ratios(xla) == {"tfgpu:xla_on/xla_off": 1.3}
+
+
+def _on(devices, result):
+    return {**result, "num_replicas": devices, "status": "ok"}
+
+
+def test_ratios_compare_runs_on_the_same_devices_only():
+    # tfgpu on 2 GPUs against fit on 1: no tfgpu/keras_fit from that pair; tfgpu on one device stands in.
+    two = _on(2, _result("tfgpu", 64, "float32", 190.0))
+    fit = _on(1, _result("keras_fit", 64, "float32", 100.0))
+    fit_strategy = _on(2, _result("keras_fit_strategy", 64, "float32", 180.0))
+    assert stats.ratios([two, fit, fit_strategy]) == {"tfgpu/keras_fit_strategy": pytest.approx(190 / 180, abs=1e-4)}
+    one = _on(1, _result("tfgpu_one_device", 64, "float32", 105.0))
+    assert stats.ratios([two, fit, fit_strategy, one]) == {
+        "tfgpu/keras_fit": 1.05, "tfgpu/keras_fit_strategy": pytest.approx(190 / 180, abs=1e-4),
+        "tfgpu:2_devices/1_device": pytest.approx(190 / 105, abs=1e-4)}
+    notes = stats.devices_note([two, fit, one])
+    assert len(notes) == 1 and "tfgpu ran on 2 devices" in notes[0] and "tfgpu_one_device" in notes[0]
+    # On one device nothing stands in and there is no scaling figure.
+    assert stats.ratios([_on(1, _result("tfgpu", 64, "float32", 100.0)), fit]) == {"tfgpu/keras_fit": 1.0}
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(stats.RUNNERS), st.integers(1, 4), st.floats(1.0, 1000.0)),
+                min_size=1, max_size=8, unique_by=lambda t: t[0]))
+def test_no_ratio_of_tfgpu_against_a_baseline_spans_different_device_counts(rows):
+    results = [_on(devices, _result(name, 64, "float32", rate)) for name, devices, rate in rows]
+    for key, mine, base in stats._pairs(results, lambda r: r.get("examples_per_sec")):
+        if "/" in key and ":" not in key.split("/")[0]:  # tfgpu/BASELINE, not scaling or precision
+            assert stats._devices(mine) == stats._devices(base), key
+
+
+def test_ratio_spread_pairs_the_rounds_of_two_runners():
+    def pooled(name, round_rates):
+        rounds = [{"name": name, "status": "ok", "batch_size": 10, "steps_per_window": 10, "peak_memory_bytes": 1,
+                   "examples_per_sec": rate, "window_examples_per_sec": [rate]} for rate in round_rates]
+        return {**stats.pool_rounds(rounds), "precision": "float32", "jit_compile": False}
+
+    mine, fit = pooled("tfgpu", [100.0, 90.0, 120.0]), pooled("keras_fit", [100.0, 100.0, 100.0])
+    assert [r["examples_per_sec"] for r in mine["rounds"]] == [100.0, 90.0, 120.0]
+    assert stats.ratios([mine, fit]) == {"tfgpu/keras_fit": 1.0}  # the pooled medians
+    assert stats.ratio_spread([mine, fit]) == {"tfgpu/keras_fit": {"min": 0.9, "max": 1.2, "n": 3}}
+    # One round each: n = 1, which the report prints as no spread.
+    single = [pooled("tfgpu", [100.0]), pooled("keras_fit", [80.0])]
+    assert stats.ratio_spread(single) == {"tfgpu/keras_fit": {"min": 1.25, "max": 1.25, "n": 1}}

@@ -10,7 +10,7 @@ import os
 import resource
 import time
 
-from tfgpu.bench.stats import peak_tflops, window_stats
+from tfgpu.bench.stats import XLA_SCOPES, peak_tflops, window_stats
 from tfgpu.config import ConfigError
 
 
@@ -113,7 +113,9 @@ def _run_tfgpu(case: dict, config) -> dict:
     out = {"batch_size": config.global_batch_size,
            "per_replica_batch_size": config.global_batch_size // placement.num_replicas, "strategy": placement.kind,
            "num_replicas": placement.num_replicas, "devices": list(placement.devices),
-           "jit_compile_effective": built.task.jit_compile, "steps_per_loop": config.steps_per_loop}
+           "jit_compile_effective": built.task.jit_compile, "steps_per_loop": config.steps_per_loop,
+           "xla_scope": XLA_SCOPES["tfgpu"] if built.task.jit_compile else "none",
+           "input_to_device": "prefetched by the strategy's distributed dataset"}
     out.update(_device_facts(config, placement.num_replicas))
     if case.get("probe"):
         return out
@@ -124,26 +126,48 @@ def _run_tfgpu(case: dict, config) -> dict:
     return out
 
 
-def _run_keras_fit(case: dict, config, under_strategy: bool) -> dict:
+def baseline_placement(config, runner: str, one_device_strategy: bool):
+    """The strategy a Keras ``fit`` baseline compiles under: ``keras_fit_strategy`` tfgpu's own; ``keras_fit`` and
+    ``keras_fit_spe`` none (what users write: Keras places the model on the first GPU and copies each batch to
+    it inside the step) or, with ``--keras_one_device_strategy``, a OneDeviceStrategy on that device, whose
+    distributed dataset prefetches batches to the device as tfgpu's input does. ``configure_devices`` first."""
+    from tfgpu.runtime import distribute
+
+    if runner == "keras_fit_strategy":
+        return distribute.build_strategy(config)
+    if one_device_strategy:
+        return distribute.build_strategy(dataclasses.replace(config, distribution_strategy="one_device"))
+    return None
+
+
+def input_to_device(placement, on_gpu: bool) -> str:
+    """How a fit baseline's batches reach the device (the JSON's ``input_to_device``)."""
+    if placement is not None:
+        return "prefetched by the strategy's distributed dataset"
+    return "copied to the GPU inside each step (no strategy)" if on_gpu else "host memory (CPU device)"
+
+
+def _run_keras_fit(case: dict, config, runner: str) -> dict:
     """Plain Keras 3 compile + fit on the same model, data, batch, precision and XLA setting."""
     import keras
     import tensorflow as tf
 
-    from tfgpu.runtime import distribute, precision
     from tfgpu.data import pipeline
     from tfgpu.models import create_model
+    from tfgpu.runtime import distribute, precision
 
-    if not under_strategy:  # what a user's own script does: one device, no strategy, no CPU splitting
+    if runner != "keras_fit_strategy":  # what a user's own script does: one device, no CPU splitting
         gpus = tf.config.list_physical_devices("GPU") if config.num_gpus != 0 else []
         config = dataclasses.replace(config, distribution_strategy="one_device", cpu_logical_devices=0,
                                      num_gpus=1 if gpus else config.num_gpus)
     distribute.configure_devices(config)
-    placement = distribute.build_strategy(config) if under_strategy else None
-    if placement is not None and placement.kind == "one_device":
+    placement = baseline_placement(config, runner, case.get("keras_one_device_strategy", False))
+    if runner == "keras_fit_strategy" and placement.kind == "one_device":
         return {"status": "skipped", "reason": "the strategy is one_device: keras_fit measures the same thing"}
     replicas = placement.num_replicas if placement else 1
     # MirroredStrategy fails with steps_per_execution > 1 (keras-team/keras#19246); XLA cannot span logical CPUs.
-    steps_per_execution = 1 if placement else case["keras_steps_per_execution"]
+    steps_per_execution = {"keras_fit": case["keras_steps_per_execution"], "keras_fit_spe": config.steps_per_loop,
+                           "keras_fit_strategy": 1}[runner]
     jit = config.jit_compile and not (placement and placement.on_logical_cpus)
     keras.utils.set_random_seed(config.seed)
     precision.set_policy(config.precision)
@@ -159,10 +183,13 @@ def _run_keras_fit(case: dict, config, under_strategy: bool) -> dict:
     timer = _epoch_timer()
     model.fit(dataset, epochs=case["windows"], steps_per_epoch=case["steps_per_window"], verbose=0,
               callbacks=[timer])
+    on_gpu = bool(tf.config.list_logical_devices("GPU"))
     out = {"batch_size": config.global_batch_size, "per_replica_batch_size": config.global_batch_size // replicas,
            "strategy": placement.kind if placement else "keras_default",
            "num_replicas": replicas, "devices": list(placement.devices) if placement else [],
-           "jit_compile_effective": bool(model.jit_compile), "steps_per_execution": steps_per_execution}
+           "jit_compile_effective": bool(model.jit_compile), "steps_per_execution": steps_per_execution,
+           "xla_scope": XLA_SCOPES["keras"] if model.jit_compile else "none",
+           "input_to_device": input_to_device(placement, on_gpu)}
     out.update(_device_facts(config, replicas))
     out.update(window_stats(timer.seconds(0), case["steps_per_window"] * config.global_batch_size,
                             case["steps_per_window"], timer.seconds(1)))
@@ -197,8 +224,8 @@ def run_case(case: dict) -> dict:
     result = {"name": case["runner"], "status": "ok"}
     try:
         config = config_lib.resolve(case["config"])
-        result.update(_run_tfgpu(case, config) if case["runner"] in ("tfgpu", "synthetic") else
-                      _run_keras_fit(case, config, case["runner"] == "keras_fit_strategy"))
+        result.update(_run_tfgpu(case, config) if case["runner"] in ("tfgpu", "tfgpu_one_device", "synthetic") else
+                      _run_keras_fit(case, config, case["runner"]))
     except ConfigError as e:
         result.update(status="failed", config_error=True, reason=str(e))
     except Exception as e:  # noqa: BLE001 - the parent reports why this measurement did not run

@@ -30,6 +30,35 @@ class Plan:
     image_size: int
     data_shape: tuple  # (height, width, channels) of the data the model sees
     num_classes: int
+    precision_auto: dict = dataclasses.field(default_factory=dict)  # {"precision", "reason"} when auto was asked
+
+
+def host_gpus(num_gpus: int) -> list:
+    """The GPUs a benchmark case would use (``--num_gpus``: -1 all, 0 none), as ``resolve_auto`` takes them:
+    name and compute capability. Lists devices without initialising TensorFlow's runtime."""
+    import tensorflow as tf
+
+    physical = tf.config.list_physical_devices("GPU")
+    if num_gpus >= 0:
+        physical = physical[:num_gpus]
+    gpus = []
+    for device in physical:
+        details = tf.config.experimental.get_device_details(device)
+        gpus.append({"name": details.get("device_name", device.name),
+                     "compute_capability": ".".join(map(str, details.get("compute_capability", (0, 0))))})
+    return gpus
+
+
+def resolve_precisions(names: tuple, cpu_flags: dict, gpus: list) -> tuple:
+    """``names`` with ``auto`` replaced by the policy ``--precision=auto`` picks on this host (as tfgpu.train
+    does: ``runtime.precision.resolve_auto``), duplicates dropped; and {"precision", "reason"} when auto was
+    among them (else {})."""
+    if "auto" not in names:
+        return names, {}
+    from tfgpu.runtime.precision import resolve_auto
+
+    chosen, reason = resolve_auto(cpu_flags, gpus)
+    return tuple(dict.fromkeys(chosen if n == "auto" else n for n in names)), {"precision": chosen, "reason": reason}
 
 
 def plan(opts: argparse.Namespace, shared: dict) -> Plan:
@@ -49,9 +78,8 @@ def plan(opts: argparse.Namespace, shared: dict) -> Plan:
         for unit in ("steps_per_loop", "keras_steps_per_execution"):
             if steps[name] % steps[unit]:
                 raise ConfigError(name, f"{steps[name]} is not a multiple of --{unit}={steps[unit]}")
-    auto = opts.batch_size.strip().lower() == "auto"
     batches = ()
-    if not auto:
+    if opts.batch_size.strip().lower() != "auto":
         try:
             batches = tuple(dict.fromkeys(int(b) for b in _split(opts.batch_size)))
         except ValueError:
@@ -63,8 +91,13 @@ def plan(opts: argparse.Namespace, shared: dict) -> Plan:
         raise ConfigError("max_batch_size", f"must be >= 0, got {opts.max_batch_size}")
     precisions = tuple(dict.fromkeys(_split(opts.precision)))
     for p in precisions or ("",):
-        if p not in PRECISIONS:
-            raise ConfigError("precision", f"{p!r} is not one of {', '.join(PRECISIONS)}")
+        if p not in PRECISIONS + ("auto",):
+            raise ConfigError("precision", f"{p!r} is not one of {', '.join(PRECISIONS)}, auto")
+    auto = {}
+    if "auto" in precisions:
+        from tfgpu.runtime.host import cpu_facts
+
+        precisions, auto = resolve_precisions(precisions, cpu_facts()["flags"], host_gpus(base.num_gpus))
     jits = tuple(dict.fromkeys(_parse_bool("jit_compile", j) for j in _split(opts.jit_compile) or ["?"]))
     baselines = tuple(dict.fromkeys(b for b in _split(opts.baseline) if b != "none"))
     for b in baselines:
@@ -80,7 +113,7 @@ def plan(opts: argparse.Namespace, shared: dict) -> Plan:
         raise ConfigError("model", f"{base.model} is a {spec.family} model; the benchmark trains classifiers")
     image_size = base.image_size or (spec.default_image_size or 32 if not base.data_dir and
                                      base.dataset == "synthetic" else 0)
-    p = Plan(opts, dict(shared), batches, precisions, jits, baselines, image_size, (), 0)
+    p = Plan(opts, dict(shared), batches, precisions, jits, baselines, image_size, (), 0, auto)
     first = config_lib.resolve(case_config(p, batches[0] if batches else opts.batch_granularity, precisions[0],
                                            jits[0], "unused"))
     from tfgpu.data import pipeline

@@ -1,5 +1,6 @@
 """The readable benchmark report: a fixed-width table of every measurement, the auto batch search, then the
-ratios."""
+ratios with their spread over the paired repeats."""
+from tfgpu.bench.stats import XLA_SCOPE_TEXT
 
 
 def _mib(n):
@@ -15,7 +16,8 @@ def format_report(report: dict) -> str:
             "MFU")
     rows, xla_dropped = [], False
     for r in report["results"]:
-        xla = "on" if r["jit_compile"] else "off"
+        xla = r.get("xla_scope") or ("on" if r["jit_compile"] else "off")
+        xla = "off" if xla == "none" else xla
         if r["jit_compile"] and r.get("jit_compile_effective") is False:
             xla, xla_dropped = "off*", True
         strategy = f"{r.get('strategy', '-')}({r['num_replicas']})" if r.get("num_replicas") else "-"
@@ -38,6 +40,13 @@ def format_report(report: dict) -> str:
             continue
         lines.append("  ".join(c.rjust(w) if i in (1, 5, 6, 7, 8, 9, 10) else c.ljust(w)
                                for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+    scopes = sorted({r.get("xla_scope") for r in report["results"]} - {None, "none"})
+    if scopes:
+        lines.append("xla: " + "; ".join(f"{k} = {XLA_SCOPE_TEXT[k]}" for k in scopes))
+    copied = sorted({r["name"] for r in report["results"] if "inside each step" in (r.get("input_to_device") or "")})
+    if copied:
+        lines.append(f"input: {', '.join(copied)} copy each batch to the GPU inside the step, tfgpu prefetches it to "
+                     "the device; --keras_one_device_strategy gives fit the same")
     if xla_dropped:
         lines.append("off* = --jit_compile asked for, not in effect (XLA cannot span logical CPU replicas, "
                      "or synchronized BatchNorm)")
@@ -47,9 +56,22 @@ def format_report(report: dict) -> str:
                      f"{search['limited_by']}; probes: " + ", ".join(
                          f"{pr['per_replica_batch_size']}{'' if pr['fits'] else ' OOM'}" for pr in search["probes"])
                      + ")")
-    lines.append("ratios:" if report["ratios"] else "ratios: none (a runner failed or no baseline was asked for)")
-    lines += [f"  {k} = {v:.3f}" for k, v in report["ratios"].items()]
+    if report.get("precision_auto"):
+        auto = report["precision_auto"]
+        lines.append(f"precision auto = {auto['precision']} ({auto['reason']})")
+    lines += [f"note: {n}" for n in report.get("notes", [])]
+    lines.append("ratios (pooled medians; min-max of the per-repeat ratios):" if report["ratios"] else
+                 "ratios: none (a runner failed or no baseline was asked for)")
+    lines += [format_ratio(k, v, report.get("ratio_spread", {}).get(k)) for k, v in report["ratios"].items()]
     if report.get("cpu_time_ratios"):
         lines.append("examples per CPU-second ratios (less moved by other work on the host than wall clock):")
-        lines += [f"  {k} = {v:.3f}" for k, v in report["cpu_time_ratios"].items()]
+        lines += [format_ratio(k, v, report.get("cpu_time_ratio_spread", {}).get(k))
+                  for k, v in report["cpu_time_ratios"].items()]
     return "\n".join(lines)
+
+
+def format_ratio(key: str, value: float, spread) -> str:
+    """``  key = 0.998 (min-max 0.981-1.012 over 3 paired repeats)``; one repeat says it has no spread."""
+    if not spread or spread["n"] < 2:
+        return f"  {key} = {value:.3f} (1 repeat: no spread; --repeats=3 or more to tell a trend from noise)"
+    return f"  {key} = {value:.3f} (min-max {spread['min']:.3f}-{spread['max']:.3f} over {spread['n']} paired repeats)"

@@ -11,7 +11,8 @@ import tempfile
 import time
 
 from tfgpu.bench.plan import Plan, case_config
-from tfgpu.bench.stats import add_mfu, examples_per_cpu_second, pool_rounds, ratios
+from tfgpu.bench.stats import (ONE_DEVICE_BASELINES, add_mfu, devices_note, examples_per_cpu_second, pool_rounds,
+                               ratio_spread, ratios)
 from tfgpu.config import ConfigError
 
 
@@ -30,7 +31,11 @@ class Runner:
         case = {"runner": runner, "config": case_config(self.plan, batch or per_replica, precision, jit, model_dir),
                 "per_replica_batch_size": per_replica, "probe": probe, "untimed_steps": o.untimed_steps,
                 "steps_per_window": o.steps_per_window, "windows": o.windows,
-                "keras_steps_per_execution": o.keras_steps_per_execution}
+                "keras_steps_per_execution": o.keras_steps_per_execution,
+                "keras_one_device_strategy": o.keras_one_device_strategy}
+        if runner == "tfgpu_one_device":  # tfgpu on the one device the one-device baselines use
+            case["config"].update(distribution_strategy="one_device", cpu_logical_devices=0,
+                                  num_gpus=1 if self.plan.shared.get("num_gpus", -1) != 0 else 0)
         if probe:
             case["config"].update(train_steps=2, steps_per_loop=1)
         if runner == "synthetic":  # tfgpu again, on one random batch of the real data's shape
@@ -95,23 +100,38 @@ def _fail_on_config_error(result: dict) -> None:
         raise ConfigError({"global_batch_size": "batch_size"}.get(flag, flag), message)
 
 
+def _skip(mine: dict, name: str, reason: str) -> dict:
+    """A baseline not run, with why, in the shape of a result."""
+    return {**{k: mine.get(k) for k in ("precision", "jit_compile", "model", "image_size", "dataset", "batch_size")},
+            "name": name, "status": "skipped", "reason": reason}
+
+
 def measure(runner: Runner, batch: int, precision: str, jit: bool, per_replica: int = 0) -> list:
     """tfgpu then each baseline on the same case, ``--repeats`` rounds in alternation (so a change in machine
-    load hits every runner alike); each runner's windows from all rounds are pooled."""
+    load hits every runner alike); each runner's windows from all rounds are pooled. When tfgpu runs on more
+    devices than the one-device baselines, each round also runs tfgpu on one device (``tfgpu_one_device``):
+    tfgpu/keras_fit is only taken between runs on the same devices."""
+    o = runner.plan.opts
     rounds = {name: [] for name in ("tfgpu",) + runner.plan.baselines}
-    for _ in range(runner.plan.opts.repeats):
+    skipped, steps_per_loop = {}, runner.plan.shared["steps_per_loop"]
+    for _ in range(o.repeats):
         mine = runner.run("tfgpu", batch, precision, jit, per_replica=per_replica)
         _fail_on_config_error(mine)
         rounds["tfgpu"].append(mine)
+        if (mine.get("num_replicas") or 1) > 1 and set(runner.plan.baselines) & set(ONE_DEVICE_BASELINES):
+            one = runner.run("tfgpu_one_device", mine.get("batch_size") or batch, precision, jit)
+            rounds.setdefault("tfgpu_one_device", []).append(one)
         for baseline in runner.plan.baselines:
             if baseline == "keras_fit_strategy" and mine.get("strategy") == "one_device":
-                rounds[baseline] = [{**{k: mine.get(k) for k in ("precision", "jit_compile", "model", "image_size",
-                                                                 "dataset", "batch_size")},
-                                     "name": baseline, "status": "skipped",
-                                     "reason": "the strategy is one_device: keras_fit measures the same thing"}]
-                continue
-            rounds[baseline].append(runner.run(baseline, mine.get("batch_size") or batch, precision, jit))
-    return [pool_rounds(results) for results in rounds.values()]
+                skipped[baseline] = _skip(mine, baseline, "the strategy is one_device: keras_fit measures the same "
+                                                          "thing")
+            elif baseline == "keras_fit_spe" and o.keras_steps_per_execution == steps_per_loop:
+                skipped[baseline] = _skip(mine, baseline, f"--steps_per_loop={steps_per_loop} "
+                                                          "equals keras_fit's steps_per_execution: keras_fit measures "
+                                                          "the same thing")
+            else:
+                rounds[baseline].append(runner.run(baseline, mine.get("batch_size") or batch, precision, jit))
+    return [skipped.get(name) or pool_rounds(results) for name, results in rounds.items()]
 
 
 def auto_batch(runner: Runner, precision: str, jit: bool) -> dict:
@@ -183,9 +203,13 @@ def run_benchmark(p: Plan) -> dict:
               "on them; raise --steps_per_window for stable numbers", file=sys.stderr)
     report = {"command": "python -m tfgpu.benchmark " + " ".join(p.opts.command),
               "time": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "environment": runner.environment,
-              "results": results, "ratios": ratios(results),
+              "results": results, "ratios": ratios(results), "ratio_spread": ratio_spread(results),
               # Examples per CPU-second of the process: on a shared host these move far less than wall clock.
-              "cpu_time_ratios": ratios(results, examples_per_cpu_second)}
+              "cpu_time_ratios": ratios(results, examples_per_cpu_second),
+              "cpu_time_ratio_spread": ratio_spread(results, examples_per_cpu_second),
+              "notes": devices_note(results)}
+    if p.precision_auto:
+        report["precision_auto"] = p.precision_auto
     if searches:
         report["auto_batch_size"] = searches
     return report

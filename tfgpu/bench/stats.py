@@ -5,8 +5,17 @@ Pure functions of measured numbers (no TensorFlow), so they are tested directly.
 import re
 import statistics
 
-RUNNERS = ("tfgpu", "keras_fit", "keras_fit_strategy", "synthetic")
-BASELINES = RUNNERS[1:]
+RUNNERS = ("tfgpu", "tfgpu_one_device", "keras_fit", "keras_fit_spe", "keras_fit_strategy", "synthetic")
+# What --baseline may name; tfgpu_one_device is added by the runner itself when tfgpu uses more devices than the
+# one-device baselines (a ratio is only between runs on the same devices).
+BASELINES = RUNNERS[2:]
+ONE_DEVICE_BASELINES = ("keras_fit", "keras_fit_spe")
+# What XLA compiles on each side when --jit_compile is in effect (``xla_scope`` in the JSON, the table's xla column).
+XLA_SCOPES = {"tfgpu": "grads", "keras": "step"}
+XLA_SCOPE_TEXT = {"grads": "tfgpu: the forward and backward pass (tf.function(jit_compile=True)); the all-reduce "
+                           "and the optimizer update run outside XLA",
+                  "step": "Keras fit: the whole train step (forward, backward, optimizer update, metrics)",
+                  "none": "no XLA"}
 
 # Peak dense (no 2:4 sparsity) tensor-core TFLOPS per GPU, from NVIDIA's datasheets; the datasheets print
 # sparsity figures for TF32/FP16/BF16, which are twice these. float32 runs use the TF32 peak while
@@ -82,33 +91,77 @@ def examples_per_cpu_second(result: dict):
     return 1000 * result["batch_size"] / result["cpu_ms_per_step"] if result.get("cpu_ms_per_step") else None
 
 
-def ratios(results: list, rate=lambda r: r.get("examples_per_sec")) -> dict:
-    """tfgpu / baseline ``rate`` (default examples/sec) per case, plus precision and XLA ratios of tfgpu; keys
-    carry the case's settings only when they vary across the run (one case: ``{"tfgpu/keras_fit": 1.04}``)."""
+def _devices(result: dict) -> int:
+    return result.get("num_replicas") or 1
+
+
+def _pairs(results: list, rate) -> list:
+    """(key, numerator, denominator) of every ratio the results allow: tfgpu against each baseline on the same
+    devices (tfgpu_one_device stands in for tfgpu when tfgpu ran on more devices than the baseline; a pair on
+    different devices is never made), tfgpu's scaling over one device, and each runner's precision and XLA
+    gains. Keys carry the case's settings only when they vary across the run."""
     ok = [r for r in results if rate(r)]
     dims = ("batch_size", "precision", "jit_compile")
     varying = tuple(d for d in dims if len({r[d] for r in results}) > 1)
     by_key = {(r["name"], r["batch_size"], r["precision"], r["jit_compile"]): r for r in ok}
-    out = {}
+    out = []
     for r in ok:
-        if r["name"] != "tfgpu":
-            continue
         key = (r["batch_size"], r["precision"], r["jit_compile"])
-        for baseline in BASELINES:
-            base = by_key.get((baseline,) + key)
-            if base:
-                out[f"tfgpu/{baseline}{_case_label(r, varying)}"] = round(rate(r) / rate(base), 4)
+        if r["name"] == "tfgpu":
+            one = by_key.get(("tfgpu_one_device",) + key)
+            for baseline in BASELINES:
+                base = by_key.get((baseline,) + key)
+                mine = next((m for m in (r, one) if base and m and _devices(m) == _devices(base)), None)
+                if mine:
+                    out.append((f"tfgpu/{baseline}{_case_label(r, varying)}", mine, base))
+            if one and _devices(r) > 1:
+                out.append((f"tfgpu:{_devices(r)}_devices/1_device{_case_label(r, varying)}", r, one))
+        if r["name"] not in ("tfgpu", "keras_fit"):
+            continue
         if r["precision"] != "float32":
-            base = by_key.get(("tfgpu", r["batch_size"], "float32", r["jit_compile"]))
+            base = by_key.get((r["name"], r["batch_size"], "float32", r["jit_compile"]))
             if base:
                 label = _case_label(r, tuple(d for d in varying if d != "precision"))
-                out[f"tfgpu:{r['precision']}/float32{label}"] = round(rate(r) / rate(base), 4)
-        if r["jit_compile"] and r.get("jit_compile_effective"):
+                out.append((f"{r['name']}:{r['precision']}/float32{label}", r, base))
+        if r["name"] == "tfgpu" and r["jit_compile"] and r.get("jit_compile_effective"):
             base = by_key.get(("tfgpu", r["batch_size"], r["precision"], False))
             if base:
                 label = _case_label(r, tuple(d for d in varying if d != "jit_compile"))
-                out[f"tfgpu:xla_on/xla_off{label}"] = round(rate(r) / rate(base), 4)
+                out.append((f"tfgpu:xla_on/xla_off{label}", r, base))
     return out
+
+
+def ratios(results: list, rate=lambda r: r.get("examples_per_sec")) -> dict:
+    """Ratios of ``rate`` (default examples/sec, the pooled median of each runner) per case: ``tfgpu/BASELINE``
+    on the same devices, ``tfgpu:N_devices/1_device`` (scaling, its own figure), ``RUNNER:PRECISION/float32``
+    and ``tfgpu:xla_on/xla_off``; one case gives e.g. ``{"tfgpu/keras_fit": 1.04}``."""
+    return {key: round(rate(a) / rate(b), 4) for key, a, b in _pairs(results, rate)}
+
+
+def ratio_spread(results: list, rate=lambda r: r.get("examples_per_sec")) -> dict:
+    """Per ratio of ``ratios``: min, max and count of the per-repeat ratios (round i of one runner over round i of
+    the other; the runners alternate within a round), so a single run cannot pass for a trend. A ratio over
+    one repeat has n = 1 and no spread."""
+    out = {}
+    for key, a, b in _pairs(results, rate):
+        each = [rate(x) / rate(y) for x, y in zip(a.get("rounds") or [a], b.get("rounds") or [b])
+                if rate(x) and rate(y)]
+        if each:
+            out[key] = {"min": round(min(each), 4), "max": round(max(each), 4), "n": len(each)}
+    return out
+
+
+def devices_note(results: list) -> list:
+    """One line per case where tfgpu ran on more devices than the one-device baselines: which run stood in."""
+    tfgpu = {(r["batch_size"], r["precision"], r["jit_compile"]): r for r in results if r["name"] == "tfgpu"}
+    notes = []
+    for r in results:
+        mine = tfgpu.get((r["batch_size"], r["precision"], r["jit_compile"]))
+        if r["name"] == "tfgpu_one_device" and r.get("status") == "ok" and mine:
+            notes.append(f"batch {r['batch_size']} {r['precision']}: tfgpu ran on {_devices(mine)} devices, "
+                         f"keras_fit on 1, so tfgpu/keras_fit* compares tfgpu_one_device (tfgpu on one device); "
+                         f"the {_devices(mine)}-device run is the scaling ratio")
+    return notes
 
 
 def add_mfu(result: dict) -> None:
@@ -126,7 +179,7 @@ def pool_rounds(results: list) -> dict:
     memory; a round that failed makes the whole measurement fail (its reason is kept)."""
     failed = [r for r in results if r.get("status") != "ok"]
     if failed or len(results) == 1:
-        return {**(failed or results)[0], "repeats": len(results)}
+        return {**(failed or results)[0], "repeats": len(results), **({} if failed else {"rounds": _rounds(results)})}
     first = results[0]
     per_window = first["steps_per_window"] * first["batch_size"]
     rates = [rate for r in results for rate in r["window_examples_per_sec"]]
@@ -134,6 +187,13 @@ def pool_rounds(results: list) -> dict:
     cpu = [c for r in results for c in r.get("window_cpu_seconds", ())]
     pooled.update(window_stats([per_window / rate for rate in rates], per_window, first["steps_per_window"], cpu))
     pooled["window_examples_per_sec"] = rates
+    pooled["rounds"] = _rounds(results)
     return pooled
+
+
+def _rounds(results: list) -> list:
+    """Each round's own median rate and CPU time per step: the ratio spread pairs rounds of two runners."""
+    return [{"examples_per_sec": r.get("examples_per_sec"), "cpu_ms_per_step": r.get("cpu_ms_per_step"),
+             "batch_size": r.get("batch_size")} for r in results]
 
 

@@ -1,0 +1,31 @@
+"""tfgpu.bench.case: the strategy a Keras fit baseline runs under (built on a CPU here; on a GPU the same code
+places the OneDeviceStrategy on GPU:0)."""
+import dataclasses
+
+import tensorflow as tf
+
+from tfgpu import config as config_lib
+from tfgpu.bench import case
+
+
+def _config():
+    return config_lib.resolve({"model": "small_cnn", "dataset": "synthetic", "image_size": 8, "model_dir": "unused",
+                               "distribution_strategy": "one_device", "cpu_logical_devices": 0})
+
+
+def test_keras_one_device_strategy_gives_fit_a_one_device_strategy_on_its_device():
+    placement = case.baseline_placement(_config(), "keras_fit_spe", one_device_strategy=True)
+    assert isinstance(placement.strategy, tf.distribute.OneDeviceStrategy)
+    assert placement.kind == "one_device" and placement.num_replicas == 1
+    gpus = tf.config.list_logical_devices("GPU")
+    assert placement.devices == ((gpus or tf.config.list_logical_devices("CPU"))[0].name,)
+    assert case.input_to_device(placement, on_gpu=True) == "prefetched by the strategy's distributed dataset"
+
+
+def test_without_the_option_fit_runs_as_users_write_it():
+    assert case.baseline_placement(_config(), "keras_fit", one_device_strategy=False) is None
+    assert case.input_to_device(None, on_gpu=True) == "copied to the GPU inside each step (no strategy)"
+    assert case.input_to_device(None, on_gpu=False) == "host memory (CPU device)"
+    # keras_fit_strategy takes tfgpu's own strategy whatever the option says.
+    own = dataclasses.replace(_config(), distribution_strategy="one_device")
+    assert case.baseline_placement(own, "keras_fit_strategy", one_device_strategy=False).kind == "one_device"
