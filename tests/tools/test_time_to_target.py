@@ -1,0 +1,112 @@
+"""tools/time_to_target.py: flag checks, the alternating order, the commands, and the ratio with its spread
+(in-process); the whole race against plain Keras fit is marked slow."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "tools", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+ttt = _load("time_to_target")
+fit_script = _load("keras_fit_to_target")
+
+
+def _run(repeat, side, seconds, **extra):
+    return {"repeat": repeat, "side": side, "target_reached": seconds is not None, "time_to_target_s": seconds,
+            "process_wall_s": (seconds or 0) + 5, "load_before": 1.0, **extra}
+
+
+def test_ratio_is_the_median_of_paired_repeats_with_its_min_and_max():
+    runs = [_run(0, "tfgpu", 40.0), _run(0, "fit", 80.0), _run(1, "fit", 100.0), _run(1, "tfgpu", 60.0),
+            _run(2, "tfgpu", 30.0), _run(2, "fit", 100.0)]
+    summary = ttt.summarize(runs)
+    assert summary["ratios"] == [0.5, 0.6, 0.3]
+    assert summary["ratio_tfgpu_over_fit"] == {"median": 0.5, "min": 0.3, "max": 0.6, "n": 3}
+    assert summary["time_to_target_s"]["tfgpu"] == {"median": 40.0, "min": 30.0, "max": 60.0, "n": 3}
+    text = ttt.format_summary(summary, "val_accuracy:0.97")
+    assert "tfgpu/fit time-to-target ratio: 0.500 (min-max 0.300-0.600 over 3 paired repeats; < 1 = tfgpu faster)" \
+        in text
+    assert "  fit  : 100.0 s (80.0-100.0, n=3)" in text
+
+
+def test_a_run_that_misses_the_target_is_reported_and_left_out_of_the_ratios():
+    runs = [_run(0, "tfgpu", 40.0), _run(0, "fit", None, error="exit 1: boom"), _run(1, "fit", 50.0),
+            _run(1, "tfgpu", 45.0)]
+    summary = ttt.summarize(runs)
+    assert summary["ratios"] == [0.9] and summary["missed"] == {"tfgpu": 0, "fit": 1}
+    assert "1 run(s) missed it" in ttt.format_summary(summary, "val_accuracy:0.97")
+    assert "target not reached (exit 1: boom)" in ttt.describe_run({**runs[1], "process_wall_s": 3.0})
+    none = ttt.summarize([_run(0, "tfgpu", None), _run(0, "fit", 10.0)])
+    assert none["ratio_tfgpu_over_fit"] is None
+    assert "ratio: none (no repeat where both sides reached the target)" in ttt.format_summary(none, "t")
+
+
+def test_sides_alternate_and_run_the_commands_a_user_would():
+    assert [ttt.order(i) for i in range(3)] == [("tfgpu", "fit"), ("fit", "tfgpu"), ("tfgpu", "fit")]
+    args = ttt.parser().parse_args(["--target=val_accuracy:0.97", "--tfgpu_flag=--precision=float32"])
+    cmds = ttt.commands(args, "/w", 1)
+    tfgpu_cmd, metrics = cmds["tfgpu"]
+    assert tfgpu_cmd[1:4] == ["-m", "tfgpu.train", f"--flagfile={REPO}/configs/quickstart.flags"]
+    assert tfgpu_cmd[4:] == ["--target=val_accuracy:0.97", "--model_dir=/w/tfgpu1", "--precision=float32"]
+    assert metrics == "/w/tfgpu1/metrics.json"
+    fit_cmd, fit_json = cmds["fit"]
+    assert fit_cmd[1].endswith("tools/keras_fit_to_target.py") and "--batch_size=128" in fit_cmd
+    assert fit_json == "/w/fit1.json"
+
+
+def test_both_sides_results_are_read_the_same_way(tmp_path):
+    path = tmp_path / "metrics.json"
+    path.write_text(json.dumps({"target": "val_accuracy:0.97", "target_reached": True, "time_to_target_s": 57.0,
+                                "step_at_target": 225, "epochs_at_target": 10.01, "val_loss": 0.1}))
+    assert ttt.read_outcome("tfgpu", str(path)) == {"target": "val_accuracy:0.97", "target_reached": True,
+                                                    "time_to_target_s": 57.0, "epochs_at_target": 10.01,
+                                                    "step_at_target": 225}
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--target=val_accuracy"], "--target"),
+    (["--target=val_accuracy:0.97", "--repeats=0"], "--repeats"),
+    (["--target=val_accuracy:0.97", "--flagfile=configs/nope.flags"], "--flagfile"),
+    (["--target=val_accuracy:0.97", "--tfgpu_flag=--model_dir=/x"], "--tfgpu_flag"),
+    (["--target=val_accuracy:0.97", "--fit_learning_rate=0"], "--fit_learning_rate"),
+    (["--target=val_accuracy:0.97", "--output_json=/nonexistent/dir/t.json"], "--output_json"),
+])
+def test_bad_flags_are_one_line_before_any_run(args, flag, capsys):
+    assert ttt.main(args) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {flag}"), err
+
+
+def test_the_fit_script_reads_the_target_as_tfgpu_does():
+    assert fit_script.parse_target("val_accuracy:0.97") == ("val_accuracy", 0.97, False)
+    assert fit_script.parse_target("accuracy:0.9") == ("val_accuracy", 0.9, False)
+    assert fit_script.parse_target("val_loss:0.2") == ("val_loss", 0.2, True)
+    with pytest.raises(ValueError, match="--target"):
+        fit_script.parse_target("val_accuracy")
+
+
+# Slow (about 2 minutes on 2 cores): both sides train ResNet-20 on the digits to a low target.
+@pytest.mark.slow
+def test_the_race_end_to_end(tmp_path):
+    out = tmp_path / "ttt.json"
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "tools", "time_to_target.py"),
+                           "--target=val_accuracy:0.5", "--repeats=1", "--tfgpu_flag=--eval_every_steps=0",
+                           "--tfgpu_flag=--precision=float32", f"--output_json={out}"],
+                          cwd=REPO, text=True, capture_output=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert [r["side"] for r in report["runs"]] == ["tfgpu", "fit"]
+    assert all(r["target_reached"] and 0 < r["time_to_target_s"] <= r["process_wall_s"] for r in report["runs"])
+    assert report["summary"]["ratio_tfgpu_over_fit"]["n"] == 1
+    assert "tfgpu/fit time-to-target ratio:" in proc.stdout

@@ -1,0 +1,103 @@
+"""Plain Keras ``fit`` to a target, as a user writes it: the other side of tools/time_to_target.py.
+
+    python tools/keras_fit_to_target.py --target=val_accuracy:0.97 [--batch_size=128] [--learning_rate=0.1]
+        [--epochs=30] [--output_json=F]
+
+The quickstart's data (scikit-learn's digits, the same train/val split tfgpu's built-in ``digits`` converts,
+pixels scaled to -1..1 as tfgpu feeds them) as numpy arrays, the registry's ResNet-20, float32, SGD with
+momentum 0.9 and a cosine learning-rate decay over ``--epochs``, ``model.fit`` with validation every epoch.
+A callback stops at the end of the first epoch whose validation metric reaches the target. Nothing else:
+no weight decay, warmup, strategy or XLA flag (``fit``'s own ``jit_compile="auto"``, off on a CPU).
+
+``time_to_target_s`` counts from this script's first line, as tfgpu.train's counts from its own, so the
+imports, the data and the model build are in it on both sides. One JSON line goes to stdout (and to
+``--output_json``): target, target_reached, time_to_target_s, epochs_at_target, the best value, the settings.
+"""
+import time
+
+STARTED = time.time()  # the same start as tfgpu.train's PROCESS_STARTED: imports and setup count
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tfgpu from this checkout
+
+
+def parse_target(text: str) -> tuple:
+    """(metric, value, lower_is_better) of METRIC:VALUE; a metric named ``*loss`` must fall, others rise."""
+    metric, _, value = text.rpartition(":")
+    try:
+        number = float(value)
+    except ValueError:
+        number = None
+    if not metric or number is None:
+        raise ValueError(f"--target: expected METRIC:VALUE (e.g. val_accuracy:0.97), got {text!r}")
+    if not metric.startswith("val_"):
+        metric = "val_" + metric  # the validation metric, as tfgpu's --target means it
+    return metric, number, metric.endswith("loss")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", required=True, help="METRIC:VALUE, e.g. val_accuracy:0.97")
+    p.add_argument("--batch_size", type=int, default=128)
+    p.add_argument("--learning_rate", type=float, default=0.1, help="Peak of the cosine decay.")
+    p.add_argument("--epochs", type=int, default=30, help="Length of the cosine schedule; fit stops there at the "
+                   "latest.")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--output_json", default="")
+    args = p.parse_args(argv)
+    try:
+        metric, value, lower = parse_target(args.target)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+    import keras
+    import numpy as np
+
+    from tfgpu.data.builtin import load_builtin
+    from tfgpu.models import create_model
+
+    keras.utils.set_random_seed(args.seed)
+    splits = load_builtin("digits")["splits"]  # scikit-learn's digits with tfgpu's split: the same images
+    (x_train, y_train), (x_val, y_val) = ((x.astype(np.float32) / 127.5 - 1.0, y) for x, y in
+                                          (splits["train"], splits["val"]))
+    model = create_model("resnet20", x_train.shape[1:], 10)
+    steps_per_epoch = -(-len(x_train) // args.batch_size)
+    schedule = keras.optimizers.schedules.CosineDecay(args.learning_rate, args.epochs * steps_per_epoch)
+    model.compile(optimizer=keras.optimizers.SGD(schedule, momentum=0.9),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    outcome = {"target": f"{metric}:{value:g}", "target_reached": False, "time_to_target_s": None,
+               "epochs_at_target": None, "best": None}
+
+    class StopAtTarget(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            seen = (logs or {}).get(metric)
+            if seen is None:
+                return
+            best = outcome["best"]
+            outcome["best"] = seen if best is None else (min(best, seen) if lower else max(best, seen))
+            if (seen <= value) if lower else (seen >= value):
+                outcome.update(target_reached=True, time_to_target_s=round(time.time() - STARTED, 1),
+                               epochs_at_target=epoch + 1)
+                self.model.stop_training = True
+
+    model.fit(x_train, y_train, batch_size=args.batch_size, epochs=args.epochs, validation_data=(x_val, y_val),
+              callbacks=[StopAtTarget()], verbose=2)
+    outcome.update(process_s=round(time.time() - STARTED, 1), batch_size=args.batch_size,
+                   learning_rate=args.learning_rate, epochs=args.epochs, precision="float32",
+                   train_examples=len(x_train), val_examples=len(x_val))
+    line = json.dumps(outcome)
+    print(line, flush=True)
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            f.write(line + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
