@@ -29,3 +29,11 @@ def test_without_the_option_fit_runs_as_users_write_it():
     # keras_fit_strategy takes tfgpu's own strategy whatever the option says.
     own = dataclasses.replace(_config(), distribution_strategy="one_device")
     assert case.baseline_placement(own, "keras_fit_strategy", one_device_strategy=False).kind == "one_device"
+
+
+def test_one_device_takes_tfgpu_and_fit_off_split_cpus_and_extra_gpus():
+    split = dataclasses.replace(_config(), distribution_strategy="mirrored", cpu_logical_devices=2)
+    one = case.one_device(split)
+    assert (one.distribution_strategy, one.cpu_logical_devices) == ("one_device", 0)
+    # Only the first GPU stays visible where there are GPUs; a CPU host keeps --num_gpus as given (no error).
+    assert one.num_gpus == (1 if tf.config.list_physical_devices("GPU") else split.num_gpus)

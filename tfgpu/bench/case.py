@@ -126,6 +126,16 @@ def _run_tfgpu(case: dict, config) -> dict:
     return out
 
 
+def one_device(config):
+    """``config`` on one device: the first GPU (the only one made visible) if there is one, else the CPU,
+    unsplit. keras_fit, keras_fit_spe and tfgpu_one_device run on it."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU") if config.num_gpus != 0 else []
+    return dataclasses.replace(config, distribution_strategy="one_device", cpu_logical_devices=0,
+                               num_gpus=1 if gpus else config.num_gpus)
+
+
 def baseline_placement(config, runner: str, one_device_strategy: bool):
     """The strategy a Keras ``fit`` baseline compiles under: ``keras_fit_strategy`` tfgpu's own; ``keras_fit`` and
     ``keras_fit_spe`` none (what users write: Keras places the model on the first GPU and copies each batch to
@@ -157,9 +167,7 @@ def _run_keras_fit(case: dict, config, runner: str) -> dict:
     from tfgpu.runtime import distribute, precision
 
     if runner != "keras_fit_strategy":  # what a user's own script does: one device, no CPU splitting
-        gpus = tf.config.list_physical_devices("GPU") if config.num_gpus != 0 else []
-        config = dataclasses.replace(config, distribution_strategy="one_device", cpu_logical_devices=0,
-                                     num_gpus=1 if gpus else config.num_gpus)
+        config = one_device(config)
     distribute.configure_devices(config)
     placement = baseline_placement(config, runner, case.get("keras_one_device_strategy", False))
     if runner == "keras_fit_strategy" and placement.kind == "one_device":
@@ -224,6 +232,8 @@ def run_case(case: dict) -> dict:
     result = {"name": case["runner"], "status": "ok"}
     try:
         config = config_lib.resolve(case["config"])
+        if case["runner"] == "tfgpu_one_device":
+            config = one_device(config)
         result.update(_run_tfgpu(case, config) if case["runner"] in ("tfgpu", "tfgpu_one_device", "synthetic") else
                       _run_keras_fit(case, config, case["runner"]))
     except ConfigError as e:

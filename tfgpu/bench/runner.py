@@ -33,9 +33,8 @@ class Runner:
                 "steps_per_window": o.steps_per_window, "windows": o.windows,
                 "keras_steps_per_execution": o.keras_steps_per_execution,
                 "keras_one_device_strategy": o.keras_one_device_strategy}
-        if runner == "tfgpu_one_device":  # tfgpu on the one device the one-device baselines use
-            case["config"].update(distribution_strategy="one_device", cpu_logical_devices=0,
-                                  num_gpus=1 if self.plan.shared.get("num_gpus", -1) != 0 else 0)
+        if runner == "tfgpu_one_device":  # tfgpu on the one device the one-device baselines use (case.one_device)
+            case["config"].update(distribution_strategy="one_device", cpu_logical_devices=0)
         if probe:
             case["config"].update(train_steps=2, steps_per_loop=1)
         if runner == "synthetic":  # tfgpu again, on one random batch of the real data's shape
