@@ -227,6 +227,9 @@ class Config:
         """Checks values that need no runtime; raises ConfigError naming the flag."""
         if not self.model_dir:
             raise ConfigError("model_dir", "is required (where checkpoints and metrics go)")
+        from tfgpu.runtime import fileio  # a scheme the installed TensorFlow lacks fails here, in one line
+
+        fileio.check_schemes({f: getattr(self, f) for f in ("model_dir", "data_dir", "data_cache_dir")})
         for name in ("global_batch_size", "steps_per_loop", "keep_checkpoints", "grad_accum_steps", "n_critic",
                      "latent_dim", "fid_num_samples", "max_nonfinite_steps"):
             if getattr(self, name) <= 0:
@@ -341,11 +344,12 @@ def coerce(name: str, value):
 def load_yaml(path: str) -> dict:
     """The option: value mapping of a YAML config file; ConfigError(config) naming the file when it is missing,
     unreadable, not YAML or not a mapping of option names."""
-    if not os.path.exists(path):
+    from tfgpu.runtime import fileio  # a run's config.yaml may be on gs://, ram://
+
+    if not fileio.exists(path):
         raise ConfigError("config", f"file {path!r} does not exist")
     try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+        data = yaml.safe_load(fileio.read_text(path))
     except OSError as e:
         raise ConfigError("config", f"cannot read {path}: {e.strerror or e}") from None
     except UnicodeDecodeError:

@@ -3,7 +3,9 @@
 Evaluates the latest (or a given) checkpoint of a run on its eval split, under
 any strategy, with the run's own config (``D/config.yaml``); train flags given
 here override it (e.g. ``--eval_split=test --cpu_logical_devices=2``). Prints
-the metrics as JSON and writes them to ``D/eval-<split>-step<N>.json``.
+the metrics as JSON and writes them to ``D/eval-<split>-step<N>.json``. D (and
+``--data``, ``--output_json``) may be local or any path TensorFlow opens (``gs://``,
+``ram://``).
 """
 import json
 import os
@@ -11,6 +13,7 @@ import sys
 
 from tfgpu import cli
 from tfgpu.config import ConfigError
+from tfgpu.runtime import fileio
 
 USAGE = "python -m tfgpu.evaluate --model_dir=D [--checkpoint=PATH] [--data=DIR|NAME] [--output_json=F] [train flags]"
 
@@ -36,8 +39,9 @@ def parser() -> cli.ArgumentParser:
 
 def run_config(model_dir: str, namespace):
     """The run's saved config with the train flags of ``namespace`` applied."""
+    fileio.check_scheme(model_dir, "model_dir")
     saved = os.path.join(model_dir, "config.yaml")
-    if not os.path.exists(saved):
+    if not fileio.exists(saved):
         raise ConfigError("model_dir", f"{saved} not found: {model_dir!r} is not a tfgpu run directory")
     return cli.resolve(namespace, saved, model_dir=model_dir)
 
@@ -60,8 +64,9 @@ def main(argv=None) -> int:
         return 0
     try:
         opts = parser().parse_args(argv)
+        fileio.check_schemes({"data": opts.data, "output_json": opts.output_json})
         if opts.data:
-            opts.config_flags["data_dir" if os.path.isdir(opts.data) else "dataset"] = opts.data
+            opts.config_flags["data_dir" if fileio.isdir(opts.data) else "dataset"] = opts.data
         config = run_config(opts.model_dir, opts)
         built, step = restore(config, opts.checkpoint)
         if not built.info.eval_split and not built.task.evaluates_without_eval_split:

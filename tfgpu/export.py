@@ -7,7 +7,8 @@ TF Serving). A classifier takes float32 NHWC images in the run's --input_range
 (default -1,1) and returns float32 logits, whatever precision the run trained
 in; a GAN's generator returns float32 images in [-1, 1]. Beside the model,
 ``<name>.input.json`` states its input (shape, dtype, range, how to scale uint8
-pixels) and output, and the command's last line repeats the range.
+pixels) and output, and the command's last line repeats the range. ``--model_dir``
+and ``--output`` may be local or any path TensorFlow opens (``gs://``, ``ram://``).
 """
 import os
 import sys
@@ -15,6 +16,7 @@ import sys
 from tfgpu import cli
 from tfgpu.config import ConfigError
 from tfgpu.evaluate import restore, run_config, run_parser
+from tfgpu.runtime import fileio
 from tfgpu.training.exporting import describe, save, summary, write_description
 
 USAGE = ("python -m tfgpu.export --model_dir=D [--format=keras|saved_model] [--output=PATH] [--checkpoint=PATH] "
@@ -40,6 +42,7 @@ def main(argv=None) -> int:
         opts = parser().parse_args(argv)
         output = opts.output or os.path.join(
             opts.model_dir, "export", "model.keras" if opts.format == "keras" else "saved_model")
+        fileio.check_scheme(output, "output")
         if opts.format == "keras" and not output.endswith(".keras"):
             raise ConfigError("output", f"{output!r}: a Keras model file must end in .keras")
         config = run_config(opts.model_dir, opts)

@@ -1,5 +1,7 @@
 """``python -m tfgpu.report --model_dir=D``: (re)write D/report.md and D/plots/*.png from what a run left.
 
+D may be a local directory or any path TensorFlow opens (``gs://``, ``ram://``).
+
 The report itself (what it reads, how it renders) lives in ``tfgpu.reporting.report``.
 """
 import os
@@ -8,6 +10,7 @@ import sys
 from tfgpu import cli
 from tfgpu.config import ConfigError
 from tfgpu.reporting.report import write_report
+from tfgpu.runtime import fileio
 
 
 def main(argv=None) -> int:
@@ -16,9 +19,10 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         opts = parser.parse_args(argv)
-        if not os.path.isdir(opts.model_dir):
+        fileio.check_scheme(opts.model_dir, "model_dir")
+        if not fileio.isdir(opts.model_dir):
             raise ConfigError("model_dir", f"{opts.model_dir!r} is not a directory")
-        if not any(os.path.exists(os.path.join(opts.model_dir, f)) for f in ("history.jsonl", "metrics.json",
+        if not any(fileio.exists(os.path.join(opts.model_dir, f)) for f in ("history.jsonl", "metrics.json",
                                                                                "config.yaml")):
             raise ConfigError("model_dir", f"{opts.model_dir!r} has no history.jsonl, metrics.json or config.yaml: "
                               "not a tfgpu run directory")

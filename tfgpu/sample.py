@@ -4,7 +4,8 @@ Renders a grid of generated images from a GAN run's latest (or a given)
 checkpoint, with the EMA generator weights unless ``--raw`` asks for the
 generator's own. Uses the run's saved config (``D/config.yaml``); train flags
 given here override it (e.g. ``--cpu_logical_devices=0``); ``--seed`` here is the
-latent seed, not the run's.
+latent seed, not the run's. ``--model_dir`` and ``--out`` may be local or any path
+TensorFlow opens (``gs://``, ``ram://``).
 """
 import os
 import sys
@@ -12,6 +13,7 @@ import sys
 from tfgpu import cli
 from tfgpu.config import ConfigError
 from tfgpu.evaluate import restore, run_config, run_parser
+from tfgpu.runtime import fileio
 
 USAGE = ("python -m tfgpu.sample --model_dir=D [--num=64] [--out=PNG] [--checkpoint=PATH] [--raw] [--seed=N] "
          "[--nrow=N] [train flags]")
@@ -37,6 +39,7 @@ def main(argv=None) -> int:
         opts = parser().parse_args(argv)
         if opts.num <= 0:
             raise ConfigError("num", f"must be positive, got {opts.num}")
+        fileio.check_scheme(opts.out, "out")
         config = run_config(opts.model_dir, opts)
         if config.task != "gan":
             raise ConfigError("model_dir", f"{opts.model_dir} is a {config.task} run, not a GAN run")
@@ -44,7 +47,7 @@ def main(argv=None) -> int:
         from tfgpu.tasks.gan import images
 
         out = opts.out or os.path.join(config.model_dir, "samples", f"sample_step{step}.png")
-        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        fileio.makedirs(fileio.parent(out))
         generated = built.task.sample(opts.num, ema=not opts.raw, seed=opts.seed)
         images.save_grid(generated, out, nrow=opts.nrow)
     except ConfigError as e:

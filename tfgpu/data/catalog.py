@@ -4,14 +4,17 @@
 ``--dataset=tfds:NAME`` is converted once into the data cache by the same converter (processes of one host
 that start together wait for the first). The manifest (``dataset.json``) gives classes, image shape, splits
 and their shards; ``DatasetInfo`` carries what the model, the loop and the input pipeline need of it.
+``--data_dir`` and ``--data_cache_dir`` may be any path TensorFlow opens (``gs://``, ``ram://``:
+``tfgpu.runtime.fileio``); only a local cache is locked against a second converter.
 """
+import contextlib
 import dataclasses
-import glob
 import logging
 import os
 
 from tfgpu.config import Config, ConfigError
 from tfgpu.data import builtin, tfrecord
+from tfgpu.runtime import fileio
 
 log = logging.getLogger("tfgpu")
 EVAL_SPLITS = ("val", "validation", "test")
@@ -59,16 +62,18 @@ def _convert_once(config: Config, directory: str, **options) -> None:
 
     from tfgpu.data import convert
 
-    if os.path.exists(os.path.join(directory, tfrecord.MANIFEST)):
+    if fileio.exists(os.path.join(directory, tfrecord.MANIFEST)):
         return
+    remote = fileio.has_scheme(directory)
     try:
-        os.makedirs(os.path.dirname(directory) or ".", exist_ok=True)
-        lock = open(directory.rstrip("/") + ".lock", "a")
+        fileio.makedirs(os.path.dirname(directory) or ".")
+        lock = contextlib.nullcontext() if remote else open(directory.rstrip("/") + ".lock", "a")
     except OSError as e:
         raise ConfigError("data_cache_dir", f"cannot write to {os.path.dirname(directory)}: {e.strerror}") from None
     with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if os.path.exists(os.path.join(directory, tfrecord.MANIFEST)):
+        if not remote:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if fileio.exists(os.path.join(directory, tfrecord.MANIFEST)):
             return
         try:
             convert.convert(convert.Options(output_dir=directory, **options), stream=_LogStream(), out=_LogStream())
@@ -145,13 +150,13 @@ def prepare(config: Config) -> DatasetInfo:
     files = {}
     for split, entry in splits.items():
         files[split] = tuple((os.path.join(directory, s["file"]), int(s["num_examples"])) for s in entry["shards"])
-        missing = [f for f, _ in files[split] if not os.path.exists(f)]
+        missing = [f for f, _ in files[split] if not fileio.exists(f)]
         if missing:
             raise ConfigError(flag, f"{directory} is incomplete: {missing[0]} is missing")
     sizes = {s: int(e["num_examples"]) for s, e in splits.items()}
     if pattern:
-        matched = {os.path.abspath(f) for f in glob.glob(pattern)}
-        chosen = tuple((f, n) for f, n in files[config.train_split] if os.path.abspath(f) in matched)
+        matched = {fileio.absolute(f) for f in fileio.glob(pattern)}
+        chosen = tuple((f, n) for f, n in files[config.train_split] if fileio.absolute(f) in matched)
         if not chosen:
             raise ConfigError("data_dir", f"{pattern!r} matches none of the {config.train_split!r} shards in "
                               f"{directory}")

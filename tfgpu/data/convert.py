@@ -7,6 +7,9 @@ shards a previous run finished and verified, write the rest (``workers``, each r
 made by ``encode``); then ``outdir.publish`` puts them in place and writes
 ``dataset.json`` last. Nothing a reader uses is touched before every shard is done,
 so a run that stops leaves what was there.
+
+``--output_dir`` may be any path TensorFlow opens (``gs://``, ``ram://``); the source is read from the
+local disk (or TFDS).
 """
 import concurrent.futures
 import contextlib
@@ -23,6 +26,7 @@ from tfgpu.data import csvlist, folders, outdir, sources, tfrecord, workers
 from tfgpu.data.encode import BadImageError, Encoding, example_to_record, visible_channels  # noqa: F401 (API)
 from tfgpu.data.folders import display
 from tfgpu.data.workers import WorkerDiedError  # noqa: F401 (API: tfgpu.convert catches it)
+from tfgpu.runtime import fileio
 
 
 IMAGE_FORMATS = ("keep", "png", "jpeg", "raw")
@@ -96,6 +100,7 @@ def check_options(o: Options) -> None:
     """Raises ConfigError naming the flag for any bad value, before any work starts."""
     if not o.output_dir:
         raise ConfigError("output_dir", "is required")
+    fileio.check_scheme(o.output_dir, "output_dir")
     if o.image_format not in IMAGE_FORMATS:
         raise ConfigError("image_format", f"unknown format {o.image_format!r}; use one of {', '.join(IMAGE_FORMATS)}")
     if not 1 <= o.jpeg_quality <= 100:
@@ -222,6 +227,8 @@ def _check_examples(manifest: dict) -> None:
 # -- running ----------------------------------------------------------------------------------------------------------
 
 def _auto_workers(o: Options, num_tasks: int, num_examples: int) -> int:
+    if fileio.scheme(o.output_dir) == "ram":
+        return 1  # ram:// lives in one process: what a worker process wrote there would be lost
     if o.workers:
         return min(o.workers, num_tasks)
     if num_examples < 20_000:
@@ -242,7 +249,7 @@ def convert(o: Options, stream=None, out=None) -> dict:
     _check_source(o, source, splits, stream)
     key = outdir.fingerprint(dataclasses.asdict(o), source.identity)
     with outdir.claim(o, source.kind, o.source, key) as directory:
-        staged = os.path.exists(os.path.join(directory, tfrecord.MANIFEST))
+        staged = fileio.exists(os.path.join(directory, tfrecord.MANIFEST))
         channels = 0
         if o.image_format == "raw":
             channels = source.channels or _scan_channels(splits)

@@ -12,6 +12,11 @@
 
 Every path written is a shard name built from a validated split name inside the
 directory (``inside`` checks it), so nothing is ever written outside ``--output_dir``.
+
+``--output_dir`` may be any path TensorFlow opens (``gs://``, ``ram://``; ``tfgpu.runtime.fileio``). Only a
+local directory is locked against a second converter (``flock``); on a path with a scheme there is no lock,
+so running one converter per output directory is then up to the user, and shards are renamed into place
+the way that file system renames (not atomic on object stores).
 """
 import contextlib
 import dataclasses
@@ -23,6 +28,7 @@ import re
 
 from tfgpu.config import ConfigError
 from tfgpu.data.folders import display
+from tfgpu.runtime import fileio
 from tfgpu.runtime.fileio import atomic_write_bytes
 
 STATE_DIR = ".tfgpu-convert"
@@ -40,8 +46,8 @@ def staged_path(path: str) -> str:
 def inside(directory: str, path: str) -> str:
     """``path`` if it lies in ``directory`` (after resolving ``..``), else a RuntimeError: a guard, not a check of
     input (split names are validated where they are read)."""
-    real_dir = os.path.realpath(directory)
-    if os.path.dirname(os.path.realpath(path)) != real_dir:
+    real = fileio.absolute if fileio.has_scheme(directory) else os.path.realpath
+    if os.path.dirname(real(path)) != real(directory):
         raise RuntimeError(f"refusing to write {path}: not a file directly in {directory}")
     return path
 
@@ -57,25 +63,27 @@ def fingerprint(options: dict, identity: str) -> str:
 def existing_fingerprint(directory: str):
     """(fingerprint, what) of the conversion already in ``directory``, if any."""
     with contextlib.suppress(OSError, ValueError, AttributeError):
-        with open(os.path.join(directory, MANIFEST)) as f:
-            return (json.load(f).get("converter") or {}).get("fingerprint"), "another dataset (dataset.json)"
+        manifest = json.loads(fileio.read_bytes(os.path.join(directory, MANIFEST)))
+        return (manifest.get("converter") or {}).get("fingerprint"), "another dataset (dataset.json)"
     with contextlib.suppress(OSError, ValueError, AttributeError):
-        with open(os.path.join(directory, STATE_DIR, "plan.json")) as f:
-            return json.load(f).get("fingerprint"), "an unfinished conversion of a different source or options"
+        plan = json.loads(fileio.read_bytes(os.path.join(directory, STATE_DIR, "plan.json")))
+        return plan.get("fingerprint"), "an unfinished conversion of a different source or options"
     return None, None
 
 
 def remove_temp_files(directory: str):
     for folder in (directory, os.path.join(directory, STATE_DIR)):
         with contextlib.suppress(FileNotFoundError):
-            for name in os.listdir(folder):
+            for name in fileio.listdir(folder):
                 if TEMP_FILE.match(name):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(os.path.join(folder, name))
+                    fileio.remove(os.path.join(folder, name), missing_ok=True)
 
 
 def make_readable(path: str):
-    """Temporary files are created 0600; a dataset is meant to be shared, so give it the umask's mode."""
+    """Temporary files are created 0600; a dataset is meant to be shared, so give it the umask's mode (local files:
+    a path with a scheme has no modes)."""
+    if fileio.has_scheme(path):
+        return
     umask = os.umask(0)
     os.umask(umask)
     with contextlib.suppress(OSError):
@@ -87,15 +95,15 @@ def claim(options, source_kind: str, source_path: str, key: str):
     """Checks the output directory may take this conversion, locks it against a second converter, yields it.
 
     ``options`` is the converter's Options; ConfigError names --output_dir for anything in the way."""
-    directory = os.path.abspath(options.output_dir)
+    directory = fileio.absolute(options.output_dir)
     shown = display(directory)
     if source_kind == "folder" and (directory + os.sep).startswith(os.path.join(os.path.abspath(source_path), "")):
         raise ConfigError("output_dir", f"{shown} is inside the source folder {display(source_path)}")
-    if os.path.exists(directory) and not os.path.isdir(directory):
+    if fileio.exists(directory) and not fileio.isdir(directory):
         raise ConfigError("output_dir", f"{shown} exists and is not a directory")
     try:
-        os.makedirs(directory, exist_ok=True)
-        entries = [e for e in os.listdir(directory) if e != STATE_DIR and not TEMP_FILE.match(e)]
+        fileio.makedirs(directory)
+        entries = [e for e in fileio.listdir(directory) if e != STATE_DIR and not TEMP_FILE.match(e)]
     except OSError as e:
         raise ConfigError("output_dir", f"cannot create or list {shown}: {e.strerror or e}") from None
     existing, what = existing_fingerprint(directory)
@@ -105,13 +113,14 @@ def claim(options, source_kind: str, source_path: str, key: str):
                           "or pass --overwrite to replace it")
     state = os.path.join(directory, STATE_DIR)
     try:
-        os.makedirs(state, exist_ok=True)
-        lock = open(os.path.join(state, "lock"), "a")
+        fileio.makedirs(state)
+        lock = contextlib.nullcontext() if fileio.has_scheme(state) else open(os.path.join(state, "lock"), "a")
     except OSError as e:
         raise ConfigError("output_dir", f"cannot write to {shown}: {e.strerror or e}") from None
     with lock:
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if not fileio.has_scheme(state):
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             raise ConfigError("output_dir", f"another tfgpu.convert is writing to {shown}") from None
         try:
@@ -126,11 +135,10 @@ def claim(options, source_kind: str, source_path: str, key: str):
 def publish(directory: str, tasks: list, results: list, write_manifest) -> None:
     """Makes the finished shards the dataset: the old manifest goes, staged shards are swapped in, files of earlier
     plans are removed, and ``write_manifest()`` writes the new manifest last."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(directory, MANIFEST))
+    fileio.remove(os.path.join(directory, MANIFEST), missing_ok=True)
     for task, result in zip(tasks, results):
         if result.get("staged"):
-            os.replace(staged_path(task["path"]), task["path"])
+            fileio.rename(staged_path(task["path"]), task["path"])
     remove_stale(directory, {os.path.basename(t["path"]) for t in tasks})
     write_manifest()
     make_readable(os.path.join(directory, MANIFEST))
@@ -138,10 +146,10 @@ def publish(directory: str, tasks: list, results: list, write_manifest) -> None:
 
 def remove_stale(directory: str, keep: set):
     """Shards (and sidecars, staged shards) of this directory that the new manifest does not list: earlier plans."""
-    for name in os.listdir(directory):
+    for name in fileio.listdir(directory):
         if (SHARD_FILE.match(name) and name not in keep) or STAGED_FILE.match(name):
-            os.unlink(os.path.join(directory, name))
+            fileio.remove(os.path.join(directory, name))
     state = os.path.join(directory, STATE_DIR)
-    for name in os.listdir(state):
+    for name in fileio.listdir(state):
         if name.endswith(".tfrecord.json") and name[:-len(".json")] not in keep:
-            os.unlink(os.path.join(state, name))
+            fileio.remove(os.path.join(state, name))

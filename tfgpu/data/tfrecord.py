@@ -6,7 +6,8 @@ and ``dataset.json`` (the manifest), which is written last: a directory
 without a manifest is an unfinished conversion, never a dataset.
 
 Every file is written under a temporary name and renamed when complete, so an
-interrupted writer leaves nothing that looks finished.
+interrupted writer leaves nothing that looks finished. The directory may be any path
+TensorFlow opens (``gs://``, ``ram://``): files go through ``tfgpu.runtime.fileio``.
 """
 import hashlib
 import json
@@ -15,6 +16,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from tfgpu.runtime import fileio
 from tfgpu.runtime.fileio import atomic_path, atomic_write_bytes
 
 MANIFEST = "dataset.json"
@@ -93,7 +95,7 @@ def write_shard(path: str, records, compression: str = "none") -> dict:
 
 def sha256_file(path: str) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with fileio.open_file(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
@@ -107,13 +109,12 @@ def write_manifest(directory: str, manifest: dict) -> None:
 
 def read_manifest(directory: str) -> dict:
     path = os.path.join(directory, MANIFEST)
-    if not os.path.exists(path):
+    if not fileio.exists(path):
         raise FileNotFoundError(
             f"{path} not found: {directory!r} is not a converted tfgpu dataset (or its conversion did not finish); "
             "run `python -m tfgpu.convert --source=... --output_dir=...` first")
     try:
-        with open(path, encoding="utf-8") as f:
-            manifest = json.load(f)
+        manifest = json.loads(fileio.read_text(path))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{path} is unreadable or not JSON ({getattr(e, 'strerror', None) or e}); "
                          "convert the dataset again") from None
@@ -156,7 +157,7 @@ def write_arrays(directory: str, split: str, images: np.ndarray, labels: np.ndar
     if len(images) != len(labels):
         raise ValueError(f"{len(images)} images but {len(labels)} labels")
     num_shards = max(1, min(num_shards, len(images)))
-    os.makedirs(directory, exist_ok=True)
+    fileio.makedirs(directory)
     bounds = np.linspace(0, len(images), num_shards + 1).astype(int)
     shards = []
     for s in range(num_shards):

@@ -20,6 +20,7 @@ import threading
 import time
 
 from tfgpu.data import outdir
+from tfgpu.runtime import fileio
 from tfgpu.runtime.fileio import atomic_write_bytes
 
 
@@ -102,8 +103,7 @@ def build_shard(task: dict) -> dict:
                 pending = 0
         _COUNTER.add(pending)
 
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(task["sidecar"])
+    fileio.remove(task["sidecar"], missing_ok=True)
     entry = tfrecord.write_shard(task["write_path"], records(), task["compression"])
     entry["file"] = os.path.basename(task["path"])
     outdir.make_readable(task["write_path"])
@@ -118,14 +118,13 @@ def verified_shard(task: dict):
     from tfgpu.data import tfrecord
 
     try:
-        with open(task["sidecar"]) as f:
-            done = json.load(f)
+        done = json.loads(fileio.read_bytes(task["sidecar"]))
         if done.get("plan") != task["plan"]:
             return None
         if done["stats"]["skipped"] and not task["encoding"].skip_bad:
             return None  # rebuild it, so the bad image stops this run as it should without --skip_bad
         for path, staged in ((task["path"], False), (outdir.staged_path(task["path"]), True)):
-            if os.path.exists(path) and tfrecord.sha256_file(path) == done["entry"]["sha256"]:
+            if fileio.exists(path) and tfrecord.sha256_file(path) == done["entry"]["sha256"]:
                 return {**done, "staged": staged}
         return None
     except (OSError, ValueError, KeyError, TypeError):

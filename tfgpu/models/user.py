@@ -242,10 +242,11 @@ def warn_if_changed(config, model_dir: str) -> None:
     """Logs a warning for each user file whose content differs from the one the run recorded (a rebuilt model,
     e.g. for evaluate or export, may then not match its checkpoint)."""
     path = os.path.join(model_dir, SOURCE_FILE)
-    if not os.path.isfile(path):
+    from tfgpu.runtime import fileio
+
+    if not fileio.isfile(path):
         return
-    with open(path, encoding="utf-8") as f:
-        recorded = json.load(f)
+    recorded = json.loads(fileio.read_text(path))
     for flag, now in source_record(config).items():
         then = recorded.get(flag, {})
         if then.get("sha256") and now["sha256"] and then["sha256"] != now["sha256"]:

@@ -1,13 +1,15 @@
 """The run report's PNG plots, drawn from the run's metric declarations (``tfgpu.training.metric_specs``).
 
 Each declared ``plot`` is one figure, ``<model_dir>/plots/<plot>.png``; metrics that share a ``panel`` share
-an axis. No pyplot: no global backend, no GUI, safe in any process.
+an axis. No pyplot: no global backend, no GUI, safe in any process. Each PNG is drawn into memory and written
+with ``fileio.atomic_write_bytes``, so ``model_dir`` may be any path TensorFlow opens.
 """
 import io
 import math
 import os
 import statistics
 
+from tfgpu.runtime import fileio
 from tfgpu.runtime.fileio import atomic_write_bytes
 
 PLOTS_DIR = "plots"
@@ -86,7 +88,7 @@ def write_plots(model_dir: str, history: dict, specs) -> list:
         axes[-1].set_xlabel("step")
         axes[0].set_title(title)
         path = os.path.join(PLOTS_DIR, f"{plot}.png")
-        os.makedirs(os.path.join(model_dir, PLOTS_DIR), exist_ok=True)
+        fileio.makedirs(os.path.join(model_dir, PLOTS_DIR))
         atomic_write_bytes(os.path.join(model_dir, path), _png(figure))
         written.append((path, title))
     return written

@@ -10,6 +10,7 @@ sections and task options come from the declarations the trainer wrote to
 ``metric_specs.json`` (``tfgpu.training.metric_specs``); for a run older than that file
 they come from the registered task named in ``config.yaml``. The plots are
 drawn by ``tfgpu.reporting.plots``. The chief writes the report at the end of every run.
+``model_dir`` may be any path TensorFlow opens (``gs://``, ``ram://``: ``tfgpu.runtime.fileio``).
 """
 import importlib
 import json
@@ -19,6 +20,7 @@ import statistics
 
 from tfgpu.config import ConfigError
 from tfgpu.reporting.plots import series, write_plots
+from tfgpu.runtime import fileio
 from tfgpu.runtime.fileio import atomic_write_bytes
 from tfgpu.training import metric_specs
 from tfgpu.training import target as target_lib
@@ -37,19 +39,20 @@ def read_history(path: str) -> tuple:
     """(records by kind sorted by step, keeping the last record of a step written twice after a resume;
     number of unreadable lines)."""
     by_key, bad = {}, 0
-    if not os.path.exists(path):
+    try:
+        text = fileio.read_text(path, errors="replace")
+    except FileNotFoundError:
         return {}, 0
-    with open(path, errors="replace") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                key = (record["kind"], int(record["step"]))
-            except (ValueError, KeyError, TypeError):
-                bad += 1  # e.g. the half-written last line of a killed run
-                continue
-            by_key[key] = record
+    for line in text.split("\n"):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            key = (record["kind"], int(record["step"]))
+        except (ValueError, KeyError, TypeError):
+            bad += 1  # e.g. the half-written last line of a killed run
+            continue
+        by_key[key] = record
     kinds = {}
     for (kind, step), record in sorted(by_key.items(), key=lambda kv: kv[0][1]):
         kinds.setdefault(kind, []).append(record)
@@ -58,8 +61,7 @@ def read_history(path: str) -> tuple:
 
 def _read_json(path: str):
     try:
-        with open(path) as f:
-            value = json.load(f)
+        value = json.loads(fileio.read_bytes(path))
         return value if isinstance(value, dict) else None
     except (OSError, ValueError):
         return None
@@ -69,10 +71,9 @@ def _read_yaml(path: str):
     import yaml
 
     try:
-        with open(path) as f:
-            value = yaml.safe_load(f)
+        value = yaml.safe_load(fileio.read_text(path))
         return value if isinstance(value, dict) else None
-    except (OSError, yaml.YAMLError):
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return None
 
 
@@ -176,6 +177,8 @@ def _images(specs, history: dict, model_dir: str) -> list:
                      if isinstance(r.get(spec.name), str)), None)
         if path:
             relative = os.path.relpath(path, model_dir) if os.path.isabs(path) else path
+            if fileio.has_scheme(path) and path.startswith(model_dir.rstrip("/") + "/"):
+                relative = path[len(model_dir.rstrip("/")) + 1:]
             lines += [f"## {spec.title or spec.name}", "", f"![{spec.label or spec.name}]({relative})", ""]
     return lines
 

@@ -2,9 +2,13 @@
 collective checkpoint into a temporary directory that it deletes at the end.
 
 All workers restore from the chief's directory, so a rerun of the same command
-resumes every worker at the same step. TensorFlow writes the data files first
-and the ``checkpoint`` index last (atomically), so a crash during a save leaves
-the previous checkpoint as the latest usable one.
+resumes every worker at the same step. TensorFlow writes a checkpoint's data and
+``.index`` files first and the ``checkpoint`` state file (which names the latest)
+last, under a temporary name renamed over the old one
+(``file_io.atomic_write_string_to_file``), so a crash during a save leaves the
+previous checkpoint as the latest usable one. ``model_dir`` may be any path
+TensorFlow opens (``gs://``, ``ram://``): on an object store that rename is a copy
+and a delete, so the state file is replaced whole but not in one atomic step.
 """
 import logging
 import os

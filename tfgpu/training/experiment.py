@@ -19,12 +19,14 @@ log = logging.getLogger("tfgpu")
 
 def check_model_dir(model_dir: str) -> None:
     """Creates ``model_dir`` and proves it is writable; raises ConfigError(model_dir) otherwise."""
+    from tfgpu.runtime import fileio  # local paths or any TensorFlow file system (gs://, ram://)
+
     try:
-        os.makedirs(model_dir, exist_ok=True)
+        fileio.makedirs(model_dir)
         probe = os.path.join(model_dir, f".write-test-{os.getpid()}")
-        with open(probe, "w") as f:
+        with fileio.open_file(probe, "w") as f:
             f.write("ok")
-        os.unlink(probe)
+        fileio.remove(probe)
     except OSError as e:
         raise ConfigError("model_dir", f"{model_dir!r} is not writable: {e.strerror or e}") from None
 

@@ -1,18 +1,22 @@
 """What a run deploys and how its user feeds it: the exported model (a .keras file or a SavedModel) and, beside
 it, ``<name>.input.json`` (input shape, dtype, --input_range, how to scale uint8 pixels, output, classes).
 
-Used by the training run's own export (``experiment.run``) and by ``python -m tfgpu.export``.
+Used by the training run's own export (``experiment.run``) and by ``python -m tfgpu.export``. ``output`` may be
+any path TensorFlow opens (``gs://``, ``ram://``): Keras and the SavedModel exporter write to the local disk
+first and the files are then copied there (``tfgpu.runtime.fileio``).
 """
 import json
 import os
+import tempfile
 
-from tfgpu.runtime.fileio import atomic_path, atomic_write_bytes
+from tfgpu.runtime import fileio
+from tfgpu.runtime.fileio import atomic_local_path, atomic_write_bytes
 
 
 def export_model(task, path: str) -> str:
-    """Saves the task's deployable model to ``path`` (a .keras file), atomically."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with atomic_path(path, suffix=".keras") as tmp:
+    """Saves the task's deployable model to ``path`` (a .keras file), atomically (``fileio.atomic_local_path``)."""
+    fileio.makedirs(fileio.parent(path))
+    with atomic_local_path(path, suffix=".keras") as tmp:
         task.export(tmp)
     return path
 
@@ -55,16 +59,25 @@ def summary(description: dict) -> str:
 def write_description(config, info, output: str) -> str:
     """Writes ``description_path(output)`` (atomically) and returns its path."""
     path = description_path(output)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fileio.makedirs(fileio.parent(path))
     atomic_write_bytes(path, (json.dumps(describe(config, info), indent=2) + "\n").encode())
     return path
 
 
 def save(task, fmt: str, output: str) -> None:
-    """Writes what the task deploys (a GAN: its EMA generator) as a .keras file or a SavedModel directory."""
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    """Writes what the task deploys (a GAN: its EMA generator) as a .keras file or a SavedModel directory.
+
+    A local SavedModel is written beside ``output`` and renamed into place; on a path with a scheme it is
+    written locally, the old directory removed and the files copied one by one (not atomic as a whole)."""
+    fileio.makedirs(fileio.parent(output))
     if fmt == "keras":
         export_model(task, output)
+        return
+    if fileio.has_scheme(output):
+        with tempfile.TemporaryDirectory(prefix="tfgpu-export-") as local:
+            task.model.export(os.path.join(local, "saved_model"), format="tf_saved_model", verbose=False)
+            fileio.rmtree(output)
+            fileio.copy_tree(os.path.join(local, "saved_model"), output)
         return
     import shutil
 

@@ -8,9 +8,12 @@ import os
 import sys
 import time
 
+from tfgpu.runtime import fileio
+
 
 class History:
-    """Appends one JSON object per loop or evaluation to ``<model_dir>/history.jsonl`` (chief only)."""
+    """Appends one JSON object per loop or evaluation to ``<model_dir>/history.jsonl`` (chief only); on an object
+    store without appends (``gs://``) TensorFlow rewrites the whole object each time."""
 
     def __init__(self, model_dir: str, enabled: bool):
         self.path = os.path.join(model_dir, "history.jsonl")
@@ -20,9 +23,7 @@ class History:
         if not self.enabled:
             return
         line = json.dumps({"kind": kind, "step": step, "time": round(time.time(), 3), **values})
-        with open(self.path, "a") as f:
-            f.write(line + "\n")
-            f.flush()
+        fileio.append_text(self.path, line + "\n")
 
 
 class Progress:

@@ -119,8 +119,9 @@ def write(model_dir: str, declarations: Declarations) -> str:
 def read(model_dir: str):
     """The Declarations in ``<model_dir>/metric_specs.json``, or None when it is missing or not JSON (a run
     from before the file existed)."""
+    from tfgpu.runtime import fileio
+
     try:
-        with open(os.path.join(model_dir, SPECS_FILE)) as f:
-            return from_json(json.load(f))
+        return from_json(json.loads(fileio.read_bytes(os.path.join(model_dir, SPECS_FILE))))
     except (OSError, ValueError):
         return None

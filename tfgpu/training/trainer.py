@@ -313,8 +313,9 @@ class Trainer:
         if not self._reaches_target(step, self._resumed_eval):
             return False
         try:
-            with open(os.path.join(self.model_dir, "metrics.json")) as f:
-                before = json.load(f)
+            from tfgpu.runtime import fileio
+
+            before = json.loads(fileio.read_bytes(os.path.join(self.model_dir, "metrics.json")))
         except (OSError, ValueError):
             before = {}
         same = before.get("target") == str(self.target) and before.get("step_at_target") == step

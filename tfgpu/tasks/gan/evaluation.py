@@ -66,7 +66,7 @@ class GanEvaluation:
         fake = extractor(self._sample(n, weights, seed=1))
         result = fid.scores(real, fake, extractor.name)
         grid_path = os.path.join(model_dir, "samples", f"step_{step}.png")
-        os.makedirs(os.path.dirname(grid_path), exist_ok=True)
+        tf.io.gfile.makedirs(os.path.dirname(grid_path))  # model_dir may be gs://, ram://
         grid = images.save_grid(self._sample(SAMPLE_GRID_SIZE, weights, seed=2), grid_path)
         self._image_summary(model_dir, step, grid)
         result["fid_initial"] = float(self.state.fid_initial.numpy())
