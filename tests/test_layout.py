@@ -71,3 +71,34 @@ def test_tests_mirror_the_package():
     untested = [str(p.relative_to(PACKAGE)) for p in library
                 if not (tests / p.relative_to(PACKAGE).parent / f"test_{p.stem}.py").exists()]
     assert len(untested) <= 22, untested  # shrinking: modules tested only through their callers so far
+
+
+SECTIONED = {"tfgpu.runtime.distribute": "RuntimeConfig", "tfgpu.data.catalog": "DatasetConfig",
+             "tfgpu.data.pipeline": "InputConfig", "tfgpu.training.optimizers": "OptimizationConfig",
+             "tfgpu.training.trainer": "TrainerConfig"}
+
+
+def test_subsystems_receive_their_section_not_the_whole_config():
+    """The strategy, the dataset catalog, the input pipeline, the optimizers and the loop name the slice of the
+    configuration they read (``tfgpu.config.Section``), so a reader sees a subsystem's inputs in its signature."""
+    modules = _modules()
+    for name, section in SECTIONED.items():
+        imported = {alias.name for node in ast.walk(modules[name]) if isinstance(node, ast.ImportFrom)
+                    and node.module == "tfgpu.config" for alias in node.names}
+        assert section in imported and "Config" not in imported, (name, sorted(imported))
+
+
+def test_every_section_field_is_an_option_of_the_same_type():
+    """A section only narrows: each field is a Config option (or a derived value) with the option's type."""
+    import dataclasses
+    import typing
+
+    from tfgpu import config
+
+    options = typing.get_type_hints(config.Config)
+    for section in config.SECTIONS:
+        for f in dataclasses.fields(section):
+            if isinstance(getattr(config.Config, f.name, None), property):  # derived, e.g. batches_per_step
+                continue
+            assert f.name in options and typing.get_type_hints(section)[f.name] == options[f.name], \
+                (section.__name__, f.name)

@@ -22,7 +22,7 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported anywhere
 
-from tfgpu.config import ConfigError  # noqa: E402
+from tfgpu.config import ConfigError, DatasetConfig, InputConfig  # noqa: E402
 
 USAGE = ("python -m tfgpu.audit_input --data_dir=D [--dataset=NAME] --num_workers=N [--replicas_per_worker=R] "
          "[--data_service_workers=K] [--epochs=E] [--output_json=F] [train flags]")
@@ -61,7 +61,7 @@ def read_keys(config, info, num_workers: int, replicas_per_worker: int, records:
 
     from tfgpu.data import pipeline
 
-    dataset_fn = pipeline.train_dataset_fn(config, info, 0, record_keys=True)
+    dataset_fn = pipeline.train_dataset_fn(InputConfig.of(config), info, 0, record_keys=True)
     per_worker = []
     for worker in range(num_workers):
         ctx = tf.distribute.InputContext(num_workers, worker, num_workers * replicas_per_worker)
@@ -75,9 +75,9 @@ def audit(config, num_workers: int, replicas_per_worker: int = 1, epochs: int = 
     """Counts, per epoch, the train records all workers' pipelines yield 0, 1 and 2+ times."""
     import numpy as np
 
-    from tfgpu.data import pipeline
+    from tfgpu.data import catalog, pipeline
 
-    info = pipeline.prepare(config)
+    info = catalog.prepare(DatasetConfig.of(config))
     if info.name == "synthetic":
         raise ConfigError("dataset", "synthetic data repeats one random batch; there are no records to audit")
     files = info.split_files[info.train_split]

@@ -302,6 +302,113 @@ class Config:
                 for f in dataclasses.fields(self)}
 
 
+class Section:
+    """A subsystem's slice of the Config: exactly the options it reads, so its signature shows its inputs.
+    Users still set flat flags; ``XConfig.of(config)`` picks the slice (derived values included)."""
+
+    @classmethod
+    def of(cls, config: "Config"):
+        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeConfig(Section):
+    """Devices and strategy (runtime/distribute.py)."""
+    distribution_strategy: str
+    num_gpus: int
+    all_reduce_alg: str
+    cpu_logical_devices: int
+    gpu_memory_growth: bool
+    cluster: str
+    collective_timeout_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class PrecisionConfig(Section):
+    """The dtype policy and loss scaling an optimizer is wrapped with (runtime/precision.py)."""
+    precision: str
+    initial_loss_scale: float
+    loss_scale_growth_steps: int
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetConfig(Section):
+    """Which dataset a run names and how it is described (data/catalog.py)."""
+    dataset: str
+    data_dir: str
+    data_cache_dir: str
+    tfds_data_dir: str
+    download: bool
+    train_split: str
+    eval_split: str
+    image_size: int
+    num_classes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class InputConfig(Section):
+    """How the train and eval pipelines read a dataset, and how many steps make the schedule (data/pipeline.py).
+    ``batches_per_step`` is the task's declaration (Task.batches_per_step)."""
+    seed: int
+    global_batch_size: int
+    eval_batch_size: int
+    batches_per_step: int
+    train_steps: int
+    epochs: float
+    eval_steps: int
+    image_size: int
+    augment: str
+    input_range: tuple
+    shuffle_buffer: int
+    data_workers: int
+    deterministic_input: bool
+    data_threadpool_size: int
+    data_service: str
+    skip_corrupt_records: bool
+    cache: bool
+
+    @property
+    def examples_per_step(self) -> int:
+        return self.global_batch_size * self.batches_per_step
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizationConfig(Section):
+    """The classifier's optimizer and learning-rate schedule (training/optimizers.py)."""
+    optimizer: str
+    base_learning_rate: float
+    global_batch_size: int
+    lr_schedule: str
+    warmup_epochs: float
+    warmup_steps: int
+    lr_decay_epochs: tuple
+    lr_decay_factor: float
+    momentum: float
+    nesterov: bool
+    weight_decay: float
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerConfig(Section):
+    """The loop's own options (training/trainer.py); the pipeline's come as an InputConfig."""
+    model_dir: str
+    steps_per_loop: int
+    checkpoint_every_steps: int
+    keep_checkpoints: int
+    eval_every_steps: int
+    max_nonfinite_steps: int
+    target: str
+    init_weights: str
+    tensorboard: bool
+    profile_input: bool
+    profile_steps: str
+    verbose: int
+    data_dir: str  # only to name the flag of a corrupt record: --data_dir or --dataset
+
+
+SECTIONS = (RuntimeConfig, PrecisionConfig, DatasetConfig, InputConfig, OptimizationConfig, TrainerConfig)
+
+
 def fields() -> tuple:
     return dataclasses.fields(Config)
 

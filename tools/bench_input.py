@@ -53,13 +53,13 @@ def _rate(ds, batch_size: int, seconds: float, warmup_batches: int) -> float:
 def tfgpu_pipeline(data_dir, size, batch, deterministic):
     import tensorflow as tf
 
-    from tfgpu.config import Config
-    from tfgpu.data import pipeline
+    from tfgpu.config import Config, DatasetConfig, InputConfig
+    from tfgpu.data import catalog, pipeline
 
     config = Config(model_dir="unused", data_dir=data_dir, image_size=size, augment="imagenet",
                     global_batch_size=batch, deterministic_input=deterministic)
-    info = pipeline.prepare(config)
-    return pipeline.train_dataset_fn(config, info, 0)(tf.distribute.InputContext())
+    info = catalog.prepare(DatasetConfig.of(config))
+    return pipeline.train_dataset_fn(InputConfig.of(config), info, 0)(tf.distribute.InputContext())
 
 
 def _full_decode_crop(serialized, size, seed):

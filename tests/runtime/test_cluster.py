@@ -13,7 +13,7 @@ import portpicker
 import pytest
 
 from tests.conftest import REPO, read_metrics
-from tfgpu.runtime import cluster
+from tfgpu.runtime import cluster, slurm
 from tfgpu.config import ConfigError
 
 # The environment `srun` gave task 1 of a 2-node, 1-task-per-node step (sbatch --nodes=2 --ntasks-per-node=1),
@@ -167,7 +167,7 @@ def test_unknown_source():
 
 def test_recorded_slurm_step():
     desc = cluster.resolve_cluster("slurm", RECORDED_SRUN_TASK1)
-    port = cluster.slurm_port_base(RECORDED_SRUN_TASK1)
+    port = slurm.slurm_port_base(RECORDED_SRUN_TASK1)
     assert desc["cluster_spec"] == {"worker": [f"node01:{port}", f"node02:{port}"]}
     assert (desc["task_type"], desc["task_id"], desc["num_workers"], desc["is_chief"]) == ("worker", 1, 2, False)
     assert desc["source"] == "slurm"
@@ -195,7 +195,7 @@ def test_slurm_matches_tensorflows_own_resolver(monkeypatch):
 
     for name, value in RECORDED_SRUN_TASK1.items():
         monkeypatch.setenv(name, value)
-    port = cluster.slurm_port_base(RECORDED_SRUN_TASK1)
+    port = slurm.slurm_port_base(RECORDED_SRUN_TASK1)
     theirs = tf.distribute.cluster_resolver.SlurmClusterResolver(
         port_base=port, gpus_per_node=8, gpus_per_task=8, auto_set_gpu=False)
     ours = cluster.make_cluster_resolver(cluster.resolve_cluster("slurm"))
@@ -283,13 +283,6 @@ def test_any_slurm_step_gives_each_task_its_own_address_or_a_one_line_error(per_
     mine = addresses[rank]
     assert mine.startswith(f"n{node}:")  # this task's address is on the node it runs on
     assert rank - sum(per_node[:node]) == local  # and is its local_rank-th task there
-
-
-def test_expand_hostlist():
-    assert cluster.expand_hostlist("node[01-02,05],gpu3") == ["node01", "node02", "node05", "gpu3"]
-    assert cluster.expand_hostlist("n[8-10]") == ["n8", "n9", "n10"]
-    assert cluster.expand_hostlist("rack[1-2]-n[1-2]") == ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]
-    assert cluster.expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
 
 
 def test_tf_config_resolver_round_trip(monkeypatch):

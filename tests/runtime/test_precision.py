@@ -207,7 +207,7 @@ def test_setup_resolves_auto_before_anything_reads_it(tmp_path, data_cache, monk
     try:
         with caplog.at_level("INFO", logger="tfgpu"):
             built = experiment.setup(config)
-        assert {built.config.precision, built.task.config.precision, built.trainer.config.precision,
+        assert {built.config.precision, built.task.config.precision,
                 keras.mixed_precision.global_policy().name} == {"mixed_bfloat16"}
     finally:
         keras.mixed_precision.set_global_policy("float32")

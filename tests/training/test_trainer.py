@@ -252,22 +252,6 @@ def test_the_schedule_follows_the_trainer_step_through_skips_and_a_resume(tmp_pa
 
 
 # -- a failing kernel is not a lost peer -------------------------------------------------------------
-def test_only_collective_failures_count_as_a_lost_peer():
-    import tensorflow as tf
-
-    from tfgpu.training import trainer
-
-    lost = [tf.errors.UnavailableError(None, None, "Socket closed"),
-            tf.errors.DeadlineExceededError(None, None, "Collective ops timed out"),
-            tf.errors.CancelledError(None, None, "RPC cancelled"), tf.errors.AbortedError(None, None, "aborted"),
-            tf.errors.InternalError(None, None, "Collective ops is aborted by: Connection reset by peer"),
-            tf.errors.UnknownError(None, None, "Task /job:worker/task:1 stopped sending heartbeats")]
-    kernels = [tf.errors.InternalError(None, None, "cuDNN launch failure : input shape ([8,64,32,32])"),
-               tf.errors.UnknownError(None, None, "CUDNN_STATUS_EXECUTION_FAILED"),
-               tf.errors.InternalError(None, None, "XLA compilation failed: ptxas exited with non-zero code")]
-    assert all(trainer._lost_peer(e) for e in lost) and not any(trainer._lost_peer(e) for e in kernels)
-
-
 def test_a_kernel_error_fails_as_itself_not_as_a_lost_worker(tmp_path, data_cache, monkeypatch):
     """A cuDNN/XLA InternalError on one of two workers ends in KernelFailed (exit 3, not retried), naming the
     step, the error and the checkpoint, instead of WorkerLost (exit 129, which clusters retry forever)."""

@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import os
 
-from tfgpu.config import Config, ConfigError
+from tfgpu.config import ConfigError, DatasetConfig
 from tfgpu.data import builtin, tfrecord
 from tfgpu.runtime import fileio
 
@@ -46,7 +46,7 @@ def default_cache_dir() -> str:
     return os.environ.get("TFGPU_DATA_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "tfgpu")
 
 
-def _builtin_dir(config: Config, name: str) -> str:
+def _builtin_dir(config: DatasetConfig, name: str) -> str:
     """A built-in dataset converted once into the data cache by tfgpu's converter (the same shards and manifest
     as ``python -m tfgpu.convert --source=NAME --num_shards=2 --image_format=png``); returns its directory."""
     directory = os.path.join(config.data_cache_dir or default_cache_dir(), f"{name}-v{tfrecord.FORMAT_VERSION}")
@@ -54,7 +54,7 @@ def _builtin_dir(config: Config, name: str) -> str:
     return directory
 
 
-def _convert_once(config: Config, directory: str, **options) -> None:
+def _convert_once(config: DatasetConfig, directory: str, **options) -> None:
     """Converts ``--dataset`` into the cache ``directory`` with tfgpu's converter (``tfgpu.data.convert``, the one
     dataset writer) unless it is there already. Processes that start together (the workers of one host) wait
     for the first instead of converting twice; the converter's errors name ``--dataset``."""
@@ -107,7 +107,7 @@ def _manifest_image_shape(manifest: dict, directory: str):
     return (h if same else None), (w if same else None), channels
 
 
-def prepare(config: Config) -> DatasetInfo:
+def prepare(config: DatasetConfig) -> DatasetInfo:
     """Finds the dataset the config names and describes it; raises ConfigError naming the flag when it can't."""
     if not config.data_dir and config.dataset == "synthetic":
         size = config.image_size or 32
@@ -172,7 +172,7 @@ def prepare(config: Config) -> DatasetInfo:
                        manifest.get("compression", "none"), config.train_split, eval_split)
 
 
-def _tfds_dir(config: Config) -> str:
+def _tfds_dir(config: DatasetConfig) -> str:
     """A tfds:NAME dataset converted once into the data cache by tfgpu's converter (same shards and manifest as
     ``python -m tfgpu.convert --source=tfds:NAME``)."""
     name = config.dataset[len("tfds:"):]

@@ -25,7 +25,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from tfgpu.config import Config, ConfigError
+from tfgpu.config import ConfigError, InputConfig
 from tfgpu.data import augment, tfrecord
 from tfgpu.data.catalog import EVAL_SPLITS, DatasetInfo, default_cache_dir, prepare  # noqa: F401 (API)
 
@@ -104,7 +104,7 @@ def _exact_epoch(records, share: int, epoch_size: int, skip_corrupt: bool):
     return records.take(epoch_size) if share > epoch_size else records
 
 
-def _with_options(ds, config: Config, deterministic: bool):
+def _with_options(ds, config: InputConfig, deterministic: bool):
     options = tf.data.Options()
     options.deterministic = deterministic
     if config.data_threadpool_size:
@@ -128,7 +128,7 @@ def find_corrupt_record(info: DatasetInfo):
     return None
 
 
-def train_dataset_fn(config: Config, info: DatasetInfo, start_step: int, record_keys: bool = False):
+def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, record_keys: bool = False):
     """Returns ``fn(input_context) -> Dataset`` of per-replica (image, label) batches, resumed at ``start_step``.
 
     Each input pipeline trains on its share of the split (``train_share``); an epoch is ``total //
@@ -242,7 +242,7 @@ def _synthetic(info: DatasetInfo, per_replica: int, seed: int, input_range=augme
     return tf.data.Dataset.from_tensors((images, labels)).repeat()
 
 
-def eval_steps(config: Config, info: DatasetInfo, num_pipelines: int, num_replicas: int) -> int:
+def eval_steps(config: InputConfig, info: DatasetInfo, num_pipelines: int, num_replicas: int) -> int:
     """Eval batches each replica runs so that every example is seen once (or --eval_steps)."""
     if config.eval_steps:
         return config.eval_steps
@@ -253,7 +253,7 @@ def eval_steps(config: Config, info: DatasetInfo, num_pipelines: int, num_replic
     return max(1, math.ceil(most / (per_replica * replicas_here)))
 
 
-def eval_dataset_fn(config: Config, info: DatasetInfo, steps: int):
+def eval_dataset_fn(config: InputConfig, info: DatasetInfo, steps: int):
     """Returns ``fn(input_context)`` of per-replica (image, label, weight) batches; padding has weight 0."""
     workers = config.data_workers or tf.data.AUTOTUNE
     global_batch = config.eval_batch_size or config.global_batch_size
@@ -287,11 +287,11 @@ def eval_dataset_fn(config: Config, info: DatasetInfo, steps: int):
     return dataset_fn
 
 
-def steps_per_epoch(config: Config, info: DatasetInfo) -> float:
+def steps_per_epoch(config: InputConfig, info: DatasetInfo) -> float:
     return info.num_train_examples / config.examples_per_step
 
 
-def resolve_train_steps(config: Config, info: DatasetInfo) -> int:
+def resolve_train_steps(config: InputConfig, info: DatasetInfo) -> int:
     """--train_steps, or --epochs converted to optimizer steps."""
     if config.train_steps:
         return config.train_steps

@@ -12,7 +12,7 @@ import tempfile
 
 import tensorflow as tf
 
-from tfgpu.config import Config, ConfigError
+from tfgpu.config import ConfigError, RuntimeConfig
 
 log = logging.getLogger("tfgpu")
 
@@ -34,7 +34,7 @@ class Placement:
                 f"worker={self.worker_index}{' (chief)' if self.is_chief else ''} devices={','.join(self.devices)}")
 
 
-def configure_devices(config: Config) -> None:
+def configure_devices(config: RuntimeConfig) -> None:
     """Applies device settings; raises a clear error if TensorFlow already initialised its devices."""
     try:
         gpus = tf.config.list_physical_devices("GPU")
@@ -54,7 +54,7 @@ def configure_devices(config: Config) -> None:
         raise RuntimeError(f"device settings must be applied before TensorFlow initialises its devices: {e}") from e
 
 
-def _cluster(config: Config):
+def _cluster(config: RuntimeConfig):
     """The multi-worker cluster description from tfgpu.runtime.cluster, or None for a single worker; ConfigError when the
     environment describes this process inconsistently or disagrees with --distribution_strategy."""
     from tfgpu.runtime import cluster
@@ -73,7 +73,7 @@ def _mirrored_cross_device_ops(alg: str):
                       "hierarchical_copy")
 
 
-def _collective_options(config: Config):
+def _collective_options(config: RuntimeConfig):
     implementation = {
         "": tf.distribute.experimental.CommunicationImplementation.AUTO,
         "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
@@ -88,7 +88,7 @@ def _collective_options(config: Config):
         timeout_seconds=config.collective_timeout_s or None)
 
 
-def choose_kind(config: Config, num_gpus: int, num_workers: int) -> str:
+def choose_kind(config: RuntimeConfig, num_gpus: int, num_workers: int) -> str:
     """The strategy ``auto`` stands for, given what this host and cluster have."""
     if config.distribution_strategy != "auto":
         return config.distribution_strategy
@@ -99,7 +99,7 @@ def choose_kind(config: Config, num_gpus: int, num_workers: int) -> str:
     return "one_device"
 
 
-def build_strategy(config: Config) -> Placement:
+def build_strategy(config: RuntimeConfig) -> Placement:
     """Creates the strategy for ``config``; call ``configure_devices`` first."""
     # MultiWorkerMirroredStrategy must exist before TensorFlow initialises its runtime, so nothing below
     # lists logical devices until the strategy kind is known.
@@ -124,7 +124,7 @@ def build_strategy(config: Config) -> Placement:
                          not gpus and len(devices) > 1)
 
 
-def _multi_worker(config: Config, cluster_desc, num_workers: int) -> Placement:
+def _multi_worker(config: RuntimeConfig, cluster_desc, num_workers: int) -> Placement:
     from tfgpu.runtime import cluster
 
     resolver = cluster.make_cluster_resolver(cluster_desc) if cluster_desc else None

@@ -20,7 +20,7 @@ import re
 import keras
 import tensorflow as tf
 
-from tfgpu.config import Config
+from tfgpu.config import Config, PrecisionConfig
 from tfgpu.runtime import advice, host
 
 MIN_LOSS_SCALE = 1.0  # a float16 scale backs off no lower than this (or the initial scale, if lower)
@@ -143,7 +143,7 @@ class GuardedOptimizer(keras.optimizers.LossScaleOptimizer):
         return {**super().get_config(), "dynamic": self.dynamic}
 
 
-def wrap_optimizer(optimizer: keras.optimizers.Optimizer, config: Config) -> GuardedOptimizer:
+def wrap_optimizer(optimizer: keras.optimizers.Optimizer, config: PrecisionConfig) -> GuardedOptimizer:
     """Wraps ``optimizer`` in the non-finite step guard: with dynamic loss scaling under mixed_float16, with
     no scaling otherwise. Every optimizer of a task goes through here (Keras' compile-time wrapping covers
     only one)."""

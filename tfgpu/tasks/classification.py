@@ -15,6 +15,7 @@ import logging
 
 import tensorflow as tf
 
+from tfgpu.config import InputConfig, OptimizationConfig, PrecisionConfig
 from tfgpu.runtime import precision
 from tfgpu.training import optimizers
 from tfgpu.models import create_model, get_spec
@@ -60,10 +61,13 @@ class ClassificationTask(Task):
         self.freezer = Freezer(self.model, config.freeze) if config.freeze else None
         self.num_parameters = count_params(self.model)
 
-        self.schedule = optimizers.learning_rate_schedule(config, self.total_steps, steps_per_epoch(config, self.info))
+        optimization = self.optimization = OptimizationConfig.of(config)
+        self.schedule = optimizers.learning_rate_schedule(optimization, self.total_steps,
+                                                          steps_per_epoch(InputConfig.of(config), self.info))
         learning_rate = (optimizers.ScheduleAtStep(self.schedule, self.global_step)
                          if self.global_step is not None else self.schedule)
-        self.optimizer = precision.wrap_optimizer(optimizers.create_optimizer(config, learning_rate), config)
+        self.optimizer = precision.wrap_optimizer(optimizers.create_optimizer(optimization, learning_rate),
+                                                  PrecisionConfig.of(config))
         # Slots for every variable, frozen or not: the same optimizer (and checkpoint) trains after the unfreeze.
         optimizers.exclude_from_decay(self.optimizer, self.model.trainable_variables)
         self.optimizer.build(self.model.trainable_variables)
@@ -153,7 +157,7 @@ class ClassificationTask(Task):
                 summed = tf.reduce_sum(self._per_example_loss(y, logits))
                 loss = summed / config.global_batch_size
                 if i == 0:  # the L2 term counts once per step
-                    loss += optimizers.l2_penalty(config, variables, num_replicas)
+                    loss += optimizers.l2_penalty(self.optimization, variables, num_replicas)
                 scaled = precision.scale_loss(self.optimizer, loss)
             micro_grads = tape.gradient(scaled, variables)
             grads = [g + tf.cast(m, g.dtype) for g, m in zip(grads, micro_grads)]

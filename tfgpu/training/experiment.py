@@ -10,7 +10,8 @@ import os
 import re
 import time
 
-from tfgpu.config import Config, ConfigError, save_yaml
+from tfgpu.config import (Config, ConfigError, DatasetConfig, InputConfig, RuntimeConfig, TrainerConfig,
+                          save_yaml)
 from tfgpu.runtime.fileio import atomic_write_bytes
 from tfgpu.training import exporting
 
@@ -56,15 +57,15 @@ def setup(config: Config, write_config: bool = True) -> Setup:
     import tensorflow as tf
 
     from tfgpu.runtime import distribute, precision
-    from tfgpu.data import pipeline
+    from tfgpu.data import catalog, pipeline
     from tfgpu.models import list_models
     from tfgpu.tasks.base import get_task
     from tfgpu.training.trainer import Trainer
 
-    distribute.configure_devices(config)
+    distribute.configure_devices(RuntimeConfig.of(config))
     if config.deterministic:
         tf.config.experimental.enable_op_determinism()
-    placement = distribute.build_strategy(config)
+    placement = distribute.build_strategy(RuntimeConfig.of(config))
     # --precision=auto becomes a policy here, before anything reads it or config.yaml records it.
     config = precision.resolve_config(config, placement)
     try:
@@ -82,12 +83,13 @@ def setup(config: Config, write_config: bool = True) -> Setup:
     elif config.jit_compile and config.sync_batch_norm and placement.num_replicas > 1:
         log.warning("--jit_compile is off for this run: --sync_batch_norm all-reduces inside the forward pass, "
                     "which XLA cannot compile")
-    info = pipeline.prepare(config)
-    total_steps = pipeline.resolve_train_steps(config, info)
+    info = catalog.prepare(DatasetConfig.of(config))
+    inputs = InputConfig.of(config)
+    total_steps = pipeline.resolve_train_steps(inputs, info)
     log.info("data: %s %s train=%d eval=%s(%d) classes=%d; %d steps of %d examples (%.2f epochs)", info.name,
              info.image_shape, info.num_train_examples, info.eval_split or "none",
              info.split_sizes.get(info.eval_split, 0), info.num_classes, total_steps,
-             config.examples_per_step, total_steps / pipeline.steps_per_epoch(config, info))
+             config.examples_per_step, total_steps / pipeline.steps_per_epoch(inputs, info))
     from tfgpu.models import user
 
     if placement.is_chief and write_config:
@@ -97,7 +99,8 @@ def setup(config: Config, write_config: bool = True) -> Setup:
         user.warn_if_changed(config, config.model_dir)
     precision.set_policy(config.precision)
     task = task_class(config, info, placement, total_steps)
-    return Setup(config, placement, info, task, Trainer(config, placement, task, info, total_steps), total_steps)
+    trainer = Trainer(TrainerConfig.of(config), inputs, placement, task, info, total_steps)
+    return Setup(config, placement, info, task, trainer, total_steps)
 
 
 def _check_batches(config: Config, num_replicas: int) -> None:

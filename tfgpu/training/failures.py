@@ -60,3 +60,21 @@ def cause(error: Exception) -> str:
                                           "timeout")):
             return line[:300]
     return lines[0][:300] if lines else ""
+
+
+def worker_lost(error: Exception, worker_index: int, steps_done: int, last_checkpoint: str) -> WorkerLost:
+    """Any collective (train loop, metric read, preemption vote, checkpoint, eval) fails the same way when a peer
+    is gone: one message naming this worker, the last step it finished and the checkpoint to resume."""
+    return WorkerLost(
+        f"worker {worker_index}: a collective failed after step {steps_done} ({type(error).__name__}: "
+        f"{cause(error)}); another worker died, hung or became unreachable. Last checkpoint: "
+        f"{last_checkpoint or 'none'}; rerun the same launch to resume from it.")
+
+
+def kernel_failed(error: Exception, worker_index: int, steps_done: int, last_checkpoint: str) -> KernelFailed:
+    """A kernel error fails as itself: named, with its step, and an exit code clusters do not retry."""
+    return KernelFailed(
+        f"worker {worker_index}: a TensorFlow kernel failed after step {steps_done} ({type(error).__name__}: "
+        f"{cause(error)}). This is a computation failing on this worker (cuDNN, XLA, a driver), not a lost "
+        "worker, so a rerun would likely fail the same way; try without --jit_compile or with another "
+        f"--precision. Last checkpoint: {last_checkpoint or 'none'}.")

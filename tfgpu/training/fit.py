@@ -217,11 +217,12 @@ def _fresh_runtime_if_needed(config, multi_worker: bool) -> None:
     """Restarts TensorFlow's eager runtime when this run needs an unstarted one (see the module docstring)."""
     from tensorflow.python.eager import context
 
+    from tfgpu.config import RuntimeConfig
     from tfgpu.runtime import distribute
 
     if not multi_worker:
         try:
-            distribute.configure_devices(config)
+            distribute.configure_devices(RuntimeConfig.of(config))
             return
         except RuntimeError:
             pass

@@ -9,10 +9,10 @@ import math
 import keras
 import tensorflow as tf
 
-from tfgpu.config import Config
+from tfgpu.config import OptimizationConfig
 
 
-def peak_learning_rate(config: Config) -> float:
+def peak_learning_rate(config: OptimizationConfig) -> float:
     return config.base_learning_rate * config.global_batch_size / 256.0
 
 
@@ -66,7 +66,7 @@ class ScheduleAtStep:
         return self.schedule(self.step)
 
 
-def learning_rate_schedule(config: Config, total_steps: int, steps_per_epoch: float) -> WarmupSchedule:
+def learning_rate_schedule(config: OptimizationConfig, total_steps: int, steps_per_epoch: float) -> WarmupSchedule:
     warmup = config.warmup_steps or int(round(config.warmup_epochs * steps_per_epoch))
     boundaries = [int(round(e * steps_per_epoch)) for e in config.lr_decay_epochs]
     return WarmupSchedule(peak_learning_rate(config), total_steps, warmup, config.lr_schedule, boundaries,
@@ -78,7 +78,7 @@ def decays(variable) -> bool:
     return len(variable.shape) > 1
 
 
-def create_optimizer(config: Config, learning_rate) -> keras.optimizers.Optimizer:
+def create_optimizer(config: OptimizationConfig, learning_rate) -> keras.optimizers.Optimizer:
     """The inner optimizer (before loss-scale wrapping). Only adamw decays decoupled; sgd and adam get L2
     through ``l2_penalty`` in the task's loss."""
     if config.optimizer == "sgd":
@@ -97,7 +97,7 @@ def exclude_from_decay(optimizer, variables) -> None:
         inner.exclude_from_weight_decay(var_list=[v for v in variables if not decays(v)])
 
 
-def l2_penalty(config: Config, variables, num_replicas: int):
+def l2_penalty(config: OptimizationConfig, variables, num_replicas: int):
     """0.5 * wd * sum(w^2) over decayed variables, divided by the replicas (their gradients are summed),
     so each weight's gradient gains exactly ``weight_decay * w``. Zero for adamw (decoupled)."""
     if not config.weight_decay or config.optimizer == "adamw":

@@ -1,99 +1,46 @@
-"""The training loop: several steps per host call under any tf.distribute strategy.
+"""The training loop: boundaries, checkpoints, evaluation, preemption, the target and what gets logged.
 
-One ``tf.function`` runs ``steps_per_loop`` replica steps
-(``for _ in tf.range(n): strategy.run(step, (next(iterator),))``), which is
-what Keras 3 ``fit`` cannot do under MirroredStrategy with
-``steps_per_execution > 1`` or under MultiWorkerMirroredStrategy. Loops end
-early at checkpoint, evaluation and profiling boundaries, so those happen at
-exact steps. Metric shares returned by the task are accumulated per replica in
-sync-on-read variables and summed across replicas once per loop.
-
-The loop names no task and no task's metric: what it logs, counts as skipped
-(non-finite) steps and shows in the progress bar comes from the task's metric
-declarations (``Task.metrics``), written with the loop's own
-(``metric_specs.LOOP_METRICS``) to ``<model_dir>/metric_specs.json`` for the
-report. How a run fails (exceptions, exit codes) is ``tfgpu.training.failures``; what it
-logs as it goes (history.jsonl, progress) is ``tfgpu.training.history``. With
-``--target`` the loop stops at the first evaluation that reaches it, decided by
-all workers together; the rule and metrics.json's fields are
-``tfgpu.training.target``. The module stays one (~540 lines): the loop, its
-boundaries, the skipped-step guard, preemption, evaluation, the target and
-input profiling share the Trainer's state.
+The compiled part (several steps per host call under any strategy, metric sums, the count of skipped
+steps) is ``tfgpu.training.loop``. Loops end early at checkpoint, evaluation, profiling and the task's
+boundaries, so those happen at exact steps. The loop names no task and no task's metric: what it logs,
+counts as skipped (non-finite) steps and shows in the progress bar comes from the task's metric
+declarations (``Task.metrics``), written with the loop's own (``metric_specs.LOOP_METRICS``) to
+``<model_dir>/metric_specs.json`` for the report. How a run fails is ``tfgpu.training.failures``; what it
+logs is ``tfgpu.training.history``; --target's rule and metrics.json fields are ``tfgpu.training.target``;
+--profile_input is ``tfgpu.training.input_profile``. The Trainer reads only its ``TrainerConfig`` and hands
+the pipeline its ``InputConfig``.
 """
 import json
 import logging
 import math
 import os
 import signal
-import tempfile
 import time
 
 import numpy as np
 import tensorflow as tf
 
-from tfgpu.training import checkpoint as checkpoint_lib
-from tfgpu.training import metric_specs
-from tfgpu.training import target as target_lib
-from tfgpu.config import Config, ConfigError
+from tfgpu.config import ConfigError, InputConfig, TrainerConfig
 from tfgpu.data import pipeline
 from tfgpu.runtime.distribute import Placement
-from tfgpu.training.failures import (KERNEL_ERRORS as _KERNEL_ERRORS, KERNEL_FAILED_EXIT_CODE,  # noqa: F401 (re-exported)
-                            PREEMPTED_EXIT_CODE, WORKER_LOST_EXIT_CODE, KernelFailed, NonFiniteError, Preempted,
-                            WorkerLost, cause as _cause, lost_peer as _lost_peer)
-from tfgpu.runtime.fileio import atomic_write_bytes
+from tfgpu.training import checkpoint as checkpoint_lib
+from tfgpu.training import failures, input_profile, loop, metric_specs
+from tfgpu.training import target as target_lib
+from tfgpu.training.failures import (KERNEL_FAILED_EXIT_CODE, PREEMPTED_EXIT_CODE,  # noqa: F401 (re-exported)
+                                     WORKER_LOST_EXIT_CODE, KernelFailed, NonFiniteError, Preempted, WorkerLost)
 from tfgpu.training.history import History, Progress
-from tfgpu.reporting.report import input_verdict  # the one input-bound rule, shared with report.md
 
 log = logging.getLogger("tfgpu")
 
 
-def _accumulators(strategy, names):
-    """Per-replica float32 sums that read as the sum over replicas."""
-    with strategy.scope():
-        return {name: tf.Variable(0.0, trainable=False, name=f"sum_{name}",
-                                  synchronization=tf.VariableSynchronization.ON_READ,
-                                  aggregation=tf.VariableAggregation.SUM) for name in names}
-
-
-class _SkippedRun:
-    """Counts consecutive skipped steps inside the train loop, so that a run of them is seen wherever loop
-    boundaries fall: ``current`` is the run in progress (carried from loop to loop, 0 after a finite step),
-    ``longest`` the longest run that reached into the current loop. A step is skipped on every replica or on
-    none (finiteness is all-reduced), so every replica counts the same and the replica mean reads the count.
-    Not checkpointed: a resumed run starts counting from 0."""
-
-    def __init__(self, strategy):
-        with strategy.scope():
-            self.current, self.longest = (
-                tf.Variable(0.0, trainable=False, name=name, synchronization=tf.VariableSynchronization.ON_READ,
-                            aggregation=tf.VariableAggregation.MEAN) for name in ("skip_run", "longest_skip_run"))
-
-    def update(self, skipped):
-        """In a replica step: extends the run on a skipped step, ends it on a finite one."""
-        run = tf.where(skipped, self.current + 1.0, 0.0)
-        self.current.assign(run)
-        self.longest.assign(tf.maximum(self.longest, run))
-
-    def read_longest(self) -> int:
-        """The longest run that reached into the loop just finished; starts the next loop's count."""
-        longest = int(round(float(self.longest.read_value().numpy())))
-        self.longest.assign(0.0)
-        return longest
-
-    def reset(self) -> None:
-        for variable in (self.current, self.longest):
-            variable.assign(0.0)
-
-
 class Trainer:
-    """Trains and evaluates ``task`` under ``placement``'s strategy. Of the config it reads the loop's options
-    (model_dir, steps_per_loop, checkpoint_every_steps, keep_checkpoints, eval_every_steps, max_nonfinite_steps,
-    profile_steps, profile_input, tensorboard, verbose, skip_corrupt_records; data_dir to name the flag of a
-    corrupt record; global_batch_size and examples_per_step for rates) and hands the whole config only to the
-    input pipeline and to the task's declaration of batches per step."""
+    """Trains and evaluates ``task`` under ``placement``'s strategy: ``config`` holds the loop's options,
+    ``inputs`` what the input pipelines read (and the examples per step, for rates)."""
 
-    def __init__(self, config: Config, placement: Placement, task, info, total_steps: int):
+    def __init__(self, config: TrainerConfig, inputs: InputConfig, placement: Placement, task, info,
+                 total_steps: int):
         self.config = config
+        self.inputs = inputs
         self.placement = placement
         self.strategy = placement.strategy
         self.task = task
@@ -137,54 +84,19 @@ class Trainer:
             self.task.build()
         train_names = tuple(self.task.train_metric_names)
         self.nonfinite_names = self._declared(train_names)
-        self.train_sums = _accumulators(self.strategy, train_names)
-        self.eval_sums = _accumulators(self.strategy, self.task.eval_metric_names())
-        self.skipped_run = _SkippedRun(self.strategy)
+        self.train_sums = loop.accumulators(self.strategy, train_names)
+        self.eval_sums = loop.accumulators(self.strategy, self.task.eval_metric_names())
+        self.skipped_run = loop.SkippedRun(self.strategy)
         self.checkpointer = checkpoint_lib.Checkpointer(
             self.model_dir, self.placement, self.task.checkpoint_items(), self.step, self.config.keep_checkpoints)
 
         self._trace_train_loop()
-        self._eval_loop = self._loop(self.task.eval_step, self.eval_sums)
+        self._eval_loop = loop.build_loop(self.strategy, self.task.eval_step, self.eval_sums)
 
     def _trace_train_loop(self):
         """A fresh train loop; the task's ``at_step`` asks for one when a step trains other variables."""
-        self._train_loop = self._loop(self.task.train_step, self.train_sums, self.step,
-                                      self.task.batches_per_step(self.config), self.skipped_run,
-                                      self.nonfinite_names)
-
-    def _loop(self, step_fn, sums: dict, counter=None, batches_per_step: int = 1, skipped_run=None,
-              nonfinite_names=()):
-        """A tf.function running ``num_steps`` replica steps of ``step_fn`` in one host call, adding each
-        step's metric shares to ``sums`` (and 1 to ``counter``). With ``batches_per_step`` > 1 a step gets a
-        tuple of that many consecutive batches, so every replica holds its rows of the same global batches
-        as one device would. ``skipped_run`` counts consecutive steps whose share of any of
-        ``nonfinite_names`` (metrics declared ``counts_nonfinite``) is non-zero (skipped)."""
-
-        def replica_step(batch):
-            values = step_fn(batch)
-            for name, value in values.items():
-                sums[name].assign_add(tf.cast(value, tf.float32))
-            flags = [values[name] > 0 for name in nonfinite_names if name in values]
-            if skipped_run is not None and flags:
-                skipped_run.update(tf.reduce_any(tf.stack(flags)))
-
-        @tf.function
-        def loop(iterator, num_steps):
-            for _ in tf.range(num_steps):
-                batch = next(iterator) if batches_per_step == 1 else \
-                    tuple(next(iterator) for _ in range(batches_per_step))
-                self.strategy.run(replica_step, args=(batch,))
-                if counter is not None:
-                    counter.assign_add(1)
-
-        return loop
-
-    @staticmethod
-    def _read_and_reset(sums: dict) -> dict:
-        values = {name: float(var.read_value().numpy()) for name, var in sums.items()}
-        for var in sums.values():
-            var.assign(tf.zeros_like(var))
-        return values
+        self._train_loop = loop.build_loop(self.strategy, self.task.train_step, self.train_sums, self.step,
+                                           self.inputs.batches_per_step, self.skipped_run, self.nonfinite_names)
 
     def _eval_steps(self) -> set:
         """Steps before the last at which the run evaluates: every --eval_every_steps; with a target and no
@@ -196,7 +108,7 @@ class Trainer:
             return set(range(c.eval_every_steps, self.total_steps, c.eval_every_steps))
         if not self.target:
             return set()
-        per_epoch = pipeline.steps_per_epoch(c, self.info)
+        per_epoch = pipeline.steps_per_epoch(self.inputs, self.info)
         ends = (math.ceil(k * per_epoch - 1e-9) for k in range(1, int(self.total_steps / per_epoch) + 1))
         return {s for s in ends if 0 < s < self.total_steps}
 
@@ -221,55 +133,15 @@ class Trainer:
         return ConfigError("data_dir" if self.config.data_dir else "dataset",
                            f"{where}; convert the dataset again, or pass --skip_corrupt_records to skip such records")
 
-    # -- input profiling ---------------------------------------------------------
-    def _profile_input(self, start_step: int, batches: int = 20) -> dict:
-        """Times the input pipeline alone and the train step alone (on one cached batch, with every variable
-        restored afterwards, so training is unchanged); the real run's rate is compared later."""
-        config, strategy = self.config, self.strategy
-        dataset_fn = pipeline.train_dataset_fn(config, self.info, start_step)
+    def _profile_input(self, start_step: int) -> dict:
+        def reset():
+            loop.read_and_reset(self.train_sums)
+            self.skipped_run.reset()
 
-        @tf.function
-        def drain(iterator, num_batches):
-            total = tf.constant(0.0)
-            for _ in tf.range(num_batches):
-                per_replica = strategy.run(lambda batch: tf.reduce_sum(tf.cast(batch[1], tf.float32)),
-                                           args=(next(iterator),))
-                total += strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-            return total
-
-        def rate(fn, iterator, examples_per_iteration):
-            fn(iterator, tf.constant(3, tf.int64))  # warm up: tracing, buffers, first files
-            started = time.perf_counter()
-            result = fn(iterator, tf.constant(batches, tf.int64))
-            if result is None:
-                self._read_and_reset(self.train_sums)
-            else:
-                result.numpy()
-            return batches * examples_per_iteration / (time.perf_counter() - started)
-
-        input_rate = rate(drain, iter(strategy.distribute_datasets_from_function(dataset_fn)),
-                          config.global_batch_size)
-        snapshot = tf.train.Checkpoint(step=self.step, **self.task.checkpoint_items())
-        with tempfile.TemporaryDirectory(prefix="tfgpu-profile-") as tmp:
-            saved = snapshot.write(os.path.join(tmp, "snapshot"))
-            one_batch = strategy.distribute_datasets_from_function(
-                lambda ctx: dataset_fn(ctx).take(1).cache().repeat())
-            compute_rate = rate(self._train_loop, iter(one_batch), self.config.examples_per_step)
-            snapshot.read(saved).assert_consumed()
-        self._read_and_reset(self.train_sums)
-        self.skipped_run.reset()
-        return {"input_examples_per_sec": input_rate, "compute_examples_per_sec": compute_rate}
-
-    def _write_input_profile(self, profile: dict, train_rate: float) -> None:
-        """Share of step time spent waiting for data: 1 - (real rate / rate with data already in place)."""
-        profile["train_examples_per_sec"] = train_rate
-        profile["input_wait_fraction"] = max(0.0, 1.0 - train_rate / profile["compute_examples_per_sec"])
-        verdict = profile["verdict"] = input_verdict(profile)
-        log.info("input profile: %s (input alone %.0f ex/s, step alone %.0f ex/s, training %.0f ex/s)", verdict,
-                 profile["input_examples_per_sec"], profile["compute_examples_per_sec"], train_rate)
-        if self.chief:
-            atomic_write_bytes(os.path.join(self.model_dir, "input_profile.json"),
-                               json.dumps(profile, indent=2).encode())
+        return input_profile.measure(
+            self.strategy, pipeline.train_dataset_fn(self.inputs, self.info, start_step), self._train_loop,
+            {"step": self.step, **self.task.checkpoint_items()}, self.inputs.global_batch_size,
+            self.inputs.examples_per_step, reset)
 
     # -- preemption ------------------------------------------------------------
     def _on_sigterm(self, signum, frame):
@@ -301,7 +173,7 @@ class Trainer:
         if not self._any_worker(self.target.reached(value)):
             return False
         self._target_hit = {"step": step, "seconds": time.time() - self.started_at,
-                            "epochs": step / pipeline.steps_per_epoch(self.config, self.info)}
+                            "epochs": step / pipeline.steps_per_epoch(self.inputs, self.info)}
         return True
 
     def _resumed_at_target(self, step: int) -> bool:
@@ -324,24 +196,6 @@ class Trainer:
                  self.target.describe(), step)
         return True
 
-    def _worker_lost(self, error: Exception) -> "WorkerLost":
-        """Any collective (train loop, metric read, preemption vote, checkpoint, eval) fails the same way when
-        a peer is gone: one message naming this worker, the last step it finished and the checkpoint to resume."""
-        last = tf.train.latest_checkpoint(checkpoint_lib.checkpoint_dir(self.model_dir))
-        return WorkerLost(
-            f"worker {self.placement.worker_index}: a collective failed after step {self._steps_done} "
-            f"({type(error).__name__}: {_cause(error)}); another worker died, hung or became unreachable. "
-            f"Last checkpoint: {last or 'none'}; rerun the same launch to resume from it.")
-
-    def _kernel_failed(self, error: Exception) -> "KernelFailed":
-        """A kernel error fails as itself: named, with its step, and an exit code clusters do not retry."""
-        last = tf.train.latest_checkpoint(checkpoint_lib.checkpoint_dir(self.model_dir))
-        return KernelFailed(
-            f"worker {self.placement.worker_index}: a TensorFlow kernel failed after step {self._steps_done} "
-            f"({type(error).__name__}: {_cause(error)}). This is a computation failing on this worker (cuDNN, "
-            "XLA, a driver), not a lost worker, so a rerun would likely fail the same way; try without "
-            f"--jit_compile or with another --precision. Last checkpoint: {last or 'none'}.")
-
     # -- evaluation ------------------------------------------------------------
     def evaluate(self, step: int, record: bool = True) -> dict:
         """Runs the task's evaluation; ``record`` appends it to history.jsonl and TensorBoard."""
@@ -349,12 +203,12 @@ class Trainer:
             return {}
 
         def run_eval():
-            steps = pipeline.eval_steps(self.config, self.info, self.placement.num_workers,
+            steps = pipeline.eval_steps(self.inputs, self.info, self.placement.num_workers,
                                         self.placement.num_replicas)
             dataset = self.strategy.distribute_datasets_from_function(
-                pipeline.eval_dataset_fn(self.config, self.info, steps))
+                pipeline.eval_dataset_fn(self.inputs, self.info, steps))
             self._eval_loop(iter(dataset), tf.constant(steps))
-            return self._read_and_reset(self.eval_sums)
+            return loop.read_and_reset(self.eval_sums)
 
         start = time.time()
         try:
@@ -363,7 +217,7 @@ class Trainer:
             raise self._corrupt_data_error() from None
         read = [metrics[s.name] for s in self.declarations.metrics
                 if s.kind == "eval" and s.counts_examples and s.name in metrics]
-        if self.config.skip_corrupt_records and read:
+        if self.inputs.skip_corrupt_records and read:
             skipped = self.info.split_sizes.get(self.info.eval_split, 0) - read[0]
             if skipped:
                 metrics["skipped_corrupt_records"] = skipped
@@ -425,10 +279,11 @@ class Trainer:
                 signal.signal(signal.SIGTERM, previous_handler)
                 self.checkpointer.close()
         except tf.errors.OpError as e:
-            if self.placement.num_workers > 1 and _lost_peer(e):
-                raise self._worker_lost(e) from None
-            if isinstance(e, _KERNEL_ERRORS):
-                raise self._kernel_failed(e) from e
+            last = tf.train.latest_checkpoint(checkpoint_lib.checkpoint_dir(self.model_dir))
+            if self.placement.num_workers > 1 and failures.lost_peer(e):
+                raise failures.worker_lost(e, self.placement.worker_index, self._steps_done, last) from None
+            if isinstance(e, failures.KERNEL_ERRORS):
+                raise failures.kernel_failed(e, self.placement.worker_index, self._steps_done, last) from e
             raise
 
     def _train_from(self, start_step: int) -> dict:
@@ -439,9 +294,9 @@ class Trainer:
         stopped = self._resumed_at_target(step)  # at the target: no more training, no more evaluation
         if step < self.total_steps and not stopped:
             dataset = self.strategy.distribute_datasets_from_function(
-                pipeline.train_dataset_fn(config, self.info, step))
+                pipeline.train_dataset_fn(self.inputs, self.info, step))
             iterator = iter(dataset)
-            input_profile = self._profile_input(step) if config.profile_input else None
+            profiled = self._profile_input(step) if config.profile_input else None
             progress = Progress(config.verbose, self.total_steps, step, self.chief,
                                 [s.name for s in self.declarations.metrics if s.progress],
                                 self.target.metric if self.target else "")
@@ -454,7 +309,7 @@ class Trainer:
                     started = time.perf_counter()
                     try:
                         self._train_loop(iterator, tf.constant(num_steps, tf.int64))
-                        sums = self._read_and_reset(self.train_sums)  # reading waits for the steps to finish
+                        sums = loop.read_and_reset(self.train_sums)  # reading waits for the steps to finish
                     except tf.errors.DataLossError:
                         raise self._corrupt_data_error() from None
                     elapsed = time.perf_counter() - started
@@ -487,9 +342,9 @@ class Trainer:
             progress.close()
             if not stopped:
                 self.checkpointer.save()
-            if input_profile:
-                self._write_input_profile(input_profile, float(np.median(rates)) if rates else
-                                          last["record"]["examples_per_sec"])
+            if profiled:
+                input_profile.finish(profiled, float(np.median(rates)) if rates else
+                                     last["record"]["examples_per_sec"], self.model_dir, self.chief)
         elif not stopped:
             log.info("already trained to step %d (--train_steps=%d); evaluating only", step, self.total_steps)
         if not stopped:
@@ -518,7 +373,7 @@ class Trainer:
                         for name, value in sums.items()}
         task_state = {**self.task.learning_rates(), **self.task.loss_scales()}
         record = {**step_metrics, **task_state,
-                  "examples_per_sec": num_steps * self.config.examples_per_step / elapsed,
+                  "examples_per_sec": num_steps * self.inputs.examples_per_step / elapsed,
                   "step_time_ms": 1000 * elapsed / num_steps}
         self.history.write("train", step, record)
         self._summaries("train", step, record)

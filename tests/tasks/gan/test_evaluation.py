@@ -30,11 +30,14 @@ def test_fid_evaluations_keep_their_steps_without_an_eval_split(make_task):
     split (the trainer dropped those boundaries, and the GAN's evaluations silently never ran)."""
     import dataclasses
 
+    from tfgpu.config import InputConfig, TrainerConfig
     from tfgpu.training.trainer import Trainer
 
     task, _ = make_task(eval_every_steps=4, checkpoint_every_steps=0)
     info = dataclasses.replace(task.info, eval_split="")
-    assert Trainer(task.config, task.placement, task, info, total_steps=10)._boundaries() == [4, 8, 10]
+    trainer = Trainer(TrainerConfig.of(task.config), InputConfig.of(task.config), task.placement, task, info,
+                      total_steps=10)
+    assert trainer._boundaries() == [4, 8, 10]
 
 
 def test_ema_generator_gets_batchnorm_statistics_of_its_own_weights(make_task):

@@ -39,7 +39,7 @@ import tensorflow as tf
 
 from tfgpu.runtime import precision
 from tfgpu.tasks.gan import diffaugment
-from tfgpu.config import ConfigError
+from tfgpu.config import ConfigError, PrecisionConfig
 from tfgpu.models import get_spec
 from tfgpu.tasks.base import MetricSpec, Task, register_task
 from tfgpu.tasks.gan.evaluation import GanEvaluation
@@ -189,7 +189,7 @@ class GanTask(GanEvaluation, Task):
     def _optimizer(self, learning_rate, name):
         config = self.config
         inner = keras.optimizers.Adam(learning_rate, beta_1=config.adam_beta1, beta_2=config.adam_beta2, name=name)
-        return precision.wrap_optimizer(inner, config)
+        return precision.wrap_optimizer(inner, PrecisionConfig.of(config))
 
     @property
     def train_metric_names(self):
@@ -311,7 +311,7 @@ class GanTask(GanEvaluation, Task):
 
     def train_step(self, batch):
         config = self.config
-        real_batches = batch if config.batches_per_step > 1 else (batch,)  # one per critic update (trainer._loop)
+        real_batches = batch if config.batches_per_step > 1 else (batch,)  # one per critic update (training.loop.build_loop)
         per_replica = self._per_replica_batch
         replica = tf.distribute.get_replica_context().replica_id_in_sync_group
         offset = tf.cast(replica, tf.int32) * per_replica

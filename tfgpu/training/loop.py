@@ -1,0 +1,82 @@
+"""The compiled part of the training loop: one ``tf.function`` runs n replica steps in one host call.
+
+``for _ in tf.range(n): strategy.run(step, (next(iterator),))`` is what Keras 3 ``fit`` cannot do under
+MirroredStrategy with ``steps_per_execution > 1`` or under MultiWorkerMirroredStrategy. Each step's metric
+shares are added per replica to sync-on-read variables, which read as their sum over replicas once per loop;
+a run of consecutive skipped (non-finite) steps is counted across loops.
+"""
+import tensorflow as tf
+
+
+def accumulators(strategy, names) -> dict:
+    """Per-replica float32 sums that read as the sum over replicas."""
+    with strategy.scope():
+        return {name: tf.Variable(0.0, trainable=False, name=f"sum_{name}",
+                                  synchronization=tf.VariableSynchronization.ON_READ,
+                                  aggregation=tf.VariableAggregation.SUM) for name in names}
+
+
+def read_and_reset(sums: dict) -> dict:
+    """The sums over replicas as floats; zeroes them for the next loop. Reading waits for the steps."""
+    values = {name: float(var.read_value().numpy()) for name, var in sums.items()}
+    for var in sums.values():
+        var.assign(tf.zeros_like(var))
+    return values
+
+
+class SkippedRun:
+    """Counts consecutive skipped steps inside the train loop, so that a run of them is seen wherever loop
+    boundaries fall: ``current`` is the run in progress (carried from loop to loop, 0 after a finite step),
+    ``longest`` the longest run that reached into the current loop. A step is skipped on every replica or on
+    none (finiteness is all-reduced), so every replica counts the same and the replica mean reads the count.
+    Not checkpointed: a resumed run starts counting from 0."""
+
+    def __init__(self, strategy):
+        with strategy.scope():
+            self.current, self.longest = (
+                tf.Variable(0.0, trainable=False, name=name, synchronization=tf.VariableSynchronization.ON_READ,
+                            aggregation=tf.VariableAggregation.MEAN) for name in ("skip_run", "longest_skip_run"))
+
+    def update(self, skipped):
+        """In a replica step: extends the run on a skipped step, ends it on a finite one."""
+        run = tf.where(skipped, self.current + 1.0, 0.0)
+        self.current.assign(run)
+        self.longest.assign(tf.maximum(self.longest, run))
+
+    def read_longest(self) -> int:
+        """The longest run that reached into the loop just finished; starts the next loop's count."""
+        longest = int(round(float(self.longest.read_value().numpy())))
+        self.longest.assign(0.0)
+        return longest
+
+    def reset(self) -> None:
+        for variable in (self.current, self.longest):
+            variable.assign(0.0)
+
+
+def build_loop(strategy, step_fn, sums: dict, counter=None, batches_per_step: int = 1, skipped_run=None,
+               nonfinite_names=()):
+    """A tf.function ``loop(iterator, num_steps)`` running ``num_steps`` replica steps of ``step_fn`` in one
+    host call, adding each step's metric shares to ``sums`` (and 1 to ``counter``). With ``batches_per_step``
+    > 1 a step gets a tuple of that many consecutive batches, so every replica holds its rows of the same
+    global batches as one device would. ``skipped_run`` counts consecutive steps whose share of any of
+    ``nonfinite_names`` (metrics declared ``counts_nonfinite``) is non-zero (skipped)."""
+
+    def replica_step(batch):
+        values = step_fn(batch)
+        for name, value in values.items():
+            sums[name].assign_add(tf.cast(value, tf.float32))
+        flags = [values[name] > 0 for name in nonfinite_names if name in values]
+        if skipped_run is not None and flags:
+            skipped_run.update(tf.reduce_any(tf.stack(flags)))
+
+    @tf.function
+    def loop(iterator, num_steps):
+        for _ in tf.range(num_steps):
+            batch = next(iterator) if batches_per_step == 1 else \
+                tuple(next(iterator) for _ in range(batches_per_step))
+            strategy.run(replica_step, args=(batch,))
+            if counter is not None:
+                counter.assign_add(1)
+
+    return loop
