@@ -12,8 +12,8 @@ def _row(name, xla_scope, rate, **extra):
 def test_table_names_the_xla_scope_and_ratios_carry_their_spread():
     text = report.format_report({
         "environment": {"cpu": "test CPU", "cpu_count": 2},
-        "results": [_row("tfgpu", "grads", 110.0), _row("keras_fit", "step", 100.0,
-                                                        input_to_device="copied to the GPU inside each step (no strategy)")],
+        "results": [_row("tfgpu", "grads", 110.0),
+                    _row("keras_fit", "step", 100.0, input_to_device="copied to the GPU inside each step (no strategy)")],
         "ratios": {"tfgpu/keras_fit": 1.1, "tfgpu:mixed_bfloat16/float32": 1.2},
         "ratio_spread": {"tfgpu/keras_fit": {"min": 1.02, "max": 1.15, "n": 3},
                          "tfgpu:mixed_bfloat16/float32": {"min": 1.2, "max": 1.2, "n": 1}},

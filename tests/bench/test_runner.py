@@ -81,4 +81,5 @@ def test_keras_fit_spe_runs_fit_with_tfgpus_steps_per_call_and_is_skipped_when_t
     same = _FakeMeasureRunner(("keras_fit", "keras_fit_spe"), steps_per_loop=1)
     results = {r["name"]: r for r in bench_runner.measure(same, 64, "float32", False)}
     assert same.calls == ["tfgpu", "keras_fit"] * 2
-    assert results["keras_fit_spe"]["status"] == "skipped" and "--steps_per_loop=1" in results["keras_fit_spe"]["reason"]
+    skipped = results["keras_fit_spe"]
+    assert skipped["status"] == "skipped" and "--steps_per_loop=1" in skipped["reason"]
