@@ -25,3 +25,14 @@ def test_durations_read_at_a_glance():
 def test_a_worker_that_is_not_the_chief_prints_nothing(capsys):
     history.Progress(2, 10, 0, False, ["loss"]).update(5, {"loss": 1.0})
     assert capsys.readouterr().out == ""
+
+
+def test_startup_phases_add_up_to_the_time_before_the_first_loop(monkeypatch):
+    clock = iter([10.5, 12.0, 12.0, 15.25])
+    monkeypatch.setattr(history.time, "time", lambda: next(clock))
+    startup = history.Startup(started_at=10.0)
+    for phase in ("imports", "strategy", "imports", "first_loop"):  # a phase marked twice adds up
+        startup.mark(phase)
+    assert startup.record() == {"imports_s": 0.5, "strategy_s": 1.5, "first_loop_s": 3.25, "total_s": 5.25}
+    assert startup.describe() == ("startup: 5.2 s to the end of the first loop (imports 0.5, strategy 1.5, "
+                                  "first loop 3.2)")

@@ -14,6 +14,7 @@ from tfgpu.config import (Config, ConfigError, DatasetConfig, InputConfig, Runti
                           save_yaml)
 from tfgpu.runtime.fileio import atomic_write_bytes
 from tfgpu.training import exporting
+from tfgpu.training.history import Startup
 
 log = logging.getLogger("tfgpu")
 
@@ -44,9 +45,12 @@ class Setup:
     total_steps: int
 
 
-def setup(config: Config, write_config: bool = True) -> Setup:
-    """Devices, strategy, data description, task and trainer for ``config``; raises ConfigError early."""
+def setup(config: Config, write_config: bool = True, startup: Startup | None = None) -> Setup:
+    """Devices, strategy, data description, task and trainer for ``config``; raises ConfigError early.
+    ``startup`` times each phase (the trainer goes on timing it to the end of its first loop)."""
     from tfgpu.runtime import cluster
+
+    startup = startup or Startup(time.time())
 
     # A cluster that describes this process inconsistently, or a single-worker strategy in a cluster of several,
     # is refused before model_dir is touched: N processes must never train as N chiefs into one directory.
@@ -62,6 +66,7 @@ def setup(config: Config, write_config: bool = True) -> Setup:
     from tfgpu.tasks.base import get_task
     from tfgpu.training.trainer import Trainer
 
+    startup.mark("tensorflow_import")
     distribute.configure_devices(RuntimeConfig.of(config))
     if config.deterministic:
         tf.config.experimental.enable_op_determinism()
@@ -76,6 +81,7 @@ def setup(config: Config, write_config: bool = True) -> Setup:
     keras.backend.clear_session()  # a second run in one process starts from the same state as the first
     keras.utils.set_random_seed(config.seed)
     log.info("%s", placement.describe())
+    startup.mark("strategy")
     _check_batches(config, placement.num_replicas)
     if config.jit_compile and placement.on_logical_cpus:
         log.warning("--jit_compile is off for this run: XLA cannot compile one replica's step across logical CPU "
@@ -86,6 +92,7 @@ def setup(config: Config, write_config: bool = True) -> Setup:
     info = catalog.prepare(DatasetConfig.of(config))
     inputs = InputConfig.of(config)
     total_steps = pipeline.resolve_train_steps(inputs, info)
+    startup.mark("dataset")
     log.info("data: %s %s train=%d eval=%s(%d) classes=%d; %d steps of %d examples (%.2f epochs)", info.name,
              info.image_shape, info.num_train_examples, info.eval_split or "none",
              info.split_sizes.get(info.eval_split, 0), info.num_classes, total_steps,
@@ -100,6 +107,8 @@ def setup(config: Config, write_config: bool = True) -> Setup:
     precision.set_policy(config.precision)
     task = task_class(config, info, placement, total_steps)
     trainer = Trainer(TrainerConfig.of(config), inputs, placement, task, info, total_steps)
+    trainer.startup = startup
+    startup.mark("task")
     return Setup(config, placement, info, task, trainer, total_steps)
 
 
@@ -122,8 +131,10 @@ def run(config: Config, started_at: float | None = None) -> dict:
     import tensorflow as tf
 
     started = time.time()
-    built = setup(config)
-    built.trainer.started_at = started if started_at is None else started_at
+    startup = Startup(started if started_at is None else started_at)
+    startup.mark("imports")  # before this call: Python, tfgpu and the command line
+    built = setup(config, startup=startup)
+    built.trainer.started_at = startup.started_at
     config, placement, task = built.config, built.placement, built.task  # config: --precision=auto resolved
     try:
         metrics = built.trainer.train()

@@ -1,7 +1,8 @@
 """What a run logs as it trains: ``<model_dir>/history.jsonl`` and the progress bar or lines.
 
 One JSON object per loop of steps (``kind: train``) or evaluation (``kind: eval``) with its ``step`` and
-``time``; the report reads them back (``tfgpu.reporting.report.read_history``).
+``time``, and one ``kind: startup`` per process: where the time before its first loop went (``Startup``);
+the report reads them back (``tfgpu.reporting.report.read_history``).
 """
 import json
 import os
@@ -24,6 +25,30 @@ class History:
             return
         line = json.dumps({"kind": kind, "step": step, "time": round(time.time(), 3), **values})
         fileio.append_text(self.path, line + "\n")
+
+
+class Startup:
+    """Where the time from process start to the end of the first loop goes, phase by phase (imports,
+    TensorFlow, strategy, dataset, task, restore, the first loop's tracing and steps). It counts in --target's
+    time to target, so ``history.jsonl`` gets it as a ``startup`` record and the log as one line."""
+
+    def __init__(self, started_at: float):
+        self.started_at = self._last = started_at
+        self.phases = {}
+
+    def mark(self, phase: str) -> None:
+        """Ends ``phase`` now: it took the time since the previous mark (or the start)."""
+        now = time.time()
+        self.phases[phase] = self.phases.get(phase, 0.0) + now - self._last
+        self._last = now
+
+    def record(self) -> dict:
+        return {**{f"{phase}_s": round(seconds, 3) for phase, seconds in self.phases.items()},
+                "total_s": round(self._last - self.started_at, 3)}
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{phase.replace('_', ' ')} {seconds:.1f}" for phase, seconds in self.phases.items())
+        return f"startup: {self._last - self.started_at:.1f} s to the end of the first loop ({parts})"
 
 
 class Progress:

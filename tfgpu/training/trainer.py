@@ -57,6 +57,7 @@ class Trainer:
         # time_to_target_s counts from here unless the caller knows an earlier start (experiment.run passes the
         # process's start for python -m tfgpu.train).
         self.started_at = time.time()
+        self.startup = None  # a history.Startup that experiment.setup began; the first loop finishes it
         self._target_hit = None  # step, epochs and seconds of the evaluation that reached the target
         self._target_best = None  # the best value of the target's metric evaluated so far
         self._resumed_eval = {}  # the evaluation of a checkpoint resumed from that already reaches the target
@@ -271,6 +272,8 @@ class Trainer:
         try:
             # Restoring broadcasts variables: a collective too.
             start_step = self._steps_done = self.restore(initial_weights=True)
+            if self.startup:
+                self.startup.mark("build_and_restore")
             self.write_metric_specs()
             previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
             try:
@@ -321,6 +324,8 @@ class Trainer:
                     last = self._log_loop(step, num_steps, sums, elapsed, progress)
                     if not first_loop:  # the first loop includes tracing and compilation
                         rates.append(last["record"]["examples_per_sec"])
+                    elif self.startup:
+                        self._end_startup(start_step)
                     self._stop_on_skipped_run(step)
                     if self._any_worker_preempted():
                         self.checkpointer.save()
@@ -364,6 +369,12 @@ class Trainer:
             final.update(target_lib.fields(self.target, self._target_hit))
             log.info("%s", target_lib.sentence(final, self.declarations, self._target_best))
         return final
+
+    def _end_startup(self, step: int) -> None:
+        self.startup.mark("first_loop")
+        self.history.write("startup", step, self.startup.record())
+        log.info("%s", self.startup.describe())
+        self.startup = None
 
     def _log_loop(self, step: int, num_steps: int, sums: dict, elapsed: float, progress) -> dict:
         """One loop's record (history.jsonl, TensorBoard, progress): the step metrics averaged over the loop
