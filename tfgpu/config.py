@@ -7,7 +7,6 @@ the flags the user set explicitly. Every field becomes a flag of the same
 name, with the help text and group given here.
 """
 import dataclasses
-import os
 import typing
 
 import yaml

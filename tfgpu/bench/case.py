@@ -11,7 +11,7 @@ import resource
 import time
 
 from tfgpu.bench.stats import XLA_SCOPES, peak_tflops, window_stats
-from tfgpu.config import ConfigError
+from tfgpu.config import ConfigError, DatasetConfig, InputConfig, RuntimeConfig
 
 
 def _environment() -> dict:
@@ -65,9 +65,9 @@ def _replica_count(config) -> int:
 
     from tfgpu.runtime import distribute
 
-    distribute.configure_devices(config)  # setup() applies the same settings again: a no-op before init
+    distribute.configure_devices(RuntimeConfig.of(config))  # setup() applies them again: a no-op before init
     gpus = len(tf.config.get_visible_devices("GPU"))
-    kind = distribute.choose_kind(config, gpus, 1)
+    kind = distribute.choose_kind(RuntimeConfig.of(config), gpus, 1)
     if kind == "one_device":
         return 1
     return gpus or (config.cpu_logical_devices if kind == "mirrored" else 1) or 1
@@ -144,9 +144,10 @@ def baseline_placement(config, runner: str, one_device_strategy: bool):
     from tfgpu.runtime import distribute
 
     if runner == "keras_fit_strategy":
-        return distribute.build_strategy(config)
+        return distribute.build_strategy(RuntimeConfig.of(config))
     if one_device_strategy:
-        return distribute.build_strategy(dataclasses.replace(config, distribution_strategy="one_device"))
+        alone = dataclasses.replace(config, distribution_strategy="one_device")
+        return distribute.build_strategy(RuntimeConfig.of(alone))
     return None
 
 
@@ -162,13 +163,13 @@ def _run_keras_fit(case: dict, config, runner: str) -> dict:
     import keras
     import tensorflow as tf
 
-    from tfgpu.data import pipeline
+    from tfgpu.data import catalog, pipeline
     from tfgpu.models import create_model
     from tfgpu.runtime import distribute, precision
 
     if runner != "keras_fit_strategy":  # what a user's own script does: one device, no CPU splitting
         config = one_device(config)
-    distribute.configure_devices(config)
+    distribute.configure_devices(RuntimeConfig.of(config))
     placement = baseline_placement(config, runner, case.get("keras_one_device_strategy", False))
     if runner == "keras_fit_strategy" and placement.kind == "one_device":
         return {"status": "skipped", "reason": "the strategy is one_device: keras_fit measures the same thing"}
@@ -179,8 +180,8 @@ def _run_keras_fit(case: dict, config, runner: str) -> dict:
     jit = config.jit_compile and not (placement and placement.on_logical_cpus)
     keras.utils.set_random_seed(config.seed)
     precision.set_policy(config.precision)
-    info = pipeline.prepare(config)
-    dataset = pipeline.train_dataset_fn(config, info, 0)(tf.distribute.InputContext())  # global batches
+    info = catalog.prepare(DatasetConfig.of(config))
+    dataset = pipeline.train_dataset_fn(InputConfig.of(config), info, 0)(tf.distribute.InputContext())  # global batches
     with placement.strategy.scope() if placement else contextlib.nullcontext():
         model = create_model(config.model, info.image_shape, info.num_classes)
         model.compile(optimizer=keras.optimizers.SGD(config.base_learning_rate * config.global_batch_size / 256,

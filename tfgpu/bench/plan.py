@@ -116,9 +116,10 @@ def plan(opts: argparse.Namespace, shared: dict) -> Plan:
     p = Plan(opts, dict(shared), batches, precisions, jits, baselines, image_size, (), 0, auto)
     first = config_lib.resolve(case_config(p, batches[0] if batches else opts.batch_granularity, precisions[0],
                                            jits[0], "unused"))
-    from tfgpu.data import pipeline
+    from tfgpu.data import catalog
 
-    info = pipeline.prepare(first)  # data errors name --data_dir/--dataset now; built-in data converts once, here
+    # Data errors name --data_dir/--dataset now; built-in data converts once, here.
+    info = catalog.prepare(config_lib.DatasetConfig.of(first))
     if "synthetic" in baselines:
         h, w, c = info.image_shape
         if info.name == "synthetic":
