@@ -4,7 +4,8 @@ Precedence, lowest to highest: field defaults < YAML file (``--config``) <
 flagfile and command line (command line last, so it wins). Only the
 entrypoint (``tfgpu.train``) talks to absl; it hands this module a dict of
 the flags the user set explicitly. Every field becomes a flag of the same
-name, with the help text and group given here.
+name, with the help text and group given here. The module is long (~500 lines) because it is the one
+declaration of every option; the sections below it only narrow that list, so they stay beside it.
 """
 import dataclasses
 import typing

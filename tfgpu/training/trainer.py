@@ -8,7 +8,8 @@ declarations (``Task.metrics``), written with the loop's own (``metric_specs.LOO
 ``<model_dir>/metric_specs.json`` for the report. How a run fails is ``tfgpu.training.failures``; what it
 logs is ``tfgpu.training.history``; --target's rule and metrics.json fields are ``tfgpu.training.target``;
 --profile_input is ``tfgpu.training.input_profile``. The Trainer reads only its ``TrainerConfig`` and hands
-the pipeline its ``InputConfig``.
+the pipeline its ``InputConfig``. It stays one module (~400 lines) because boundaries, preemption, evaluation,
+the target and the startup record all act on the same loop state between two compiled calls.
 """
 import json
 import logging
