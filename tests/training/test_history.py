@@ -36,3 +36,16 @@ def test_startup_phases_add_up_to_the_time_before_the_first_loop(monkeypatch):
     assert startup.record() == {"imports_s": 0.5, "strategy_s": 1.5, "first_loop_s": 3.25, "total_s": 5.25}
     assert startup.describe() == ("startup: 5.2 s to the end of the first loop (imports 0.5, strategy 1.5, "
                                   "first loop 3.2)")
+
+
+def test_the_shutdown_is_timed_from_the_last_record_with_the_same_clock(tmp_path, monkeypatch):
+    log = history.History(str(tmp_path), enabled=True)
+    assert log.last_time is None
+    clock = iter([100.0, 100.0, 130.5, 132.0])
+    monkeypatch.setattr(history.time, "time", lambda: next(clock))
+    log.write("eval", 225, {"val_accuracy": 0.97})  # the record's time, then last_time
+    shutdown = history.Startup(log.last_time, "shutdown", "the outputs written")
+    shutdown.mark("trainer_teardown")
+    shutdown.mark("export")
+    assert shutdown.record() == {"trainer_teardown_s": 30.5, "export_s": 1.5, "total_s": 32.0}
+    assert shutdown.describe() == "shutdown: 32.0 s to the outputs written (trainer teardown 30.5, export 1.5)"

@@ -117,6 +117,11 @@ def test_an_easy_target_stops_at_its_evaluation_after_a_checkpoint_and_a_rerun_t
                             "build_and_restore_s", "first_loop_s"] and startup["step"] == 0
     assert abs(sum(phases.values()) - startup["total_s"]) < 0.01 and startup["total_s"] <= metrics["time_to_target_s"]
     assert "startup: " in result.output and " to the end of the first loop (imports " in result.output
+    # So does the wait after it: the trainer's teardown, the export, metrics.json and the report.
+    [shutdown] = read_history(tmp_path, "shutdown")
+    assert [k for k in shutdown if k.endswith("_s")] == ["trainer_teardown_s", "export_s", "metrics_and_report_s",
+                                                         "total_s"] and shutdown["step"] == at
+    assert "shutdown: " in result.output and " to the outputs written (trainer teardown " in result.output
 
     again = train_here(*args)
     assert f"target val_accuracy >= 0.2 already reached at step {at}" in again.output

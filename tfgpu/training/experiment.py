@@ -152,11 +152,18 @@ def run(config: Config, started_at: float | None = None) -> dict:
                     "num_workers": placement.num_workers, "global_batch_size": config.global_batch_size,
                     "wall_time_s": round(time.time() - started, 1)})
     if placement.is_chief:
+        # After the last record: the trainer's teardown (its input pipeline), then the outputs, phase by phase.
+        shutdown = Startup(built.trainer.history.last_time or time.time(), "shutdown", "the outputs written")
+        shutdown.mark("trainer_teardown")
         exported = exporting.export_model(task, os.path.join(config.model_dir, "export", "model.keras"))
         exporting.write_description(config, built.info, exported)
+        shutdown.mark("export")
         atomic_write_bytes(os.path.join(config.model_dir, "metrics.json"),
                            json.dumps(metrics, indent=2, sort_keys=True).encode())
         _write_report(config.model_dir)
+        shutdown.mark("metrics_and_report")
+        built.trainer.history.write("shutdown", metrics["step"], shutdown.record())
+        log.info("%s", shutdown.describe())
     return metrics
 
 

@@ -1,8 +1,10 @@
 """What a run logs as it trains: ``<model_dir>/history.jsonl`` and the progress bar or lines.
 
 One JSON object per loop of steps (``kind: train``) or evaluation (``kind: eval``) with its ``step`` and
-``time``, and one ``kind: startup`` per process: where the time before its first loop went (``Startup``);
-the report reads them back (``tfgpu.reporting.report.read_history``).
+``time``, one ``kind: startup`` per process: where the time before its first loop went (``Startup``), and one
+``kind: shutdown``: where the time after its last loop or evaluation went (``Startup``'s clock again: the trainer's
+teardown, the export, metrics.json, the report); the report reads them back
+(``tfgpu.reporting.report.read_history``).
 """
 import json
 import os
@@ -19,21 +21,26 @@ class History:
     def __init__(self, model_dir: str, enabled: bool):
         self.path = os.path.join(model_dir, "history.jsonl")
         self.enabled = enabled
+        self.last_time = None  # time.time() of the last record written: where a run's shutdown starts
 
     def write(self, kind: str, step: int, values: dict) -> None:
         if not self.enabled:
             return
         line = json.dumps({"kind": kind, "step": step, "time": round(time.time(), 3), **values})
         fileio.append_text(self.path, line + "\n")
+        self.last_time = time.time()
 
 
 class Startup:
     """Where the time from process start to the end of the first loop goes, phase by phase (imports,
     TensorFlow, strategy, dataset, task, restore, the first loop's tracing and steps). It counts in --target's
-    time to target, so ``history.jsonl`` gets it as a ``startup`` record and the log as one line."""
+    time to target, so ``history.jsonl`` gets it as a ``startup`` record and the log as one line. The same
+    clock times the shutdown (``name="shutdown"``): from the last record to the outputs written, which the user
+    waits for after the target too."""
 
-    def __init__(self, started_at: float):
+    def __init__(self, started_at: float, name: str = "startup", until: str = "the end of the first loop"):
         self.started_at = self._last = started_at
+        self.name, self.until = name, until
         self.phases = {}
 
     def mark(self, phase: str) -> None:
@@ -48,7 +55,7 @@ class Startup:
 
     def describe(self) -> str:
         parts = ", ".join(f"{phase.replace('_', ' ')} {seconds:.1f}" for phase, seconds in self.phases.items())
-        return f"startup: {self._last - self.started_at:.1f} s to the end of the first loop ({parts})"
+        return f"{self.name}: {self._last - self.started_at:.1f} s to {self.until} ({parts})"
 
 
 class Progress:
