@@ -14,7 +14,11 @@ change in the machine's load falls on both alike:
 
 Prints each run (with the host's load average before it), the median time to target of each side with its
 min-max, and the ratio tfgpu/fit: the median of the per-repeat ratios with their min-max, so one run cannot
-be mistaken for a trend. A run that does not reach the target is reported and left out of the ratios.
+be mistaken for a trend. A run that does not reach the target is reported and left out of the ratios. The user
+waits for the process, not for the evaluation: each side's process wall time (this tool's clock, from the
+launch to the exit) and the part of it after the target (``after_target_s``: what the process still does
+once it got there: tfgpu's export, metrics.json and report, both sides' teardown) are printed too, with the
+ratio of the process wall times.
 """
 import argparse
 import json
@@ -135,6 +139,8 @@ def run_side(side: str, cmd: list, result_path: str, timeout_s: float, log_path:
            "command": " ".join(cmd), "exit_code": code}
     if code == 0 and os.path.exists(result_path):
         run.update(read_outcome(side, result_path))
+        if run.get("target_reached") and run.get("time_to_target_s") is not None:
+            run["after_target_s"] = round(run["process_wall_s"] - run["time_to_target_s"], 1)
     else:
         with open(log_path, errors="replace") as f:
             tail = [line.strip() for line in f if line.strip()][-2:]
@@ -150,19 +156,25 @@ def _spread(values: list) -> dict:
 
 def summarize(runs: list) -> dict:
     """Median time to target per side (runs that reached it) and the ratio tfgpu/fit over the repeats where
-    both sides reached it: the median of per-repeat ratios, with their min and max."""
-    times = {side: [r["time_to_target_s"] for r in runs if r["side"] == side and r.get("target_reached")]
-             for side in SIDES}
+    both sides reached it: the median of per-repeat ratios, with their min and max; the same for the process
+    wall times, and each side's time after the target."""
+    reached = {side: [r for r in runs if r["side"] == side and r.get("target_reached")] for side in SIDES}
     by_repeat = {}
     for r in runs:
         by_repeat.setdefault(r["repeat"], {})[r["side"]] = r
-    ratios = [pair["tfgpu"]["time_to_target_s"] / pair["fit"]["time_to_target_s"]
-              for _, pair in sorted(by_repeat.items())
-              if all(pair.get(s, {}).get("target_reached") for s in SIDES) and pair["fit"]["time_to_target_s"]]
-    return {"time_to_target_s": {side: _spread(times[side]) for side in SIDES},
+    pairs = [pair for _, pair in sorted(by_repeat.items())
+             if all(pair.get(s, {}).get("target_reached") for s in SIDES) and pair["fit"]["time_to_target_s"]]
+    ratios = [pair["tfgpu"]["time_to_target_s"] / pair["fit"]["time_to_target_s"] for pair in pairs]
+    wall_ratios = [pair["tfgpu"]["process_wall_s"] / pair["fit"]["process_wall_s"] for pair in pairs
+                   if pair["fit"].get("process_wall_s")]
+    return {"time_to_target_s": {side: _spread([r["time_to_target_s"] for r in reached[side]]) for side in SIDES},
+            "process_wall_s": {side: _spread([r["process_wall_s"] for r in reached[side]]) for side in SIDES},
+            "after_target_s": {side: _spread([r["after_target_s"] for r in reached[side] if "after_target_s" in r])
+                               for side in SIDES},
             "missed": {side: sum(1 for r in runs if r["side"] == side and not r.get("target_reached"))
                        for side in SIDES},
-            "ratio_tfgpu_over_fit": _spread(ratios), "ratios": [round(x, 3) for x in ratios]}
+            "ratio_tfgpu_over_fit": _spread(ratios), "ratios": [round(x, 3) for x in ratios],
+            "process_wall_ratio_tfgpu_over_fit": _spread(wall_ratios)}
 
 
 def describe_run(r: dict) -> str:
@@ -170,6 +182,8 @@ def describe_run(r: dict) -> str:
         at = (f"step {r['step_at_target']}, {r['epochs_at_target']:.2f} epochs" if r["side"] == "tfgpu" else
               f"epoch {r['epochs_at_target']}")
         what = f"{r['time_to_target_s']:.1f} s to target ({at})"
+        if r.get("after_target_s") is not None:
+            what += f", {r['after_target_s']:.1f} s after it"
     else:
         what = "target not reached" + (f" ({r['error']})" if r.get("error") else "")
     return (f"repeat {r['repeat']} {r['side']:5}: {what}; process {r['process_wall_s']:.1f} s; "
@@ -186,6 +200,17 @@ def format_summary(summary: dict, target: str) -> str:
     lines.append(f"tfgpu/fit time-to-target ratio: {r['median']:.3f} (min-max {r['min']:.3f}-{r['max']:.3f} over "
                  f"{r['n']} paired repeat{'s' if r['n'] > 1 else ''}; < 1 = tfgpu faster)" if r else
                  "tfgpu/fit time-to-target ratio: none (no repeat where both sides reached the target)")
+    walls, after = summary.get("process_wall_s", {}), summary.get("after_target_s", {})
+    if any(walls.values()):
+        lines.append("process wall time (launch to exit), median (min-max); of it after the target:")
+        for side in SIDES:
+            w, a = walls.get(side), after.get(side)
+            if w:
+                lines.append(f"  {side:5}: {w['median']:.1f} s ({w['min']:.1f}-{w['max']:.1f})" +
+                             (f"; {a['median']:.1f} s ({a['min']:.1f}-{a['max']:.1f}) after the target" if a else ""))
+    w = summary.get("process_wall_ratio_tfgpu_over_fit")
+    if w:
+        lines.append(f"tfgpu/fit process wall-time ratio: {w['median']:.3f} (min-max {w['min']:.3f}-{w['max']:.3f})")
     return "\n".join(lines)
 
 

@@ -40,6 +40,21 @@ def test_ratio_is_the_median_of_paired_repeats_with_its_min_and_max():
     assert "  fit  : 100.0 s (80.0-100.0, n=3)" in text
 
 
+def test_the_wait_for_the_process_is_reported_beside_the_time_to_target():
+    runs = [_run(0, "tfgpu", 40.0, process_wall_s=52.0, after_target_s=12.0),
+            _run(0, "fit", 80.0, process_wall_s=84.0, after_target_s=4.0),
+            _run(1, "fit", 100.0, process_wall_s=104.0, after_target_s=4.0),
+            _run(1, "tfgpu", 60.0, process_wall_s=80.0, after_target_s=20.0)]
+    summary = ttt.summarize(runs)
+    assert summary["after_target_s"]["tfgpu"] == {"median": 16.0, "min": 12.0, "max": 20.0, "n": 2}
+    assert summary["process_wall_ratio_tfgpu_over_fit"]["max"] == round(80 / 104, 3)
+    text = ttt.format_summary(summary, "val_accuracy:0.97")
+    assert "  tfgpu: 66.0 s (52.0-80.0); 16.0 s (12.0-20.0) after the target" in text
+    assert "tfgpu/fit process wall-time ratio: 0.694 (min-max 0.619-0.769)" in text
+    assert "40.0 s to target (step 225, 10.01 epochs), 12.0 s after it; process 52.0 s" in ttt.describe_run(
+        {**runs[0], "step_at_target": 225, "epochs_at_target": 10.01})
+
+
 def test_a_run_that_misses_the_target_is_reported_and_left_out_of_the_ratios():
     runs = [_run(0, "tfgpu", 40.0), _run(0, "fit", None, error="exit 1: boom"), _run(1, "fit", 50.0),
             _run(1, "tfgpu", 45.0)]
