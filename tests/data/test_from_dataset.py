@@ -137,3 +137,37 @@ def test_a_worker_gives_up_when_the_chief_shows_no_progress(tmp_path, monkeypatc
     with pytest.raises(ConfigError, match="storage every worker sees") as e:
         from_dataset.ensure(str(tmp_path), {"train": data}, ARGS, is_chief=False)
     assert e.value.flag == "model_dir"
+
+
+def test_a_dataset_on_ram_is_written_reused_and_waited_for_there(digits, tmp_path, monkeypatch):
+    """A directory on a TensorFlow file system (ram://, standing in for gs://): the chief writes it there (nothing
+    lands on the local disk as ./ram:), a second call reuses it without writing, and a worker that starts first
+    waits for the chief's dataset.json there."""
+    import threading
+    import uuid
+
+    from tfgpu.runtime import fileio
+
+    monkeypatch.chdir(tmp_path)  # a "ram://" path written through os would land here, as ./ram:
+    monkeypatch.setattr(from_dataset, "_POLL_S", 0.05)
+    monkeypatch.setattr(from_dataset, "WAIT_STALL_S", 5.0)
+    (xt, yt), _ = digits
+    out = f"ram://tfgpu-test-{uuid.uuid4().hex[:8]}/data"
+    try:
+        chief = threading.Timer(0.3, from_dataset.ensure, (out, {"train": _ds(xt, yt)}, ARGS, True))
+        chief.start()
+        waited = from_dataset.ensure(out, {"train": _ds(xt, yt)}, ARGS, is_chief=False)
+        chief.join()
+        assert waited["splits"]["train"]["num_examples"] == 200
+        assert fileio.exists(f"{out}/{waited['splits']['train']['shards'][0]['file']}")
+
+        def no_writing(*args, **kwargs):
+            raise AssertionError("wrote the data again")
+
+        monkeypatch.setattr(from_dataset, "materialize", no_writing)
+        assert from_dataset.ensure(out, {"train": _ds(xt, yt).shuffle(64, seed=1)}, ARGS, is_chief=True) == waited
+        with pytest.raises(ConfigError, match="content differs"):
+            from_dataset.ensure(out, {"train": _ds(xt, 9 - yt)}, ARGS, is_chief=True)
+        assert os.listdir(tmp_path) == []
+    finally:
+        fileio.rmtree(out.rsplit("/", 1)[0])

@@ -118,6 +118,7 @@ def test_wrong_data_is_one_error_before_training(digits, tmp_path):
         (dict(train_data=_ds((xt, yt)), eval_data=str(tmp_path)), "eval_data", "must be one too"),
         (dict(train_data=str(tmp_path / "converted"), eval_data=_ds((xv, yv))), "eval_data", "eval split"),
         (dict(train_data=str(tmp_path / "converted")), "train_data", "no dataset.json in it"),
+        (dict(train_data="s3://bucket/converted"), "train_data", "has no s3:// file system"),
     ]
     for data, flag, message in cases:
         with pytest.raises(tfgpu.ConfigError) as e:
@@ -171,6 +172,31 @@ def test_fitting_again_resumes_without_writing_the_data_again(digits, tmp_path, 
     assert capsys.readouterr().err.count("tfgpu.fit: writing 256 examples") == 1
     with pytest.raises(tfgpu.ConfigError, match="train_data: its content differs .*use a new model_dir"):
         tfgpu.fit(build_model, _ds((xt, (yt + 1) % 10)), model_dir=str(tmp_path), train_steps=3, **SMALL)
+
+
+@pytest.mark.slow
+def test_fit_with_model_dir_on_ram_writes_reuses_and_resumes_there(digits, tmp_path, run_state, monkeypatch, capsys):
+    """model_dir on a TensorFlow file system (ram://, standing in for gs://): the Dataset is written into
+    <model_dir>/data there once, a second call resumes on it without writing it again, and that directory serves
+    as train_data of another run; nothing lands on the local disk (a "ram://" path written through os would
+    appear in the working directory as ./ram:)."""
+    import uuid
+
+    from tfgpu.runtime import fileio
+
+    monkeypatch.chdir(tmp_path)
+    (xt, yt), _ = digits
+    root = f"ram://tfgpu-test-{uuid.uuid4().hex[:8]}"
+    try:
+        tfgpu.fit(build_model, _ds((xt[:64], yt[:64])), model_dir=f"{root}/a", train_steps=1, **SMALL)
+        metrics = tfgpu.fit(build_model, _ds((xt[:64], yt[:64])), model_dir=f"{root}/a", train_steps=2, **SMALL)
+        assert metrics["step"] == 2 and capsys.readouterr().err.count("tfgpu.fit: writing 64 examples") == 1
+        assert fileio.exists(f"{root}/a/data/dataset.json") and fileio.exists(f"{root}/a/checkpoints")
+        again = tfgpu.fit(build_model, f"{root}/a/data", model_dir=f"{root}/b", train_steps=1, **SMALL)
+        assert again["step"] == 1 and fileio.exists(f"{root}/b/metrics.json")
+        assert os.listdir(tmp_path) == []
+    finally:
+        fileio.rmtree(root)
 
 
 def test_import_tfgpu_stays_cheap_and_keras_fit_stays_reachable():

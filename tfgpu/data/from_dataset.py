@@ -21,6 +21,9 @@ so it does not depend on the order the dataset yields its examples in: a dataset
 shuffles (tfgpu shuffles anyway) still matches itself, one whose examples change from
 pass to pass (random augmentation inside the dataset) does not. ``ensure`` reuses a
 directory whose fingerprint matches and refuses one that does not.
+
+The directory may be on any file system TensorFlow opens (``gs://``, ``ram://``): every check, the state
+directory and the wait for the chief go through ``tfgpu.runtime.fileio``, as the shards and manifest do.
 """
 import hashlib
 import json
@@ -36,6 +39,7 @@ import tensorflow as tf
 from tfgpu.config import ConfigError
 from tfgpu.data import convert, outdir, sources, tfrecord, workers
 from tfgpu.data.encode import Encoding
+from tfgpu.runtime import fileio
 
 log = logging.getLogger("tfgpu")
 
@@ -204,7 +208,7 @@ def materialize(directory: str, datasets: dict, arguments: dict, num_classes: in
     last, so an interrupted write leaves no dataset; the next call writes it again."""
     stream = stream or sys.stderr
     state = os.path.join(directory, convert.STATE_DIR)
-    os.makedirs(state, exist_ok=True)
+    fileio.makedirs(state)
     tasks, walks, walking, plan = [], {}, {}, {}
     for split, dataset in datasets.items():
         n = _num_examples(dataset, arguments[split], num_classes)
@@ -270,7 +274,7 @@ def ensure(directory: str, datasets: dict, arguments: dict, is_chief: bool, num_
     own datasets the same way and waits for the chief's ``dataset.json``, so all train on the chief's records and
     a worker whose dataset differs (other files, an unseeded random map) stops with a ConfigError naming it."""
     path = os.path.join(directory, tfrecord.MANIFEST)
-    if is_chief and not os.path.exists(path):
+    if is_chief and not fileio.exists(path):
         return materialize(directory, datasets, arguments, num_classes, stream)
     current = fingerprint(datasets, arguments, num_classes)
     if not is_chief:
@@ -299,14 +303,36 @@ def ensure(directory: str, datasets: dict, arguments: dict, is_chief: bool, num_
 def _wait_for(path: str, directory: str) -> None:
     """Waits for the chief's manifest; ConfigError when the chief's directory shows no progress for too long."""
     last, changed = None, time.monotonic()
-    while not os.path.exists(path):
-        try:
-            state = sorted((e.name, e.stat().st_size) for e in os.scandir(directory))
-        except OSError:
-            state = None
+    while not fileio.exists(path):
+        state = _written_so_far(directory)
         if state != last:
             last, changed = state, time.monotonic()
         elif time.monotonic() - changed > WAIT_STALL_S:
             raise ConfigError("model_dir", f"waited {WAIT_STALL_S:.0f} s for the chief to write {path} and saw no "
                               "progress: model_dir must be storage every worker sees (as for checkpoints)")
         time.sleep(_POLL_S)
+
+
+def _written_so_far(directory: str):
+    """The names and sizes of what the chief has written in ``directory`` and its state directory (a shard's
+    sidecar appears there when the shard is done; an object store shows an object only once it is whole), or
+    None while there is nothing to list."""
+    state = []
+    for folder in (directory, os.path.join(directory, convert.STATE_DIR)):
+        try:
+            names = fileio.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            state.append((folder, name, _size(os.path.join(folder, name))))
+    return sorted(state) or None
+
+
+def _size(path: str) -> int:
+    """The size of file ``path`` in bytes (-1 when it is gone, or a directory without one)."""
+    try:
+        if not fileio.has_scheme(path):
+            return os.stat(path).st_size
+        return int(tf.io.gfile.stat(path).length)
+    except (OSError, tf.errors.OpError):
+        return -1

@@ -28,7 +28,9 @@ Multi-worker: every worker runs the same script (TF_CONFIG or Slurm, e.g.
 ``<model_dir>/data``; every other worker hashes its own Dataset (one pass, no writing),
 waits for the chief's ``dataset.json`` and refuses to train if its data differs, so all
 workers read the chief's records. ``model_dir`` must be storage every worker sees, as
-checkpoints already require.
+checkpoints already require; it (and a converted ``train_data`` directory) may be on any
+file system TensorFlow opens (``gs://``; ``ram://`` in one process), as ``--model_dir`` may
+(``tfgpu.runtime.fileio``).
 
 TensorFlow applies device settings (logical CPU devices, GPU memory growth) and
 MultiWorkerMirrored's collectives only to a runtime that has not started, but building a
@@ -132,12 +134,19 @@ def _fit(model_fn, train_data, model_dir, eval_data, options: dict) -> dict:
 def _datasets(train_data, eval_data) -> dict:
     """{split: Dataset} to write, or {} when ``train_data`` is a converted directory; checks both arguments."""
     if isinstance(train_data, (str, os.PathLike)):
+        from tfgpu.runtime import fileio
+
+        directory = os.fspath(train_data)
         if eval_data is not None and (not isinstance(eval_data, (str, os.PathLike)) or
-                                      os.path.abspath(eval_data) != os.path.abspath(train_data)):
+                                      fileio.absolute(os.fspath(eval_data)) != fileio.absolute(directory)):
             raise FitError("eval_data", "with a directory as train_data, evaluation uses that directory's eval split "
                            "(eval_split=...); leave eval_data out, or pass both as tf.data.Datasets")
-        directory = os.fspath(train_data)
-        if not any(c in directory for c in "*?[") and not os.path.isfile(os.path.join(directory, "dataset.json")):
+        fileio.check_scheme(directory, "train_data")
+        try:
+            converted = any(c in directory for c in "*?[") or fileio.isfile(os.path.join(directory, "dataset.json"))
+        except OSError as e:
+            raise FitError("train_data", f"cannot read {directory!r}: {e.strerror or e}") from None
+        if not converted:
             raise FitError("train_data", f"{directory!r} is not a converted dataset (no dataset.json in it): pass a "
                            "tf.data.Dataset, or convert the data with python -m tfgpu.convert")
         return {}
