@@ -86,3 +86,14 @@ def test_a_gan_refuses_an_input_range_other_than_its_tanh_range():
         Config(model_dir="d", dataset="digits", task="gan", input_range=(0.0, 1.0)).validate()
     Config(model_dir="d", dataset="digits", task="gan", input_range=(-1.0, 1.0)).validate()
     Config(model_dir="d", dataset="digits", input_range=(0.0, 1.0)).validate()
+
+
+def test_an_input_range_float32_cannot_hold_is_refused_naming_the_flag():
+    import pytest
+
+    from tfgpu.config import Config, ConfigError
+
+    for bad in ((0.0, 3.2e-40), (1.0, 1.0 + 1e-9), (1e-39, 1.0)):
+        with pytest.raises(ConfigError, match="--input_range: .*too narrow for float32"):
+            Config(model_dir="unused", dataset="digits", input_range=bad).validate()
+    Config(model_dir="unused", dataset="digits", input_range=(0.0, 1e-3)).validate()

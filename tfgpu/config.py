@@ -260,6 +260,11 @@ class Config:
         if len(self.input_range) != 2 or not self.input_range[0] < self.input_range[1]:
             raise ConfigError("input_range", f"expected MIN,MAX with MIN < MAX (e.g. 0,1 or -1,1), got "
                               f"{','.join(f'{v:g}' for v in self.input_range)}")
+        low, high = self.input_range
+        if any(0 < abs(v) < 1.1754944e-38 for v in (low, high)) or high - low < 1e-6 * max(1.0, abs(low), abs(high)):
+            # float32 flushes subnormal values to 0 and cannot tell 256 pixel levels apart in a sliver of a range
+            raise ConfigError("input_range", f"{low:g},{high:g} is too narrow for float32 pixels: MAX - MIN must be at "
+                              "least 1e-6 of the larger bound (and neither bound a subnormal number)")
         if self.task == "gan" and tuple(self.input_range) != (-1.0, 1.0):
             raise ConfigError("input_range", "GANs always use -1,1 (the generator ends in tanh); leave it unset "
                               "with --task=gan")
