@@ -59,3 +59,36 @@ def test_ema_generator_gets_batchnorm_statistics_of_its_own_weights(make_task):
     copied = [v.numpy() for v in task.state.ema][[w.path for w in generator.weights].index(norm.moving_mean.path)]
     assert not np.allclose(copied, expected, rtol=1e-2, atol=1e-4)
     assert task.generator_weights(ema=False)[0].shape == weights[0].shape  # the raw weights are unchanged
+
+
+@pytest.mark.slow
+def test_a_gan_run_on_ram_evaluates_and_resumes_there(train_here, tmp_path, monkeypatch):
+    """--model_dir on a TensorFlow file system (ram://, standing in for gs://), in this process (ram:// lives in
+    one): the feature classifier is trained into <model_dir>/fid_features there and reused on resume, the sample
+    grids and metrics land there, and nothing is written in the working directory (a "ram://" path written
+    through os would appear there as ./ram:)."""
+    import uuid
+
+    from tfgpu.runtime import fileio
+    from tfgpu.tasks.gan import fid
+
+    train_classifier = fid.train_feature_classifier
+    monkeypatch.setattr(fid, "train_feature_classifier",  # one epoch: the files matter here, not the features
+                        lambda *args, **kwargs: train_classifier(*args, **{**kwargs, "epochs": 1}))
+    monkeypatch.chdir(tmp_path)
+    model_dir = f"ram://tfgpu-test-{uuid.uuid4().hex[:8]}/gan"
+    common = ["--task=gan", "--dataset=digits", "--model=dcgan", "--global_batch_size=16", "--latent_dim=8",
+              "--steps_per_loop=1", "--fid_num_samples=64", "--tensorboard=false", f"--model_dir={model_dir}"]
+    try:
+        first = train_here(*common, "--train_steps=1")
+        second = train_here(*common, "--train_steps=2")
+        assert "training a feature classifier" in first.output
+        assert "training a feature classifier" not in second.output and "resuming at step 1" in second.output
+        metrics = json.loads(fileio.read_bytes(f"{model_dir}/metrics.json"))
+        assert metrics["step"] == 2 and metrics["fid"] > 0
+        assert metrics["samples"] == f"{model_dir}/samples/step_2.png" and fileio.isfile(metrics["samples"])
+        assert metrics["feature_extractor"].startswith(f"classifier_penultimate:{model_dir}/fid_features/")
+        assert fileio.listdir(f"{model_dir}/fid_features/export") == ["model.keras"]
+        assert os.listdir(tmp_path) == []
+    finally:
+        fileio.rmtree(model_dir.rsplit("/", 1)[0])

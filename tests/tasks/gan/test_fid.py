@@ -1,4 +1,7 @@
-"""FID and KID: closed forms for Gaussians, identity, monotonicity, and the classifier feature extractor."""
+"""FID and KID: closed forms for Gaussians, identity, monotonicity, and the feature extractors (their files local
+and on ram://)."""
+import os
+
 import numpy as np
 import pytest
 
@@ -160,3 +163,67 @@ def test_one_class_gives_an_untrained_extractor_that_says_so(tmp_path):
     extractor = fid.ClassifierFeatures(str(tmp_path / "clf"))
     assert extractor.trained is False and "untrained" in extractor.name
     assert extractor(images).shape == (64, extractor.feature_size)
+
+
+@pytest.fixture
+def ram_dir():
+    """A fresh ``ram://`` directory (TensorFlow's in-memory file system, standing in for gs://), removed after."""
+    import uuid
+
+    from tfgpu.runtime import fileio
+
+    root = f"ram://tfgpu-test-{uuid.uuid4().hex[:8]}"
+    yield root
+    fileio.rmtree(root)
+
+
+def test_a_feature_classifier_on_ram_is_written_and_read_there(ram_dir, tmp_path, monkeypatch):
+    """<model_dir>/fid_features on ram://: Keras saves locally and the whole file lands there (no temporary left
+    beside it), ClassifierFeatures loads it through a local copy and reads its metrics.json there, with the same
+    features as the same classifier kept locally; nothing is written in the working directory (a "ram://" path
+    written through os would appear there as ./ram:)."""
+    from tfgpu.runtime import fileio
+
+    monkeypatch.chdir(tmp_path)
+    images = np.random.default_rng(0).uniform(-1, 1, (32, 8, 8, 1)).astype(np.float32)
+    labels = np.zeros(32, np.int64)  # one class: exported as initialised, so the test trains nothing
+    remote, local = f"{ram_dir}/run/fid_features", str(tmp_path / "local")
+    assert fid.train_feature_classifier((images, labels), None, remote, seed=0)["trained"] is False
+    fid.train_feature_classifier((images, labels), None, local, seed=0)
+    assert fileio.listdir(f"{remote}/export") == ["model.keras"]
+    assert fileio.isfile(f"{remote}/metrics.json")
+    extractor = fid.ClassifierFeatures(remote)
+    assert extractor.trained is False  # read from the remote metrics.json
+    assert extractor.name.startswith(f"classifier_penultimate:{remote}/export/model.keras (untrained")
+    np.testing.assert_array_equal(extractor(images), fid.ClassifierFeatures(local)(images))
+    assert sorted(os.listdir(tmp_path)) == ["local"]
+    with pytest.raises(FileNotFoundError, match="export/model.keras"):
+        fid.ClassifierFeatures(f"{ram_dir}/nothing-here")
+
+
+def test_inception_weights_on_ram_are_checked_and_read_there(ram_dir, monkeypatch):
+    """--inception_weights may be remote: the HDF5 check reads the file there, and Keras gets a local copy of it
+    (Keras opens only local files), removed afterwards."""
+    import keras
+
+    from tfgpu.runtime import fileio
+
+    fileio.atomic_write_bytes(f"{ram_dir}/text.h5", b"not weights")
+    assert "not an HDF5" in fid.weights_file_problem(f"{ram_dir}/text.h5")
+    assert "cannot be read" in fid.weights_file_problem(f"{ram_dir}/missing.h5")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        fid.InceptionFeatures(f"{ram_dir}/missing.h5")
+    weights = fid._HDF5_SIGNATURE + b"the rest of the weights"
+    fileio.atomic_write_bytes(f"{ram_dir}/inception.h5", weights)
+    given = {}
+
+    def inception(weights, **kwargs):  # what Keras would be handed; building the real network takes seconds
+        with open(weights, "rb") as f:
+            given.update(path=weights, data=f.read())
+        return keras.Sequential([keras.Input((299, 299, 3)), keras.layers.GlobalAveragePooling2D()])
+
+    monkeypatch.setattr(keras.applications, "InceptionV3", inception)
+    extractor = fid.InceptionFeatures(f"{ram_dir}/inception.h5")
+    assert given["data"] == weights and given["path"].endswith("inception.h5") and "://" not in given["path"]
+    assert not os.path.exists(given["path"])
+    assert extractor.name.endswith(f":{ram_dir}/inception.h5")

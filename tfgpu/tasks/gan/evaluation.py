@@ -2,6 +2,8 @@
 EMA weights with BatchNorm statistics of their own, and the feature extractor FID is measured with.
 
 A mixin of ``GanTask`` (``tfgpu.tasks.gan.task``): it reads the task's config, placement, networks and state.
+Its files (the sample grids, the feature classifier in ``<model_dir>/fid_features``) go through
+``tfgpu.runtime.fileio``, so ``model_dir`` may be on ``gs://`` or ``ram://``.
 """
 import logging
 import math
@@ -12,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgpu.config import ConfigError
+from tfgpu.runtime import fileio
 
 log = logging.getLogger("tfgpu")
 
@@ -66,7 +69,7 @@ class GanEvaluation:
         fake = extractor(self._sample(n, weights, seed=1))
         result = fid.scores(real, fake, extractor.name)
         grid_path = os.path.join(model_dir, "samples", f"step_{step}.png")
-        tf.io.gfile.makedirs(os.path.dirname(grid_path))  # model_dir may be gs://, ram://
+        fileio.makedirs(os.path.dirname(grid_path))  # model_dir may be gs://, ram://
         grid = images.save_grid(self._sample(SAMPLE_GRID_SIZE, weights, seed=2), grid_path)
         self._image_summary(model_dir, step, grid)
         result["fid_initial"] = float(self.state.fid_initial.numpy())
@@ -161,7 +164,7 @@ class GanEvaluation:
             self._extractor = fid.ClassifierFeatures(config.fid_feature_model_dir)
         else:
             directory = os.path.join(model_dir, "fid_features")
-            if not os.path.isfile(fid.classifier_model_path(directory)):
+            if not fileio.isfile(fid.classifier_model_path(directory)):
                 train = self._read_split(self.info.train_split, config.fid_num_samples)
                 val = self._read_split(self.info.eval_split, config.fid_num_samples) if self.info.eval_split else None
                 epochs = max(5, math.ceil(600 * 64 / len(train[0])))  # about 600 steps of batch 64

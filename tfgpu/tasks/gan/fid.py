@@ -21,12 +21,20 @@ cubic polynomial kernel, averaged over random subsets. FID is biased upward by
 a term that falls about as 1/N with the sample count N (two samples of one
 2048-d standard normal distribution score 1,052 at N=2,000 and 263 at N=8,000),
 so an FID compares only with FIDs at the same N; KID is unbiased.
+
+Every file here (the weights, the classifier's ``model.keras`` and ``metrics.json``) may be on any file
+system TensorFlow opens (``gs://``, ``ram://``; ``tfgpu.runtime.fileio``). Keras reads and writes those
+files only on the local disk, so a remote one is read from a local temporary copy (``local_copy``) and
+written locally, then copied (``fileio.atomic_local_path``).
 """
 import contextlib
 import logging
 import os
+import tempfile
 
 import numpy as np
+
+from tfgpu.runtime import fileio
 
 log = logging.getLogger("tfgpu")
 
@@ -117,6 +125,21 @@ def float32_policy():
         keras.mixed_precision.set_global_policy(previous)
 
 
+@contextlib.contextmanager
+def local_copy(path: str):
+    """Yields a local path holding ``path``'s bytes: ``path`` itself when local, else a temporary copy (same file
+    name, so Keras still sees the .keras/.h5 extension) removed afterwards."""
+    if not fileio.has_scheme(path):
+        yield path
+        return
+    data = fileio.read_bytes(path)
+    with tempfile.TemporaryDirectory(prefix="tfgpu-download-") as local:
+        copy = os.path.join(local, os.path.basename(path.rstrip("/")))
+        with open(copy, "wb") as f:
+            f.write(data)
+        yield copy
+
+
 class FeatureExtractor:
     """Maps a batch of NHWC images in [-1, 1] to an (N, D) float32 feature array."""
     name = ""
@@ -143,7 +166,7 @@ def weights_file_problem(path: str) -> str:
     """Why ``path`` cannot be a Keras .h5 weights file (one line), or "" when it looks like one. Cheap: checked
     when the run starts, long before the first evaluation would load it."""
     try:
-        with open(path, "rb") as f:
+        with fileio.open_file(path, "rb") as f:
             head = f.read(len(_HDF5_SIGNATURE))
     except OSError as e:
         return f"{path}: cannot be read ({e.strerror or e})"
@@ -161,20 +184,20 @@ class InceptionFeatures(FeatureExtractor):
         import keras
         import tensorflow as tf
 
-        if not os.path.isfile(weights_path):
+        if not fileio.isfile(weights_path):
             raise FileNotFoundError(f"InceptionV3 weights file {weights_path!r} does not exist")
         problem = weights_file_problem(weights_path)
         if problem:
             raise ValueError(problem)
-        with float32_policy():
+        with float32_policy(), local_copy(weights_path) as local:
             try:
-                self.model = keras.applications.InceptionV3(include_top=False, pooling="avg", weights=weights_path,
+                self.model = keras.applications.InceptionV3(include_top=False, pooling="avg", weights=local,
                                                             input_shape=(299, 299, 3))
             except (ValueError, OSError, KeyError) as e:
                 raise ValueError(f"{weights_path}: not InceptionV3 weights without the top "
                                  f"(inception_v3_weights_tf_dim_ordering_tf_kernels_notop.h5): "
                                  f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
-        self.name = f"keras_inception_v3_imagenet_avgpool:{os.path.abspath(weights_path)}"
+        self.name = f"keras_inception_v3_imagenet_avgpool:{fileio.absolute(weights_path)}"
 
         @tf.function(reduce_retracing=True)
         def features(images):
@@ -210,10 +233,9 @@ def _classifier_trained(model_path: str) -> tuple:
     record (any tfgpu classification run) was trained."""
     import json
 
-    record = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(model_path))), "metrics.json")
+    record = os.path.join(os.path.dirname(os.path.dirname(fileio.absolute(model_path))), "metrics.json")
     try:
-        with open(record) as f:
-            metrics = json.load(f)
+        metrics = json.loads(fileio.read_bytes(record))
     except (OSError, ValueError):
         return True, ""
     if isinstance(metrics, dict) and metrics.get("trained") is False:
@@ -238,11 +260,11 @@ class ClassifierFeatures(FeatureExtractor):
         import tfgpu.models  # noqa: F401  (registers tfgpu's custom layers for loading)
 
         path = classifier_model_path(model_dir_or_file)
-        if not os.path.isfile(path):
+        if not fileio.isfile(path):
             raise FileNotFoundError(f"no exported classifier at {path}; train one with "
                                     "`python -m tfgpu.train --task=classification ...` (it writes export/model.keras)")
-        with float32_policy():
-            classifier = keras.models.load_model(path, compile=False)
+        with float32_policy(), local_copy(path) as local:
+            classifier = keras.models.load_model(local, compile=False)
         _compute_in_float32(classifier)
         head = _last_dense(classifier)
         self.model = keras.Model(classifier.inputs, head.input)
@@ -251,7 +273,7 @@ class ClassifierFeatures(FeatureExtractor):
         self.trained, untrained_reason = _classifier_trained(path)
         if not self.trained:
             label = f"untrained: {untrained_reason}"
-        self.name = f"classifier_penultimate:{os.path.abspath(path)}" + (f" ({label})" if label else "")
+        self.name = f"classifier_penultimate:{fileio.absolute(path)}" + (f" ({label})" if label else "")
 
         @tf.function(reduce_retracing=True)
         def features(images):
@@ -282,7 +304,8 @@ def feature_classifier(input_shape, num_classes):
 
 def train_feature_classifier(train, val, out_dir: str, seed: int, epochs: int = 30, batch_size: int = 64) -> dict:
     """Trains ``feature_classifier`` on (images in [-1, 1], labels) and exports it to
-    ``<out_dir>/export/model.keras`` (atomic rename), the layout ``ClassifierFeatures`` reads. Returns
+    ``<out_dir>/export/model.keras`` (atomically: ``fileio.atomic_local_path``; ``out_dir`` may be remote), the
+    layout ``ClassifierFeatures`` reads. Returns
     {"trained": True, "val_accuracy": ...} (also in ``<out_dir>/metrics.json``). Used when a GAN run names no
     extractor.
 
@@ -292,8 +315,6 @@ def train_feature_classifier(train, val, out_dir: str, seed: int, epochs: int = 
     import json
 
     import keras
-
-    from tfgpu.runtime.fileio import atomic_write_bytes
 
     images, labels = train
     num_classes = int(max(labels.max(), val[1].max() if val is not None and len(val[1]) else 0)) + 1
@@ -315,10 +336,9 @@ def train_feature_classifier(train, val, out_dir: str, seed: int, epochs: int = 
                 metrics["val_accuracy"] = float(model.evaluate(val[0], val[1], verbose=0,
                                                                return_dict=True)["accuracy"])
     export = os.path.join(out_dir, "export")
-    os.makedirs(export, exist_ok=True)
-    tmp = os.path.join(export, f".tmp-{os.getpid()}.keras")
-    model.save(tmp)
-    os.replace(tmp, os.path.join(export, "model.keras"))
-    atomic_write_bytes(os.path.join(out_dir, "metrics.json"), json.dumps(
+    fileio.makedirs(export)
+    with fileio.atomic_local_path(os.path.join(export, "model.keras"), suffix=".keras") as tmp:
+        model.save(tmp)
+    fileio.atomic_write_bytes(os.path.join(out_dir, "metrics.json"), json.dumps(
         {"model": model.name, "epochs": epochs, "train_examples": len(images), **metrics}, indent=2).encode())
     return metrics
