@@ -30,6 +30,9 @@ def load(path):
         return json.load(f)
 
 
+# Slow: the benchmark end to end (85 s loaded); its plan, ratios, report and child errors are tested in tests/bench
+# and below.
+@pytest.mark.slow
 def test_acceptance_command_writes_results_and_ratio(tmp_path):
     out = tmp_path / "bench.json"
     proc = run_benchmark(*TINY, "--batch_size=32", "--precision=float32", "--baseline=keras_fit",

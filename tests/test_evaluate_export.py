@@ -51,6 +51,9 @@ def test_evaluate_without_a_run_dir_names_the_flag(tmp_path, trained):
     assert proc.returncode == 1 and "--model_dir" in proc.stderr and "config.yaml not found" in proc.stderr
 
 
+# Slow: (66 s loaded); an export that loads without tfgpu stays in the default suite through
+# tests/examples/test_own_model.py.
+@pytest.mark.slow
 def test_exports_load_without_tfgpu_and_predict_like_the_trained_model(trained, tmp_path):
     model_dir, env = trained
     logs = [_tool("export", [f"--model_dir={model_dir}", "--format=saved_model", f"--output={tmp_path / 'sm'}"],

@@ -118,6 +118,10 @@ def test_worker_death_stops_the_survivor_and_a_relaunch_resumes_exactly(straight
         np.testing.assert_array_equal(resumed[name], expected[name], err_msg=name)
 
 
+# Slow: a replaced worker resumed by --max_restarts (150 s loaded); a lost peer's exit 129 stays in the default
+# suite (tests/training/test_trainer.py), exact multi-worker agreement in
+# test_two_workers_through_the_launcher_match_mirrored_two_replicas.
+@pytest.mark.slow
 def test_max_restarts_lets_the_survivor_wait_for_a_replaced_worker(straight, tmp_path, data_cache):
     """Like a cluster that restarts a lost pod: the survivor re-executes itself, the replacement joins, and
     the job finishes with the weights of an uninterrupted run."""

@@ -83,6 +83,9 @@ def test_batch_not_divisible_by_replicas_exits_nonzero(run_train, tmp_path):
     assert not os.path.exists(tmp_path / "checkpoints")
 
 
+# Slow: (26 s loaded, subprocesses); --config=<model_dir>/config.yaml replaying a run stays in-process in
+# tests/runtime/test_precision.py.
+@pytest.mark.slow
 def test_effective_config_is_written_and_replays(run_train, tmp_path):
     run_dir = tmp_path / "run"
     run_train(*DIGITS, "--train_steps=3", "--steps_per_loop=3", "--global_batch_size=32", "--eval_steps=1",

@@ -388,6 +388,9 @@ def test_bad_input_is_one_line_naming_the_flag(png_folder, tmp_path, capsys, arg
     assert not os.path.exists(tmp_path / "out" / "dataset.json")
 
 
+# Slow: the converter's command line end to end (52 s loaded); its one-line errors and the library are tested in-
+# process here.
+@pytest.mark.slow
 def test_command_line_exit_code_and_progress_lines(png_folder, tmp_path):
     root, _ = png_folder
     run = lambda *a: subprocess.run([sys.executable, "-m", "tfgpu.convert", *a], cwd=REPO,  # noqa: E731

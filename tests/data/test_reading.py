@@ -46,6 +46,9 @@ def test_skip_corrupt_records_trains_and_counts_the_skipped(train_here, digits_c
     assert last_eval["val_examples"] + last_eval["skipped_corrupt_records"] == 359
 
 
+# Slow: a whole run through a tf.data service (18 s loaded); exactly-once through two service workers stays in
+# tests/data/test_exactly_once.py.
+@pytest.mark.slow
 def test_training_through_a_tf_data_service(train_here, tmp_path):
     import tensorflow as tf
 

@@ -30,9 +30,18 @@ def test_registry_lists_the_gan_family():
     assert all(get_spec(n).family == "gan" for n in GANS)
 
 
-@pytest.mark.parametrize("name", GANS)
-@pytest.mark.parametrize("shape", [(8, 8, 1), (28, 28, 1), (32, 32, 3), (64, 64, 3)])
-@pytest.mark.parametrize("conditional", [False, True])
+def _shape_cases():
+    """Every family at every shape; by default each shape once unconditional and once conditional (over the
+    families in turn), the other combinations with -m slow (each builds two networks, ~5 s on 2 loaded cores)."""
+    shapes = [(8, 8, 1), (28, 28, 1), (32, 32, 3), (64, 64, 3)]
+    for i, shape in enumerate(shapes):
+        for j, name in enumerate(GANS):
+            for conditional in (False, True):
+                default = j == (i + conditional) % len(GANS)
+                yield pytest.param(name, shape, conditional, marks=() if default else pytest.mark.slow)
+
+
+@pytest.mark.parametrize("name,shape,conditional", list(_shape_cases()))
 def test_generator_and_discriminator_shapes_and_ranges(name, shape, conditional):
     models = _build(name, shape, conditional)
     assert isinstance(models, GanModels)

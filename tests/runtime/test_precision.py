@@ -21,7 +21,8 @@ SMALL = ["--dataset=digits", "--model=small_cnn", "--global_batch_size=32", "--e
          "--base_learning_rate=0.8", "--lr_schedule=constant"]
 
 
-@pytest.mark.parametrize("precision", ["mixed_float16", "mixed_bfloat16"])
+# bfloat16 (15 s loaded) with -m slow; float16, the one with loss scaling, runs by default.
+@pytest.mark.parametrize("precision", ["mixed_float16", pytest.param("mixed_bfloat16", marks=pytest.mark.slow)])
 def test_mixed_precision_trains_with_float32_logits(precision, train_here, tmp_path):
     train_here(*SMALL, f"--precision={precision}", "--train_steps=40", "--steps_per_loop=10",
                f"--model_dir={tmp_path}")
@@ -125,6 +126,8 @@ def test_jit_compile_takes_effect(run_train, tmp_path):
     assert modules, sorted(os.listdir(dump))[:20]
 
 
+# Slow: a warning (35 s loaded); XLA taking effect stays in test_jit_compile_takes_effect.
+@pytest.mark.slow
 def test_jit_compile_is_turned_off_with_a_warning_on_logical_cpus(run_train, tmp_path):
     proc = run_train(*SMALL, "--jit_compile", "--cpu_logical_devices=2", "--train_steps=2", "--steps_per_loop=2",
                      f"--model_dir={tmp_path}")

@@ -167,6 +167,8 @@ def test_guard_rejects_unverified_keras(monkeypatch):
     assert not keras_fit.is_patched()
 
 
+# Slow: (28 s loaded); keras_fit under MultiWorkerMirrored stays in the default suite.
+@pytest.mark.slow
 def test_mirrored_steps_per_execution_4_matches_steps_per_execution_1():
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     proc = subprocess.run([sys.executable, "-c", MIRRORED], cwd=REPO, env=env, stdout=subprocess.PIPE,

@@ -131,6 +131,8 @@ def test_an_easy_target_stops_at_its_evaluation_after_a_checkpoint_and_a_rerun_t
     assert resumed["time_to_target_s"] == metrics["time_to_target_s"]  # the run that reached it
 
 
+# Slow: (20 s loaded); a reached target, its checkpoint and resume stay in the default suite.
+@pytest.mark.slow
 def test_an_unreachable_target_runs_the_schedule_evaluating_once_per_epoch(train_here, tmp_path):
     """Batch 512 on 1,438 digits: 2.81 steps per epoch, so evaluations at steps 3 and 6 and at the end, 8."""
     result = train_here(*TINY, "--global_batch_size=512", "--train_steps=8", "--target=val_accuracy:1.01",

@@ -45,7 +45,8 @@ def test_mirrored_two_replicas_matches_one_device(run_train, tmp_path):
 
 def test_continuing_a_finished_run_equals_one_long_run(run_train, tmp_path):
     """Train N steps, rerun with 2N: resumes at N and ends with the weights of an uninterrupted 2N run."""
-    common = SMALL + ["--lr_schedule=constant", "--deterministic", "--steps_per_loop=3", "--shuffle_buffer=64"]
+    common = SMALL + ["--model=small_cnn", "--lr_schedule=constant", "--deterministic", "--steps_per_loop=3",
+                      "--shuffle_buffer=64"]
     run_train(*common, "--train_steps=12", f"--model_dir={tmp_path / 'straight'}")
     run_train(*common, "--train_steps=6", f"--model_dir={tmp_path / 'split'}")
     second = run_train(*common, "--train_steps=12", f"--model_dir={tmp_path / 'split'}")
@@ -90,6 +91,9 @@ def test_sigterm_saves_exits_143_and_resume_is_exact(run_train, data_cache, tmp_
         np.testing.assert_array_equal(split[name], straight[name], err_msg=name)
 
 
+# Slow: the quickstart reduced, end to end (35 s loaded); training, evaluation, the report and the target run
+# in-process in tests/training/test_target.py, an export that loads without tfgpu in tests/examples.
+@pytest.mark.slow
 def test_quickstart_reduced_trains_evaluates_and_exports(run_train, tmp_path):
     model_dir = tmp_path / "qs"
     proc = run_train("--flagfile=configs/quickstart.flags", "--epochs=4", "--eval_every_steps=45",
@@ -111,6 +115,9 @@ def test_quickstart_reaches_097(run_train, tmp_path):
     assert read_metrics(tmp_path)["val_accuracy"] >= 0.97
 
 
+# Slow: (36 s loaded); eval exactly once per example across pipelines and padding stays in
+# tests/data/test_pipeline.py.
+@pytest.mark.slow
 def test_mirrored_multiloop_eval_covers_every_example_once(run_train, tmp_path):
     """Eval under 2 replicas with a batch that does not divide the split: padding is weighted out."""
     run_train("--dataset=digits", "--model=small_cnn", "--global_batch_size=64", "--eval_batch_size=50",

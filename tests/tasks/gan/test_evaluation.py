@@ -40,6 +40,8 @@ def test_fid_evaluations_keep_their_steps_without_an_eval_split(make_task):
     assert trainer._boundaries() == [4, 8, 10]
 
 
+# Slow: (21 s loaded); the GAN evaluation path stays in the default suite through the FID tests and the step test above.
+@pytest.mark.slow
 def test_ema_generator_gets_batchnorm_statistics_of_its_own_weights(make_task):
     """The EMA weights come with BatchNorm statistics recomputed for them: the first BatchNorm's moving mean
     is the mean of its input (the EMA dense layer's output) over the fixed standing-statistics latents, not

@@ -101,6 +101,8 @@ def test_inception_extractor_names_a_file_that_is_not_weights(tmp_path):
     assert len(str(error.value).splitlines()) == 1
 
 
+# Slow: trains a digits classifier (21 s loaded); KID/FID arithmetic stays in the default suite.
+@pytest.mark.slow
 def test_classifier_extractor_gives_penultimate_features_and_fid_separates_digits(tmp_path):
     """A small classifier trained on real digits: features are the last Dense layer's input; FID between
     two halves of the digits is far lower than between digits and noise."""
