@@ -36,3 +36,30 @@ def test_a_run_of_skipped_steps_is_counted_across_call_boundaries():
     _, calls = _run(tf.distribute.get_strategy(), skipped, [5, 4])
     assert [c[0]["skipped"] for c in calls] == [2.0, 2.0]
     assert [c[1] for c in calls] == [1, 3]
+
+
+def _placement(devices, workers=1):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(devices=tuple(devices), num_replicas=len(devices), num_workers=workers)
+
+
+def test_one_cpu_replica_reads_its_dataset_directly_and_devices_get_the_distributed_input():
+    """On the host CPU alone a distributed dataset has nowhere to prefetch to, yet doubled the CPU time of
+    every op while it existed; GPUs, several replicas and workers keep the strategy's distributed input."""
+    cpu, gpu = "/job:localhost/replica:0/task:0/device:CPU:0", "/job:localhost/replica:0/task:0/device:GPU:0"
+    assert loop.host_cpu_only(_placement([cpu]))
+    assert not loop.host_cpu_only(_placement([gpu]))
+    assert not loop.host_cpu_only(_placement([cpu, cpu.replace("CPU:0", "CPU:1")]))
+    assert not loop.host_cpu_only(_placement([cpu], workers=2))
+
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    batches = lambda ctx: tf.data.Dataset.range(6).map(lambda i: tf.fill([2], tf.cast(i, tf.float32)))  # noqa: E731
+    iterator = loop.input_iterator(strategy, _placement([cpu]), batches)
+    assert isinstance(iterator, tf.data.Iterator)
+    sums = loop.accumulators(strategy, ("loss",))
+    train_loop = loop.build_loop(strategy, lambda batch: {"loss": tf.reduce_sum(batch)}, sums)
+    train_loop(iterator, tf.constant(4, tf.int64))
+    assert loop.read_and_reset(sums) == {"loss": 12.0}  # 2 x (0 + 1 + 2 + 3): every batch once, in order
+    distributed = loop.input_iterator(strategy, _placement([gpu]), batches)
+    assert isinstance(distributed, tf.distribute.DistributedIterator)

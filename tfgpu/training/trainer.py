@@ -207,9 +207,9 @@ class Trainer:
         def run_eval():
             steps = pipeline.eval_steps(self.inputs, self.info, self.placement.num_workers,
                                         self.placement.num_replicas)
-            dataset = self.strategy.distribute_datasets_from_function(
-                pipeline.eval_dataset_fn(self.inputs, self.info, steps))
-            self._eval_loop(iter(dataset), tf.constant(steps))
+            iterator = loop.input_iterator(self.strategy, self.placement,
+                                           pipeline.eval_dataset_fn(self.inputs, self.info, steps))
+            self._eval_loop(iterator, tf.constant(steps))
             return loop.read_and_reset(self.eval_sums)
 
         start = time.time()
@@ -297,9 +297,8 @@ class Trainer:
         eval_steps = self._eval_steps()
         stopped = self._resumed_at_target(step)  # at the target: no more training, no more evaluation
         if step < self.total_steps and not stopped:
-            dataset = self.strategy.distribute_datasets_from_function(
-                pipeline.train_dataset_fn(self.inputs, self.info, step))
-            iterator = iter(dataset)
+            iterator = loop.input_iterator(self.strategy, self.placement,
+                                           pipeline.train_dataset_fn(self.inputs, self.info, step))
             profiled = self._profile_input(step) if config.profile_input else None
             progress = Progress(config.verbose, self.total_steps, step, self.chief,
                                 [s.name for s in self.declarations.metrics if s.progress],
