@@ -392,3 +392,19 @@ def test_workers_wait_for_a_chief_evaluation_longer_than_the_collective_timeout(
     evals = read_history(model_dir, "eval")
     assert [e["step"] for e in evals] == [2, 4] and evals[0]["eval_time_s"] > 3
     assert read_metrics(model_dir)["num_workers"] == 2
+
+
+def test_feature_model_flags_on_a_remote_file_system_pass_the_start_checks(make_task):
+    """--fid_feature_model_dir on ram:// (any TensorFlow file system) is checked there, not on local disk (the
+    check said 'does not exist' for a classifier that was there)."""
+    from tfgpu.tasks.gan.fid import classifier_model_path
+
+    remote = "ram://gan-start-check/classifier"
+    tf.io.gfile.makedirs(remote + "/export")
+    with tf.io.gfile.GFile(classifier_model_path(remote), "wb") as f:
+        f.write(b"stand-in: only its presence is checked at start")
+    try:
+        task, _ = make_task(fid_feature_model_dir=remote)
+        assert task.config.fid_feature_model_dir == remote
+    finally:
+        tf.io.gfile.rmtree("ram://gan-start-check")

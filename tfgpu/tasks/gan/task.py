@@ -32,12 +32,11 @@ grids, the EMA generator's own BatchNorm statistics) in ``evaluation.py``.
 """
 import contextlib
 import logging
-import os
 
 import keras
 import tensorflow as tf
 
-from tfgpu.runtime import precision
+from tfgpu.runtime import fileio, precision
 from tfgpu.tasks.gan import diffaugment
 from tfgpu.config import ConfigError, PrecisionConfig
 from tfgpu.models import get_spec
@@ -133,7 +132,7 @@ class GanTask(GanEvaluation, Task):
                         "feature_extractor_trained). Pass --inception_weights or --fid_feature_model_dir for "
                         "trained features, or --eval_split=none to skip FID/KID.", self.info.name,
                         self.info.num_classes)
-        if config.inception_weights and not os.path.isfile(config.inception_weights):
+        if config.inception_weights and not fileio.isfile(config.inception_weights):
             raise ConfigError("inception_weights", f"file {config.inception_weights!r} does not exist (FID never "
                               "downloads weights)")
         if config.inception_weights:
@@ -145,7 +144,7 @@ class GanTask(GanEvaluation, Task):
             from tfgpu.tasks.gan.fid import classifier_model_path
 
             path = classifier_model_path(config.fid_feature_model_dir)
-            if not os.path.isfile(path):
+            if not fileio.isfile(path):
                 raise ConfigError("fid_feature_model_dir", f"{path} does not exist; train the classifier first "
                                   "(python -m tfgpu.train --task=classification ...) or leave the flag empty to "
                                   "train one automatically")
@@ -311,7 +310,7 @@ class GanTask(GanEvaluation, Task):
 
     def train_step(self, batch):
         config = self.config
-        real_batches = batch if config.batches_per_step > 1 else (batch,)  # one per critic update (training.loop.build_loop)
+        real_batches = batch if config.batches_per_step > 1 else (batch,)  # one per critic update (loop.build_loop)
         per_replica = self._per_replica_batch
         replica = tf.distribute.get_replica_context().replica_id_in_sync_group
         offset = tf.cast(replica, tf.int32) * per_replica
