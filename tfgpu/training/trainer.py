@@ -345,6 +345,9 @@ class Trainer:
                     if self.task.at_step(step):
                         self._trace_train_loop()
             progress.close()
+            # Release the train pipeline now: alive through the final evaluation, its destruction afterwards
+            # waited 6-41 s for tf.data threads (quickstart on 2 loaded cores); released here it takes 0.01 s.
+            del iterator
             if not stopped:
                 self.checkpointer.save()
             if profiled:
