@@ -124,6 +124,23 @@ class GuardedOptimizer(keras.optimizers.LossScaleOptimizer):
             return tf.constant(1.0, tf.float32)
         return tf.cast(tf.convert_to_tensor(self.dynamic_scale), tf.float32)
 
+    def check_finite(self, grads):
+        """Keras' check before its ``cond``. Gradients that ``apply_if_finite`` poisoned are all NaN or all
+        finite, so their first element decides (one kernel instead of two per gradient, as the step's
+        finiteness was already all-reduced); gradients given to ``apply`` directly get Keras' full check."""
+        sized = [g for g in grads if g is not None and g.shape.num_elements()]
+        if getattr(self, "_poisoned_calls", 0) and sized:
+            return tf.math.is_finite(tf.reshape(sized[0], [-1])[0])
+        return super().check_finite(grads)
+
+    def apply_poisoned(self, grads, trainable_variables):
+        """``apply`` of gradients that ``apply_if_finite`` made all NaN on a skipped step (on every replica)."""
+        self._poisoned_calls = getattr(self, "_poisoned_calls", 0) + 1
+        try:
+            self.apply(grads, trainable_variables)
+        finally:
+            self._poisoned_calls -= 1
+
     def _stateful_handle_finite_grads(self, grads, trainable_variables):
         if self.dynamic:
             super()._stateful_handle_finite_grads(grads, trainable_variables)
@@ -174,7 +191,11 @@ def apply_if_finite(optimizer, loss, grads, variables, clip_norm: float = 0.0, n
     if clip_norm:
         grads, norm = optimizers.clip_by_global_norm(grads, clip_norm, current_loss_scale(optimizer), num_replicas)
     poison = tf.where(finite, 0.0, float("nan"))
-    optimizer.apply([g + tf.cast(poison, g.dtype) for g in grads], variables)
+    poisoned = [g + tf.cast(poison, g.dtype) for g in grads]
+    if isinstance(optimizer, GuardedOptimizer):
+        optimizer.apply_poisoned(poisoned, variables)
+    else:
+        optimizer.apply(poisoned, variables)
     return finite, norm
 
 
