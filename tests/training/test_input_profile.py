@@ -19,7 +19,8 @@ def test_measuring_the_step_restores_every_variable(tmp_path):
     def dataset_fn(ctx):
         return tf.data.Dataset.from_tensors(([1.0, 2.0], [0, 1])).repeat()
 
-    rates = input_profile.measure(strategy, dataset_fn, train_loop, {"weight": weight}, 2, 2,
+    rates = input_profile.measure(strategy, lambda fn: iter(strategy.distribute_datasets_from_function(fn)),
+                                  dataset_fn, train_loop, {"weight": weight}, 2, 2,
                                   lambda: resets.append(1), batches=4)
     assert float(weight.numpy()) == 1.0  # the timed steps changed it; the snapshot put it back
     assert rates["input_examples_per_sec"] > 0 and rates["compute_examples_per_sec"] > 0 and resets

@@ -18,11 +18,12 @@ from tfgpu.runtime.fileio import atomic_write_bytes
 log = logging.getLogger("tfgpu")
 
 
-def measure(strategy, dataset_fn, train_loop, checkpoint_items: dict, examples_per_batch: int,
+def measure(strategy, make_iterator, dataset_fn, train_loop, checkpoint_items: dict, examples_per_batch: int,
             examples_per_step: int, on_done, batches: int = 20) -> dict:
     """Examples per second of the input pipeline alone (``dataset_fn``) and of ``train_loop`` on one cached
-    batch. ``checkpoint_items`` (with the step) are snapshotted and restored around the timed steps;
-    ``on_done`` resets the loop's accumulators afterwards."""
+    batch, both read through ``make_iterator(dataset_fn)``, the iterator the run itself trains from
+    (``loop.input_iterator``). ``checkpoint_items`` (with the step) are snapshotted and restored around the
+    timed steps; ``on_done`` resets the loop's accumulators afterwards."""
 
     @tf.function
     def drain(iterator, num_batches):
@@ -43,12 +44,12 @@ def measure(strategy, dataset_fn, train_loop, checkpoint_items: dict, examples_p
             result.numpy()
         return batches * examples_per_iteration / (time.perf_counter() - started)
 
-    input_rate = rate(drain, iter(strategy.distribute_datasets_from_function(dataset_fn)), examples_per_batch)
+    input_rate = rate(drain, make_iterator(dataset_fn), examples_per_batch)
     snapshot = tf.train.Checkpoint(**checkpoint_items)
     with tempfile.TemporaryDirectory(prefix="tfgpu-profile-") as tmp:
         saved = snapshot.write(os.path.join(tmp, "snapshot"))
-        one_batch = strategy.distribute_datasets_from_function(lambda ctx: dataset_fn(ctx).take(1).cache().repeat())
-        compute_rate = rate(train_loop, iter(one_batch), examples_per_step)
+        one_batch = make_iterator(lambda ctx: dataset_fn(ctx).take(1).cache().repeat())
+        compute_rate = rate(train_loop, one_batch, examples_per_step)
         snapshot.read(saved).assert_consumed()
     on_done()
     return {"input_examples_per_sec": input_rate, "compute_examples_per_sec": compute_rate}

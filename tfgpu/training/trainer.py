@@ -141,7 +141,8 @@ class Trainer:
             self.skipped_run.reset()
 
         return input_profile.measure(
-            self.strategy, pipeline.train_dataset_fn(self.inputs, self.info, start_step), self._train_loop,
+            self.strategy, lambda dataset_fn: loop.input_iterator(self.strategy, self.placement, dataset_fn),
+            pipeline.train_dataset_fn(self.inputs, self.info, start_step), self._train_loop,
             {"step": self.step, **self.task.checkpoint_items()}, self.inputs.global_batch_size,
             self.inputs.examples_per_step, reset)
 
