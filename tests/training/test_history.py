@@ -30,7 +30,7 @@ def test_a_worker_that_is_not_the_chief_prints_nothing(capsys):
 def test_startup_phases_add_up_to_the_time_before_the_first_loop(monkeypatch):
     clock = iter([10.5, 12.0, 12.0, 15.25])
     monkeypatch.setattr(history.time, "time", lambda: next(clock))
-    startup = history.Startup(started_at=10.0)
+    startup = history.PhaseTimer(started_at=10.0)
     for phase in ("imports", "strategy", "imports", "first_loop"):  # a phase marked twice adds up
         startup.mark(phase)
     assert startup.record() == {"imports_s": 0.5, "strategy_s": 1.5, "first_loop_s": 3.25, "total_s": 5.25}
@@ -44,7 +44,7 @@ def test_the_shutdown_is_timed_from_the_last_record_with_the_same_clock(tmp_path
     clock = iter([100.0, 100.0, 130.5, 132.0])
     monkeypatch.setattr(history.time, "time", lambda: next(clock))
     log.write("eval", 225, {"val_accuracy": 0.97})  # the record's time, then last_time
-    shutdown = history.Startup(log.last_time, "shutdown", "the outputs written")
+    shutdown = history.PhaseTimer(log.last_time, "shutdown", "the outputs written")
     shutdown.mark("trainer_teardown")
     shutdown.mark("export")
     assert shutdown.record() == {"trainer_teardown_s": 30.5, "export_s": 1.5, "total_s": 32.0}

@@ -14,7 +14,7 @@ from tfgpu.config import (Config, ConfigError, DatasetConfig, InputConfig, Runti
                           save_yaml)
 from tfgpu.runtime.fileio import atomic_write_bytes
 from tfgpu.training import exporting
-from tfgpu.training.history import Startup
+from tfgpu.training.history import PhaseTimer
 
 log = logging.getLogger("tfgpu")
 
@@ -45,12 +45,12 @@ class Setup:
     total_steps: int
 
 
-def setup(config: Config, write_config: bool = True, startup: Startup | None = None) -> Setup:
+def setup(config: Config, write_config: bool = True, startup: PhaseTimer | None = None) -> Setup:
     """Devices, strategy, data description, task and trainer for ``config``; raises ConfigError early.
     ``startup`` times each phase (the trainer goes on timing it to the end of its first loop)."""
     from tfgpu.runtime import cluster
 
-    startup = startup or Startup(time.time())
+    startup = startup or PhaseTimer(time.time())
 
     # A cluster that describes this process inconsistently, or a single-worker strategy in a cluster of several,
     # is refused before model_dir is touched: N processes must never train as N chiefs into one directory.
@@ -131,7 +131,7 @@ def run(config: Config, started_at: float | None = None) -> dict:
     import tensorflow as tf
 
     started = time.time()
-    startup = Startup(started if started_at is None else started_at)
+    startup = PhaseTimer(started if started_at is None else started_at)
     startup.mark("imports")  # before this call: Python, tfgpu and the command line
     built = setup(config, startup=startup)
     built.trainer.started_at = startup.started_at
@@ -153,7 +153,7 @@ def run(config: Config, started_at: float | None = None) -> dict:
                     "wall_time_s": round(time.time() - started, 1)})
     if placement.is_chief:
         # After the last record: the trainer's teardown (its input pipeline), then the outputs, phase by phase.
-        shutdown = Startup(built.trainer.history.last_time or time.time(), "shutdown", "the outputs written")
+        shutdown = PhaseTimer(built.trainer.history.last_time or time.time(), "shutdown", "the outputs written")
         shutdown.mark("trainer_teardown")
         exported = exporting.export_model(task, os.path.join(config.model_dir, "export", "model.keras"))
         exporting.write_description(config, built.info, exported)

@@ -1,9 +1,9 @@
 """What a run logs as it trains: ``<model_dir>/history.jsonl`` and the progress bar or lines.
 
 One JSON object per loop of steps (``kind: train``) or evaluation (``kind: eval``) with its ``step`` and
-``time``, one ``kind: startup`` per process: where the time before its first loop went (``Startup``), and one
-``kind: shutdown``: where the time after its last loop or evaluation went (``Startup``'s clock again: the trainer's
-teardown, the export, metrics.json, the report); the report reads them back
+``time``, one ``kind: startup`` per process (where the time before its first loop went) and one
+``kind: shutdown`` per run (where the time after its last record went: the trainer's teardown, the export,
+metrics.json, the report), both timed by ``PhaseTimer``; the report reads them back
 (``tfgpu.reporting.report.read_history``).
 """
 import json
@@ -31,12 +31,12 @@ class History:
         self.last_time = time.time()
 
 
-class Startup:
-    """Where the time from process start to the end of the first loop goes, phase by phase (imports,
-    TensorFlow, strategy, dataset, task, restore, the first loop's tracing and steps). It counts in --target's
-    time to target, so ``history.jsonl`` gets it as a ``startup`` record and the log as one line. The same
-    clock times the shutdown (``name="shutdown"``): from the last record to the outputs written, which the user
-    waits for after the target too."""
+class PhaseTimer:
+    """Times consecutive phases from ``started_at``: by default the startup, from process start to the end of
+    the first loop (imports, TensorFlow, strategy, dataset, task, restore, the first loop's tracing and steps),
+    which counts in --target's time to target; with ``name="shutdown"`` from the last record to the outputs
+    written, which the user waits for after the target too. ``record`` goes to ``history.jsonl``, ``describe``
+    to the log."""
 
     def __init__(self, started_at: float, name: str = "startup", until: str = "the end of the first loop"):
         self.started_at = self._last = started_at

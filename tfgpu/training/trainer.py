@@ -58,7 +58,7 @@ class Trainer:
         # time_to_target_s counts from here unless the caller knows an earlier start (experiment.run passes the
         # process's start for python -m tfgpu.train).
         self.started_at = time.time()
-        self.startup = None  # a history.Startup that experiment.setup began; the first loop finishes it
+        self.startup = None  # the startup PhaseTimer experiment.setup began; the first loop finishes it
         self._target_hit = None  # step, epochs and seconds of the evaluation that reached the target
         self._target_best = None  # the best value of the target's metric evaluated so far
         self._resumed_eval = {}  # the evaluation of a checkpoint resumed from that already reaches the target
