@@ -199,8 +199,11 @@ class ClassificationTask(Task):
                 "val_top5_accuracy": sums["correct_top5"] / count, "val_examples": int(sums["count"])}
 
     def learning_rates(self):
-        step = self.global_step if self.global_step is not None else self.optimizer.iterations
-        return {"learning_rate": float(self.schedule(step))}
+        if not hasattr(self, "_learning_rate_now"):
+            # One compiled call per loop: the warmup + decay schedule run eagerly took ~0.9 ms of host time.
+            step = self.global_step if self.global_step is not None else self.optimizer.iterations
+            self._learning_rate_now = tf.function(lambda: self.schedule(step))
+        return {"learning_rate": float(self._learning_rate_now())}
 
     def loss_scales(self):
         if self.config.precision == "mixed_float16":

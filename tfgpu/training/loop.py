@@ -2,8 +2,9 @@
 
 ``for _ in tf.range(n): strategy.run(step, (next(iterator),))`` is what Keras 3 ``fit`` cannot do under
 MirroredStrategy with ``steps_per_execution > 1`` or under MultiWorkerMirroredStrategy. Each step's metric
-shares are added per replica to sync-on-read variables, which read as their sum over replicas once per loop;
-a run of consecutive skipped (non-finite) steps is counted across loops.
+shares are added per replica to sync-on-read variables, which the same call reads as their sum over replicas
+and zeroes, and returns: one host call per loop, no eager op between loops; a run of consecutive skipped
+(non-finite) steps is counted across loops.
 """
 import tensorflow as tf
 
@@ -35,12 +36,22 @@ def accumulators(strategy, names) -> dict:
                                   aggregation=tf.VariableAggregation.SUM) for name in names}
 
 
-def read_and_reset(sums: dict) -> dict:
-    """The sums over replicas as floats; zeroes them for the next loop. Reading waits for the steps."""
-    values = {name: float(var.read_value().numpy()) for name, var in sums.items()}
+def take_sums(sums: dict) -> dict:
+    """The sums over replicas as tensors, zeroed for the next loop (in a loop's graph, or eagerly)."""
+    values = {name: var.read_value() for name, var in sums.items()}
     for var in sums.values():
         var.assign(tf.zeros_like(var))
     return values
+
+
+def as_floats(values: dict) -> dict:
+    """A loop's returned sums as Python floats; reading waits for the loop's steps."""
+    return {name: float(value.numpy()) for name, value in values.items()}
+
+
+def read_and_reset(sums: dict) -> dict:
+    """The sums over replicas as floats; zeroes them for the next loop. Reading waits for the steps."""
+    return as_floats(take_sums(sums))
 
 
 class SkippedRun:
@@ -62,11 +73,15 @@ class SkippedRun:
         self.current.assign(run)
         self.longest.assign(tf.maximum(self.longest, run))
 
-    def read_longest(self) -> int:
-        """The longest run that reached into the loop just finished; starts the next loop's count."""
-        longest = int(round(float(self.longest.read_value().numpy())))
+    def take_longest(self):
+        """The longest run that reached into the loop just finished, as a tensor; starts the next loop's count."""
+        longest = self.longest.read_value()
         self.longest.assign(0.0)
         return longest
+
+    def read_longest(self) -> int:
+        """``take_longest`` as an int, eagerly."""
+        return int(round(float(self.take_longest().numpy())))
 
     def reset(self) -> None:
         for variable in (self.current, self.longest):
@@ -79,7 +94,12 @@ def build_loop(strategy, step_fn, sums: dict, counter=None, batches_per_step: in
     host call, adding each step's metric shares to ``sums`` (and 1 to ``counter``). With ``batches_per_step``
     > 1 a step gets a tuple of that many consecutive batches, so every replica holds its rows of the same
     global batches as one device would. ``skipped_run`` counts consecutive steps whose share of any of
-    ``nonfinite_names`` (metrics declared ``counts_nonfinite``) is non-zero (skipped)."""
+    ``nonfinite_names`` (metrics declared ``counts_nonfinite``) is non-zero (skipped).
+
+    The call returns ``(sums, longest)``: the loop's sums over replicas (``take_sums``: zeroed for the next
+    loop) and, with ``skipped_run``, the longest run of skipped steps that reached into it (else None), as
+    tensors. Read in the same call, they cost the host no eager op (the eager reads and resets took 0.9 ms a
+    loop on a 2-core CPU, more than a small model's step)."""
 
     def replica_step(batch):
         values = step_fn(batch)
@@ -97,5 +117,6 @@ def build_loop(strategy, step_fn, sums: dict, counter=None, batches_per_step: in
             strategy.run(replica_step, args=(batch,))
             if counter is not None:
                 counter.assign_add(1)
+        return take_sums(sums), (skipped_run.take_longest() if skipped_run is not None else None)
 
     return loop

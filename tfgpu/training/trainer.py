@@ -210,8 +210,8 @@ class Trainer:
                                         self.placement.num_replicas)
             iterator = loop.input_iterator(self.strategy, self.placement,
                                            pipeline.eval_dataset_fn(self.inputs, self.info, steps))
-            self._eval_loop(iterator, tf.constant(steps))
-            return loop.read_and_reset(self.eval_sums)
+            sums, _ = self._eval_loop(iterator, tf.constant(steps))
+            return loop.as_floats(sums)
 
         start = time.time()
         try:
@@ -312,8 +312,8 @@ class Trainer:
                     num_steps = min(config.steps_per_loop, boundary - step)
                     started = time.perf_counter()
                     try:
-                        self._train_loop(iterator, tf.constant(num_steps, tf.int64))
-                        sums = loop.read_and_reset(self.train_sums)  # reading waits for the steps to finish
+                        sums, longest_skipped_run = self._train_loop(iterator, tf.constant(num_steps, tf.int64))
+                        sums = loop.as_floats(sums)  # reading waits for the steps to finish
                     except tf.errors.DataLossError:
                         raise self._corrupt_data_error() from None
                     elapsed = time.perf_counter() - started
@@ -327,7 +327,7 @@ class Trainer:
                         rates.append(last["record"]["examples_per_sec"])
                     elif self.startup:
                         self._end_startup(start_step)
-                    self._stop_on_skipped_run(step)
+                    self._stop_on_skipped_run(step, int(round(float(longest_skipped_run))))
                     if self._any_worker_preempted():
                         self.checkpointer.save()
                         log.warning("preempted: checkpoint saved at step %d; rerun the same command to resume", step)
@@ -395,10 +395,10 @@ class Trainer:
         progress.update(step, record)
         return {"record": record, "step_metrics": step_metrics, "task_state": task_state}
 
-    def _stop_on_skipped_run(self, step: int) -> None:
-        """Raises NonFiniteError when --max_nonfinite_steps steps in a row were skipped."""
+    def _stop_on_skipped_run(self, step: int, longest_skipped_run: int) -> None:
+        """Raises NonFiniteError when --max_nonfinite_steps steps in a row were skipped (``longest_skipped_run``:
+        the longest run that reached into the loop ending at ``step``)."""
         limit = self.config.max_nonfinite_steps
-        longest_skipped_run = self.skipped_run.read_longest()
         if longest_skipped_run >= limit:
             counted = ", ".join(self.nonfinite_names)
             raise NonFiniteError(
