@@ -58,6 +58,7 @@ def test_acceptance_command_writes_results_and_ratio(tmp_path):
     # Each side's XLA scope (none here) and how its batches reach the device.
     assert by_name["tfgpu"]["xla_scope"] == by_name["keras_fit"]["xla_scope"] == "none"
     assert by_name["keras_fit"]["input_to_device"] == "host memory (CPU device)"
+    assert by_name["tfgpu"]["input_to_device"] == "host memory (CPU device; the dataset's own iterator)"
     assert report["ratio_spread"]["tfgpu/keras_fit"]["n"] == 1
     expected = by_name["tfgpu"]["examples_per_sec"] / by_name["keras_fit"]["examples_per_sec"]
     assert report["ratios"]["tfgpu/keras_fit"] == pytest.approx(expected, rel=1e-3)

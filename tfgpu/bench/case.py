@@ -115,7 +115,7 @@ def _run_tfgpu(case: dict, config) -> dict:
            "num_replicas": placement.num_replicas, "devices": list(placement.devices),
            "jit_compile_effective": built.task.jit_compile, "steps_per_loop": config.steps_per_loop,
            "xla_scope": XLA_SCOPES["tfgpu"] if built.task.jit_compile else "none",
-           "input_to_device": "prefetched by the strategy's distributed dataset"}
+           "input_to_device": tfgpu_input_to_device(placement)}
     out.update(_device_facts(config, placement.num_replicas))
     if case.get("probe"):
         return out
@@ -149,6 +149,15 @@ def baseline_placement(config, runner: str, one_device_strategy: bool):
         alone = dataclasses.replace(config, distribution_strategy="one_device")
         return distribute.build_strategy(RuntimeConfig.of(alone))
     return None
+
+
+def tfgpu_input_to_device(placement) -> str:
+    """How tfgpu's batches reach its devices (``training/loop.input_iterator`` decides)."""
+    from tfgpu.training.loop import host_cpu_only
+
+    if host_cpu_only(placement):
+        return "host memory (CPU device; the dataset's own iterator)"
+    return "prefetched by the strategy's distributed dataset"
 
 
 def input_to_device(placement, on_gpu: bool) -> str:
