@@ -37,3 +37,13 @@ def test_one_device_takes_tfgpu_and_fit_off_split_cpus_and_extra_gpus():
     assert (one.distribution_strategy, one.cpu_logical_devices) == ("one_device", 0)
     # Only the first GPU stays visible where there are GPUs; a CPU host keeps --num_gpus as given (no error).
     assert one.num_gpus == (1 if tf.config.list_physical_devices("GPU") else split.num_gpus)
+
+
+def test_tfgpu_input_to_device_follows_the_iterator_the_loop_reads():
+    from types import SimpleNamespace
+
+    cpu, gpu = "/job:localhost/replica:0/task:0/device:CPU:0", "/job:localhost/replica:0/task:0/device:GPU:0"
+    one_cpu = SimpleNamespace(devices=(cpu,), num_replicas=1, num_workers=1)
+    one_gpu = SimpleNamespace(devices=(gpu,), num_replicas=1, num_workers=1)
+    assert case.tfgpu_input_to_device(one_cpu) == "host memory (CPU device; the dataset's own iterator)"
+    assert case.tfgpu_input_to_device(one_gpu) == "prefetched by the strategy's distributed dataset"
