@@ -1,13 +1,15 @@
 """Plain Keras ``fit`` to a target, as a user writes it: the other side of tools/time_to_target.py.
 
     python tools/keras_fit_to_target.py --target=val_accuracy:0.97 [--batch_size=128] [--learning_rate=0.1]
-        [--epochs=30] [--output_json=F]
+        [--epochs=30] [--label_smoothing=0] [--output_json=F]
 
 The quickstart's data (scikit-learn's digits, the same train/val split tfgpu's built-in ``digits`` converts,
 pixels scaled to -1..1 as tfgpu feeds them) as numpy arrays, the registry's ResNet-20, float32, SGD with
 momentum 0.9 and a cosine learning-rate decay over ``--epochs``, ``model.fit`` with validation every epoch.
 A callback stops at the end of the first epoch whose validation metric reaches the target. Nothing else:
 no weight decay, warmup, strategy or XLA flag (``fit``'s own ``jit_compile="auto"``, off on a CPU).
+``--label_smoothing`` (default 0, as users write it) gives ``fit`` the quickstart recipe's smoothing, so a
+race can tell the recipe's gain from the loop's (Keras smooths only one-hot targets: labels become one-hot).
 
 ``time_to_target_s`` counts from this script's first line, as tfgpu.train's counts from its own, so the
 imports, the data and the model build are in it on both sides. One JSON line goes to stdout (and to
@@ -47,6 +49,7 @@ def main(argv=None) -> int:
     p.add_argument("--learning_rate", type=float, default=0.1, help="Peak of the cosine decay.")
     p.add_argument("--epochs", type=int, default=30, help="Length of the cosine schedule; fit stops there at the "
                    "latest.")
+    p.add_argument("--label_smoothing", type=float, default=0.0, help="Cross-entropy label smoothing (0: none).")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--output_json", default="")
     args = p.parse_args(argv)
@@ -54,6 +57,9 @@ def main(argv=None) -> int:
         metric, value, lower = parse_target(args.target)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    if not 0 <= args.label_smoothing < 1:
+        print(f"error: --label_smoothing: must be in [0, 1), got {args.label_smoothing}", file=sys.stderr)
         return 1
 
     import keras
@@ -69,8 +75,12 @@ def main(argv=None) -> int:
     model = create_model("resnet20", x_train.shape[1:], 10)
     steps_per_epoch = -(-len(x_train) // args.batch_size)
     schedule = keras.optimizers.schedules.CosineDecay(args.learning_rate, args.epochs * steps_per_epoch)
-    model.compile(optimizer=keras.optimizers.SGD(schedule, momentum=0.9),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    if args.label_smoothing:  # Keras smooths one-hot targets only
+        y_train, y_val = (keras.utils.to_categorical(y, 10) for y in (y_train, y_val))
+        loss = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=args.label_smoothing)
+    else:
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile(optimizer=keras.optimizers.SGD(schedule, momentum=0.9), loss=loss, metrics=["accuracy"])
     outcome = {"target": f"{metric}:{value:g}", "target_reached": False, "time_to_target_s": None,
                "epochs_at_target": None, "best": None}
 
@@ -89,7 +99,8 @@ def main(argv=None) -> int:
     model.fit(x_train, y_train, batch_size=args.batch_size, epochs=args.epochs, validation_data=(x_val, y_val),
               callbacks=[StopAtTarget()], verbose=2)
     outcome.update(process_s=round(time.time() - STARTED, 1), batch_size=args.batch_size,
-                   learning_rate=args.learning_rate, epochs=args.epochs, precision="float32",
+                   learning_rate=args.learning_rate, epochs=args.epochs, label_smoothing=args.label_smoothing,
+                   precision="float32",
                    train_examples=len(x_train), val_examples=len(x_val))
     line = json.dumps(outcome)
     print(line, flush=True)

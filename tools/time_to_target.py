@@ -52,6 +52,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--fit_learning_rate", type=float, default=0.1, help="fit: peak of its cosine decay.")
     p.add_argument("--fit_epochs", type=int, default=30, help="fit: length of its cosine schedule (and the most "
                    "epochs it runs).")
+    p.add_argument("--fit_label_smoothing", type=float, default=0.0, help="fit: label smoothing (0, as users "
+                   "write fit; 0.1 gives it the quickstart recipe's).")
     p.add_argument("--timeout_s", type=float, default=1800, help="Kill one run that takes longer.")
     p.add_argument("--output_json", default="", help="Write every run and the summary here.")
     return p
@@ -72,6 +74,8 @@ def check(args: argparse.Namespace) -> None:
     if not args.fit_learning_rate > 0 or not args.timeout_s > 0:
         name = "fit_learning_rate" if not args.fit_learning_rate > 0 else "timeout_s"
         raise UsageError(f"--{name}: must be positive, got {getattr(args, name)}")
+    if not 0 <= args.fit_label_smoothing < 1:
+        raise UsageError(f"--fit_label_smoothing: must be in [0, 1), got {args.fit_label_smoothing}")
     if not os.path.isfile(flagfile_path(args.flagfile)):
         raise UsageError(f"--flagfile: {args.flagfile} does not exist")
     for flag in args.tfgpu_flag:
@@ -103,7 +107,8 @@ def commands(args: argparse.Namespace, workdir: str, repeat: int) -> dict:
                   os.path.join(model_dir, "metrics.json")),
         "fit": ([sys.executable, os.path.join(REPO, "tools", "keras_fit_to_target.py"), f"--target={args.target}",
                  f"--batch_size={args.fit_batch_size}", f"--learning_rate={args.fit_learning_rate}",
-                 f"--epochs={args.fit_epochs}", f"--output_json={fit_json}"], fit_json),
+                 f"--epochs={args.fit_epochs}", f"--label_smoothing={args.fit_label_smoothing}",
+                 f"--output_json={fit_json}"], fit_json),
     }
 
 

@@ -77,7 +77,10 @@ def test_sides_alternate_and_run_the_commands_a_user_would():
     assert metrics == "/w/tfgpu1/metrics.json"
     fit_cmd, fit_json = cmds["fit"]
     assert fit_cmd[1].endswith("tools/keras_fit_to_target.py") and "--batch_size=128" in fit_cmd
+    assert "--label_smoothing=0.0" in fit_cmd  # fit as users write it, unless asked for the recipe's smoothing
     assert fit_json == "/w/fit1.json"
+    smoothed = ttt.parser().parse_args(["--target=val_accuracy:0.97", "--fit_label_smoothing=0.1"])
+    assert "--label_smoothing=0.1" in ttt.commands(smoothed, "/w", 1)["fit"][0]
 
 
 def test_both_sides_results_are_read_the_same_way(tmp_path):
@@ -95,6 +98,7 @@ def test_both_sides_results_are_read_the_same_way(tmp_path):
     (["--target=val_accuracy:0.97", "--flagfile=configs/nope.flags"], "--flagfile"),
     (["--target=val_accuracy:0.97", "--tfgpu_flag=--model_dir=/x"], "--tfgpu_flag"),
     (["--target=val_accuracy:0.97", "--fit_learning_rate=0"], "--fit_learning_rate"),
+    (["--target=val_accuracy:0.97", "--fit_label_smoothing=1"], "--fit_label_smoothing"),
     (["--target=val_accuracy:0.97", "--output_json=/nonexistent/dir/t.json"], "--output_json"),
 ])
 def test_bad_flags_are_one_line_before_any_run(args, flag, capsys):

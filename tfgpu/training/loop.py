@@ -1,6 +1,6 @@
 """The compiled part of the training loop: one ``tf.function`` runs n replica steps in one host call.
 
-``for _ in tf.range(n): strategy.run(step, (next(iterator),))`` is what Keras 3 ``fit`` cannot do under
+``while i < n: strategy.run(step, (next(iterator),))`` (a tf.while_loop) is what Keras 3 ``fit`` cannot do under
 MirroredStrategy with ``steps_per_execution > 1`` or under MultiWorkerMirroredStrategy. Each step's metric
 shares are added per replica to sync-on-read variables, which the same call reads as their sum over replicas
 and zeroes, and returns: one host call per loop, no eager op between loops; a run of consecutive skipped
@@ -109,14 +109,21 @@ def build_loop(strategy, step_fn, sums: dict, counter=None, batches_per_step: in
         if skipped_run is not None and flags:
             skipped_run.update(tf.reduce_any(tf.stack(flags)))
 
-    @tf.function
+    # No autograph: the loop is an explicit tf.while_loop, as Keras writes its own train function, and a step
+    # that branched on a tensor in Python fails at trace time instead of being rewritten. Autograph converted
+    # every call of the step (model, loss, optimizer, guard): ResNet-20's train loop traced in 3.5 s with it,
+    # 2.0 s without, on a 2-core CPU; the graph runs the same steps.
+    @tf.function(autograph=False)
     def loop(iterator, num_steps):
-        for _ in tf.range(num_steps):
+        def one_step(i):
             batch = next(iterator) if batches_per_step == 1 else \
                 tuple(next(iterator) for _ in range(batches_per_step))
             strategy.run(replica_step, args=(batch,))
             if counter is not None:
                 counter.assign_add(1)
+            return (i + 1,)
+
+        tf.while_loop(lambda i: i < num_steps, one_step, (tf.zeros([], num_steps.dtype),))
         return take_sums(sums), (skipped_run.take_longest() if skipped_run is not None else None)
 
     return loop
