@@ -79,10 +79,6 @@ class SkippedRun:
         self.longest.assign(0.0)
         return longest
 
-    def read_longest(self) -> int:
-        """``take_longest`` as an int, eagerly."""
-        return int(round(float(self.take_longest().numpy())))
-
     def reset(self) -> None:
         for variable in (self.current, self.longest):
             variable.assign(0.0)
