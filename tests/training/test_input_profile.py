@@ -3,7 +3,7 @@ import json
 
 import tensorflow as tf
 
-from tfgpu.training import input_profile
+from tfgpu.training import input_profile, loop
 
 
 def test_measuring_the_step_restores_every_variable(tmp_path):
@@ -11,10 +11,11 @@ def test_measuring_the_step_restores_every_variable(tmp_path):
     weight = tf.Variable(1.0)
     resets = []
 
-    @tf.function
-    def train_loop(iterator, num_steps):
-        for _ in tf.range(num_steps):
-            weight.assign_add(tf.reduce_sum(next(iterator)[0]))
+    def step_fn(batch):
+        weight.assign_add(tf.reduce_sum(batch[0]))
+        return {"loss": tf.reduce_sum(batch[0])}
+
+    train_loop = loop.build_loop(strategy, step_fn, loop.accumulators(strategy, ("loss",)))  # the trainer's kind
 
     def dataset_fn(ctx):
         return tf.data.Dataset.from_tensors(([1.0, 2.0], [0, 1])).repeat()

@@ -37,11 +37,9 @@ def measure(strategy, make_iterator, dataset_fn, train_loop, checkpoint_items: d
     def rate(fn, iterator, examples_per_iteration):
         fn(iterator, tf.constant(3, tf.int64))  # warm up: tracing, buffers, first files
         started = time.perf_counter()
-        result = fn(iterator, tf.constant(batches, tf.int64))
-        if result is None:
-            on_done()  # reading the loop's sums waits for its steps
-        else:
-            result.numpy()
+        for tensor in tf.nest.flatten(fn(iterator, tf.constant(batches, tf.int64))):
+            if tensor is not None:
+                tensor.numpy()  # reading what the call returns (the loop's sums, the drained total) waits for it
         return batches * examples_per_iteration / (time.perf_counter() - started)
 
     input_rate = rate(drain, make_iterator(dataset_fn), examples_per_batch)
