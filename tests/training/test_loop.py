@@ -1,4 +1,5 @@
 """The compiled loop: n steps per host call, metric sums over replicas, skipped runs counted across loops."""
+import pytest
 import tensorflow as tf
 
 from tfgpu.training import loop
@@ -42,6 +43,9 @@ print("RESULT " + json.dumps({"steps": steps, "calls": calls}))
 """
 
 
+# Slow (7.5 s: a process of its own); by default tests/training/test_trainer.py's mirrored-vs-one-device run
+# compares the per-loop losses these sums give, over two loops.
+@pytest.mark.slow
 def test_mirrored_sums_come_back_from_the_call_and_every_replica_restarts_at_zero():
     """Read inside the compiled call, a sync-on-read sum is the sum over both replicas; zeroed there, the next
     call starts from zero on each replica; a skipped run straddling the calls is still one run. (A process of
