@@ -68,6 +68,9 @@ class ClassificationTask(Task):
                          if self.global_step is not None else self.schedule)
         self.optimizer = precision.wrap_optimizer(optimizers.create_optimizer(optimization, learning_rate),
                                                   PrecisionConfig.of(config))
+        # The rate for the log, one compiled call per loop (the warmup + decay schedule run eagerly: ~0.9 ms).
+        step = self.global_step if self.global_step is not None else self.optimizer.iterations
+        self._learning_rate_now = tf.function(lambda: self.schedule(step))
         # Slots for every variable, frozen or not: the same optimizer (and checkpoint) trains after the unfreeze.
         optimizers.exclude_from_decay(self.optimizer, self.model.trainable_variables)
         self.optimizer.build(self.model.trainable_variables)
@@ -199,10 +202,6 @@ class ClassificationTask(Task):
                 "val_top5_accuracy": sums["correct_top5"] / count, "val_examples": int(sums["count"])}
 
     def learning_rates(self):
-        if not hasattr(self, "_learning_rate_now"):
-            # One compiled call per loop: the warmup + decay schedule run eagerly took ~0.9 ms of host time.
-            step = self.global_step if self.global_step is not None else self.optimizer.iterations
-            self._learning_rate_now = tf.function(lambda: self.schedule(step))
         return {"learning_rate": float(self._learning_rate_now())}
 
     def loss_scales(self):

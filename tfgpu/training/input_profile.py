@@ -23,7 +23,8 @@ def measure(strategy, make_iterator, dataset_fn, train_loop, checkpoint_items: d
     """Examples per second of the input pipeline alone (``dataset_fn``) and of ``train_loop`` on one cached
     batch, both read through ``make_iterator(dataset_fn)``, the iterator the run itself trains from
     (``loop.input_iterator``). ``checkpoint_items`` (with the step) are snapshotted and restored around the
-    timed steps; ``on_done`` resets the loop's accumulators afterwards."""
+    timed steps; the loop zeroes its sums as it returns them, and ``on_done`` resets what else it carries from
+    call to call (the run of skipped steps) afterwards."""
 
     @tf.function
     def drain(iterator, num_batches):

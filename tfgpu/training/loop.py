@@ -49,11 +49,6 @@ def as_floats(values: dict) -> dict:
     return {name: float(value.numpy()) for name, value in values.items()}
 
 
-def read_and_reset(sums: dict) -> dict:
-    """The sums over replicas as floats; zeroes them for the next loop. Reading waits for the steps."""
-    return as_floats(take_sums(sums))
-
-
 class SkippedRun:
     """Counts consecutive skipped steps inside the train loop, so that a run of them is seen wherever loop
     boundaries fall: ``current`` is the run in progress (carried from loop to loop, 0 after a finite step),

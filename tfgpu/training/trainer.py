@@ -136,15 +136,11 @@ class Trainer:
                            f"{where}; convert the dataset again, or pass --skip_corrupt_records to skip such records")
 
     def _profile_input(self, start_step: int) -> dict:
-        def reset():
-            loop.read_and_reset(self.train_sums)
-            self.skipped_run.reset()
-
         return input_profile.measure(
             self.strategy, lambda dataset_fn: loop.input_iterator(self.strategy, self.placement, dataset_fn),
             pipeline.train_dataset_fn(self.inputs, self.info, start_step), self._train_loop,
             {"step": self.step, **self.task.checkpoint_items()}, self.inputs.global_batch_size,
-            self.inputs.examples_per_step, reset)
+            self.inputs.examples_per_step, self.skipped_run.reset)
 
     # -- preemption ------------------------------------------------------------
     def _on_sigterm(self, signum, frame):
