@@ -84,7 +84,7 @@ class Config:
     initial_loss_scale: float = _opt(32768.0, "Starting dynamic loss scale for mixed_float16.", "precision")
     loss_scale_growth_steps: int = _opt(2000, "Finite steps before the float16 loss scale doubles.", "precision")
     # -- data ---------------------------------------------------------------
-    dataset: str = _opt("", "Built-in dataset (digits, synthetic) or tfds:NAME; ignored when --data_dir is set.",
+    dataset: str = _opt("", "Built-in dataset (digits, mnist5k, synthetic) or tfds:NAME; ignored when --data_dir is set.",
                         "data")
     data_dir: str = _opt("", "A dataset converted by tfgpu.convert (directory with dataset.json).", "data")
     data_cache_dir: str = _opt("", "Where built-in datasets are converted to TFRecords once; "

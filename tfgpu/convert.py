@@ -24,7 +24,7 @@ def build_parser() -> cli.ArgumentParser:
     a("--source", default="", help="An image folder (root/<class>/*.jpg, optionally root/train/ and root/val/; "
       "JPEG, PNG, BMP, GIF, WebP, TIFF; OS debris ignored), a .csv/.tsv of path,label[,split] (paths relative to the "
       "file; integer labels are class ids), a .npz with x (N,H,W[,C]) uint8 and y (N,) (or x_<split>/y_<split>), "
-      "tfds:NAME[/CONFIG][:VERSION], or a built-in dataset (digits). See docs/datasets.md.")
+      "tfds:NAME[/CONFIG][:VERSION], or a built-in dataset (digits, mnist5k). See docs/datasets.md.")
     a("--output_dir", default="", help="Where the shards and dataset.json go; must be empty or hold this same "
       "conversion (then complete shards are reused).")
     a("--split", default="", help="Split the examples, e.g. train:0.9,val:0.1 (stratified by class, seeded). "

@@ -1,15 +1,16 @@
 """Plain Keras ``fit`` to a target, as a user writes it: the other side of tools/time_to_target.py.
 
-    python tools/keras_fit_to_target.py --target=val_accuracy:0.97 [--batch_size=128] [--learning_rate=0.1]
-        [--epochs=30] [--label_smoothing=0] [--output_json=F]
+    python tools/keras_fit_to_target.py --target=val_accuracy:0.97 [--dataset=digits] [--batch_size=128]
+        [--learning_rate=0.1] [--epochs=30] [--label_smoothing=0] [--jit_compile=auto] [--output_json=F]
 
-The quickstart's data (scikit-learn's digits, the same train/val split tfgpu's built-in ``digits`` converts,
-pixels scaled to -1..1 as tfgpu feeds them) as numpy arrays, the registry's ResNet-20, float32, SGD with
+A tfgpu built-in dataset (``--dataset``: the quickstart's ``digits``, or ``mnist5k``; the same images and
+train/val split that tfgpu converts, pixels scaled to -1..1 as tfgpu feeds them) as numpy arrays, the registry's ResNet-20, float32, SGD with
 momentum 0.9 and a cosine learning-rate decay over ``--epochs``, ``model.fit`` with validation every epoch.
 A callback stops at the end of the first epoch whose validation metric reaches the target. Nothing else:
 no weight decay, warmup, strategy or XLA flag (``fit``'s own ``jit_compile="auto"``, off on a CPU).
-``--label_smoothing`` (default 0, as users write it) gives ``fit`` the quickstart recipe's smoothing, so a
-race can tell the recipe's gain from the loop's (Keras smooths only one-hot targets: labels become one-hot).
+``--label_smoothing`` (default 0, as users write it) gives ``fit`` the quickstart recipe's smoothing, and
+``--jit_compile=true`` XLA over its whole train step, so a race can tell the recipe's gain from the loop's
+(Keras smooths only one-hot targets: labels become one-hot).
 
 ``time_to_target_s`` counts from this script's first line, as tfgpu.train's counts from its own, so the
 imports, the data and the model build are in it on both sides. One JSON line goes to stdout (and to
@@ -45,11 +46,15 @@ def parse_target(text: str) -> tuple:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", required=True, help="METRIC:VALUE, e.g. val_accuracy:0.97")
+    p.add_argument("--dataset", default="digits", help="A tfgpu built-in dataset (digits, mnist5k).")
     p.add_argument("--batch_size", type=int, default=128)
     p.add_argument("--learning_rate", type=float, default=0.1, help="Peak of the cosine decay.")
     p.add_argument("--epochs", type=int, default=30, help="Length of the cosine schedule; fit stops there at the "
                    "latest.")
     p.add_argument("--label_smoothing", type=float, default=0.0, help="Cross-entropy label smoothing (0: none).")
+    p.add_argument("--jit_compile", default="auto", choices=("auto", "true", "false"), help="model.compile's "
+                   "jit_compile: auto (as users write it; Keras turns XLA off on a machine without a GPU), true or "
+                   "false.")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--output_json", default="")
     args = p.parse_args(argv)
@@ -62,14 +67,19 @@ def main(argv=None) -> int:
         print(f"error: --label_smoothing: must be in [0, 1), got {args.label_smoothing}", file=sys.stderr)
         return 1
 
+    from tfgpu.data.builtin import BUILTIN, load_builtin
+
+    if args.dataset not in BUILTIN:
+        print(f"error: --dataset: {args.dataset!r} is not a built-in dataset ({', '.join(BUILTIN)})", file=sys.stderr)
+        return 1
+
     import keras
     import numpy as np
 
-    from tfgpu.data.builtin import load_builtin
     from tfgpu.models import create_model
 
     keras.utils.set_random_seed(args.seed)
-    splits = load_builtin("digits")["splits"]  # scikit-learn's digits with tfgpu's split: the same images
+    splits = load_builtin(args.dataset)["splits"]  # tfgpu's built-in with tfgpu's split: the same images
     (x_train, y_train), (x_val, y_val) = ((x.astype(np.float32) / 127.5 - 1.0, y) for x, y in
                                           (splits["train"], splits["val"]))
     model = create_model("resnet20", x_train.shape[1:], 10)
@@ -80,7 +90,9 @@ def main(argv=None) -> int:
         loss = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=args.label_smoothing)
     else:
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    model.compile(optimizer=keras.optimizers.SGD(schedule, momentum=0.9), loss=loss, metrics=["accuracy"])
+    jit_compile = {"auto": "auto", "true": True, "false": False}[args.jit_compile]
+    model.compile(optimizer=keras.optimizers.SGD(schedule, momentum=0.9), loss=loss, metrics=["accuracy"],
+                  jit_compile=jit_compile)
     outcome = {"target": f"{metric}:{value:g}", "target_reached": False, "time_to_target_s": None,
                "epochs_at_target": None, "best": None}
 
@@ -98,9 +110,9 @@ def main(argv=None) -> int:
 
     model.fit(x_train, y_train, batch_size=args.batch_size, epochs=args.epochs, validation_data=(x_val, y_val),
               callbacks=[StopAtTarget()], verbose=2)
-    outcome.update(process_s=round(time.time() - STARTED, 1), batch_size=args.batch_size,
+    outcome.update(process_s=round(time.time() - STARTED, 1), dataset=args.dataset, batch_size=args.batch_size,
                    learning_rate=args.learning_rate, epochs=args.epochs, label_smoothing=args.label_smoothing,
-                   precision="float32",
+                   jit_compile=args.jit_compile, precision="float32",
                    train_examples=len(x_train), val_examples=len(x_val))
     line = json.dumps(outcome)
     print(line, flush=True)

@@ -1,6 +1,7 @@
 """Time to a target: tfgpu against plain Keras ``fit`` on the same data, same machine, same run.
 
     python tools/time_to_target.py --target=val_accuracy:0.97 --repeats=3 [--output_json=F]
+    python tools/time_to_target.py --target=val_accuracy:0.97 --flagfile=configs/mnist5k.flags --repeats=3
 
 Each repeat runs both sides once, alternating which goes first (tfgpu, fit; then fit, tfgpu; ...), so a
 change in the machine's load falls on both alike:
@@ -8,9 +9,10 @@ change in the machine's load falls on both alike:
 - tfgpu: ``python -m tfgpu.train --flagfile=configs/quickstart.flags --target=T --model_dir=D`` (plus any
   ``--tfgpu_flag``), read back from ``D/metrics.json`` (``time_to_target_s``: wall time from the process's
   start to the evaluation that reached the target);
-- fit: ``python tools/keras_fit_to_target.py --target=T`` (the same digits, ResNet-20, float32, batch 128,
-  cosine, SGD with momentum, ``model.fit`` stopped by a callback at the first epoch that reaches the target;
-  time from that script's first line).
+- fit: ``python tools/keras_fit_to_target.py --target=T --dataset=D`` (the same built-in dataset D as the
+  flagfile's ``--dataset``, or ``--dataset`` here for both sides; ResNet-20, float32, batch 128, cosine, SGD
+  with momentum, ``model.fit`` stopped by a callback at the first epoch that reaches the target; time from that
+  script's first line).
 
 Prints each run (with the host's load average before it), the median time to target of each side with its
 min-max, and the ratio tfgpu/fit: the median of the per-repeat ratios with their min-max, so one run cannot
@@ -46,6 +48,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3, help="Paired runs (tfgpu and fit each once per repeat).")
     p.add_argument("--flagfile", default="configs/quickstart.flags", help="tfgpu's recipe (relative to the "
                    "repository root or absolute).")
+    p.add_argument("--dataset", default="", help="A built-in dataset (digits, mnist5k) for both sides; empty = "
+                   "the flagfile's --dataset.")
     p.add_argument("--tfgpu_flag", action="append", default=[], help="An extra flag for tfgpu.train, e.g. "
                    "--tfgpu_flag=--precision=float32 (repeatable).")
     p.add_argument("--fit_batch_size", type=int, default=128)
@@ -54,6 +58,9 @@ def parser() -> argparse.ArgumentParser:
                    "epochs it runs).")
     p.add_argument("--fit_label_smoothing", type=float, default=0.0, help="fit: label smoothing (0, as users "
                    "write fit; 0.1 gives it the quickstart recipe's).")
+    p.add_argument("--fit_jit_compile", default="auto", choices=("auto", "true", "false"), help="fit: "
+                   "model.compile's jit_compile (auto, as users write it: Keras turns XLA off without a GPU; true "
+                   "gives fit XLA over its whole step, for a race against a recipe with --jit_compile).")
     p.add_argument("--timeout_s", type=float, default=1800, help="Kill one run that takes longer.")
     p.add_argument("--output_json", default="", help="Write every run and the summary here.")
     return p
@@ -79,9 +86,15 @@ def check(args: argparse.Namespace) -> None:
     if not os.path.isfile(flagfile_path(args.flagfile)):
         raise UsageError(f"--flagfile: {args.flagfile} does not exist")
     for flag in args.tfgpu_flag:
-        if not flag.startswith("--") or flag.split("=")[0] in ("--target", "--model_dir", "--flagfile"):
-            raise UsageError(f"--tfgpu_flag: expected a tfgpu.train flag other than --target, --model_dir and "
-                             f"--flagfile (e.g. --precision=float32), got {flag!r}")
+        if not flag.startswith("--") or flag.split("=")[0] in ("--target", "--model_dir", "--flagfile", "--dataset"):
+            raise UsageError(f"--tfgpu_flag: expected a tfgpu.train flag other than --target, --model_dir, "
+                             f"--flagfile and --dataset (e.g. --precision=float32), got {flag!r}")
+    from tfgpu.data.builtin import BUILTIN
+
+    if race_dataset(args) not in BUILTIN:
+        name, value = ("dataset", args.dataset) if args.dataset else ("flagfile", f"{args.flagfile}'s --dataset")
+        raise UsageError(f"--{name}: {value} is {race_dataset(args) or 'not set'}; the race needs a built-in "
+                         f"dataset that both sides load ({', '.join(BUILTIN)})")
     if args.output_json:
         directory = os.path.dirname(os.path.abspath(args.output_json))
         if not os.path.isdir(directory) or not os.access(directory, os.W_OK):
@@ -90,6 +103,22 @@ def check(args: argparse.Namespace) -> None:
 
 def flagfile_path(flagfile: str) -> str:
     return flagfile if os.path.isabs(flagfile) else os.path.join(REPO, flagfile)
+
+
+def flagfile_dataset(flagfile: str) -> str:
+    """The ``--dataset`` a flagfile sets (its last one, as absl reads it), or ""."""
+    found = ""
+    with open(flagfile_path(flagfile)) as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith("--dataset="):
+                found = line.split("=", 1)[1].strip()
+    return found
+
+
+def race_dataset(args: argparse.Namespace) -> str:
+    """The built-in dataset both sides train on: ``--dataset``, else the flagfile's."""
+    return args.dataset or flagfile_dataset(args.flagfile)
 
 
 def order(repeat: int) -> tuple:
@@ -103,12 +132,13 @@ def commands(args: argparse.Namespace, workdir: str, repeat: int) -> dict:
     fit_json = os.path.join(workdir, f"fit{repeat}.json")
     return {
         "tfgpu": ([sys.executable, "-m", "tfgpu.train", f"--flagfile={flagfile_path(args.flagfile)}",
-                   f"--target={args.target}", f"--model_dir={model_dir}", *args.tfgpu_flag],
+                   f"--target={args.target}", f"--model_dir={model_dir}",
+                   *([f"--dataset={args.dataset}"] if args.dataset else []), *args.tfgpu_flag],
                   os.path.join(model_dir, "metrics.json")),
         "fit": ([sys.executable, os.path.join(REPO, "tools", "keras_fit_to_target.py"), f"--target={args.target}",
-                 f"--batch_size={args.fit_batch_size}", f"--learning_rate={args.fit_learning_rate}",
+                 f"--dataset={race_dataset(args)}", f"--batch_size={args.fit_batch_size}", f"--learning_rate={args.fit_learning_rate}",
                  f"--epochs={args.fit_epochs}", f"--label_smoothing={args.fit_label_smoothing}",
-                 f"--output_json={fit_json}"], fit_json),
+                 f"--jit_compile={args.fit_jit_compile}", f"--output_json={fit_json}"], fit_json),
     }
 
 

@@ -8,7 +8,7 @@ from tfgpu import config
 
 _CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
 _RECIPES = ["imagenet_resnet50.flags", "cifar10_resnet56.flags", "cifar10_resnet20_bf16_cpu.flags",
-            "cifar10_wgan_gp.flags"]
+            "cifar10_wgan_gp.flags", "mnist5k.flags"]
 
 
 def _flags_in(path) -> dict:
@@ -46,12 +46,21 @@ def test_imagenet_recipe_keeps_the_reference_hyperparameters():
 
 
 @pytest.mark.parametrize("recipe, precision", [
-    ("quickstart.flags", "auto"), ("imagenet_resnet50.flags", "auto"), ("cifar10_resnet56.flags", "auto"),
+    ("quickstart.flags", "auto"), ("mnist5k.flags", "auto"), ("imagenet_resnet50.flags", "auto"), ("cifar10_resnet56.flags", "auto"),
     ("cifar10_resnet20_bf16_cpu.flags", "mixed_bfloat16"),  # its name promises bfloat16
     ("cifar10_wgan_gp.flags", "mixed_float16"), ("quickstart_gan.flags", "float32"),  # GANs: auto not tried
 ])
 def test_recipes_pick_the_precision_by_hardware_unless_they_need_one(recipe, precision):
     assert _flags_in(_CONFIGS / recipe)["precision"] == precision
+
+
+def test_mnist5k_recipe_is_the_quickstarts_with_xla_and_its_own_data_sizes():
+    """The race recipe may differ from the quickstart only where the data differs, and in XLA (measured)."""
+    quickstart, mnist5k = _flags_in(_CONFIGS / "quickstart.flags"), _flags_in(_CONFIGS / "mnist5k.flags")
+    sized = {"dataset", "steps_per_loop", "eval_every_steps", "checkpoint_every_steps"}
+    assert {k for k in quickstart.keys() | mnist5k.keys() if quickstart.get(k) != mnist5k.get(k)} == sized | {
+        "jit_compile"}
+    assert mnist5k["jit_compile"] == "true" and mnist5k["dataset"] == "mnist5k"
 
 
 def test_wgan_gp_recipe_keeps_the_papers_algorithm_1_defaults():

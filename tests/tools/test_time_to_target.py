@@ -78,9 +78,21 @@ def test_sides_alternate_and_run_the_commands_a_user_would():
     fit_cmd, fit_json = cmds["fit"]
     assert fit_cmd[1].endswith("tools/keras_fit_to_target.py") and "--batch_size=128" in fit_cmd
     assert "--label_smoothing=0.0" in fit_cmd  # fit as users write it, unless asked for the recipe's smoothing
+    assert "--jit_compile=auto" in fit_cmd and "--dataset=digits" in fit_cmd  # the flagfile's data
     assert fit_json == "/w/fit1.json"
     smoothed = ttt.parser().parse_args(["--target=val_accuracy:0.97", "--fit_label_smoothing=0.1"])
     assert "--label_smoothing=0.1" in ttt.commands(smoothed, "/w", 1)["fit"][0]
+
+
+def test_both_sides_train_on_the_flagfiles_dataset_or_on_the_one_named():
+    mnist = ttt.parser().parse_args(["--target=val_accuracy:0.97", "--flagfile=configs/mnist5k.flags",
+                                     "--fit_jit_compile=true"])
+    cmds = ttt.commands(mnist, "/w", 0)
+    assert not any(a.startswith("--dataset") for a in cmds["tfgpu"][0])  # the flagfile says it
+    assert "--dataset=mnist5k" in cmds["fit"][0] and "--jit_compile=true" in cmds["fit"][0]
+    named = ttt.parser().parse_args(["--target=val_accuracy:0.97", "--dataset=mnist5k"])
+    cmds = ttt.commands(named, "/w", 0)
+    assert "--dataset=mnist5k" in cmds["tfgpu"][0] and "--dataset=mnist5k" in cmds["fit"][0]
 
 
 def test_both_sides_results_are_read_the_same_way(tmp_path):
@@ -97,6 +109,9 @@ def test_both_sides_results_are_read_the_same_way(tmp_path):
     (["--target=val_accuracy:0.97", "--repeats=0"], "--repeats"),
     (["--target=val_accuracy:0.97", "--flagfile=configs/nope.flags"], "--flagfile"),
     (["--target=val_accuracy:0.97", "--tfgpu_flag=--model_dir=/x"], "--tfgpu_flag"),
+    (["--target=val_accuracy:0.97", "--tfgpu_flag=--dataset=mnist5k"], "--tfgpu_flag"),
+    (["--target=val_accuracy:0.97", "--dataset=cifar10"], "--dataset"),
+    (["--target=val_accuracy:0.97", "--flagfile=configs/cifar10_resnet56.flags"], "--flagfile"),
     (["--target=val_accuracy:0.97", "--fit_learning_rate=0"], "--fit_learning_rate"),
     (["--target=val_accuracy:0.97", "--fit_label_smoothing=1"], "--fit_label_smoothing"),
     (["--target=val_accuracy:0.97", "--output_json=/nonexistent/dir/t.json"], "--output_json"),
