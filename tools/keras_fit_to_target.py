@@ -1,7 +1,8 @@
 """Plain Keras ``fit`` to a target, as a user writes it: the other side of tools/time_to_target.py.
 
     python tools/keras_fit_to_target.py --target=val_accuracy:0.97 [--dataset=digits] [--batch_size=128]
-        [--learning_rate=0.1] [--epochs=30] [--label_smoothing=0] [--jit_compile=auto] [--output_json=F]
+        [--learning_rate=0.1] [--epochs=30] [--label_smoothing=0] [--jit_compile=auto] [--weight_decay=0]
+        [--warmup_epochs=0] [--output_json=F]
 
 A tfgpu built-in dataset (``--dataset``: the quickstart's ``digits``, or ``mnist5k``; the same images and
 train/val split that tfgpu converts, pixels scaled to -1..1 as tfgpu feeds them) as numpy arrays, the registry's ResNet-20, float32, SGD with
@@ -9,8 +10,10 @@ momentum 0.9 and a cosine learning-rate decay over ``--epochs``, ``model.fit`` w
 A callback stops at the end of the first epoch whose validation metric reaches the target. Nothing else:
 no weight decay, warmup, strategy or XLA flag (``fit``'s own ``jit_compile="auto"``, off on a CPU).
 ``--label_smoothing`` (default 0, as users write it) gives ``fit`` the quickstart recipe's smoothing, and
-``--jit_compile=true`` XLA over its whole train step, so a race can tell the recipe's gain from the loop's
-(Keras smooths only one-hot targets: labels become one-hot).
+``--jit_compile=true`` XLA over its whole train step, ``--weight_decay`` tfgpu's L2 (kernels only: each one's
+gradient gains ``weight_decay * w``) and ``--warmup_epochs`` a linear warmup (Keras's own ``CosineDecay``
+warmup), so a race can give ``fit`` tfgpu's whole recipe and tell the recipe's gain from the loop's (Keras
+smooths only one-hot targets: labels become one-hot).
 
 ``time_to_target_s`` counts from this script's first line, as tfgpu.train's counts from its own, so the
 imports, the data and the model build are in it on both sides. One JSON line goes to stdout (and to
@@ -43,6 +46,17 @@ def parse_target(text: str) -> tuple:
     return metric, number, metric.endswith("loss")
 
 
+def with_l2(loss, kernels, weight_decay: float):
+    """``loss`` plus ``0.5 * weight_decay * sum(w^2)`` over ``kernels``: each kernel's gradient gains
+    ``weight_decay * w``, as tfgpu's sgd applies weight decay (Keras's SGD ``weight_decay`` is decoupled)."""
+    import keras
+
+    def regularized(y_true, y_pred):
+        return loss(y_true, y_pred) + 0.5 * weight_decay * keras.ops.sum(
+            keras.ops.stack([keras.ops.sum(keras.ops.square(w)) for w in kernels]))
+    return regularized
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", required=True, help="METRIC:VALUE, e.g. val_accuracy:0.97")
@@ -55,6 +69,10 @@ def main(argv=None) -> int:
     p.add_argument("--jit_compile", default="auto", choices=("auto", "true", "false"), help="model.compile's "
                    "jit_compile: auto (as users write it; Keras turns XLA off on a machine without a GPU), true or "
                    "false.")
+    p.add_argument("--weight_decay", type=float, default=0.0, help="L2 on kernels (not BatchNorm parameters nor "
+                   "biases), added to the loss as tfgpu's sgd adds it (0: none).")
+    p.add_argument("--warmup_epochs", type=float, default=0.0, help="Linear warmup to --learning_rate before the "
+                   "cosine decay (0: none).")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--output_json", default="")
     args = p.parse_args(argv)
@@ -66,6 +84,11 @@ def main(argv=None) -> int:
     if not 0 <= args.label_smoothing < 1:
         print(f"error: --label_smoothing: must be in [0, 1), got {args.label_smoothing}", file=sys.stderr)
         return 1
+    for name in ("weight_decay", "warmup_epochs"):
+        if getattr(args, name) < 0 or (name == "warmup_epochs" and args.warmup_epochs >= args.epochs):
+            print(f"error: --{name}: must be >= 0" + (" and less than --epochs" if name == "warmup_epochs" else "")
+                  + f", got {getattr(args, name)}", file=sys.stderr)
+            return 1
 
     from tfgpu.data.builtin import BUILTIN, load_builtin
 
@@ -84,12 +107,18 @@ def main(argv=None) -> int:
                                           (splits["train"], splits["val"]))
     model = create_model("resnet20", x_train.shape[1:], 10)
     steps_per_epoch = -(-len(x_train) // args.batch_size)
-    schedule = keras.optimizers.schedules.CosineDecay(args.learning_rate, args.epochs * steps_per_epoch)
+    warmup_steps = int(round(args.warmup_epochs * steps_per_epoch))
+    schedule = (keras.optimizers.schedules.CosineDecay(args.learning_rate, args.epochs * steps_per_epoch)
+                if not warmup_steps else
+                keras.optimizers.schedules.CosineDecay(0.0, args.epochs * steps_per_epoch - warmup_steps,
+                                                       warmup_target=args.learning_rate, warmup_steps=warmup_steps))
     if args.label_smoothing:  # Keras smooths one-hot targets only
         y_train, y_val = (keras.utils.to_categorical(y, 10) for y in (y_train, y_val))
         loss = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=args.label_smoothing)
     else:
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    if args.weight_decay:
+        loss = with_l2(loss, [w for w in model.trainable_weights if len(w.shape) > 1], args.weight_decay)
     jit_compile = {"auto": "auto", "true": True, "false": False}[args.jit_compile]
     model.compile(optimizer=keras.optimizers.SGD(schedule, momentum=0.9), loss=loss, metrics=["accuracy"],
                   jit_compile=jit_compile)
@@ -112,7 +141,8 @@ def main(argv=None) -> int:
               callbacks=[StopAtTarget()], verbose=2)
     outcome.update(process_s=round(time.time() - STARTED, 1), dataset=args.dataset, batch_size=args.batch_size,
                    learning_rate=args.learning_rate, epochs=args.epochs, label_smoothing=args.label_smoothing,
-                   jit_compile=args.jit_compile, precision="float32",
+                   jit_compile=args.jit_compile, weight_decay=args.weight_decay,
+                   warmup_epochs=args.warmup_epochs, precision="float32",
                    train_examples=len(x_train), val_examples=len(x_val))
     line = json.dumps(outcome)
     print(line, flush=True)

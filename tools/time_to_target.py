@@ -61,6 +61,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--fit_jit_compile", default="auto", choices=("auto", "true", "false"), help="fit: "
                    "model.compile's jit_compile (auto, as users write it: Keras turns XLA off without a GPU; true "
                    "gives fit XLA over its whole step, for a race against a recipe with --jit_compile).")
+    p.add_argument("--fit_weight_decay", type=float, default=0.0, help="fit: L2 on kernels as tfgpu's sgd applies "
+                   "it (0, as users write fit; 5e-4 gives it the quickstart recipe's).")
+    p.add_argument("--fit_warmup_epochs", type=float, default=0.0, help="fit: linear warmup epochs before its "
+                   "cosine (0, as users write fit; 1 gives it the quickstart recipe's).")
     p.add_argument("--timeout_s", type=float, default=1800, help="Kill one run that takes longer.")
     p.add_argument("--output_json", default="", help="Write every run and the summary here.")
     return p
@@ -83,6 +87,11 @@ def check(args: argparse.Namespace) -> None:
         raise UsageError(f"--{name}: must be positive, got {getattr(args, name)}")
     if not 0 <= args.fit_label_smoothing < 1:
         raise UsageError(f"--fit_label_smoothing: must be in [0, 1), got {args.fit_label_smoothing}")
+    if args.fit_weight_decay < 0:
+        raise UsageError(f"--fit_weight_decay: must be >= 0, got {args.fit_weight_decay}")
+    if not 0 <= args.fit_warmup_epochs < args.fit_epochs:
+        raise UsageError(f"--fit_warmup_epochs: must be >= 0 and less than --fit_epochs ({args.fit_epochs}), got "
+                         f"{args.fit_warmup_epochs}")
     if not os.path.isfile(flagfile_path(args.flagfile)):
         raise UsageError(f"--flagfile: {args.flagfile} does not exist")
     for flag in args.tfgpu_flag:
@@ -138,7 +147,8 @@ def commands(args: argparse.Namespace, workdir: str, repeat: int) -> dict:
         "fit": ([sys.executable, os.path.join(REPO, "tools", "keras_fit_to_target.py"), f"--target={args.target}",
                  f"--dataset={race_dataset(args)}", f"--batch_size={args.fit_batch_size}", f"--learning_rate={args.fit_learning_rate}",
                  f"--epochs={args.fit_epochs}", f"--label_smoothing={args.fit_label_smoothing}",
-                 f"--jit_compile={args.fit_jit_compile}", f"--output_json={fit_json}"], fit_json),
+                 f"--jit_compile={args.fit_jit_compile}", f"--weight_decay={args.fit_weight_decay}",
+                 f"--warmup_epochs={args.fit_warmup_epochs}", f"--output_json={fit_json}"], fit_json),
     }
 
 

@@ -90,6 +90,10 @@ def test_both_sides_train_on_the_flagfiles_dataset_or_on_the_one_named():
     cmds = ttt.commands(mnist, "/w", 0)
     assert not any(a.startswith("--dataset") for a in cmds["tfgpu"][0])  # the flagfile says it
     assert "--dataset=mnist5k" in cmds["fit"][0] and "--jit_compile=true" in cmds["fit"][0]
+    recipe = ttt.parser().parse_args(["--target=val_accuracy:0.97", "--fit_weight_decay=5e-4",
+                                      "--fit_warmup_epochs=1"])
+    fit_cmd = ttt.commands(recipe, "/w", 0)["fit"][0]
+    assert "--weight_decay=0.0005" in fit_cmd and "--warmup_epochs=1.0" in fit_cmd
     named = ttt.parser().parse_args(["--target=val_accuracy:0.97", "--dataset=mnist5k"])
     cmds = ttt.commands(named, "/w", 0)
     assert "--dataset=mnist5k" in cmds["tfgpu"][0] and "--dataset=mnist5k" in cmds["fit"][0]
@@ -114,6 +118,8 @@ def test_both_sides_results_are_read_the_same_way(tmp_path):
     (["--target=val_accuracy:0.97", "--flagfile=configs/cifar10_resnet56.flags"], "--flagfile"),
     (["--target=val_accuracy:0.97", "--fit_learning_rate=0"], "--fit_learning_rate"),
     (["--target=val_accuracy:0.97", "--fit_label_smoothing=1"], "--fit_label_smoothing"),
+    (["--target=val_accuracy:0.97", "--fit_weight_decay=-1e-4"], "--fit_weight_decay"),
+    (["--target=val_accuracy:0.97", "--fit_warmup_epochs=30"], "--fit_warmup_epochs"),
     (["--target=val_accuracy:0.97", "--output_json=/nonexistent/dir/t.json"], "--output_json"),
 ])
 def test_bad_flags_are_one_line_before_any_run(args, flag, capsys):
@@ -128,6 +134,15 @@ def test_the_fit_script_reads_the_target_as_tfgpu_does():
     assert fit_script.parse_target("val_loss:0.2") == ("val_loss", 0.2, True)
     with pytest.raises(ValueError, match="--target"):
         fit_script.parse_target("val_accuracy")
+
+
+def test_the_fit_scripts_weight_decay_is_l2_on_the_kernels_it_is_given():
+    import keras
+    import numpy as np
+
+    kernel = keras.Variable(np.array([[1.0, 2.0]], np.float32))
+    loss = fit_script.with_l2(lambda y_true, y_pred: keras.ops.convert_to_tensor(0.25), [kernel], 0.1)
+    assert float(loss(None, None)) == pytest.approx(0.25 + 0.5 * 0.1 * (1.0 + 4.0))
 
 
 # Slow (about 2 minutes on 2 cores): both sides train ResNet-20 on the digits to a low target.
