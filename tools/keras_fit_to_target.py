@@ -57,22 +57,55 @@ def with_l2(loss, kernels, weight_decay: float):
     return regularized
 
 
+# What fit is given, beyond the data and the model: (name, type, default, help). The defaults are fit as users
+# write it; tools/time_to_target.py offers the same flags with a fit_ prefix and passes them through.
+RECIPE_FLAGS = (
+    ("batch_size", int, 128, "Examples per step."),
+    ("learning_rate", float, 0.1, "Peak of the cosine decay."),
+    ("epochs", int, 30, "Length of the cosine schedule; fit stops there at the latest."),
+    ("label_smoothing", float, 0.0, "Cross-entropy label smoothing (0: none; the quickstart recipe's is 0.1)."),
+    ("weight_decay", float, 0.0, "L2 on kernels (not BatchNorm parameters nor biases), added to the loss as "
+     "tfgpu's sgd adds it (0: none; the quickstart recipe's is 5e-4)."),
+    ("warmup_epochs", float, 0.0, "Linear warmup to the peak learning rate before the cosine decay (0: none; the "
+     "quickstart recipe's is 1)."),
+    ("jit_compile", str, "auto", "model.compile's jit_compile: auto (as users write it; Keras turns XLA off on a "
+     "machine without a GPU), true or false."),
+)
+
+
+def add_recipe_flags(p: argparse.ArgumentParser, prefix: str = "") -> None:
+    for name, kind, default, text in RECIPE_FLAGS:
+        choices = ("auto", "true", "false") if name == "jit_compile" else None
+        p.add_argument(f"--{prefix}{name}", type=kind, default=default, choices=choices,
+                       help=("fit: " if prefix else "") + text)
+
+
+def recipe_error(args: argparse.Namespace, prefix: str = "") -> str:
+    """The first bad recipe flag as one line naming it ("" when all are good)."""
+    value = {name: getattr(args, prefix + name) for name, *_ in RECIPE_FLAGS}
+    rules = (("batch_size", value["batch_size"] > 0, "must be positive"),
+             ("learning_rate", value["learning_rate"] > 0, "must be positive"),
+             ("epochs", value["epochs"] > 0, "must be positive"),
+             ("label_smoothing", 0 <= value["label_smoothing"] < 1, "must be in [0, 1)"),
+             ("weight_decay", value["weight_decay"] >= 0, "must be >= 0"),
+             ("warmup_epochs", 0 <= value["warmup_epochs"] < value["epochs"],
+              f"must be >= 0 and less than --{prefix}epochs ({value['epochs']})"))
+    for name, good, rule in rules:
+        if not good:
+            return f"--{prefix}{name}: {rule}, got {value[name]}"
+    return ""
+
+
+def recipe_args(args: argparse.Namespace, prefix: str = "") -> list:
+    """The recipe flags as this script's command-line arguments."""
+    return [f"--{name}={getattr(args, prefix + name)}" for name, *_ in RECIPE_FLAGS]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", required=True, help="METRIC:VALUE, e.g. val_accuracy:0.97")
     p.add_argument("--dataset", default="digits", help="A tfgpu built-in dataset (digits, mnist5k).")
-    p.add_argument("--batch_size", type=int, default=128)
-    p.add_argument("--learning_rate", type=float, default=0.1, help="Peak of the cosine decay.")
-    p.add_argument("--epochs", type=int, default=30, help="Length of the cosine schedule; fit stops there at the "
-                   "latest.")
-    p.add_argument("--label_smoothing", type=float, default=0.0, help="Cross-entropy label smoothing (0: none).")
-    p.add_argument("--jit_compile", default="auto", choices=("auto", "true", "false"), help="model.compile's "
-                   "jit_compile: auto (as users write it; Keras turns XLA off on a machine without a GPU), true or "
-                   "false.")
-    p.add_argument("--weight_decay", type=float, default=0.0, help="L2 on kernels (not BatchNorm parameters nor "
-                   "biases), added to the loss as tfgpu's sgd adds it (0: none).")
-    p.add_argument("--warmup_epochs", type=float, default=0.0, help="Linear warmup to --learning_rate before the "
-                   "cosine decay (0: none).")
+    add_recipe_flags(p)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--output_json", default="")
     args = p.parse_args(argv)
@@ -81,14 +114,10 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    if not 0 <= args.label_smoothing < 1:
-        print(f"error: --label_smoothing: must be in [0, 1), got {args.label_smoothing}", file=sys.stderr)
+    error = recipe_error(args)
+    if error:
+        print(f"error: {error}", file=sys.stderr)
         return 1
-    for name in ("weight_decay", "warmup_epochs"):
-        if getattr(args, name) < 0 or (name == "warmup_epochs" and args.warmup_epochs >= args.epochs):
-            print(f"error: --{name}: must be >= 0" + (" and less than --epochs" if name == "warmup_epochs" else "")
-                  + f", got {getattr(args, name)}", file=sys.stderr)
-            return 1
 
     from tfgpu.data.builtin import BUILTIN, load_builtin
 

@@ -38,6 +38,20 @@ sys.path.insert(0, REPO)  # tfgpu from this checkout
 SIDES = ("tfgpu", "fit")
 
 
+def _load_fit_script():
+    """tools/keras_fit_to_target.py, whose recipe flags this tool offers with a fit_ prefix (stdlib at import)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("keras_fit_to_target",
+                                                  os.path.join(REPO, "tools", "keras_fit_to_target.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+fit_script = _load_fit_script()
+
+
 class UsageError(ValueError):
     """A bad flag: one line naming it, exit 1, before any run starts."""
 
@@ -52,19 +66,7 @@ def parser() -> argparse.ArgumentParser:
                    "the flagfile's --dataset.")
     p.add_argument("--tfgpu_flag", action="append", default=[], help="An extra flag for tfgpu.train, e.g. "
                    "--tfgpu_flag=--precision=float32 (repeatable).")
-    p.add_argument("--fit_batch_size", type=int, default=128)
-    p.add_argument("--fit_learning_rate", type=float, default=0.1, help="fit: peak of its cosine decay.")
-    p.add_argument("--fit_epochs", type=int, default=30, help="fit: length of its cosine schedule (and the most "
-                   "epochs it runs).")
-    p.add_argument("--fit_label_smoothing", type=float, default=0.0, help="fit: label smoothing (0, as users "
-                   "write fit; 0.1 gives it the quickstart recipe's).")
-    p.add_argument("--fit_jit_compile", default="auto", choices=("auto", "true", "false"), help="fit: "
-                   "model.compile's jit_compile (auto, as users write it: Keras turns XLA off without a GPU; true "
-                   "gives fit XLA over its whole step, for a race against a recipe with --jit_compile).")
-    p.add_argument("--fit_weight_decay", type=float, default=0.0, help="fit: L2 on kernels as tfgpu's sgd applies "
-                   "it (0, as users write fit; 5e-4 gives it the quickstart recipe's).")
-    p.add_argument("--fit_warmup_epochs", type=float, default=0.0, help="fit: linear warmup epochs before its "
-                   "cosine (0, as users write fit; 1 gives it the quickstart recipe's).")
+    fit_script.add_recipe_flags(p, prefix="fit_")  # fit as users write it unless told otherwise
     p.add_argument("--timeout_s", type=float, default=1800, help="Kill one run that takes longer.")
     p.add_argument("--output_json", default="", help="Write every run and the summary here.")
     return p
@@ -79,19 +81,13 @@ def check(args: argparse.Namespace) -> None:
         parse(args.target)
     except ConfigError as e:
         raise UsageError(str(e)) from None
-    for name in ("repeats", "fit_batch_size", "fit_epochs"):
-        if getattr(args, name) <= 0:
-            raise UsageError(f"--{name}: must be positive, got {getattr(args, name)}")
-    if not args.fit_learning_rate > 0 or not args.timeout_s > 0:
-        name = "fit_learning_rate" if not args.fit_learning_rate > 0 else "timeout_s"
-        raise UsageError(f"--{name}: must be positive, got {getattr(args, name)}")
-    if not 0 <= args.fit_label_smoothing < 1:
-        raise UsageError(f"--fit_label_smoothing: must be in [0, 1), got {args.fit_label_smoothing}")
-    if args.fit_weight_decay < 0:
-        raise UsageError(f"--fit_weight_decay: must be >= 0, got {args.fit_weight_decay}")
-    if not 0 <= args.fit_warmup_epochs < args.fit_epochs:
-        raise UsageError(f"--fit_warmup_epochs: must be >= 0 and less than --fit_epochs ({args.fit_epochs}), got "
-                         f"{args.fit_warmup_epochs}")
+    if args.repeats <= 0:
+        raise UsageError(f"--repeats: must be positive, got {args.repeats}")
+    if not args.timeout_s > 0:
+        raise UsageError(f"--timeout_s: must be positive, got {args.timeout_s}")
+    error = fit_script.recipe_error(args, prefix="fit_")
+    if error:
+        raise UsageError(error)
     if not os.path.isfile(flagfile_path(args.flagfile)):
         raise UsageError(f"--flagfile: {args.flagfile} does not exist")
     for flag in args.tfgpu_flag:
@@ -145,10 +141,8 @@ def commands(args: argparse.Namespace, workdir: str, repeat: int) -> dict:
                    *([f"--dataset={args.dataset}"] if args.dataset else []), *args.tfgpu_flag],
                   os.path.join(model_dir, "metrics.json")),
         "fit": ([sys.executable, os.path.join(REPO, "tools", "keras_fit_to_target.py"), f"--target={args.target}",
-                 f"--dataset={race_dataset(args)}", f"--batch_size={args.fit_batch_size}", f"--learning_rate={args.fit_learning_rate}",
-                 f"--epochs={args.fit_epochs}", f"--label_smoothing={args.fit_label_smoothing}",
-                 f"--jit_compile={args.fit_jit_compile}", f"--weight_decay={args.fit_weight_decay}",
-                 f"--warmup_epochs={args.fit_warmup_epochs}", f"--output_json={fit_json}"], fit_json),
+                 f"--dataset={race_dataset(args)}", *fit_script.recipe_args(args, prefix="fit_"),
+                 f"--output_json={fit_json}"], fit_json),
     }
 
 
