@@ -84,8 +84,8 @@ class Config:
     initial_loss_scale: float = _opt(32768.0, "Starting dynamic loss scale for mixed_float16.", "precision")
     loss_scale_growth_steps: int = _opt(2000, "Finite steps before the float16 loss scale doubles.", "precision")
     # -- data ---------------------------------------------------------------
-    dataset: str = _opt("", "Built-in dataset (digits, mnist5k, synthetic) or tfds:NAME; ignored when --data_dir is set.",
-                        "data")
+    dataset: str = _opt("", "Built-in dataset (digits, mnist5k, synthetic) or tfds:NAME; ignored when --data_dir "
+                        "is set.", "data")
     data_dir: str = _opt("", "A dataset converted by tfgpu.convert (directory with dataset.json).", "data")
     data_cache_dir: str = _opt("", "Where built-in datasets are converted to TFRecords once; "
                                "default $TFGPU_DATA_CACHE or ~/.cache/tfgpu.", "data")
@@ -254,7 +254,7 @@ class Config:
             raise ConfigError("grad_accum_steps", f"{self.grad_accum_steps} does not divide --global_batch_size "
                               f"{self.global_batch_size}")
         if not (self.data_dir or self.dataset):
-            raise ConfigError("dataset", "no data: set --dataset (digits, synthetic, tfds:NAME) or --data_dir")
+            raise ConfigError("dataset", "no data: set --dataset (digits, mnist5k, synthetic, tfds:NAME) or --data_dir")
         if self.augment == "imagenet" and not self.image_size:
             raise ConfigError("image_size", "--augment=imagenet crops to a fixed size; set --image_size (e.g. 224)")
         if len(self.input_range) != 2 or not self.input_range[0] < self.input_range[1]:

@@ -96,9 +96,13 @@ def check(args: argparse.Namespace) -> None:
                              f"--flagfile and --dataset (e.g. --precision=float32), got {flag!r}")
     from tfgpu.data.builtin import BUILTIN
 
-    if race_dataset(args) not in BUILTIN:
+    try:
+        dataset = race_dataset(args)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    if dataset not in BUILTIN:
         name, value = ("dataset", args.dataset) if args.dataset else ("flagfile", f"{args.flagfile}'s --dataset")
-        raise UsageError(f"--{name}: {value} is {race_dataset(args) or 'not set'}; the race needs a built-in "
+        raise UsageError(f"--{name}: {value} is {dataset or 'not set'}; the race needs a built-in "
                          f"dataset that both sides load ({', '.join(BUILTIN)})")
     if args.output_json:
         directory = os.path.dirname(os.path.abspath(args.output_json))
@@ -111,14 +115,12 @@ def flagfile_path(flagfile: str) -> str:
 
 
 def flagfile_dataset(flagfile: str) -> str:
-    """The ``--dataset`` a flagfile sets (its last one, as absl reads it), or ""."""
-    found = ""
-    with open(flagfile_path(flagfile)) as f:
-        for line in f:
-            line = line.strip()
-            if line.startswith("--dataset="):
-                found = line.split("=", 1)[1].strip()
-    return found
+    """The ``--dataset`` a flagfile sets, read by tfgpu.train's own reader (nested flagfiles resolved next to
+    their file, the last one wins), or ""."""
+    from tfgpu.cli import expand_flagfiles
+
+    expanded = expand_flagfiles([f"--flagfile={flagfile_path(flagfile)}"])
+    return ([arg.split("=", 1)[1] for arg in expanded if arg.startswith("--dataset=")] or [""])[-1]
 
 
 def race_dataset(args: argparse.Namespace) -> str:

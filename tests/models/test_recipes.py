@@ -46,7 +46,8 @@ def test_imagenet_recipe_keeps_the_reference_hyperparameters():
 
 
 @pytest.mark.parametrize("recipe, precision", [
-    ("quickstart.flags", "auto"), ("mnist5k.flags", "auto"), ("imagenet_resnet50.flags", "auto"), ("cifar10_resnet56.flags", "auto"),
+    ("quickstart.flags", "auto"), ("mnist5k.flags", "auto"), ("imagenet_resnet50.flags", "auto"),
+    ("cifar10_resnet56.flags", "auto"),
     ("cifar10_resnet20_bf16_cpu.flags", "mixed_bfloat16"),  # its name promises bfloat16
     ("cifar10_wgan_gp.flags", "mixed_float16"), ("quickstart_gan.flags", "float32"),  # GANs: auto not tried
 ])

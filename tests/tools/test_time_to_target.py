@@ -99,6 +99,17 @@ def test_both_sides_train_on_the_flagfiles_dataset_or_on_the_one_named():
     assert "--dataset=mnist5k" in cmds["tfgpu"][0] and "--dataset=mnist5k" in cmds["fit"][0]
 
 
+def test_the_flagfiles_dataset_is_read_as_tfgpu_train_reads_it(tmp_path):
+    (tmp_path / "base.flags").write_text("# the data\n--dataset=digits\n")
+    (tmp_path / "job.flags").write_text("--flagfile=base.flags\n--dataset=mnist5k\n--epochs=2\n")
+    (tmp_path / "inherit.flags").write_text("--flagfile=job.flags\n--seed=3\n")
+    assert ttt.flagfile_dataset(str(tmp_path / "job.flags")) == "mnist5k"  # the last one wins
+    args = ttt.parser().parse_args(["--target=val_accuracy:0.97", f"--flagfile={tmp_path / 'inherit.flags'}"])
+    assert "--dataset=mnist5k" in ttt.commands(args, "/w", 0)["fit"][0]  # through a nested flagfile
+    (tmp_path / "broken.flags").write_text("--flagfile=missing.flags\n")
+    assert ttt.main(["--target=val_accuracy:0.97", f"--flagfile={tmp_path / 'broken.flags'}"]) == 1
+
+
 def test_both_sides_results_are_read_the_same_way(tmp_path):
     path = tmp_path / "metrics.json"
     path.write_text(json.dumps({"target": "val_accuracy:0.97", "target_reached": True, "time_to_target_s": 57.0,
