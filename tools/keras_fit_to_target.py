@@ -6,7 +6,8 @@
 
 A tfgpu built-in dataset (``--dataset``: the quickstart's ``digits``, or ``mnist5k``; the same images and
 train/val split that tfgpu converts, pixels scaled to -1..1 as tfgpu feeds them) as numpy arrays, the
-registry's ResNet-20, float32, SGD with momentum 0.9 and a cosine learning-rate decay over ``--epochs``, ``model.fit`` with validation every epoch.
+registry's ResNet-20, float32, SGD with momentum 0.9 and a cosine learning-rate decay over ``--epochs``,
+``model.fit`` with validation every epoch.
 A callback stops at the end of the first epoch whose validation metric reaches the target. Nothing else:
 no weight decay, warmup, strategy or XLA flag (``fit``'s own ``jit_compile="auto"``, off on a CPU).
 ``--label_smoothing`` (default 0, as users write it) gives ``fit`` the quickstart recipe's smoothing, and
