@@ -175,9 +175,13 @@ def test_default_range_eval_images_are_bit_identical_to_earlier_runs(digits):
 def test_images_reach_the_model_spanning_exactly_the_input_range(digits, a, b):
     """Digits hold pixels 0 and 255: eval images span [MIN, MAX] exactly, and so do augmented train batches."""
     low, high = min(a, b), max(a, b)
-    if low == high:
+    overrides = dict(eval_batch_size=128, global_batch_size=128, augment="cifar", input_range=(low, high))
+    try:
+        Config(model_dir="unused", dataset="digits", **overrides).validate()
+    except ConfigError as e:  # an empty, subnormal or too narrow range never reaches the pipeline: the run stops
+        assert e.flag == "input_range", e
         return
-    config, info = digits(eval_batch_size=128, global_batch_size=128, augment="cifar", input_range=(low, high))
+    config, info = digits(**overrides)
     images = _eval_images(config, info)
     assert images.min() == np.float32(low) and images.max() == np.float32(high)
     train = np.concatenate([x for x, _ in pipeline.train_dataset_fn(config, info, 0)(_ctx()).take(2)])
