@@ -66,7 +66,7 @@ def write_plots(model_dir: str, history: dict, specs) -> list:
                 drawn.append((ylabel, scale, style, present))
         if not drawn:
             continue
-        figure = Figure(figsize=(7.5, 2.6 + 1.9 * len(drawn)), dpi=100, layout="constrained")
+        figure = _figure(len(drawn), Figure)
         axes = figure.subplots(len(drawn), 1, sharex=True, squeeze=False)[:, 0]
         for ax, (ylabel, scale, style, present) in zip(axes, drawn):
             if style == "rate":
@@ -92,6 +92,17 @@ def write_plots(model_dir: str, history: dict, specs) -> list:
         atomic_write_bytes(os.path.join(model_dir, path), _png(figure))
         written.append((path, title))
     return written
+
+
+def _figure(num_panels: int, figure_class):
+    """A figure of ``num_panels`` stacked panels with margins fixed in inches: room for a title, a y label with
+    8-character tick labels and the x label. Fixed, because a layout engine measures every text first
+    ("constrained" took about half of the report's 1.7 s at the end of every run on a 2-core CPU)."""
+    width, height = 7.5, 2.6 + 1.9 * num_panels
+    figure = figure_class(figsize=(width, height), dpi=100)
+    figure.subplots_adjust(left=1.0 / width, right=1 - 0.15 / width, top=1 - 0.4 / height, bottom=0.55 / height,
+                           hspace=0.2)
+    return figure
 
 
 def _draw_throughput(ax, label, steps, values):
