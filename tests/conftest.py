@@ -5,6 +5,7 @@ Runs that need device settings (logical CPU devices for MirroredStrategy, XLA_FL
 in subprocesses, since those must be made before TensorFlow initialises; single-device runs use ``train_here``,
 which saves a TensorFlow start-up (seconds on 2 cores) per run.
 """
+import contextlib
 import json
 import logging
 import os
@@ -54,34 +55,54 @@ def _tfgpu_logger_as_python_leaves_it():
     reset()
 
 
-@pytest.fixture
-def train_here(data_cache, monkeypatch, capsys):
-    """Runs ``tfgpu.train.main(args)`` in this process on one device; returns an object with .returncode and
-    .output (stdout then stderr), like ``run_train``. Afterwards the float32 policy and tfgpu's logger are back."""
+@contextlib.contextmanager
+def process_state_restored():
+    """Puts back what a ``tfgpu.train.main`` run in this process changes for the whole process: tfgpu's logger,
+    the Keras dtype policy and session, and op determinism (``--deterministic`` turns it on)."""
     import keras
+    from tensorflow.python.framework import config as tf_config  # TF has no public switch to turn it off
 
-    from tfgpu import train
-
-    monkeypatch.setenv("TFGPU_DATA_CACHE", data_cache)
-    monkeypatch.delenv("TF_CONFIG", raising=False)
     logger = logging.getLogger("tfgpu")
     saved = logger.handlers[:], logger.level, logger.propagate
+    determinism = tf_config.is_op_determinism_enabled()
+    try:
+        yield
+    finally:
+        if not determinism:
+            tf_config.disable_op_determinism()
+        logger.handlers[:], logger.level, logger.propagate = saved
+        keras.mixed_precision.set_global_policy("float32")
+        keras.backend.clear_session(free_memory=False)  # a forced garbage collection: 0.3-0.5 s per run
+
+
+def train_in_process(args, data_cache) -> int:
+    """``tfgpu.train.main(args)`` in this process on one device, reading built-in datasets from ``data_cache``;
+    the process's state is put back afterwards. Returns the exit code."""
+    from tfgpu import train
+
+    assert not any(a.startswith("--cpu_logical_devices") for a in args), \
+        "a process-wide setting made before TensorFlow initialises: use run_train"
+    with pytest.MonkeyPatch.context() as env, process_state_restored():
+        env.setenv("TFGPU_DATA_CACHE", data_cache)
+        env.delenv("TF_CONFIG", raising=False)
+        return train.main(list(args))
+
+
+@pytest.fixture
+def train_here(data_cache, capsys):
+    """Runs ``tfgpu.train.main(args)`` in this process on one device (``train_in_process``); returns an object
+    with .returncode and .output (stdout then stderr), like ``run_train``."""
 
     def run(*args, check=True):
-        assert not any(a.startswith(("--cpu_logical_devices", "--deterministic")) for a in args), \
-            "process-wide settings: use run_train"
         capsys.readouterr()
-        code = train.main(list(args))
+        code = train_in_process(args, data_cache)
         out, err = capsys.readouterr()
         result = types.SimpleNamespace(returncode=code, output=out + err)
         if check and code != 0:
             raise AssertionError(f"tfgpu.train exited {code}:\n{result.output[-4000:]}")
         return result
 
-    yield run
-    logger.handlers[:], logger.level, logger.propagate = saved
-    keras.mixed_precision.set_global_policy("float32")
-    keras.backend.clear_session()
+    return run
 
 
 def read_history(model_dir, kind="train"):

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, read_history
+from tests.conftest import REPO, read_history, train_in_process
 
 RUN = ["--dataset=digits", "--model=small_cnn", "--global_batch_size=32", "--train_steps=30", "--steps_per_loop=10",
        "--precision=mixed_bfloat16", "--base_learning_rate=0.8", "--input_range=0,1"]
@@ -15,11 +15,10 @@ RUN = ["--dataset=digits", "--model=small_cnn", "--global_batch_size=32", "--tra
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, data_cache):
+    """A finished run (trained in this process) and the environment for the commands run on it."""
     model_dir = tmp_path_factory.mktemp("run")
-    env = {**os.environ, "TFGPU_DATA_CACHE": data_cache, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    subprocess.run([sys.executable, "-m", "tfgpu.train", *RUN, f"--model_dir={model_dir}"], cwd=REPO, env=env,
-                   check=True, capture_output=True, timeout=300)
-    return model_dir, env
+    assert train_in_process([*RUN, f"--model_dir={model_dir}"], data_cache) == 0
+    return model_dir, {**os.environ, "TFGPU_DATA_CACHE": data_cache, "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
 def _tool(name, args, env, check=True):

@@ -37,7 +37,7 @@ def example(monkeypatch):
     yield module
     logger.handlers[:], logger.level, logger.propagate = saved
     keras.mixed_precision.set_global_policy("float32")
-    keras.backend.clear_session()
+    keras.backend.clear_session(free_memory=False)
 
 
 def test_the_script_trains_its_model_on_its_datasets(example, tmp_path, capsys):

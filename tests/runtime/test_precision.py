@@ -64,7 +64,7 @@ def float16_task(tmp_path, data_cache):
         return skipped
 
     yield task, lambda images, n=1: float(run(tf.constant(images, tf.float32), tf.constant(n)))
-    keras.backend.clear_session()
+    keras.backend.clear_session(free_memory=False)
     keras.mixed_precision.set_global_policy("float32")
 
 
@@ -214,7 +214,7 @@ def test_setup_resolves_auto_before_anything_reads_it(tmp_path, data_cache, monk
                 keras.mixed_precision.global_policy().name} == {"mixed_bfloat16"}
     finally:
         keras.mixed_precision.set_global_policy("float32")
-        keras.backend.clear_session()
+        keras.backend.clear_session(free_memory=False)
     assert [r.getMessage() for r in caplog.records if "precision" in r.getMessage()] == [
         "precision: --precision=auto chose mixed_bfloat16 (this CPU has avx512_bf16 and amx_bf16, so oneDNN "
         "computes bfloat16 natively)"]

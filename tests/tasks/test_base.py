@@ -77,7 +77,7 @@ def toy(tmp_path, data_cache):
     yield Config(task="test_toy_regression", model_dir=str(tmp_path / "run"), dataset="digits",
                  data_cache_dir=data_cache, model="small_cnn", global_batch_size=16, train_steps=6, steps_per_loop=2,
                  eval_every_steps=2, checkpoint_every_steps=0, eval_split="none", tensorboard=False, verbose=2)
-    keras.backend.clear_session()
+    keras.backend.clear_session(free_memory=False)
 
 
 def _records(model_dir, kind):

@@ -31,7 +31,7 @@ def base(tmp_path, data_cache):
 
 def _train(config):
     metrics = experiment.run(config)
-    keras.backend.clear_session()
+    keras.backend.clear_session(free_memory=False)
     weights = checkpoint_weights(config.model_dir)
     assert sum("_trainable_variables" in k for k in weights) == 4  # two kernels, two biases
     return metrics, weights
@@ -92,7 +92,7 @@ def test_200_skipped_steps_leave_every_variable_bit_identical(base, tmp_path, pr
         assert all(np.isfinite(v.numpy()).all() for v in state)
         assert any(not np.array_equal(v.numpy(), b) for v, b in zip(state, before))
     finally:
-        keras.backend.clear_session()
+        keras.backend.clear_session(free_memory=False)
         keras.mixed_precision.set_global_policy("float32")
 
 
@@ -104,7 +104,7 @@ def _pretrained(path, num_classes=10, seed=3):
     """small_cnn weights as a plain Keras script saves them, every value (BN statistics too) away from init."""
     from tfgpu.models.small_cnn import small_cnn
 
-    keras.backend.clear_session()  # layer names as a fresh script gets them, whatever ran before in this process
+    keras.backend.clear_session(free_memory=False)  # layer names as a fresh script gets them, whatever ran before in this process
     keras.utils.set_random_seed(seed)
     model = small_cnn((8, 8, 1), num_classes)
     rng = np.random.default_rng(seed)
@@ -112,7 +112,7 @@ def _pretrained(path, num_classes=10, seed=3):
                        rng.normal(0.0, 0.3, w.shape).astype("float32")
                        for v, w in zip(model.weights, model.get_weights())])
     model.save_weights(str(path))
-    keras.backend.clear_session()
+    keras.backend.clear_session(free_memory=False)
     return {layer.name: layer.get_weights() for layer in model.layers if layer.weights}
 
 
@@ -131,7 +131,7 @@ def _train_in_process(config):
         metrics = built.trainer.train()
         return metrics, {layer.name: layer.get_weights() for layer in built.task.model.layers if layer.weights}
     finally:
-        keras.backend.clear_session()
+        keras.backend.clear_session(free_memory=False)
 
 
 def _equal(a, b) -> bool:
@@ -155,7 +155,7 @@ def test_evaluation_before_the_first_step_equals_plain_keras_evaluate(finetune):
         steps = pipeline.eval_steps(config, built.info, 1, 1)
         batches = list(pipeline.eval_dataset_fn(config, built.info, steps)(tf.distribute.InputContext()))
     finally:
-        keras.backend.clear_session()
+        keras.backend.clear_session(free_memory=False)
     keep = np.concatenate([w.numpy() for _, _, w in batches]) > 0
     images = np.concatenate([x.numpy() for x, _, _ in batches])[keep]
     labels = np.concatenate([y.numpy() for _, y, _ in batches])[keep]
@@ -163,7 +163,7 @@ def test_evaluation_before_the_first_step_equals_plain_keras_evaluate(finetune):
     plain.load_weights(finetune.init_weights)
     plain.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     loss, accuracy = plain.evaluate(images, labels, batch_size=64, verbose=0)
-    keras.backend.clear_session()
+    keras.backend.clear_session(free_memory=False)
     assert ours["val_examples"] == len(labels) == 359
     assert ours["val_loss"] == pytest.approx(loss, rel=1e-5)
     assert ours["val_accuracy"] == pytest.approx(accuracy, abs=1e-7)
@@ -184,7 +184,7 @@ def test_a_new_head_needs_skip_mismatch_and_a_resume_restores_instead_of_reloadi
         assert built.trainer.restore(initial_weights=True) == 2
         restored = {layer.name: layer.get_weights() for layer in built.task.model.layers if layer.weights}
     finally:
-        keras.backend.clear_session()
+        keras.backend.clear_session(free_memory=False)
     assert all(_equal(restored[name], trained[name]) for name in trained)
     assert not _equal(trained["conv2d_1"], pretrained["conv2d_1"])  # so a reload would have shown
 

@@ -54,7 +54,7 @@ def run_state(monkeypatch):
     yield
     logger.handlers[:], logger.level, logger.propagate = saved
     keras.mixed_precision.set_global_policy("float32")
-    keras.backend.clear_session()
+    keras.backend.clear_session(free_memory=False)
     tf_config.disable_op_determinism()
 
 

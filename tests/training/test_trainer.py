@@ -20,7 +20,7 @@ def _model_weights(model_dir):
     return weights
 
 
-def test_mirrored_two_replicas_matches_one_device(run_train, tmp_path):
+def test_mirrored_two_replicas_matches_one_device(run_train, train_here, tmp_path):
     """2 logical CPU replicas, 4 steps per loop, synchronized BN: same losses and weights as one device.
 
     Tolerance: 1e-4 on the per-loop mean loss; 1e-4 absolute plus 1e-4 relative on weights and BN statistics
@@ -29,9 +29,10 @@ def test_mirrored_two_replicas_matches_one_device(run_train, tmp_path):
     (ResNet-20 drifts 5e-2 relative in 8 steps with oneDNN limited to AVX2, or with oneDNN off).
     """
     common = SMALL + ["--model=small_cnn", "--train_steps=8", "--steps_per_loop=4", "--sync_batch_norm",
-                      "--deterministic", "--cpu_logical_devices=2"]
-    run_train(*common, "--distribution_strategy=one_device", f"--model_dir={tmp_path / 'one'}")
-    mirrored = run_train(*common, "--distribution_strategy=mirrored", f"--model_dir={tmp_path / 'two'}")
+                      "--deterministic"]
+    train_here(*common, "--distribution_strategy=one_device", f"--model_dir={tmp_path / 'one'}")  # the whole CPU
+    mirrored = run_train(*common, "--cpu_logical_devices=2", "--distribution_strategy=mirrored",
+                         f"--model_dir={tmp_path / 'two'}")
     assert "strategy=mirrored replicas=2" in mirrored.output
     one, two = read_history(tmp_path / "one"), read_history(tmp_path / "two")
     assert [r["step"] for r in one] == [r["step"] for r in two] == [4, 8]
@@ -43,13 +44,13 @@ def test_mirrored_two_replicas_matches_one_device(run_train, tmp_path):
         np.testing.assert_allclose(w2[name], w1[name], rtol=1e-4, atol=1e-4, err_msg=name)
 
 
-def test_continuing_a_finished_run_equals_one_long_run(run_train, tmp_path):
+def test_continuing_a_finished_run_equals_one_long_run(train_here, tmp_path):
     """Train N steps, rerun with 2N: resumes at N and ends with the weights of an uninterrupted 2N run."""
     common = SMALL + ["--model=small_cnn", "--lr_schedule=constant", "--deterministic", "--steps_per_loop=3",
                       "--shuffle_buffer=64"]
-    run_train(*common, "--train_steps=12", f"--model_dir={tmp_path / 'straight'}")
-    run_train(*common, "--train_steps=6", f"--model_dir={tmp_path / 'split'}")
-    second = run_train(*common, "--train_steps=12", f"--model_dir={tmp_path / 'split'}")
+    train_here(*common, "--train_steps=12", f"--model_dir={tmp_path / 'straight'}")
+    train_here(*common, "--train_steps=6", f"--model_dir={tmp_path / 'split'}")
+    second = train_here(*common, "--train_steps=12", f"--model_dir={tmp_path / 'split'}")
     assert "resuming at step 6" in second.output
     assert [r["step"] for r in read_history(tmp_path / "split")] == [3, 6, 9, 12]
     straight, split = _model_weights(tmp_path / "straight"), _model_weights(tmp_path / "split")
@@ -172,7 +173,7 @@ def test_a_peer_lost_outside_the_train_loop_is_reported_as_worker_lost(tmp_path,
                            r"Last checkpoint: .*ckpt-2; rerun the same launch"):
             run.train()
     finally:
-        keras.backend.clear_session()
+        keras.backend.clear_session(free_memory=False)
 
 
 # -- skipped (non-finite) steps, in-process --------------------------------------------------------
@@ -214,7 +215,7 @@ def test_scattered_skips_do_not_stop_the_run(tmp_path, data_cache):
         assert final["step"] == 24
         assert not set(target.FIELDS) & final.keys()  # no --target: metrics.json gains nothing of it
     finally:
-        keras.backend.clear_session()
+        keras.backend.clear_session(free_memory=False)
     assert [r["nonfinite_steps"] for r in read_history(tmp_path)] == [1, 1, 1, 1, 1, 1]
 
 
@@ -229,7 +230,7 @@ def test_consecutive_skips_across_a_loop_boundary_stop_the_run(tmp_path, data_ca
                            r"by step 12 \(--max_nonfinite_steps=3; scattered skips do not count"):
             run.train()
     finally:
-        keras.backend.clear_session()
+        keras.backend.clear_session(free_memory=False)
 
 
 def test_the_schedule_follows_the_trainer_step_through_skips_and_a_resume(tmp_path, data_cache):
@@ -244,7 +245,7 @@ def test_the_schedule_follows_the_trainer_step_through_skips_and_a_resume(tmp_pa
     try:
         assert run.train()["step"] == 8
     finally:
-        keras.backend.clear_session()
+        keras.backend.clear_session(free_memory=False)
     history = read_history(tmp_path)
     assert [r["step"] for r in history] == [4, 8]
     for record in history:  # the rate the next step uses
@@ -255,7 +256,7 @@ def test_the_schedule_follows_the_trainer_step_through_skips_and_a_resume(tmp_pa
         assert int(task.optimizer.iterations.numpy()) == 4  # 8 steps, 4 of them skipped
         assert float(task.optimizer.learning_rate) == pytest.approx(expected(8), rel=1e-6)
     finally:
-        keras.backend.clear_session()
+        keras.backend.clear_session(free_memory=False)
 
 
 # -- a failing kernel is not a lost peer -------------------------------------------------------------
@@ -285,7 +286,7 @@ def test_a_kernel_error_fails_as_itself_not_as_a_lost_worker(tmp_path, data_cach
                            r"\(InternalError: cuDNN launch failure.*not a lost worker.*Last checkpoint: none"):
             run.train()
     finally:
-        keras.backend.clear_session()
+        keras.backend.clear_session(free_memory=False)
 
     def fails(config, **kwargs):
         raise trainer.KernelFailed("worker 0: a TensorFlow kernel failed")
@@ -327,5 +328,5 @@ def test_the_train_pipeline_is_released_before_the_final_evaluation(tmp_path, da
     try:
         assert run.train()["step"] == 4
     finally:
-        keras.backend.clear_session()
+        keras.backend.clear_session(free_memory=False)
     assert train_input_alive == [False]

@@ -34,7 +34,7 @@ def make_task(tmp_path, data_cache):
         info = pipeline.prepare(config)
         strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
         placement = Placement(strategy, "one_device", 1, 1, 0, True, ("/cpu:0",), False)
-        keras.backend.clear_session()
+        keras.backend.clear_session(free_memory=False)
         keras.utils.set_random_seed(config.seed)
         precision.set_policy(config.precision)
         task = GanTask(config, info, placement, total_steps=10)
