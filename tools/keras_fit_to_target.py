@@ -130,6 +130,7 @@ def main(argv=None) -> int:
     import numpy as np
 
     from tfgpu.models import create_model
+    from tfgpu.training.optimizers import decays  # tfgpu's rule: kernels decay, BatchNorm and biases do not
 
     keras.utils.set_random_seed(args.seed)
     splits = load_builtin(args.dataset)["splits"]  # tfgpu's built-in with tfgpu's split: the same images
@@ -148,7 +149,7 @@ def main(argv=None) -> int:
     else:
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     if args.weight_decay:
-        loss = with_l2(loss, [w for w in model.trainable_weights if len(w.shape) > 1], args.weight_decay)
+        loss = with_l2(loss, [w for w in model.trainable_weights if decays(w)], args.weight_decay)
     jit_compile = {"auto": "auto", "true": True, "false": False}[args.jit_compile]
     model.compile(optimizer=keras.optimizers.SGD(schedule, momentum=0.9), loss=loss, metrics=["accuracy"],
                   jit_compile=jit_compile)

@@ -104,7 +104,8 @@ def _pretrained(path, num_classes=10, seed=3):
     """small_cnn weights as a plain Keras script saves them, every value (BN statistics too) away from init."""
     from tfgpu.models.small_cnn import small_cnn
 
-    keras.backend.clear_session(free_memory=False)  # layer names as a fresh script gets them, whatever ran before in this process
+    # Layer names as a fresh script gets them, whatever ran before in this process.
+    keras.backend.clear_session(free_memory=False)
     keras.utils.set_random_seed(seed)
     model = small_cnn((8, 8, 1), num_classes)
     rng = np.random.default_rng(seed)

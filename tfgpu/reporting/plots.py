@@ -54,8 +54,6 @@ def figures(specs) -> list:
 def write_plots(model_dir: str, history: dict, specs) -> list:
     """Writes every declared plot that has data to ``<model_dir>/plots/<plot>.png``; returns [(relative path,
     title)]."""
-    from matplotlib.figure import Figure  # no pyplot: no global backend, no GUI, safe in any process
-
     written = []
     for plot, title, panels in figures(specs):
         drawn = []
@@ -66,7 +64,7 @@ def write_plots(model_dir: str, history: dict, specs) -> list:
                 drawn.append((ylabel, scale, style, present))
         if not drawn:
             continue
-        figure = _figure(len(drawn), Figure)
+        figure = _figure(len(drawn))
         axes = figure.subplots(len(drawn), 1, sharex=True, squeeze=False)[:, 0]
         for ax, (ylabel, scale, style, present) in zip(axes, drawn):
             if style == "rate":
@@ -94,12 +92,14 @@ def write_plots(model_dir: str, history: dict, specs) -> list:
     return written
 
 
-def _figure(num_panels: int, figure_class):
+def _figure(num_panels: int):
     """A figure of ``num_panels`` stacked panels with margins fixed in inches: room for a title, a y label with
     8-character tick labels and the x label. Fixed, because a layout engine measures every text first
     ("constrained" took about half of the report's 1.7 s at the end of every run on a 2-core CPU)."""
+    from matplotlib.figure import Figure  # no pyplot: no global backend, no GUI, safe in any process
+
     width, height = 7.5, 2.6 + 1.9 * num_panels
-    figure = figure_class(figsize=(width, height), dpi=100)
+    figure = Figure(figsize=(width, height), dpi=100)
     figure.subplots_adjust(left=1.0 / width, right=1 - 0.15 / width, top=1 - 0.4 / height, bottom=0.55 / height,
                            hspace=0.2)
     return figure
