@@ -45,6 +45,18 @@ def test_gradient_accumulation_equals_the_full_batch_step(base, tmp_path):
         np.testing.assert_allclose(accum[name], full[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.parametrize("grad_accum_steps", [1, 4])
+def test_the_xla_step_trains_as_the_plain_step(base, tmp_path, grad_accum_steps):
+    """--jit_compile=true compiles the forward and backward pass, micro-batches included, into the same step."""
+    plain_metrics, plain = _train(base)
+    xla_metrics, xla = _train(dataclasses.replace(base, model_dir=str(tmp_path / "b"), jit_compile=True,
+                                                  grad_accum_steps=grad_accum_steps))
+    assert xla_metrics["train_loss"] == pytest.approx(plain_metrics["train_loss"], rel=1e-4)
+    assert xla_metrics["train_nonfinite_steps"] == 0
+    for name in plain:
+        np.testing.assert_allclose(xla[name], plain[name], rtol=1e-4, atol=1e-5, err_msg=name)
+
+
 def test_global_norm_clipping_limits_the_update(base, tmp_path):
     _, free = _train(base)
     metrics, clipped = _train(dataclasses.replace(base, model_dir=str(tmp_path / "b"), grad_clip_norm=0.05))
