@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import yaml
 
+from tests.conftest import read_history
 from tfgpu import train
 from tfgpu.training import experiment
 from tfgpu.config import ConfigError
@@ -94,6 +95,15 @@ def test_effective_config_is_written_and_replays(run_train, tmp_path):
     assert saved["train_steps"] == 3 and saved["model"] == "small_cnn"
     again = train.parse([f"--config={run_dir / 'config.yaml'}"])
     assert again.to_dict() == saved
+
+
+def test_the_startup_record_gives_tensorflow_s_import_its_own_phase(run_train, tmp_path):
+    """A process of its own (TensorFlow not yet imported): the seconds TensorFlow's import takes are its phase of
+    the startup record, not part of the command line's ``imports``."""
+    run_train(*DIGITS, "--train_steps=1", "--steps_per_loop=1", "--eval_split=none", "--global_batch_size=16",
+              f"--model_dir={tmp_path}")
+    [startup] = read_history(tmp_path, "startup")
+    assert startup["tensorflow_import_s"] > 1.0 > startup["imports_s"], startup
 
 
 # -- every file a run reads: malformed means one line naming the file or flag, exit 1, no traceback -------------

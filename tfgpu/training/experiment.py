@@ -125,14 +125,16 @@ def _check_batches(config: Config, num_replicas: int) -> None:
         raise ConfigError("eval_batch_size", f"{eval_batch} is not divisible by the {num_replicas} replicas")
 
 
-def run(config: Config, started_at: float | None = None) -> dict:
+def run(config: Config, startup: PhaseTimer | None = None) -> dict:
     """Trains (or resumes) the run described by ``config``; returns the final metrics the chief writes.
-    ``started_at``: when the run started (time.time()), for --target's time_to_target_s; default now."""
+    ``startup``: the entrypoint's timer, started when the process did (--target's time_to_target_s counts from
+    there) with its ``imports`` marked before TensorFlow's; default a timer started now."""
+    started = time.time()
+    if startup is None:
+        startup = PhaseTimer(started)
+        startup.mark("imports")
     import tensorflow as tf
 
-    started = time.time()
-    startup = PhaseTimer(started if started_at is None else started_at)
-    startup.mark("imports")  # before this call: Python, tfgpu and the command line
     built = setup(config, startup=startup)
     built.trainer.started_at = startup.started_at
     config, placement, task = built.config, built.placement, built.task  # config: --precision=auto resolved
