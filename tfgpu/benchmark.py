@@ -81,7 +81,7 @@ def parser() -> cli.ArgumentParser:
       "0 = until out of memory on GPU, 256 on CPU.")
     a("--batch_granularity", type=int, default=8, help="auto: per-replica batches are multiples of this.")
     a("--precision", default="float32", help=f"Comma separated: {', '.join(PRECISIONS)}, or auto (the policy "
-      "tfgpu.train's --precision=auto picks on this host: bf16 on AVX512_BF16/AMX CPUs and compute capability "
+      "tfgpu.train's --precision=auto picks on this host: bf16 on AMX CPUs and compute capability "
       ">= 8.0, fp16 on 7.x, else float32).")
     a("--jit_compile", default="false", nargs="?", const="true", help="XLA: true, false or 'false,true'.")
     a("--baseline", default="keras_fit,keras_fit_spe,keras_fit_strategy", help="Comma separated from keras_fit "

@@ -75,9 +75,10 @@ class Config:
                              "restart the lost worker themselves.", "distribute")
     # -- precision ----------------------------------------------------------
     precision: str = _opt("float32", "Compute dtype policy; logits and losses stay float32. auto: mixed_bfloat16 on "
-                          "GPUs of compute capability >= 8.0 and on CPUs with AVX512_BF16 or AMX, mixed_float16 on "
-                          "7.x, else float32 (the oldest GPU, or worker, decides); resolved when the run starts, and "
-                          "config.yaml records the result.", "precision", PRECISIONS + ("auto",))
+                          "GPUs of compute capability >= 8.0 and on CPUs with AMX (with AVX512_BF16 alone float32, "
+                          "which ran faster there), mixed_float16 on 7.x, else float32 (the oldest GPU, or worker, "
+                          "decides); resolved when the run starts, and config.yaml records the result.", "precision",
+                          PRECISIONS + ("auto",))
     jit_compile: bool = _opt(False, "Classification: compile each replica's forward and backward pass with XLA, "
                              "under every strategy (not on logical CPU devices, nor with --sync_batch_norm over "
                              "several replicas). The GAN task does not compile with XLA.", "precision")

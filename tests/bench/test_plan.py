@@ -8,7 +8,8 @@ from tfgpu.runtime.precision import resolve_auto
 
 
 @pytest.mark.parametrize("names, cpu_flags, gpus, expected", [
-    (("auto",), {"avx512_bf16": True}, [], ("mixed_bfloat16",)),
+    (("auto",), {"avx512_bf16": True, "amx_bf16": True}, [], ("mixed_bfloat16",)),
+    (("auto", "mixed_bfloat16"), {"avx512_bf16": True}, [], ("float32", "mixed_bfloat16")),  # no AMX: float32
     (("auto",), {}, [], ("float32",)),
     (("auto", "float32"), {}, [], ("float32",)),  # auto is float32 here: measured once
     (("float32", "auto"), {}, [{"name": "Tesla V100", "compute_capability": "7.0"}], ("float32", "mixed_float16")),

@@ -66,7 +66,9 @@ def test_cpu_only_hosts_with_and_without_bf16():
     amx = advice.recommend(fixture("cpu_only_amx_bf16"))
     assert amx[0].startswith("no GPU: no NVIDIA driver: libcuda.so.1 does not load")
     assert "TensorFlow said: Could not find cuda drivers" in amx[0]
-    assert amx[1].startswith("precision: --precision=mixed_bfloat16 (this CPU has avx512_bf16 and amx_bf16")
+    assert amx[1].startswith("precision: --precision=mixed_bfloat16 (this CPU has amx_bf16")
+    no_amx = advice.recommend(fixture("cpu_only_avx512_bf16_no_amx"))
+    assert no_amx[1].startswith("precision: --precision=float32 (this CPU has avx512_bf16 but no AMX")
     plain = fixture("cpu_only_avx2")
     assert plain["gpu_reason"] is None  # recommend derives it from the facts
     recs = advice.recommend(plain)

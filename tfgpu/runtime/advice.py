@@ -20,12 +20,18 @@ def _precision_for_gpus(gpus: list) -> tuple:
 
 def precision_for(cpu_flags: dict, gpus: list) -> tuple:
     """(precision, why) for a run on ``gpus`` (the doctor's GPU records; the oldest decides) or, with none, on a
-    CPU with ``cpu_flags`` (``host.parse_cpuinfo``'s flags). The doctor's advice and ``--precision=auto``."""
+    CPU with ``cpu_flags`` (``host.parse_cpuinfo``'s flags): on a CPU, bfloat16 only with AMX, the one CPU feature
+    under which it was measured faster than float32. The doctor's advice and ``--precision=auto``."""
     if gpus:
         return _precision_for_gpus(gpus)
-    which = " and ".join(f for f in ("avx512_bf16", "amx_bf16") if cpu_flags.get(f))
-    if which:
-        return "mixed_bfloat16", f"this CPU has {which}, so oneDNN computes bfloat16 natively"
+    if cpu_flags.get("amx_bf16"):
+        return "mixed_bfloat16", "this CPU has amx_bf16, so oneDNN computes bfloat16 matrix work in its AMX tiles"
+    if cpu_flags.get("avx512_bf16"):
+        # Measured on a 2-vCPU Xeon with AVX512_BF16 and no AMX (docs/benchmarks.md): bfloat16 ran ResNet-20 at
+        # 0.73-0.77x of float32's examples/s in both tfgpu and Keras fit, ResNet-50 at 0.81x; with AMX, ResNet-20
+        # at 1.18x.
+        return "float32", ("this CPU has avx512_bf16 but no AMX: bfloat16 ran at 0.73-0.81x of float32's speed on "
+                           "such a CPU (ResNet-20 and ResNet-50, docs/benchmarks.md)")
     return "float32", "this CPU has no AVX512_BF16/AMX, so bfloat16 would be emulated"
 
 

@@ -33,7 +33,7 @@ def resolve_auto(cpu_flags: dict, gpus: list) -> tuple:
     """(policy, reason) that ``--precision=auto`` stands for on a run over ``gpus`` (dicts with "name" and
     "compute_capability" such as "8.0"; the oldest decides) or, with none, on a CPU with ``cpu_flags``
     (``runtime.host.parse_cpuinfo``'s flags): mixed_bfloat16 from compute capability 8.0 and on CPUs with
-    AVX512_BF16 or AMX, mixed_float16 on 7.x, float32 otherwise."""
+    AMX (not with AVX512_BF16 alone, where it ran slower than float32), mixed_float16 on 7.x, float32 otherwise."""
     return advice.precision_for(cpu_flags, gpus)
 
 
