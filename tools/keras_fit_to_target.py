@@ -2,19 +2,20 @@
 
     python tools/keras_fit_to_target.py --target=val_accuracy:0.97 [--dataset=digits] [--batch_size=128]
         [--learning_rate=0.1] [--epochs=30] [--label_smoothing=0] [--jit_compile=auto] [--weight_decay=0]
-        [--warmup_epochs=0] [--output_json=F]
+        [--warmup_epochs=0] [--precision=float32] [--output_json=F]
 
 A tfgpu built-in dataset (``--dataset``: the quickstart's ``digits``, or ``mnist5k``; the same images and
 train/val split that tfgpu converts, pixels scaled to -1..1 as tfgpu feeds them) as numpy arrays, the
-registry's ResNet-20, float32, SGD with momentum 0.9 and a cosine learning-rate decay over ``--epochs``,
-``model.fit`` with validation every epoch.
+registry's ResNet-20, float32 (``--precision``), SGD with momentum 0.9 and a cosine learning-rate decay over
+``--epochs``, ``model.fit`` with validation every epoch.
 A callback stops at the end of the first epoch whose validation metric reaches the target. Nothing else:
 no weight decay, warmup, strategy or XLA flag (``fit``'s own ``jit_compile="auto"``, off on a CPU).
 ``--label_smoothing`` (default 0, as users write it) gives ``fit`` the quickstart recipe's smoothing, and
 ``--jit_compile=true`` XLA over its whole train step, ``--weight_decay`` tfgpu's L2 (kernels only: each one's
-gradient gains ``weight_decay * w``) and ``--warmup_epochs`` a linear warmup (Keras's own ``CosineDecay``
-warmup), so a race can give ``fit`` tfgpu's whole recipe and tell the recipe's gain from the loop's (Keras
-smooths only one-hot targets: labels become one-hot).
+gradient gains ``weight_decay * w``), ``--warmup_epochs`` a linear warmup (Keras's own ``CosineDecay``
+warmup) and ``--precision=mixed_bfloat16`` Keras's dtype policy (``mixed_float16`` also gets Keras's loss scaling,
+which ``compile`` adds by itself), so a race can give ``fit`` tfgpu's whole recipe and tell the recipe's gain from
+the loop's (Keras smooths only one-hot targets: labels become one-hot).
 
 ``time_to_target_s`` counts from this script's first line, as tfgpu.train's counts from its own, so the
 imports, the data and the model build are in it on both sides. One JSON line goes to stdout (and to
@@ -71,13 +72,15 @@ RECIPE_FLAGS = (
      "quickstart recipe's is 1)."),
     ("jit_compile", str, "auto", "model.compile's jit_compile: auto (as users write it; Keras turns XLA off on a "
      "machine without a GPU), true or false."),
+    ("precision", str, "float32", "Keras's dtype policy, set before the model is built: float32 (as users write "
+     "it), mixed_bfloat16 or mixed_float16 (compile adds loss scaling)."),
 )
+CHOICES = {"jit_compile": ("auto", "true", "false"), "precision": ("float32", "mixed_bfloat16", "mixed_float16")}
 
 
 def add_recipe_flags(p: argparse.ArgumentParser, prefix: str = "") -> None:
     for name, kind, default, text in RECIPE_FLAGS:
-        choices = ("auto", "true", "false") if name == "jit_compile" else None
-        p.add_argument(f"--{prefix}{name}", type=kind, default=default, choices=choices,
+        p.add_argument(f"--{prefix}{name}", type=kind, default=default, choices=CHOICES.get(name),
                        help=("fit: " if prefix else "") + text)
 
 
@@ -133,6 +136,7 @@ def main(argv=None) -> int:
     from tfgpu.training.optimizers import decays  # tfgpu's rule: kernels decay, BatchNorm and biases do not
 
     keras.utils.set_random_seed(args.seed)
+    keras.mixed_precision.set_dtype_policy(args.precision)  # float32 unless told: fit as users write it
     splits = load_builtin(args.dataset)["splits"]  # tfgpu's built-in with tfgpu's split: the same images
     (x_train, y_train), (x_val, y_val) = ((x.astype(np.float32) / 127.5 - 1.0, y) for x, y in
                                           (splits["train"], splits["val"]))
@@ -173,7 +177,7 @@ def main(argv=None) -> int:
     outcome.update(process_s=round(time.time() - STARTED, 1), dataset=args.dataset, batch_size=args.batch_size,
                    learning_rate=args.learning_rate, epochs=args.epochs, label_smoothing=args.label_smoothing,
                    jit_compile=args.jit_compile, weight_decay=args.weight_decay,
-                   warmup_epochs=args.warmup_epochs, precision="float32",
+                   warmup_epochs=args.warmup_epochs, precision=model.dtype_policy.name,  # the policy fit trained in
                    train_examples=len(x_train), val_examples=len(x_val))
     line = json.dumps(outcome)
     print(line, flush=True)

@@ -10,9 +10,9 @@ change in the machine's load falls on both alike:
   ``--tfgpu_flag``), read back from ``D/metrics.json`` (``time_to_target_s``: wall time from the process's
   start to the evaluation that reached the target);
 - fit: ``python tools/keras_fit_to_target.py --target=T --dataset=D`` (the same built-in dataset D as the
-  flagfile's ``--dataset``, or ``--dataset`` here for both sides; ResNet-20, float32, batch 128, cosine, SGD
-  with momentum, ``model.fit`` stopped by a callback at the first epoch that reaches the target; time from that
-  script's first line).
+  flagfile's ``--dataset``, or ``--dataset`` here for both sides; ResNet-20, float32 unless ``--fit_precision``,
+  batch 128, cosine, SGD with momentum, ``model.fit`` stopped by a callback at the first epoch that reaches the
+  target; time from that script's first line).
 
 Prints each run (with the host's load average before it), the median time to target of each side with its
 min-max, and the ratio tfgpu/fit: the median of the per-repeat ratios with their min-max, so one run cannot
@@ -152,7 +152,8 @@ def read_outcome(side: str, path: str) -> dict:
     """The fields both sides share from a finished run's result file (tfgpu: metrics.json)."""
     with open(path) as f:
         result = json.load(f)
-    out = {k: result.get(k) for k in ("target", "target_reached", "time_to_target_s", "epochs_at_target")}
+    out = {k: result.get(k) for k in ("target", "target_reached", "time_to_target_s", "epochs_at_target",
+                                      "precision")}
     if side == "tfgpu":
         out["step_at_target"] = result.get("step_at_target")
     return out
@@ -227,7 +228,8 @@ def describe_run(r: dict) -> str:
             what += f", {r['after_target_s']:.1f} s after it"
     else:
         what = "target not reached" + (f" ({r['error']})" if r.get("error") else "")
-    return (f"repeat {r['repeat']} {r['side']:5}: {what}; process {r['process_wall_s']:.1f} s; "
+    precision = f" ({r['precision']})" if r.get("precision") else ""
+    return (f"repeat {r['repeat']} {r['side']:5}{precision}: {what}; process {r['process_wall_s']:.1f} s; "
             f"load before {r['load_before']:.2f}")
 
 

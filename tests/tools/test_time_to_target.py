@@ -79,6 +79,7 @@ def test_sides_alternate_and_run_the_commands_a_user_would():
     assert fit_cmd[1].endswith("tools/keras_fit_to_target.py") and "--batch_size=128" in fit_cmd
     assert "--label_smoothing=0.0" in fit_cmd  # fit as users write it, unless asked for the recipe's smoothing
     assert "--jit_compile=auto" in fit_cmd and "--dataset=digits" in fit_cmd  # the flagfile's data
+    assert "--precision=float32" in fit_cmd  # whatever tfgpu's --precision=auto picks on this host
     assert fit_json == "/w/fit1.json"
     smoothed = ttt.parser().parse_args(["--target=val_accuracy:0.97", "--fit_label_smoothing=0.1"])
     assert "--label_smoothing=0.1" in ttt.commands(smoothed, "/w", 1)["fit"][0]
@@ -91,9 +92,10 @@ def test_both_sides_train_on_the_flagfiles_dataset_or_on_the_one_named():
     assert not any(a.startswith("--dataset") for a in cmds["tfgpu"][0])  # the flagfile says it
     assert "--dataset=mnist5k" in cmds["fit"][0] and "--jit_compile=true" in cmds["fit"][0]
     recipe = ttt.parser().parse_args(["--target=val_accuracy:0.97", "--fit_weight_decay=5e-4",
-                                      "--fit_warmup_epochs=1"])
+                                      "--fit_warmup_epochs=1", "--fit_precision=mixed_bfloat16"])
     fit_cmd = ttt.commands(recipe, "/w", 0)["fit"][0]
     assert "--weight_decay=0.0005" in fit_cmd and "--warmup_epochs=1.0" in fit_cmd
+    assert "--precision=mixed_bfloat16" in fit_cmd
     named = ttt.parser().parse_args(["--target=val_accuracy:0.97", "--dataset=mnist5k"])
     cmds = ttt.commands(named, "/w", 0)
     assert "--dataset=mnist5k" in cmds["tfgpu"][0] and "--dataset=mnist5k" in cmds["fit"][0]
@@ -113,10 +115,13 @@ def test_the_flagfiles_dataset_is_read_as_tfgpu_train_reads_it(tmp_path):
 def test_both_sides_results_are_read_the_same_way(tmp_path):
     path = tmp_path / "metrics.json"
     path.write_text(json.dumps({"target": "val_accuracy:0.97", "target_reached": True, "time_to_target_s": 57.0,
-                                "step_at_target": 225, "epochs_at_target": 10.01, "val_loss": 0.1}))
-    assert ttt.read_outcome("tfgpu", str(path)) == {"target": "val_accuracy:0.97", "target_reached": True,
-                                                    "time_to_target_s": 57.0, "epochs_at_target": 10.01,
-                                                    "step_at_target": 225}
+                                "step_at_target": 225, "epochs_at_target": 10.01, "val_loss": 0.1,
+                                "precision": "mixed_bfloat16"}))
+    outcome = ttt.read_outcome("tfgpu", str(path))
+    assert outcome == {"target": "val_accuracy:0.97", "target_reached": True, "time_to_target_s": 57.0,
+                       "epochs_at_target": 10.01, "step_at_target": 225, "precision": "mixed_bfloat16"}
+    line = ttt.describe_run({**outcome, "side": "tfgpu", "repeat": 0, "process_wall_s": 60.0, "load_before": 1.0})
+    assert line.startswith("repeat 0 tfgpu (mixed_bfloat16): 57.0 s to target"), line  # which precision raced
 
 
 @pytest.mark.parametrize("args, flag", [
@@ -156,17 +161,19 @@ def test_the_fit_scripts_weight_decay_is_l2_on_the_kernels_it_is_given():
     assert float(loss(None, None)) == pytest.approx(0.25 + 0.5 * 0.1 * (1.0 + 4.0))
 
 
-# Slow (about 2 minutes on 2 cores): both sides train ResNet-20 on the digits to a low target.
+# Slow (about 2 minutes on 2 cores): both sides train ResNet-20 on the digits to a low target, fit in Keras's
+# mixed_bfloat16 policy.
 @pytest.mark.slow
 def test_the_race_end_to_end(tmp_path):
     out = tmp_path / "ttt.json"
     proc = subprocess.run([sys.executable, os.path.join(REPO, "tools", "time_to_target.py"),
                            "--target=val_accuracy:0.5", "--repeats=1", "--tfgpu_flag=--eval_every_steps=0",
-                           "--tfgpu_flag=--precision=float32", f"--output_json={out}"],
+                           "--tfgpu_flag=--precision=float32", "--fit_precision=mixed_bfloat16",
+                           f"--output_json={out}"],
                           cwd=REPO, text=True, capture_output=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     report = json.loads(out.read_text())
-    assert [r["side"] for r in report["runs"]] == ["tfgpu", "fit"]
+    assert [(r["side"], r["precision"]) for r in report["runs"]] == [("tfgpu", "float32"), ("fit", "mixed_bfloat16")]
     assert all(r["target_reached"] and 0 < r["time_to_target_s"] <= r["process_wall_s"] for r in report["runs"])
     assert report["summary"]["ratio_tfgpu_over_fit"]["n"] == 1
     assert "tfgpu/fit time-to-target ratio:" in proc.stdout
