@@ -70,10 +70,13 @@ LONG = ["--dataset=digits", "--model=small_cnn", "--global_batch_size=64", "--tr
         "--collective_timeout_s=20"]
 
 
-def _wait_for_history(model_dir, procs, lines=3, timeout=120):
+def _wait_for_loops(model_dir, procs, loops=3, timeout=120):
+    """Until the chief's history.jsonl has ``loops`` train records. Only those count: the startup record, written
+    after the first loop, made a count of lines stop one loop early (at the step-10 record, whose checkpoint may
+    still be in writing: a relaunch then started from step 0)."""
     history = model_dir / "history.jsonl"
     deadline = time.time() + timeout
-    while not (history.exists() and history.read_text().count("\n") >= lines):
+    while not (history.exists() and history.read_text().count('"kind": "train"') >= loops):
         assert all(p.poll() is None for p in procs) and time.time() < deadline, "run ended too early"
         time.sleep(0.05)
 
@@ -99,7 +102,7 @@ def test_worker_death_stops_the_survivor_and_a_relaunch_resumes_exactly(straight
     model_dir = tmp_path / "crashed"
     procs = _start_workers(LONG + [f"--model_dir={model_dir}"], data_cache)
     try:
-        _wait_for_history(model_dir, procs, lines=3)  # past the step-10 checkpoint
+        _wait_for_loops(model_dir, procs, loops=3)  # step 15: past the step-10 checkpoint
         procs[1].kill()
         started = time.time()
         survivor = procs[0].communicate(timeout=90)[0]
@@ -130,7 +133,7 @@ def test_max_restarts_lets_the_survivor_wait_for_a_replaced_worker(straight, tmp
     args = LONG + ["--max_restarts=1", f"--model_dir={model_dir}"]
     procs = _start_workers(args, data_cache, cluster=cluster)
     try:
-        _wait_for_history(model_dir, procs, lines=3)
+        _wait_for_loops(model_dir, procs, loops=3)
         procs[1].kill()
         procs[1].wait()
         replacement = _worker(args, data_cache, cluster, 1)
@@ -156,7 +159,7 @@ def test_sigterm_to_one_worker_checkpoints_all_at_the_same_step(tmp_path, data_c
     model_dir = tmp_path / "run"
     procs = _start_workers(LONG + ["--train_steps=400", f"--model_dir={model_dir}"], data_cache)
     try:
-        _wait_for_history(model_dir, procs, lines=2)
+        _wait_for_loops(model_dir, procs, loops=2)
         procs[1].send_signal(signal.SIGTERM)
         outputs = [p.communicate(timeout=90)[0] for p in procs]
     finally:
