@@ -39,13 +39,13 @@ def slurm_cluster():
 class Job:
     """One sbatch of the template with a tiny digits run; its output file and model_dir live under tmp_path."""
 
-    def __init__(self, tmp_path, data_cache, steps, *train_flags):
+    def __init__(self, tmp_path, data_cache, steps, *train_flags, python=sys.executable):
         self.out, self.model_dir, self.tmp = tmp_path / "job.out", tmp_path / "run", tmp_path / "tmp"
         self.tmp.mkdir()
         flags = tmp_path / "tiny.flags"
         flags.write_text("--dataset=digits\n--model=small_cnn\n--global_batch_size=64\n--steps_per_loop=4\n"
                          f"--checkpoint_every_steps=8\n--eval_split=none\n--train_steps={steps}\n")
-        env = {**os.environ, "TFGPU_PYTHON": sys.executable, "TFGPU_DATA_CACHE": data_cache,
+        env = {**os.environ, "TFGPU_PYTHON": str(python), "TFGPU_DATA_CACHE": data_cache,
                "TF_CPP_MIN_LOG_LEVEL": "2", "TMPDIR": str(self.tmp)}
         env.pop("TF_CONFIG", None)
         proc = subprocess.run(["sbatch", "--parsable", "--job-name=tfgpu-test", *CPU_PARTITION,
@@ -105,8 +105,8 @@ class Job:
 def submit(slurm_cluster, tmp_path, data_cache):
     jobs = []
 
-    def run(steps, *train_flags):
-        jobs.append(Job(tmp_path, data_cache, steps, *train_flags))
+    def run(steps, *train_flags, python=sys.executable):
+        jobs.append(Job(tmp_path, data_cache, steps, *train_flags, python=python))
         return jobs[-1]
 
     yield run
@@ -194,6 +194,33 @@ def test_a_configuration_error_exits_1_and_is_not_requeued(submit):
     assert "tfgpu: configuration error (exit 1): not requeueing" in out
     time.sleep(3)
     assert job.info()["JobState"] == "FAILED"  # still: nothing requeued it
+
+
+# Stands in for TFGPU_PYTHON to fix the order of a race: task 1 rejects its flags at once while task 0 is still
+# starting (importing TensorFlow takes seconds), so srun's --kill-on-bad-exit stops task 0 with SIGTERM.
+ONE_TASK_REJECTS_ITS_FLAGS = """#!/bin/bash
+if [ "$SLURM_PROCID" = 1 ]; then
+  echo "error: --no_such_flag: unknown flag for python -m tfgpu.train" >&2
+  exit 1
+fi
+exec sleep 120
+"""
+
+
+def test_a_configuration_error_is_not_requeued_when_srun_stops_the_other_task_first(submit, tmp_path):
+    """srun then exits 143 (its stopped task's 128+SIGTERM), as for a preemption; CI saw the real run requeue once
+    this way. The template reads each task's code from srun's own lines and finds the 1."""
+    python = tmp_path / "python"
+    python.write_text(ONE_TASK_REJECTS_ITS_FLAGS)
+    python.chmod(0o755)
+    job = submit(16, "--no_such_flag=1", python=python)
+    info = job.wait_until_final()
+    out = job.output()
+    assert re.search(r"^srun: error: \S+: task 1: Exited with exit code 1$", out, re.M), out[-4000:]
+    assert re.search(r"^srun: error: \S+: task 0: Terminated$", out, re.M), out[-4000:]  # the race, forced
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("FAILED", "1:0", "0"), out[-4000:]
+    assert "tfgpu: configuration error (exit 1): not requeueing" in out
+    assert "requeueing to resume" not in out
 
 
 def test_a_cancelled_job_is_not_requeued(submit):
