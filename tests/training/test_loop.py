@@ -1,4 +1,7 @@
 """The compiled loop: n steps per host call, metric sums over replicas, skipped runs counted across loops."""
+import threading
+import time
+
 import pytest
 import tensorflow as tf
 
@@ -88,3 +91,31 @@ def test_one_cpu_replica_reads_its_dataset_directly_and_devices_get_the_distribu
     assert loop.as_floats(taken) == {"loss": 12.0}  # 2 x (0 + 1 + 2 + 3): every batch once, in order
     distributed = loop.input_iterator(strategy, _placement([gpu]), batches)
     assert isinstance(distributed, tf.distribute.DistributedIterator)
+
+
+def test_a_released_feed_stops_its_pipeline_on_another_thread_and_the_caller_does_not_wait():
+    """Destroying a tf.data iterator waits for its pipeline's threads (in TF 2.21 sometimes for the autotune
+    thread's whole sleep, up to a minute); ``Feed.release`` leaves that wait to a daemon thread."""
+    in_flight = threading.Event()
+
+    def slow(x):
+        if x >= 2:  # elements 0 and 1 make the first batch; 2 and 3 are then being read when the feed is released
+            in_flight.set()
+        time.sleep(1.5)
+        return x
+
+    batches = lambda ctx: tf.data.Dataset.range(100).map(  # noqa: E731
+        lambda x: tf.py_function(slow, [x], tf.int64), num_parallel_calls=2).batch(2)
+    cpu = "/job:localhost/replica:0/task:0/device:CPU:0"
+    feed = loop.Feed(tf.distribute.OneDeviceStrategy("/cpu:0"), _placement([cpu]), batches)
+    assert next(feed.iterator).numpy().tolist() == [0, 1]
+    assert in_flight.wait(10)
+
+    started = time.perf_counter()
+    feed.release()
+    assert time.perf_counter() - started < 0.5  # destroying it here waits for the 1.5 s reads in flight
+    assert feed.iterator is None
+    (releasing,) = [t for t in threading.enumerate() if t.name == "tfgpu-release-input"]
+    assert releasing.daemon and releasing.is_alive()  # still waiting for those reads
+    releasing.join(30)
+    assert not releasing.is_alive()  # the pipeline did stop

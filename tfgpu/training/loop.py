@@ -6,6 +6,8 @@ shares are added per replica to sync-on-read variables, which the same call read
 and zeroes, and returns: one host call per loop, no eager op between loops; a run of consecutive skipped
 (non-finite) steps is counted across loops.
 """
+import threading
+
 import tensorflow as tf
 
 
@@ -26,6 +28,28 @@ def input_iterator(strategy, placement, dataset_fn):
     if host_cpu_only(placement):
         return iter(dataset_fn(tf.distribute.InputContext()))
     return iter(strategy.distribute_datasets_from_function(dataset_fn))
+
+
+class Feed:
+    """The one reference to an input pipeline's iterator (``input_iterator``), so that ``release`` can destroy the
+    pipeline on another thread: in TensorFlow 2.21 destroying an autotuned tf.data iterator can block for up to a
+    minute (``release``)."""
+
+    def __init__(self, strategy, placement, dataset_fn):
+        self.iterator = input_iterator(strategy, placement, dataset_fn)
+
+    def release(self) -> None:
+        """Drops the iterator; its pipeline is destroyed on a daemon thread and the caller goes on at once.
+
+        The iterator's destructor stops tf.data's autotune thread and waits for it. That thread sleeps between
+        optimizations, 10 ms at first and twice as long after each, up to 60 s. ``CancellationManager::StartCancel``
+        runs the callback that wakes it before it marks itself cancelled, so a thread that wakes in between finds
+        no cancellation and sleeps out its period. Measured on 2 cores: 13 of 100 deletions of 2-second-old
+        iterators waited 0.54 s (none with autotune off), and 5 of 57 runs of mnist5k to a target waited 1.5 to
+        38 s at that ``del`` (native stacks: the main thread in ``RootDataset::Iterator::~Iterator``, the autotune
+        thread asleep in ``Model::OptimizeLoop``). The destroying thread holds no GIL while it waits."""
+        held, self.iterator = [self.iterator], None
+        threading.Thread(target=held.clear, name="tfgpu-release-input", daemon=True).start()
 
 
 def accumulators(strategy, names) -> dict:

@@ -204,9 +204,9 @@ class Trainer:
         def run_eval():
             steps = pipeline.eval_steps(self.inputs, self.info, self.placement.num_workers,
                                         self.placement.num_replicas)
-            iterator = loop.input_iterator(self.strategy, self.placement,
-                                           pipeline.eval_dataset_fn(self.inputs, self.info, steps))
-            sums, _ = self._eval_loop(iterator, tf.constant(steps))
+            feed = loop.Feed(self.strategy, self.placement, pipeline.eval_dataset_fn(self.inputs, self.info, steps))
+            sums, _ = self._eval_loop(feed.iterator, tf.constant(steps))
+            feed.release()
             return loop.as_floats(sums)
 
         start = time.time()
@@ -294,8 +294,7 @@ class Trainer:
         eval_steps = self._eval_steps()
         stopped = self._resumed_at_target(step)  # at the target: no more training, no more evaluation
         if step < self.total_steps and not stopped:
-            iterator = loop.input_iterator(self.strategy, self.placement,
-                                           pipeline.train_dataset_fn(self.inputs, self.info, step))
+            feed = loop.Feed(self.strategy, self.placement, pipeline.train_dataset_fn(self.inputs, self.info, step))
             profiled = self._profile_input(step) if config.profile_input else None
             progress = Progress(config.verbose, self.total_steps, step, self.chief,
                                 [s.name for s in self.declarations.metrics if s.progress],
@@ -308,7 +307,7 @@ class Trainer:
                     num_steps = min(config.steps_per_loop, boundary - step)
                     started = time.perf_counter()
                     try:
-                        sums, longest_skipped_run = self._train_loop(iterator, tf.constant(num_steps, tf.int64))
+                        sums, longest_skipped_run = self._train_loop(feed.iterator, tf.constant(num_steps, tf.int64))
                         sums = loop.as_floats(sums)  # reading waits for the steps to finish
                     except tf.errors.DataLossError:
                         raise self._corrupt_data_error() from None
@@ -342,9 +341,7 @@ class Trainer:
                     if self.task.at_step(step):
                         self._trace_train_loop()
             progress.close()
-            # Release the train pipeline now: alive through the final evaluation, its destruction afterwards
-            # waited 6-41 s for tf.data threads (quickstart on 2 loaded cores); released here it takes 0.01 s.
-            del iterator
+            feed.release()  # destroyed on another thread: TF can block that for up to a minute (loop.Feed)
             if not stopped:
                 self.checkpointer.save()
             if profiled:
