@@ -45,8 +45,8 @@ class Feed:
         optimizations, 10 ms at first and twice as long after each, up to 60 s. ``CancellationManager::StartCancel``
         runs the callback that wakes it before it marks itself cancelled, so a thread that wakes in between finds
         no cancellation and sleeps out its period. Measured on 2 cores: 13 of 100 deletions of 2-second-old
-        iterators waited 0.54 s (none with autotune off), and 5 of 57 runs of mnist5k to a target waited 1.5 to
-        38 s at that ``del`` (native stacks: the main thread in ``RootDataset::Iterator::~Iterator``, the autotune
+        iterators waited 0.54 s (none with autotune off), and 5 of 42 runs of mnist5k to a target waited 1.5 to
+        38.5 s at that ``del`` (native stacks: the main thread in ``RootDataset::Iterator::~Iterator``, the autotune
         thread asleep in ``Model::OptimizeLoop``). The destroying thread holds no GIL while it waits."""
         held, self.iterator = [self.iterator], None
         threading.Thread(target=held.clear, name="tfgpu-release-input", daemon=True).start()
