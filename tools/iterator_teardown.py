@@ -44,7 +44,7 @@ def measure(mode: str, deletions: int, age_s: float) -> list:
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     waits = []
     for _ in range(deletions):
-        feed = loop.Feed(strategy, placement, lambda ctx: dataset)
+        feed = loop.Feed(loop.input_iterator(strategy, placement, lambda ctx: dataset))
         end = time.time() + age_s
         while time.time() < end:
             next(feed.iterator)

@@ -107,7 +107,7 @@ def test_a_released_feed_stops_its_pipeline_on_another_thread_and_the_caller_doe
     batches = lambda ctx: tf.data.Dataset.range(100).map(  # noqa: E731
         lambda x: tf.py_function(slow, [x], tf.int64), num_parallel_calls=2).batch(2)
     cpu = "/job:localhost/replica:0/task:0/device:CPU:0"
-    feed = loop.Feed(tf.distribute.OneDeviceStrategy("/cpu:0"), _placement([cpu]), batches)
+    feed = loop.Feed(loop.input_iterator(tf.distribute.OneDeviceStrategy("/cpu:0"), _placement([cpu]), batches))
     assert next(feed.iterator).numpy().tolist() == [0, 1]
     assert in_flight.wait(10)
 

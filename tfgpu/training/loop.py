@@ -31,12 +31,12 @@ def input_iterator(strategy, placement, dataset_fn):
 
 
 class Feed:
-    """The one reference to an input pipeline's iterator (``input_iterator``), so that ``release`` can destroy the
-    pipeline on another thread: in TensorFlow 2.21 destroying an autotuned tf.data iterator can block for up to a
-    minute (``release``)."""
+    """The one reference to an input pipeline's iterator (``input_iterator``'s, or any tf.data iterator), so that
+    ``release`` can destroy the pipeline on another thread: in TensorFlow 2.21 destroying an autotuned tf.data
+    iterator can block for up to a minute (``release``). The caller keeps no other reference."""
 
-    def __init__(self, strategy, placement, dataset_fn):
-        self.iterator = input_iterator(strategy, placement, dataset_fn)
+    def __init__(self, iterator):
+        self.iterator = iterator
 
     def release(self) -> None:
         """Drops the iterator; its pipeline is destroyed on a daemon thread and the caller goes on at once.

@@ -204,7 +204,8 @@ class Trainer:
         def run_eval():
             steps = pipeline.eval_steps(self.inputs, self.info, self.placement.num_workers,
                                         self.placement.num_replicas)
-            feed = loop.Feed(self.strategy, self.placement, pipeline.eval_dataset_fn(self.inputs, self.info, steps))
+            feed = loop.Feed(loop.input_iterator(self.strategy, self.placement,
+                                                 pipeline.eval_dataset_fn(self.inputs, self.info, steps)))
             sums, _ = self._eval_loop(feed.iterator, tf.constant(steps))
             feed.release()
             return loop.as_floats(sums)
@@ -294,7 +295,8 @@ class Trainer:
         eval_steps = self._eval_steps()
         stopped = self._resumed_at_target(step)  # at the target: no more training, no more evaluation
         if step < self.total_steps and not stopped:
-            feed = loop.Feed(self.strategy, self.placement, pipeline.train_dataset_fn(self.inputs, self.info, step))
+            feed = loop.Feed(loop.input_iterator(self.strategy, self.placement,
+                                                 pipeline.train_dataset_fn(self.inputs, self.info, step)))
             profiled = self._profile_input(step) if config.profile_input else None
             progress = Progress(config.verbose, self.total_steps, step, self.chief,
                                 [s.name for s in self.declarations.metrics if s.progress],

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from tfgpu.config import ConfigError
 from tfgpu.runtime import fileio
+from tfgpu.training import loop
 
 log = logging.getLogger("tfgpu")
 
@@ -199,9 +200,11 @@ class GanEvaluation:
             return augment.preprocess_eval(features, h, c), features[tfrecord.LABEL]
 
         images, labels = [], []
-        for x, y in records.take(limit).map(parse, num_parallel_calls=tf.data.AUTOTUNE).batch(512):
+        feed = loop.Feed(iter(records.take(limit).map(parse, num_parallel_calls=tf.data.AUTOTUNE).batch(512)))
+        for x, y in feed.iterator:
             images.append(x.numpy())
             labels.append(y.numpy())
+        feed.release()  # its destruction can wait up to the read's length (training/loop.py: Feed.release)
         if not images:
             raise ConfigError("data_dir", f"split {split!r} of {self.info.name} is empty")
         return np.concatenate(images), np.concatenate(labels)
