@@ -219,11 +219,12 @@ def test_scattered_skips_do_not_stop_the_run(tmp_path, data_cache):
     assert [r["nonfinite_steps"] for r in read_history(tmp_path)] == [1, 1, 1, 1, 1, 1]
 
 
-def test_consecutive_skips_across_a_loop_boundary_stop_the_run(tmp_path, data_cache):
+def test_consecutive_skips_across_a_loop_boundary_stop_the_run(tmp_path, data_cache, monkeypatch):
     import keras
 
     from tfgpu.training import trainer
 
+    feeds = _recorded_feeds(monkeypatch)
     run, _ = _trainer_skipping(tmp_path, data_cache, lambda s: 6 <= s < 9, max_nonfinite_steps=3)
     try:
         with pytest.raises(trainer.NonFiniteError, match=r"^3 consecutive steps \(no finite step between them.*"
@@ -231,6 +232,7 @@ def test_consecutive_skips_across_a_loop_boundary_stop_the_run(tmp_path, data_ca
             run.train()
     finally:
         keras.backend.clear_session(free_memory=False)
+    assert feeds[0].iterator is None  # a run that stops on an error lets go of its train input too
 
 
 def test_the_schedule_follows_the_trainer_step_through_skips_and_a_resume(tmp_path, data_cache):
@@ -295,25 +297,30 @@ def test_a_kernel_error_fails_as_itself_not_as_a_lost_worker(tmp_path, data_cach
     assert train.main(["--dataset=digits", f"--model_dir={tmp_path}"]) == trainer.KERNEL_FAILED_EXIT_CODE == 3
 
 
-def test_the_train_pipeline_is_released_before_the_final_evaluation(tmp_path, data_cache, monkeypatch):
-    """The train input's tf.data threads, left alive through the final evaluation, took 6-41 s to stop after it
-    (the quickstart on 2 loaded cores): the user waited that long after the last step for the outputs."""
-    import weakref
+def _recorded_feeds(monkeypatch) -> list:
+    """Every loop.Feed the trainer makes from now on, in order (the train input's first)."""
+    from tfgpu.training import loop
 
+    feeds = []
+
+    class Recorded(loop.Feed):
+        def __init__(self, iterator):
+            super().__init__(iterator)
+            feeds.append(self)
+
+    monkeypatch.setattr(loop, "Feed", Recorded)
+    return feeds
+
+
+def test_the_train_pipeline_is_released_before_the_final_evaluation(tmp_path, data_cache, monkeypatch):
+    """The train input is let go of (its destruction handed to another thread, loop.Feed.release) before the final
+    evaluation: destroyed on the trainer's thread it could keep the user waiting up to a minute for the outputs."""
     import keras
 
     from tfgpu.config import Config
-    from tfgpu.training import experiment, loop
+    from tfgpu.training import experiment
 
-    made = []
-    real = loop.input_iterator
-
-    def tracked(*args):
-        iterator = real(*args)
-        made.append(weakref.ref(iterator))
-        return iterator
-
-    monkeypatch.setattr(loop, "input_iterator", tracked)
+    feeds = _recorded_feeds(monkeypatch)
     config = Config(model_dir=str(tmp_path), dataset="digits", data_cache_dir=data_cache, model="small_cnn",
                     global_batch_size=16, train_steps=4, steps_per_loop=2, tensorboard=False, verbose=0)
     run = experiment.setup(config).trainer
@@ -321,7 +328,7 @@ def test_the_train_pipeline_is_released_before_the_final_evaluation(tmp_path, da
     evaluate = run.evaluate
 
     def noting(step, record=True):
-        train_input_alive.append(made[0]() is not None)
+        train_input_alive.append(feeds[0].iterator is not None)
         return evaluate(step, record)
 
     run.evaluate = noting

@@ -297,53 +297,57 @@ class Trainer:
         if step < self.total_steps and not stopped:
             feed = loop.Feed(loop.input_iterator(self.strategy, self.placement,
                                                  pipeline.train_dataset_fn(self.inputs, self.info, step)))
-            profiled = self._profile_input(step) if config.profile_input else None
-            progress = Progress(config.verbose, self.total_steps, step, self.chief,
-                                [s.name for s in self.declarations.metrics if s.progress],
-                                self.target.metric if self.target else "")
-            profile = [int(s) for s in config.profile_steps.split(",")] if config.profile_steps else []
-            for boundary in (b for b in self._boundaries() if b > step):
-                while step < boundary:
-                    if profile and step == profile[0] and self.chief:
-                        tf.profiler.experimental.start(os.path.join(self.model_dir, "profile"))
-                    num_steps = min(config.steps_per_loop, boundary - step)
-                    started = time.perf_counter()
-                    try:
-                        sums, longest_skipped_run = self._train_loop(feed.iterator, tf.constant(num_steps, tf.int64))
-                        sums = loop.as_floats(sums)  # reading waits for the steps to finish
-                    except tf.errors.DataLossError:
-                        raise self._corrupt_data_error() from None
-                    elapsed = time.perf_counter() - started
-                    first_loop = step == start_step
-                    step += num_steps
-                    self._steps_done = step
-                    if profile and step == profile[-1] and self.chief:
-                        tf.profiler.experimental.stop()
-                    last = self._log_loop(step, num_steps, sums, elapsed, progress)
-                    if not first_loop:  # the first loop includes tracing and compilation
-                        rates.append(last["record"]["examples_per_sec"])
-                    elif self.startup:
-                        self._end_startup(start_step)
-                    self._stop_on_skipped_run(step, int(round(float(longest_skipped_run))))
-                    if self._any_worker_preempted():
-                        self.checkpointer.save()
-                        log.warning("preempted: checkpoint saved at step %d; rerun the same command to resume", step)
-                        raise Preempted(step)
-                if step < self.total_steps:
-                    saved = bool(config.checkpoint_every_steps and step % config.checkpoint_every_steps == 0)
-                    if saved:
-                        self.checkpointer.save()
-                    if step in eval_steps:
-                        last_eval = self.evaluate(step)
-                        stopped = self._reaches_target(step, last_eval, progress)
-                        if stopped:
-                            if not saved:
-                                self.checkpointer.save()
-                            break
-                    if self.task.at_step(step):
-                        self._trace_train_loop()
-            progress.close()
-            feed.release()  # destroyed on another thread: TF can block that for up to a minute (loop.Feed)
+            try:
+                profiled = self._profile_input(step) if config.profile_input else None
+                progress = Progress(config.verbose, self.total_steps, step, self.chief,
+                                    [s.name for s in self.declarations.metrics if s.progress],
+                                    self.target.metric if self.target else "")
+                profile = [int(s) for s in config.profile_steps.split(",")] if config.profile_steps else []
+                for boundary in (b for b in self._boundaries() if b > step):
+                    while step < boundary:
+                        if profile and step == profile[0] and self.chief:
+                            tf.profiler.experimental.start(os.path.join(self.model_dir, "profile"))
+                        num_steps = min(config.steps_per_loop, boundary - step)
+                        started = time.perf_counter()
+                        try:
+                            sums, longest_skipped_run = self._train_loop(feed.iterator,
+                                                                         tf.constant(num_steps, tf.int64))
+                            sums = loop.as_floats(sums)  # reading waits for the steps to finish
+                        except tf.errors.DataLossError:
+                            raise self._corrupt_data_error() from None
+                        elapsed = time.perf_counter() - started
+                        first_loop = step == start_step
+                        step += num_steps
+                        self._steps_done = step
+                        if profile and step == profile[-1] and self.chief:
+                            tf.profiler.experimental.stop()
+                        last = self._log_loop(step, num_steps, sums, elapsed, progress)
+                        if not first_loop:  # the first loop includes tracing and compilation
+                            rates.append(last["record"]["examples_per_sec"])
+                        elif self.startup:
+                            self._end_startup(start_step)
+                        self._stop_on_skipped_run(step, int(round(float(longest_skipped_run))))
+                        if self._any_worker_preempted():
+                            self.checkpointer.save()
+                            log.warning("preempted: checkpoint saved at step %d; rerun the same command to resume",
+                                        step)
+                            raise Preempted(step)
+                    if step < self.total_steps:
+                        saved = bool(config.checkpoint_every_steps and step % config.checkpoint_every_steps == 0)
+                        if saved:
+                            self.checkpointer.save()
+                        if step in eval_steps:
+                            last_eval = self.evaluate(step)
+                            stopped = self._reaches_target(step, last_eval, progress)
+                            if stopped:
+                                if not saved:
+                                    self.checkpointer.save()
+                                break
+                        if self.task.at_step(step):
+                            self._trace_train_loop()
+                progress.close()
+            finally:
+                feed.release()  # on another thread: TF can block that for up to a minute (loop.Feed)
             if not stopped:
                 self.checkpointer.save()
             if profiled:
