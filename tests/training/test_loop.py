@@ -95,7 +95,7 @@ def test_one_cpu_replica_reads_its_dataset_directly_and_devices_get_the_distribu
 
 def test_a_released_feed_stops_its_pipeline_on_another_thread_and_the_caller_does_not_wait():
     """Destroying a tf.data iterator waits for its pipeline's threads (in TF 2.21 sometimes for the autotune
-    thread's whole sleep, up to a minute); ``Feed.release`` leaves that wait to a daemon thread."""
+    thread's whole sleep, up to a minute); ``Feed.release`` leaves that wait to another thread."""
     in_flight = threading.Event()
 
     def slow(x):
@@ -116,6 +116,7 @@ def test_a_released_feed_stops_its_pipeline_on_another_thread_and_the_caller_doe
     assert time.perf_counter() - started < 0.5  # destroying it here waits for the 1.5 s reads in flight
     assert feed.iterator is None
     (releasing,) = [t for t in threading.enumerate() if t.name == "tfgpu-release-input"]
-    assert releasing.daemon and releasing.is_alive()  # still waiting for those reads
+    assert releasing.is_alive()  # still waiting for those reads
+    assert not releasing.daemon  # the interpreter waits for it: a daemon ending mid-finalization aborts
     releasing.join(30)
     assert not releasing.is_alive()  # the pipeline did stop

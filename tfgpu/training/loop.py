@@ -39,7 +39,7 @@ class Feed:
         self.iterator = iterator
 
     def release(self) -> None:
-        """Drops the iterator; its pipeline is destroyed on a daemon thread and the caller goes on at once.
+        """Drops the iterator; its pipeline is destroyed on another thread and the caller goes on at once.
 
         The iterator's destructor stops tf.data's autotune thread and waits for it. That thread sleeps between
         optimizations, 10 ms at first and twice as long after each, up to 60 s. ``CancellationManager::StartCancel``
@@ -47,9 +47,14 @@ class Feed:
         no cancellation and sleeps out its period. Measured on 2 cores: 13 of 100 deletions of 2-second-old
         iterators waited 0.54 s (none with autotune off), and 5 of 42 runs of mnist5k to a target waited 1.5 to
         38.5 s at that ``del`` (native stacks: the main thread in ``RootDataset::Iterator::~Iterator``, the autotune
-        thread asleep in ``Model::OptimizeLoop``). The destroying thread holds no GIL while it waits."""
+        thread asleep in ``Model::OptimizeLoop``). The destroying thread holds no GIL while it waits.
+
+        Not a daemon thread: the interpreter waits for it at exit. A daemon thread that finishes the destruction
+        while the interpreter finalizes is ended by Python 3.11 with ``pthread_exit`` through TensorFlow's C++
+        frames, which aborts the process ("FATAL: exception not rethrown"; seen when a preempted worker exited
+        143 right after its release). So in the race a process still exits late, but after its outputs."""
         held, self.iterator = [self.iterator], None
-        threading.Thread(target=held.clear, name="tfgpu-release-input", daemon=True).start()
+        threading.Thread(target=held.clear, name="tfgpu-release-input").start()
 
 
 def accumulators(strategy, names) -> dict:
