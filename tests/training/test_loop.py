@@ -111,11 +111,12 @@ def test_a_released_feed_stops_its_pipeline_on_another_thread_and_the_caller_doe
     assert next(feed.iterator).numpy().tolist() == [0, 1]
     assert in_flight.wait(10)
 
+    earlier = set(threading.enumerate())  # other tests' releases may still be running in this process
     started = time.perf_counter()
     feed.release()
     assert time.perf_counter() - started < 0.5  # destroying it here waits for the 1.5 s reads in flight
     assert feed.iterator is None
-    (releasing,) = [t for t in threading.enumerate() if t.name == "tfgpu-release-input"]
+    (releasing,) = [t for t in threading.enumerate() if t.name == "tfgpu-release-input" and t not in earlier]
     assert releasing.is_alive()  # still waiting for those reads
     assert not releasing.daemon  # the interpreter waits for it: a daemon ending mid-finalization aborts
     releasing.join(30)
