@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from tfgpu.reporting.report import input_verdict
 from tfgpu.runtime.fileio import atomic_write_bytes
+from tfgpu.training import loop
 
 log = logging.getLogger("tfgpu")
 
@@ -43,12 +44,15 @@ def measure(strategy, make_iterator, dataset_fn, train_loop, checkpoint_items: d
                 tensor.numpy()  # reading what the call returns (the loop's sums, the drained total) waits for it
         return batches * examples_per_iteration / (time.perf_counter() - started)
 
-    input_rate = rate(drain, make_iterator(dataset_fn), examples_per_batch)
+    pipeline = loop.Feed(make_iterator(dataset_fn))  # released off-thread, as the run's own (loop.Feed)
+    input_rate = rate(drain, pipeline.iterator, examples_per_batch)
+    pipeline.release()
     snapshot = tf.train.Checkpoint(**checkpoint_items)
     with tempfile.TemporaryDirectory(prefix="tfgpu-profile-") as tmp:
         saved = snapshot.write(os.path.join(tmp, "snapshot"))
-        one_batch = make_iterator(lambda ctx: dataset_fn(ctx).take(1).cache().repeat())
-        compute_rate = rate(train_loop, one_batch, examples_per_step)
+        one_batch = loop.Feed(make_iterator(lambda ctx: dataset_fn(ctx).take(1).cache().repeat()))
+        compute_rate = rate(train_loop, one_batch.iterator, examples_per_step)
+        one_batch.release()
         snapshot.read(saved).assert_consumed()
     on_done()
     return {"input_examples_per_sec": input_rate, "compute_examples_per_sec": compute_rate}
