@@ -44,15 +44,13 @@ def measure(strategy, make_iterator, dataset_fn, train_loop, checkpoint_items: d
                 tensor.numpy()  # reading what the call returns (the loop's sums, the drained total) waits for it
         return batches * examples_per_iteration / (time.perf_counter() - started)
 
-    pipeline = loop.Feed(make_iterator(dataset_fn))  # released off-thread, as the run's own (loop.Feed)
-    input_rate = rate(drain, pipeline.iterator, examples_per_batch)
-    pipeline.release()
+    with loop.Feed(make_iterator(dataset_fn)) as pipeline:  # released off-thread, as the run's own (loop.Feed)
+        input_rate = rate(drain, pipeline.iterator, examples_per_batch)
     snapshot = tf.train.Checkpoint(**checkpoint_items)
     with tempfile.TemporaryDirectory(prefix="tfgpu-profile-") as tmp:
         saved = snapshot.write(os.path.join(tmp, "snapshot"))
-        one_batch = loop.Feed(make_iterator(lambda ctx: dataset_fn(ctx).take(1).cache().repeat()))
-        compute_rate = rate(train_loop, one_batch.iterator, examples_per_step)
-        one_batch.release()
+        with loop.Feed(make_iterator(lambda ctx: dataset_fn(ctx).take(1).cache().repeat())) as one_batch:
+            compute_rate = rate(train_loop, one_batch.iterator, examples_per_step)
         snapshot.read(saved).assert_consumed()
     on_done()
     return {"input_examples_per_sec": input_rate, "compute_examples_per_sec": compute_rate}

@@ -33,10 +33,17 @@ def input_iterator(strategy, placement, dataset_fn):
 class Feed:
     """The one reference to an input pipeline's iterator (``input_iterator``'s, or any tf.data iterator), so that
     ``release`` can destroy the pipeline on another thread: in TensorFlow 2.21 destroying an autotuned tf.data
-    iterator can block for up to a minute (``release``). The caller keeps no other reference."""
+    iterator can block for up to a minute (``release``). The caller keeps no other reference. As a context
+    manager it releases on leaving the block, an exception included."""
 
     def __init__(self, iterator):
         self.iterator = iterator
+
+    def __enter__(self) -> "Feed":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.release()
 
     def release(self) -> None:
         """Drops the iterator; its pipeline is destroyed on another thread and the caller goes on at once.

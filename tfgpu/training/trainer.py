@@ -204,10 +204,9 @@ class Trainer:
         def run_eval():
             steps = pipeline.eval_steps(self.inputs, self.info, self.placement.num_workers,
                                         self.placement.num_replicas)
-            feed = loop.Feed(loop.input_iterator(self.strategy, self.placement,
-                                                 pipeline.eval_dataset_fn(self.inputs, self.info, steps)))
-            sums, _ = self._eval_loop(feed.iterator, tf.constant(steps))
-            feed.release()
+            with loop.Feed(loop.input_iterator(self.strategy, self.placement,
+                                               pipeline.eval_dataset_fn(self.inputs, self.info, steps))) as feed:
+                sums, _ = self._eval_loop(feed.iterator, tf.constant(steps))
             return loop.as_floats(sums)
 
         start = time.time()
@@ -295,9 +294,9 @@ class Trainer:
         eval_steps = self._eval_steps()
         stopped = self._resumed_at_target(step)  # at the target: no more training, no more evaluation
         if step < self.total_steps and not stopped:
-            feed = loop.Feed(loop.input_iterator(self.strategy, self.placement,
-                                                 pipeline.train_dataset_fn(self.inputs, self.info, step)))
-            try:
+            # Released on leaving the block, an error or a preemption included (loop.Feed: TF can block that)
+            with loop.Feed(loop.input_iterator(self.strategy, self.placement,
+                                               pipeline.train_dataset_fn(self.inputs, self.info, step))) as feed:
                 profiled = self._profile_input(step) if config.profile_input else None
                 progress = Progress(config.verbose, self.total_steps, step, self.chief,
                                     [s.name for s in self.declarations.metrics if s.progress],
@@ -346,8 +345,6 @@ class Trainer:
                         if self.task.at_step(step):
                             self._trace_train_loop()
                 progress.close()
-            finally:
-                feed.release()  # on another thread: TF can block that for up to a minute (loop.Feed)
             if not stopped:
                 self.checkpointer.save()
             if profiled:

@@ -200,11 +200,11 @@ class GanEvaluation:
             return augment.preprocess_eval(features, h, c), features[tfrecord.LABEL]
 
         images, labels = [], []
-        feed = loop.Feed(iter(records.take(limit).map(parse, num_parallel_calls=tf.data.AUTOTUNE).batch(512)))
-        for x, y in feed.iterator:
-            images.append(x.numpy())
-            labels.append(y.numpy())
-        feed.release()  # its destruction can wait up to the read's length (training/loop.py: Feed.release)
+        # Released off-thread: its destruction can wait up to the read's length (training/loop.py: Feed)
+        with loop.Feed(iter(records.take(limit).map(parse, num_parallel_calls=tf.data.AUTOTUNE).batch(512))) as feed:
+            for x, y in feed.iterator:
+                images.append(x.numpy())
+                labels.append(y.numpy())
         if not images:
             raise ConfigError("data_dir", f"split {split!r} of {self.info.name} is empty")
         return np.concatenate(images), np.concatenate(labels)
