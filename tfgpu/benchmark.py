@@ -44,6 +44,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is impor
 
 from tfgpu import cli  # noqa: E402
 from tfgpu.config import PRECISIONS, ConfigError  # noqa: E402
+from tfgpu.runtime import process_exit  # noqa: E402
 
 USAGE = ("python -m tfgpu.benchmark --model=NAME [--image_size=N] [--batch_size=B,...|auto] [--precision=P,...] "
          "[--jit_compile=false,true] [--baseline=keras_fit,...] [--output_json=F] [train flags for model, data, "
@@ -160,5 +161,11 @@ def main(argv=None) -> int:
     return 2 if failed else 0
 
 
+def run():
+    """The command (``python -m tfgpu.benchmark`` and its console script): ``main``, then the process ends at once,
+    not held open by TensorFlow (``process_exit``)."""
+    process_exit.exit_command(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -13,7 +13,7 @@ import sys
 
 from tfgpu import cli
 from tfgpu.config import ConfigError
-from tfgpu.runtime import fileio
+from tfgpu.runtime import fileio, process_exit
 
 USAGE = "python -m tfgpu.evaluate --model_dir=D [--checkpoint=PATH] [--data=DIR|NAME] [--output_json=F] [train flags]"
 
@@ -86,5 +86,11 @@ def main(argv=None) -> int:
     return 0
 
 
+def run():
+    """The command (``python -m tfgpu.evaluate`` and its console script): ``main``, then the process ends at once,
+    not held open by TensorFlow (``process_exit``)."""
+    process_exit.exit_command(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -7,7 +7,6 @@ flagfile is resolved against that file's directory first). Exit codes: 0 done,
 1 bad flag or input, 2 too many non-finite steps, 3 a GPU kernel failed, 129 a
 worker was lost (after ``--max_restarts`` re-executions).
 """
-import gc
 import time
 
 PROCESS_STARTED = time.time()  # as early as this command can know it: --target's time_to_target_s counts from here
@@ -18,7 +17,7 @@ import sys  # noqa: E402
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported anywhere
 
 from tfgpu import cli  # noqa: E402
-from tfgpu.runtime import logs
+from tfgpu.runtime import logs, process_exit  # noqa: E402
 from tfgpu.training.history import PhaseTimer  # noqa: E402
 from tfgpu import config as config_lib  # noqa: E402
 from tfgpu.config import ConfigError  # noqa: E402
@@ -114,9 +113,11 @@ def main(argv=None) -> int:
     return 0
 
 
+def run():
+    """The command (``python -m tfgpu.train`` and its console script): ``main``, then the process ends at once,
+    not held open by TensorFlow (``process_exit``)."""
+    process_exit.exit_command(main())
+
+
 if __name__ == "__main__":
-    code = main()
-    # The interpreter's last garbage collection walks every object TensorFlow made (2-6 s after the outputs were
-    # written, on 2 loaded cores); frozen objects are skipped and the OS takes the memory back at exit.
-    gc.freeze()
-    sys.exit(code)
+    run()

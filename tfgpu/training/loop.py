@@ -10,6 +10,8 @@ import threading
 
 import tensorflow as tf
 
+from tfgpu.runtime import process_exit
+
 
 def host_cpu_only(placement) -> bool:
     """Whether the run's one replica is the host CPU (one_device, no GPU): nothing to copy batches to."""
@@ -59,9 +61,12 @@ class Feed:
         Not a daemon thread: the interpreter waits for it at exit. A daemon thread that finishes the destruction
         while the interpreter finalizes is ended by Python 3.11 with ``pthread_exit`` through TensorFlow's C++
         frames, which aborts the process ("FATAL: exception not rethrown"; seen when a preempted worker exited
-        143 right after its release). So in the race a process still exits late, but after its outputs."""
+        143 right after its release). tfgpu's commands do not wait for it (``process_exit.exit_command``); a
+        Python caller's interpreter does, at its exit."""
         held, self.iterator = [self.iterator], None
-        threading.Thread(target=held.clear, name="tfgpu-release-input").start()
+        thread = threading.Thread(target=held.clear, name="tfgpu-release-input")
+        thread.start()
+        process_exit.track(thread)
 
 
 def accumulators(strategy, names) -> dict:
