@@ -116,7 +116,7 @@ def main(argv=None) -> int:
 def run():
     """The command (``python -m tfgpu.train`` and its console script): ``main``, then the process ends at once,
     not held open by TensorFlow (``process_exit``)."""
-    process_exit.exit_command(main())
+    process_exit.run_command(main)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,16 @@ if other_s:
     threading.Thread(target=lambda: (time.sleep(other_s), write("other thread done"))).start()
 atexit.register(write, "atexit ran")
 print("the outputs are written", end="")  # no newline, no flush: exit_command flushes
-process_exit.exit_command(code, grace_s=0.3)
+process_exit.GRACE_S = 0.3
+
+
+def main():
+    if code == 143:
+        raise SystemExit(143)  # as a preempted run does, after its checkpoint
+    return code
+
+
+process_exit.run_command(main)
 """
 
 
@@ -49,8 +58,13 @@ def test_a_stuck_teardown_is_not_waited_for_and_the_exit_still_runs_atexit_and_f
     assert wall_s < 20  # not the teardown's 60 s
     assert events == ["atexit ran"]
     assert proc.stdout == "the outputs are written"
-    assert "not waiting for 1 input pipeline(s) still stopping" in proc.stderr and "every output is written" \
-        in proc.stderr
+    assert "not waiting for 1 input pipeline(s) still stopping" in proc.stderr
+
+
+def test_a_preempted_run_s_exit_143_does_not_wait_either(tmp_path):
+    proc, wall_s, events = _command(tmp_path, teardown_s=60, code=143)
+    assert proc.returncode == 143, proc.stderr
+    assert wall_s < 20 and events == ["atexit ran"]
 
 
 def test_a_teardown_that_ends_within_the_grace_ends_the_process_normally(tmp_path):

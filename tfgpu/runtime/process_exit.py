@@ -42,19 +42,34 @@ def unfinished(wait_s: float) -> list:
                   key=lambda pair: -pair[1])
 
 
-def exit_command(code: int, grace_s: float = GRACE_S):
-    """Ends a command's process with exit status ``code``; never returns. Called by each entry point after its
-    ``main`` returned, when every output is written."""
+def run_command(main):
+    """Runs a command's ``main`` and ends the process with its exit status (``exit_command``), that of a
+    ``SystemExit`` it raised included: a preempted run's 143 must not wait either."""
+    try:
+        code = main()
+    except SystemExit as e:
+        code = e.code
+    exit_command(code)
+
+
+def exit_command(code, grace_s: float = None):
+    """Ends a command's process with exit status ``code`` (as ``sys.exit`` takes it); never returns. Called once
+    the command's outputs are written."""
     gc.freeze()
-    stuck = unfinished(grace_s)
+    stuck = unfinished(GRACE_S if grace_s is None else grace_s)
     abandoned = {thread for thread, _ in stuck}
     others = [thread for thread in threading.enumerate()
               if thread is not threading.main_thread() and not thread.daemon and thread not in abandoned]
     if not stuck or others:  # others: the interpreter waits for them, and so for ours too
         sys.exit(code)
-    print(f"tfgpu: not waiting for {len(stuck)} input pipeline(s) still stopping after {stuck[0][1]:.0f} s: TensorFlow "
-          "2.21's tf.data autotune thread can miss its wake-up and sleep up to 60 s (docs/benchmarks.md); every "
-          "output is written", file=sys.stderr, flush=True)
+    print(f"tfgpu: not waiting for {len(stuck)} input pipeline(s) still stopping after {stuck[0][1]:.0f} s "
+          "(TensorFlow 2.21's tf.data autotune thread can miss its wake-up and sleep up to 60 s; docs/benchmarks.md); "
+          "stopping a pipeline writes nothing", file=sys.stderr, flush=True)
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):  # sys.exit's message form
+        print(code, file=sys.stderr)
+        code = 1
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
