@@ -11,6 +11,10 @@ from tfgpu.models import create_model, get_spec, list_models, register_model
 # resnet20..56 for resnet110, efficientnet_b0 and mobilenet_v2 for the keras.applications wrapper convnext_tiny
 # uses (whose own input scaling is checked in test_applications.py).
 _BIG = {"resnet101", "resnet110", "resnet152", "convnext_tiny"}
+# Deeper members of a family whose smallest member trains by default, from the same builder: resnet20 for the
+# CIFAR ResNets, resnet18 for the basic-block ImageNet ResNets. Their depth is checked by default by their parameter
+# counts (test_cifar_resnet.py, test_resnet.py); their steps (6-12 s each on 2 cores) run with -m slow.
+_DEEPER = {"resnet32", "resnet44", "resnet56", "resnet34"}
 # Both policies run by default on these; the other nets run under float16 (loss scaling) by default, bfloat16 with
 # -m slow (the float32 logits come from the same builder code either way).
 _BOTH_POLICIES = {"resnet20", "small_cnn"}
@@ -18,7 +22,7 @@ _BOTH_POLICIES = {"resnet20", "small_cnn"}
 
 def _cases():
     for name in list_models(family="classifier"):
-        marks = [pytest.mark.slow] if name in _BIG else []
+        marks = [pytest.mark.slow] if name in _BIG | _DEEPER else []
         bf16_marks = marks if name in _BOTH_POLICIES else [pytest.mark.slow]
         yield pytest.param(name, "mixed_bfloat16", id=f"{name}-bf16", marks=bf16_marks)
         yield pytest.param(name, "mixed_float16", id=f"{name}-fp16", marks=marks)
