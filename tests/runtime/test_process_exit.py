@@ -36,6 +36,8 @@ process_exit.GRACE_S = 0.3
 def main():
     if code == 143:
         raise SystemExit(143)  # as a preempted run does, after its checkpoint
+    if code == 1:
+        raise RuntimeError("a bug in the command")
     return code
 
 
@@ -64,6 +66,13 @@ def test_a_stuck_teardown_is_not_waited_for_and_the_exit_still_runs_atexit_and_f
 def test_a_preempted_run_s_exit_143_does_not_wait_either(tmp_path):
     proc, wall_s, events = _command(tmp_path, teardown_s=60, code=143)
     assert proc.returncode == 143, proc.stderr
+    assert wall_s < 20 and events == ["atexit ran"]
+
+
+def test_a_crash_is_printed_as_the_interpreter_would_and_exits_1_without_waiting(tmp_path):
+    proc, wall_s, events = _command(tmp_path, teardown_s=60, code=1)
+    assert proc.returncode == 1
+    assert "Traceback (most recent call last)" in proc.stderr and "RuntimeError: a bug in the command" in proc.stderr
     assert wall_s < 20 and events == ["atexit ran"]
 
 
