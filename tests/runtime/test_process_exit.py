@@ -3,7 +3,7 @@ atexit handlers run, its output is flushed, its exit status kept, and threads of
 
 The teardown here is a plain thread that sleeps (what tfgpu tracks is a ``loop.Feed`` release thread stuck in
 TensorFlow; ``tests/training/test_loop.py`` checks that Feed tracks it). Subprocesses: the process's end is what is
-tested. They import neither TensorFlow nor Keras, so each takes well under a second.
+tested. They import neither TensorFlow nor Keras, so each takes a second or two.
 """
 import subprocess
 import sys

@@ -120,6 +120,6 @@ def test_a_released_feed_stops_its_pipeline_on_another_thread_and_the_caller_doe
     (releasing,) = [t for t in threading.enumerate() if t.name == "tfgpu-release-input" and t not in earlier]
     assert releasing.is_alive()  # still waiting for those reads
     assert not releasing.daemon  # the interpreter waits for it: a daemon ending mid-finalization aborts
-    assert releasing in [thread for thread, _ in process_exit.unfinished(0)]  # tfgpu's commands do not
+    assert releasing in [thread for thread, _ in process_exit.unfinished(0)]  # so tfgpu's commands need not wait
     releasing.join(30)
     assert not releasing.is_alive()  # the pipeline did stop

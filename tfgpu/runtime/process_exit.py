@@ -56,11 +56,11 @@ def run_command(main):
     exit_command(code)
 
 
-def exit_command(code, grace_s: float = None):
-    """Ends a command's process with exit status ``code`` (as ``sys.exit`` takes it); never returns. Called once
-    the command's outputs are written."""
+def exit_command(code):
+    """Ends a command's process with exit status ``code`` (as ``sys.exit`` takes it), waiting up to ``GRACE_S`` for
+    tracked threads; never returns. Called once the command's outputs are written."""
     gc.freeze()
-    stuck = unfinished(GRACE_S if grace_s is None else grace_s)
+    stuck = unfinished(GRACE_S)
     abandoned = {thread for thread, _ in stuck}
     others = [thread for thread in threading.enumerate()
               if thread is not threading.main_thread() and not thread.daemon and thread not in abandoned]
