@@ -54,6 +54,11 @@ class Config:
                                     "step between them (across loops), have a non-finite loss or gradient; each "
                                     "such step is skipped and changes no weight. Scattered skips never stop it.",
                                     "experiment")
+    allow_config_change: str = _opt("", "FIELD[,FIELD]: resume in a model_dir whose recorded config.yaml differs "
+                                    "from this run in these fields that change what is trained (e.g. "
+                                    "global_batch_size); the change is recorded in history.jsonl and the report. "
+                                    "Any other such change stops the run, naming the field with old and new value.",
+                                    "experiment")
     # -- distribute ---------------------------------------------------------
     distribution_strategy: str = _opt("auto", "auto: multi_worker_mirrored when the cluster has more than one worker, "
                                       "mirrored when more than one GPU is visible, else one_device.", "distribute",
@@ -211,6 +216,11 @@ class Config:
         except ValueError as e:
             raise ConfigError("task", str(e)) from None
         return task.batches_per_step(self)
+
+    @property
+    def allowed_config_changes(self) -> frozenset:
+        """The field names --allow_config_change lists."""
+        return frozenset(name.strip() for name in self.allow_config_change.split(",") if name.strip())
 
     @property
     def examples_per_step(self) -> int:
