@@ -116,10 +116,10 @@ class Config:
                              "outgrows this host; its workers share each epoch (every record once), but the "
                              "order is then no longer tied to the step, so a resumed run's interrupted epoch is "
                              "not exact.", "data")
-    skip_corrupt_records: bool = _opt(False, "Skip unreadable records (logged; eval reports how many) instead of "
-                                      "stopping with the shard's name and record index; in training a repeat of "
-                                      "a readable record of the same epoch takes each one's place, so epochs keep "
-                                      "their length and resume stays exact.", "data")
+    skip_corrupt_records: bool = _opt(False, "Read around unreadable records (each logged once with its shard "
+                                      "and index; metrics.json counts them) instead of stopping with the shard's "
+                                      "name and record index; every readable record is still trained once per "
+                                      "epoch.", "data")
     input_range: tuple = _opt((-1.0, 1.0), "MIN,MAX: the pixel range images reach a classifier in (training, "
                               "evaluation and the exported model's input), e.g. 0,1 or 0,255 for pretrained weights "
                               "trained that way. GANs always use -1,1.", "data")
@@ -359,6 +359,7 @@ class DatasetConfig(Section):
     eval_split: str
     image_size: int
     num_classes: int
+    skip_corrupt_records: bool
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,6 +32,7 @@ class DatasetInfo:
     compression: str
     train_split: str
     eval_split: str  # "" when there is no evaluation
+    damaged: dict = dataclasses.field(default_factory=dict)  # shard -> shards.Damaged (--skip_corrupt_records)
 
     @property
     def num_classes(self) -> int:
@@ -167,9 +168,39 @@ def prepare(config: DatasetConfig) -> DatasetInfo:
         raise ConfigError("num_classes", f"{config.num_classes} but {directory} has {len(classes)} classes")
     if not classes:
         classes = tuple(str(i) for i in range(config.num_classes))
+    compression = manifest.get("compression", "none")
+    read_splits = {split: files[split] for split in dict.fromkeys((config.train_split, eval_split)) if split}
+    damaged = _verify_shards(config, flag, directory, manifest, read_splits, compression, bool(classes))
     return DatasetInfo(manifest.get("name", os.path.basename(directory.rstrip("/"))), directory, classes,
-                       (int(h), int(w), int(c)), sizes, files,
-                       manifest.get("compression", "none"), config.train_split, eval_split)
+                       (int(h), int(w), int(c)), sizes, files, compression, config.train_split, eval_split, damaged)
+
+
+def _verify_shards(config: DatasetConfig, flag: str, directory: str, manifest: dict, split_files: dict,
+                   compression: str, labelled: bool) -> dict:
+    """The shards the run reads, checked against ``dataset.json`` (``shards.verify``: counts, sha256s, unreadable
+    records; cached) and for the keys the reader needs (each shard's first readable record: a foreign writer's
+    keys are the same in every record). Returns {shard: Damaged}; raises ConfigError naming ``flag``."""
+    from tfgpu.data import shards
+
+    try:
+        damaged = shards.verify(directory, manifest, split_files, compression, config.skip_corrupt_records,
+                                config.data_cache_dir or default_cache_dir())
+    except shards.ShardError as e:
+        raise ConfigError(flag, str(e)) from None
+    required = tfrecord.REQUIRED_WITH_CLASSES if labelled else tfrecord.REQUIRED
+    for files in split_files.values():
+        for path, count in files:
+            readable = damaged[path].readable() if path in damaged else [(0,)] * bool(count)
+            if not readable:
+                continue
+            index = readable[0][0]
+            problem = tfrecord.missing_feature(shards.read_record(path, compression, index, damaged.get(path)),
+                                               required)
+            if problem:
+                raise ConfigError(flag, f"{path}: record {index} {problem}; tfgpu reads the keys tensorflow/models "
+                                  f"uses for ImageNet ({', '.join(required)}; docs/datasets.md): write the records "
+                                  "with them, or convert the images with python -m tfgpu.convert")
+    return damaged
 
 
 def _tfds_dir(config: DatasetConfig) -> str:

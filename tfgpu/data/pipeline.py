@@ -21,12 +21,13 @@ in --input_range (``augment.to_model_range``).
 """
 import logging
 import math
+import re
 
 import numpy as np
 import tensorflow as tf
 
 from tfgpu.config import ConfigError, InputConfig
-from tfgpu.data import augment, tfrecord
+from tfgpu.data import augment, shards, tfrecord
 from tfgpu.data.catalog import EVAL_SPLITS, DatasetInfo, default_cache_dir, prepare  # noqa: F401 (API)
 
 log = logging.getLogger("tfgpu")
@@ -58,14 +59,14 @@ def train_share(files, num_pipelines: int, pipeline_id: int):
 
 
 def _eval_files(info: DatasetInfo, split: str, num_pipelines: int, pipeline_id: int):
-    """This pipeline's eval files and its record count; element sharding (of one fixed order, read by every
-    pipeline) when some pipeline would get no file."""
+    """This pipeline's eval files (indices in the split) and its record count; element sharding (of one fixed
+    order, read by every pipeline) when some pipeline would get no file."""
     files = info.split_files[split]
     if len(files) >= num_pipelines:
-        mine = files[pipeline_id::num_pipelines]
-        return [f for f, _ in mine], sum(n for _, n in mine), False
+        mine = range(pipeline_id, len(files), num_pipelines)
+        return list(mine), sum(files[i][1] for i in mine), False
     total = sum(n for _, n in files)
-    return [f for f, _ in files], len(range(pipeline_id, total, num_pipelines)), True
+    return list(range(len(files))), len(range(pipeline_id, total, num_pipelines)), True
 
 
 # tf.data traces every function given to map/interleave/flat_map below. None branches on a tensor in Python, so
@@ -74,41 +75,99 @@ def _eval_files(info: DatasetInfo, split: str, num_pipelines: int, pipeline_id: 
 _no_autograph = tf.autograph.experimental.do_not_convert
 
 
-def _open(filename, compression, skip_corrupt):
-    records = tf.data.TFRecordDataset(filename, compression_type="GZIP" if compression == "gzip" else None)
-    return records.ignore_errors(log_warning=True) if skip_corrupt else records
+def _open(filename, compression):
+    return tf.data.TFRecordDataset(filename, compression_type="GZIP" if compression == "gzip" else None)
 
 
-def _records(file_ds, num_files, compression, workers, skip_corrupt=False):
-    """Records of the files in ``file_ds``, interleaved in a fixed order (parallel reads)."""
-    return file_ds.interleave(_no_autograph(lambda f: _open(f, compression, skip_corrupt)),
-                              cycle_length=min(num_files, 16), block_length=1, num_parallel_calls=workers,
-                              deterministic=True)
+def readable_files(info: DatasetInfo, split: str):
+    """((file, readable records), ...) of ``split``: the manifest's counts less the unreadable records that
+    --skip_corrupt_records reads around. Shares and epochs are cut from these, so every readable record is
+    trained once per epoch and no epoch needs refilling."""
+    return tuple((f, n - len(info.damaged[f].unreadable) if f in info.damaged else n)
+                 for f, n in info.split_files[split])
 
 
-def _segment_records(segment_ds, num_segments, compression, workers, skip_corrupt, keyed):
-    """Records of (file, file_index, first, count) segments, interleaved in a fixed order (parallel reads).
-
-    ``keyed`` pairs each record with its identity ``file_index * 2**32 + index in the file`` (tfgpu.audit_input
-    counts identities; byte-identical records in two places stay two records)."""
-
-    def read(filename, file_index, first, count):
-        records = _open(filename, compression, skip_corrupt)
-        if keyed:
-            records = tf.data.Dataset.zip(tf.data.Dataset.counter(start=file_index * (1 << 32)), records)
-        return records.skip(first).take(count)
-
-    return segment_ds.interleave(_no_autograph(read), cycle_length=min(num_segments, 16), block_length=1,
-                                 num_parallel_calls=workers, deterministic=True)
+def skipped_records(info: DatasetInfo) -> dict:
+    """{split: unreadable records read around} for the splits the run reads (--skip_corrupt_records)."""
+    return {split: sum(len(info.damaged[f].unreadable) for f, _ in info.split_files[split] if f in info.damaged)
+            for split in dict.fromkeys((info.train_split, info.eval_split)) if split}
 
 
-def _exact_epoch(records, share: int, epoch_size: int, skip_corrupt: bool):
+def readable_indices(info: DatasetInfo, split: str, file_index: int, first: int, count: int):
+    """The record indices in the file of a segment of readable records ``[first, first + count)`` (positions
+    among the file's readable records, as ``train_share`` cuts them)."""
+    filename = info.split_files[split][file_index][0]
+    if filename not in info.damaged:
+        return np.arange(first, first + count)
+    return np.array([i for i, _, _ in info.damaged[filename].readable()[first:first + count]], np.int64)
+
+
+class _Segments:
+    """A split's segments ``(file_index, first, count)`` (positions among a file's readable records) as the
+    tensors the readers take: whole-file reads (``TFRecordDataset.skip(first).take(count)``) for intact shards;
+    for a damaged shard, rows of a table of its readable records' (index, offset, length), read from the shard's
+    bytes (the whole shard in memory while its segment is read, once an epoch: a damaged shard costs that)."""
+
+    def __init__(self, info: DatasetInfo, split: str, segments):
+        files = info.split_files[split]
+        self.compression = info.compression
+        self.around = any(files[i][0] in info.damaged for i, _, _ in segments)
+        columns, table = [], []
+        for i, first, count in segments:
+            filename = files[i][0]
+            if filename in info.damaged:
+                rows = info.damaged[filename].readable()[first:first + count]
+                columns.append((filename, i, 0, 0, len(table), len(rows)))
+                table += rows
+            else:
+                columns.append((filename, i, first, count, 0, 0))
+        self.table = tuple(tf.constant(c, tf.int64) for c in zip(*table)) if table else None
+        names, *numbers = zip(*columns)
+        self.dataset = tf.data.Dataset.from_tensor_slices((list(names), *(tf.constant(c, tf.int64) for c in numbers)))
+        self.count = len(columns)
+
+    def read(self, filename, file_index, first, count, row, rows):
+        """(key, record) of one segment; key = ``file_index * 2**32 + index in the file`` (tfgpu.audit_input counts
+        keys; the label check names the record by it)."""
+        base = file_index * (1 << 32)
+        records = tf.data.Dataset.zip(tf.data.Dataset.counter(start=base), _open(filename, self.compression))
+        records = records.skip(first).take(count)
+        if not self.around:
+            return records
+        index, offset, length = self.table
+
+        def around(name):
+            content = tf.io.read_file(name)
+            if self.compression == "gzip":
+                content = tf.io.decode_compressed(content, "GZIP")
+            return tf.data.Dataset.range(row, row + rows).map(
+                lambda r: (base + index[r], tf.strings.substr(content, offset[r], length[r])))
+
+        return records.concatenate(
+            tf.data.Dataset.from_tensors(filename).take(tf.minimum(rows, 1)).flat_map(_no_autograph(around)))
+
+
+def _segment_records(segments: _Segments, segment_ds, workers):
+    """(key, record) of ``segment_ds``'s segments, interleaved in a fixed order (parallel reads)."""
+    return segment_ds.interleave(_no_autograph(segments.read), cycle_length=min(segments.count, 16),
+                                 block_length=1, num_parallel_calls=workers, deterministic=True)
+
+
+def _exact_epoch(records, share: int, epoch_size: int):
     """Exactly ``epoch_size`` records of one epoch's stream, so epochs start at the same step in every pipeline
-    and a resumed run finds them where the uninterrupted one did. --skip_corrupt_records: an unreadable
-    record's place is taken by a repeat of the epoch's first records, so nothing after it shifts."""
-    if skip_corrupt:
-        return records.repeat().take(epoch_size)
+    and a resumed run finds them where the uninterrupted one did (a share one record longer leaves one out)."""
     return records.take(epoch_size) if share > epoch_size else records
+
+
+def _checked_label(split: str, key, label, num_classes: int):
+    """``label``, once it is a class index; else the step fails with an error ``explain_read_error`` turns into
+    one line naming the file, record and label (one comparison per example)."""
+    ok = tf.logical_and(label >= 0, label < num_classes)
+    with tf.control_dependencies([tf.debugging.Assert(ok, [_LABEL_ERROR, split, key, label])]):
+        return tf.identity(label)
+
+
+_LABEL_ERROR = "tfgpu: bad label in split"
 
 
 def _with_options(ds, config: InputConfig, deterministic: bool):
@@ -135,6 +194,31 @@ def find_corrupt_record(info: DatasetInfo):
     return None
 
 
+def explain_read_error(info: DatasetInfo, error: tf.errors.OpError):
+    """One line naming the shard and record behind a read failure tf.data reports without them (an unreadable
+    record, a label outside [0, num_classes), a record without a label), or None for other errors."""
+    if isinstance(error, tf.errors.DataLossError):
+        found = find_corrupt_record(info)
+        where = f"{found[0]}: record {found[1]} is unreadable ({found[2]})" if found else "a record is unreadable"
+        return f"{where}; convert the dataset again, or pass --skip_corrupt_records to train on the other records"
+    match = re.search(rf"\[{_LABEL_ERROR}\] \[(.*?)\] \[(\d+)\] \[(-?\d+)\]", error.message or "")
+    if not isinstance(error, tf.errors.InvalidArgumentError) or not match:
+        return None
+    split, key, label = match.group(1), int(match.group(2)), int(match.group(3))
+    filename = info.split_files[split][key >> 32][0]
+    index = key & 0xFFFFFFFF
+    if label == tfrecord.MISSING_LABEL:
+        damaged = info.damaged.get(filename)
+        problem = tfrecord.missing_feature(shards.read_record(filename, info.compression, index, damaged),
+                                           tfrecord.REQUIRED_WITH_CLASSES)
+        return (f"{filename}: record {index} {problem or 'has no ' + repr(tfrecord.LABEL)}; the {split!r} split needs "
+                f"a label in every record (under {tfrecord.LABEL!r}, as tensorflow/models writes ImageNet)")
+    return (f"{filename}: record {index} has label {label}, outside [0, {info.num_classes}) for the "
+            f"{info.num_classes} classes of {info.directory}/{tfrecord.MANIFEST}; labels must be class indices from 0 "
+            "(1-based labels, as some ImageNet TFRecords have, need 1 subtracted), or the manifest must list every "
+            "class")
+
+
 def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, record_keys: bool = False):
     """Returns ``fn(input_context) -> Dataset`` of per-replica (image, label) batches, resumed at ``start_step``.
 
@@ -149,7 +233,7 @@ def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, re
         replicas_here = ctx.num_replicas_in_sync // ctx.num_input_pipelines
         if info.name == "synthetic":
             return _synthetic(info, per_replica, config.seed + ctx.input_pipeline_id, config.input_range)
-        split_files = info.split_files[info.train_split]
+        split_files = readable_files(info, info.train_split)
         segments, epoch_size = train_share(split_files, ctx.num_input_pipelines, ctx.input_pipeline_id)
         share = sum(n for _, _, n in segments)
         if any(first or n < split_files[i][1] for i, first, n in segments):
@@ -163,23 +247,26 @@ def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, re
         consumed = start_step * config.batches_per_step * replicas_here * per_replica
         start_epoch, offset = divmod(consumed, epoch_size)
         seed = config.seed * 1_000_003 + ctx.input_pipeline_id
-        file_index, first, count = (tf.constant(column, tf.int64) for column in zip(*segments))
-        segment_ds = tf.data.Dataset.from_tensor_slices(
-            ([split_files[i][0] for i, _, _ in segments], file_index, first, count))
+        reader = _Segments(info, info.train_split, segments)
+        segment_ds = reader.dataset
 
         def read(ds):
-            return _segment_records(ds, len(segments), info.compression, workers, config.skip_corrupt_records,
-                                    record_keys)
+            return _segment_records(reader, ds, workers)
 
         def parse(index, element):
+            key, serialized = element
             if record_keys:
-                return element[0]
-            features = tfrecord.parse_example(element)
+                return key
+            features = tfrecord.parse_example(serialized, labelled=labelled)
             image = augment.preprocess_train(features, config.image_size, c, config.augment, index,
                                              config.input_range)
-            return tf.ensure_shape(image, [h, w, c]), features[tfrecord.LABEL]
+            label = features[tfrecord.LABEL]
+            if labelled:
+                label = _checked_label(info.train_split, key, label, info.num_classes)
+            return tf.ensure_shape(image, [h, w, c]), label
 
         h, w, c = info.image_shape
+        labelled = info.num_classes > 0
         if config.data_service:
             ds = _service_epochs(config, segment_ds, read, parse, per_replica, share, epoch_size)
             # Two epochs open at a time, read one after the other: the next epoch's job starts while this one
@@ -202,7 +289,7 @@ def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, re
                 records = read(segment_ds.shuffle(len(segments), seed=seed + e * 7919))
             if config.shuffle_buffer > 1:
                 records = records.shuffle(config.shuffle_buffer, seed=seed + e * 104729 + 1)
-            records = _exact_epoch(records, share, epoch_size, config.skip_corrupt_records)
+            records = _exact_epoch(records, share, epoch_size)
             return records.skip(tf.where(e == start_epoch, tf.constant(offset, tf.int64), 0))
 
         records = tf.data.Dataset.range(start_epoch, 1 << 40).flat_map(_no_autograph(epoch))
@@ -237,7 +324,7 @@ def _service_epochs(config, segment_ds, read, parse, per_replica, share, epoch_s
                               num_parallel_calls=config.data_workers or tf.data.AUTOTUNE)
     produced = examples.batch(per_replica).apply(service.distribute(
         processing_mode=service.ShardingPolicy.DYNAMIC, service=config.data_service))
-    return _exact_epoch(produced.unbatch(), share, epoch_size, config.skip_corrupt_records)
+    return _exact_epoch(produced.unbatch(), share, epoch_size)
 
 
 def _synthetic(info: DatasetInfo, per_replica: int, seed: int, input_range=augment.DEFAULT_RANGE):
@@ -270,23 +357,28 @@ def eval_dataset_fn(config: InputConfig, info: DatasetInfo, steps: int):
         per_replica = ctx.get_per_replica_batch_size(global_batch)
         replicas_here = ctx.num_replicas_in_sync // ctx.num_input_pipelines
         h, w, c = info.image_shape
-        files, _, element_shard = _eval_files(
+        indices, _, element_shard = _eval_files(
             info, info.eval_split, ctx.num_input_pipelines, ctx.input_pipeline_id)
-        records = _records(tf.data.Dataset.from_tensor_slices(files), len(files), info.compression, workers,
-                           config.skip_corrupt_records)
+        readable = readable_files(info, info.eval_split)
+        reader = _Segments(info, info.eval_split, [(i, 0, readable[i][1]) for i in indices])
+        records = _segment_records(reader, reader.dataset, workers)
         if element_shard:
             records = records.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+        labelled = info.num_classes > 0
 
-        def parse(serialized):
-            features = tfrecord.parse_example(serialized)
+        def parse(key, serialized):
+            features = tfrecord.parse_example(serialized, labelled=labelled)
             image = augment.preprocess_eval(features, config.image_size, c, config.augment, config.input_range)
-            return tf.ensure_shape(image, [h, w, c]), features[tfrecord.LABEL], tf.constant(1.0)
+            label = features[tfrecord.LABEL]
+            if labelled:
+                label = _checked_label(info.eval_split, key, label, info.num_classes)
+            return tf.ensure_shape(image, [h, w, c]), label, tf.constant(1.0)
 
         ds = records.map(_no_autograph(parse), num_parallel_calls=workers, deterministic=True)
         if config.cache:
             ds = ds.cache()
         needed = steps * replicas_here * per_replica
-        # Endless weight-0 padding: every pipeline yields exactly `needed` examples, even if records were skipped.
+        # Endless weight-0 padding: every pipeline yields exactly `needed` examples (unreadable records skipped).
         padding = tf.data.Dataset.from_tensors(
             (tf.zeros([h, w, c]), tf.constant(0, tf.int64), tf.constant(0.0))).repeat()
         ds = ds.concatenate(padding).take(needed).batch(per_replica, drop_remainder=True)

@@ -43,6 +43,15 @@ FEATURE_SPEC = {
 
 COMPRESSIONS = {"none": "", "gzip": "GZIP"}
 
+# What a record must hold, by the kind of tf.train.Feature list: the image always, the label when the dataset
+# has classes (an unconditional GAN's data may have none). Other keys have defaults.
+REQUIRED = {ENCODED: "bytes_list"}
+REQUIRED_WITH_CLASSES = {**REQUIRED, LABEL: "int64_list"}
+# The input pipeline parses a record without a label as this, and stops on it (it is below every class index),
+# so the error can name the record (a required feature's own parse error names neither file nor record).
+MISSING_LABEL = -(1 << 63)
+_LABELLED_SPEC = {**FEATURE_SPEC, LABEL: tf.io.FixedLenFeature([], tf.int64, default_value=MISSING_LABEL)}
+
 
 def shard_name(split: str, index: int, num_shards: int) -> str:
     return f"{split}-{index:05d}-of-{num_shards:05d}.tfrecord"
@@ -175,9 +184,26 @@ def write_arrays(directory: str, split: str, images: np.ndarray, labels: np.ndar
     }
 
 
-def parse_example(serialized):
-    """Parses one serialized record into the feature dict of ``FEATURE_SPEC``."""
-    return tf.io.parse_single_example(serialized, FEATURE_SPEC)
+def parse_example(serialized, labelled: bool = False):
+    """Parses one serialized record into the feature dict of ``FEATURE_SPEC``; ``labelled``: a record without a
+    label gets ``MISSING_LABEL`` (for the input pipeline's label check) instead of -1."""
+    return tf.io.parse_single_example(serialized, _LABELLED_SPEC if labelled else FEATURE_SPEC)
+
+
+def missing_feature(serialized: bytes, required: dict) -> str:
+    """What ``serialized`` lacks of ``required`` (key -> feature list kind), as a phrase naming the key and the keys
+    the record has; "" when it has them all."""
+    try:
+        features = tf.train.Example.FromString(serialized).features.feature
+    except Exception as e:  # protobuf's DecodeError; its module differs between protobuf implementations
+        return f"is not a tf.train.Example ({type(e).__name__})"
+    have = ", ".join(f"{k} ({features[k].WhichOneof('kind')})" for k in sorted(features)) or "none"
+    for key, kind in required.items():
+        if key not in features:
+            return f"has no {key!r} (its keys: {have})"
+        if features[key].WhichOneof("kind") != kind:
+            return f"holds {key!r} as {features[key].WhichOneof('kind')}, not {kind}"
+    return ""
 
 
 def decode_image(features, channels: int):

@@ -129,11 +129,10 @@ class Trainer:
         """Whether this run evaluates: with an eval split, or with a task that evaluates without one."""
         return bool(self.info.eval_split) or self.task.evaluates_without_eval_split
 
-    def _corrupt_data_error(self):
-        found = pipeline.find_corrupt_record(self.info)
-        where = f"{found[0]}: record {found[1]} is unreadable ({found[2]})" if found else "a record is unreadable"
-        return ConfigError("data_dir" if self.config.data_dir else "dataset",
-                           f"{where}; convert the dataset again, or pass --skip_corrupt_records to skip such records")
+    def _input_error(self, error: tf.errors.OpError):
+        """A read failure of the input as a ConfigError naming the shard and record, or ``error`` itself."""
+        reason = pipeline.explain_read_error(self.info, error)
+        return error if reason is None else ConfigError("data_dir" if self.config.data_dir else "dataset", reason)
 
     def _profile_input(self, start_step: int) -> dict:
         return input_profile.measure(
@@ -212,8 +211,8 @@ class Trainer:
         start = time.time()
         try:
             metrics = self.task.evaluate(run_eval, step, self.model_dir)
-        except tf.errors.DataLossError:
-            raise self._corrupt_data_error() from None
+        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
+            raise self._input_error(e) from None
         read = [metrics[s.name] for s in self.declarations.metrics
                 if s.kind == "eval" and s.counts_examples and s.name in metrics]
         if self.inputs.skip_corrupt_records and read:
@@ -312,8 +311,8 @@ class Trainer:
                             sums, longest_skipped_run = self._train_loop(feed.iterator,
                                                                          tf.constant(num_steps, tf.int64))
                             sums = loop.as_floats(sums)  # reading waits for the steps to finish
-                        except tf.errors.DataLossError:
-                            raise self._corrupt_data_error() from None
+                        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
+                            raise self._input_error(e) from None
                         elapsed = time.perf_counter() - started
                         first_loop = step == start_step
                         step += num_steps
@@ -365,6 +364,8 @@ class Trainer:
                                      last["record"]["examples_per_sec"] if last else 0.0)
         final.update(self.task.parameter_counts())
         final.update(last_eval)
+        if self.inputs.skip_corrupt_records:  # the unreadable records read around, every epoch / evaluation
+            final["skipped_records"] = pipeline.skipped_records(self.info)
         if self.target:
             final.update(target_lib.fields(self.target, self._target_hit))
             log.info("%s", target_lib.sentence(final, self.declarations, self._target_best))
