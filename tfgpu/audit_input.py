@@ -11,7 +11,8 @@ alongside it instead of decoding the image, so two byte-identical records (the s
 are two records and never count as a duplicate. An epoch is each worker's first ``records // workers``
 records after the previous epoch (the pipeline's own definition); the ``records % workers`` records the
 workers leave out by design each epoch (one per worker whose share is a record longer) are reported as
-``left_out``, not as missing. ``--data_service_workers=K`` starts a tf.data service (a dispatcher and K
+``left_out``, not as missing; nor are the unreadable records --skip_corrupt_records reads around (``unreadable``,
+counted once for the split). ``--data_service_workers=K`` starts a tf.data service (a dispatcher and K
 workers) in this process and reads through it. Exit status: 0 when no epoch misses or duplicates a
 record, 2 when one does, 1 for a bad flag or dataset.
 """
@@ -80,14 +81,19 @@ def audit(config, num_workers: int, replicas_per_worker: int = 1, epochs: int = 
     info = catalog.prepare(DatasetConfig.of(config))
     if info.name == "synthetic":
         raise ConfigError("dataset", "synthetic data repeats one random batch; there are no records to audit")
-    files = info.split_files[info.train_split]
-    sizes = np.array([n for _, n in files], np.int64)
+    split = info.train_split
+    sizes = np.array([n for _, n in info.split_files[split]], np.int64)
     first_of_file = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     total = int(sizes.sum())
-    shares = [pipeline.train_share(files, num_workers, w) for w in range(num_workers)]
+    unreadable = np.zeros(total, bool)
+    for i, (filename, _) in enumerate(info.split_files[split]):
+        if filename in info.damaged:
+            unreadable[first_of_file[i] + np.array(info.damaged[filename].unreadable, np.int64)] = True
+    shares = [pipeline.train_share(pipeline.readable_files(info, split), num_workers, w) for w in range(num_workers)]
     epoch_size = shares[0][1]
     keys = read_keys(config, info, num_workers, replicas_per_worker, epochs * epoch_size)
-    result = {"data": info.directory, "split": info.train_split, "records": total, "num_workers": num_workers,
+    result = {"data": info.directory, "split": split, "records": total, "unreadable": int(unreadable.sum()),
+              "num_workers": num_workers,
               "replicas_per_worker": replicas_per_worker, "records_per_worker_per_epoch": epoch_size,
               "steps_per_epoch": num_workers * epoch_size / config.examples_per_step, "epochs": []}
     for e in range(epochs):
@@ -98,16 +104,19 @@ def audit(config, num_workers: int, replicas_per_worker: int = 1, epochs: int = 
             file_index, index = part >> 32, part & 0xFFFFFFFF
             np.add.at(seen, first_of_file[file_index] + index, 1)
             # Its share's records this worker did not reach, up to the one record a longer share leaves out.
-            share = np.concatenate([first_of_file[f] + np.arange(first, first + n) for f, first, n in segments])
+            share = np.concatenate([first_of_file[f] + pipeline.readable_indices(info, split, f, first, n)
+                                    for f, first, n in segments])
             left_out += min(int((seen[share] == 0).sum()), len(share) - epoch_size)
-        never = int((seen == 0).sum())
+        never = int((seen[~unreadable] == 0).sum())
         result["epochs"].append({"epoch": e + 1, "seen_once": int((seen == 1).sum()), "missing": never - left_out,
                                  "duplicated": int((seen >= 2).sum()), "left_out": left_out})
     return result
 
 
 def format_report(result: dict) -> str:
-    lines = [f"{result['data']} split {result['split']!r}: {result['records']} records, {result['num_workers']} "
+    unreadable = (f" ({result['unreadable']} unreadable, read around: --skip_corrupt_records)"
+                  if result["unreadable"] else "")
+    lines = [f"{result['data']} split {result['split']!r}: {result['records']} records{unreadable}, {result['num_workers']} "
              f"worker(s) x {result['replicas_per_worker']} replica(s), {result['records_per_worker_per_epoch']} "
              f"records per worker per epoch ({result['steps_per_epoch']:.2f} steps)"]
     for e in result["epochs"]:

@@ -315,24 +315,42 @@ def verify(directory: str, manifest: dict, split_files: dict, compression: str, 
     return damaged
 
 
+def _counted(result: Scan, count: int, path: str, manifest_path: str) -> Scan:
+    """``result`` once its records are the ``count`` the manifest says. Consecutive damaged length headers hide
+    how many records lie between the last good one and the next: when a shard has one such gap, it holds the
+    records the count is short of; with several gaps the split between them is unknown (ShardError)."""
+    if result.records == count:
+        return result
+    if result.records > count or len(result.lost) != 1:
+        damaged = (f" (the length headers of records {', '.join(map(str, result.lost))} are damaged, so the records "
+                   "between them cannot be counted)" if result.lost else "")
+        raise ShardError(f"{manifest_path} says {os.path.basename(path)} holds {count} records, but {path} holds "
+                         f"{result.records}{damaged}; convert the dataset again")
+    gap, extra = result.lost[0], count - result.records
+    shift = [i + extra if i > gap else i for i in result.unreadable or ()]
+    return dataclasses.replace(
+        result, records=count, lost=tuple(range(gap, gap + extra + 1)),
+        unreadable=None if result.unreadable is None else tuple(shift),
+        offsets=None if result.offsets is None else result.offsets[:gap + 1] + (-1,) * extra + result.offsets[gap + 1:],
+        lengths=None if result.lengths is None else result.lengths[:gap + 1] + (0,) * extra + result.lengths[gap + 1:])
+
+
 def _verified(path, count, expected_sha, compression, skip_corrupt, cache, manifest_path):
     """Judges one shard (scanning it as far as needed); its Damaged, or None when every record reads."""
     result = scan(path, compression, sha256=bool(expected_sha), data=skip_corrupt and not expected_sha,
                   known=cache.get(path))
+    changed = bool(expected_sha) and result.sha256 != expected_sha
+    if changed:  # what changed: unreadable records (damage), or other records (a different shard)
+        result = scan(path, compression, sha256=True, data=True, known=result)
     cache.put(path, result)
     if result.damage:
         raise ShardError(f"{path}: {result.damage}, so the records after it cannot be located; convert the "
                          "dataset again")
-    if result.records != count:
-        raise ShardError(f"{manifest_path} says {os.path.basename(path)} holds {count} records, but {path} holds "
-                         f"{result.records}; convert the dataset again")
-    if expected_sha and result.sha256 != expected_sha:
-        result = scan(path, compression, sha256=True, data=True, known=result)
-        cache.put(path, result)
-        if not result.bad:
-            raise ShardError(f"{path}: its sha256 {result.sha256[:16]}... is not the {expected_sha[:16]}... "
-                             f"{manifest_path} records, though every record reads: the shard changed since "
-                             "conversion; convert the dataset again")
+    result = _counted(result, count, path, manifest_path)
+    if changed and not result.bad:
+        raise ShardError(f"{path}: its sha256 {result.sha256[:16]}... is not the {expected_sha[:16]}... "
+                         f"{manifest_path} records, though every record reads: the shard changed since "
+                         "conversion; convert the dataset again")
     bad = result.bad
     if not bad:
         return None
