@@ -116,8 +116,8 @@ def audit(config, num_workers: int, replicas_per_worker: int = 1, epochs: int = 
 def format_report(result: dict) -> str:
     unreadable = (f" ({result['unreadable']} unreadable, read around: --skip_corrupt_records)"
                   if result["unreadable"] else "")
-    lines = [f"{result['data']} split {result['split']!r}: {result['records']} records{unreadable}, {result['num_workers']} "
-             f"worker(s) x {result['replicas_per_worker']} replica(s), {result['records_per_worker_per_epoch']} "
+    lines = [f"{result['data']} split {result['split']!r}: {result['records']} records{unreadable}, "
+             f"{result['num_workers']} worker(s) x {result['replicas_per_worker']} replica(s), {result['records_per_worker_per_epoch']} "
              f"records per worker per epoch ({result['steps_per_epoch']:.2f} steps)"]
     for e in result["epochs"]:
         lines.append(f"epoch {e['epoch']}: seen once {e['seen_once']}, missing (seen 0 times) {e['missing']}, "

@@ -1,11 +1,12 @@
 """Reading converted data for training: corrupt shards are named, can be skipped; tf.data service mode.
 
 Every run is ``tfgpu.train.main`` in this process (``train_here``): one device, nothing process-wide."""
+import re
 import shutil
 
 import pytest
 
-from tests.conftest import read_history
+from tests.conftest import read_history, read_metrics
 
 RUN = ["--model=small_cnn", "--global_batch_size=32", "--train_steps=6", "--steps_per_loop=3", "--verbose=2"]
 
@@ -38,12 +39,37 @@ def test_corrupt_shard_stops_the_run_naming_file_and_record(train_here, digits_c
 
 
 def test_skip_corrupt_records_trains_and_counts_the_skipped(train_here, digits_copy, tmp_path):
-    _corrupt(digits_copy / "val-00001-of-00002.tfrecord")
+    """One flipped byte costs one record (it used to cost the rest of its shard), named once in the log and
+    counted in metrics.json."""
+    shard = digits_copy / "val-00001-of-00002.tfrecord"
+    _corrupt(shard)
     model_dir = tmp_path / "run"
-    train_here(*RUN, f"--data_dir={digits_copy}", "--skip_corrupt_records", f"--model_dir={model_dir}")
+    proc = train_here(*RUN, f"--data_dir={digits_copy}", "--skip_corrupt_records", f"--model_dir={model_dir}")
     last_eval = read_history(model_dir, "eval")[-1]
-    assert last_eval["skipped_corrupt_records"] >= 1
-    assert last_eval["val_examples"] + last_eval["skipped_corrupt_records"] == 359
+    assert last_eval["skipped_corrupt_records"] == 1
+    assert last_eval["val_examples"] == 358
+    assert read_metrics(model_dir)["skipped_records"] == {"train": 0, "val": 1}
+    assert proc.output.count(f"unreadable record(s) of {shard}") == 1
+
+
+def test_one_based_labels_stop_the_run_in_one_line_naming_the_record(train_here, tmp_path):
+    """Labels 1..10 in a 10-class dataset (the Model Garden ImageNet convention) used to train label 10 as an
+    all-zero target."""
+    import numpy as np
+
+    from tfgpu.data import tfrecord
+
+    labels = np.arange(40) % 10 + 1
+    entry = tfrecord.write_arrays(str(tmp_path / "d"), "train", np.zeros((40, 8, 8, 1), np.uint8), labels, 1)
+    tfrecord.write_manifest(str(tmp_path / "d"), {"name": "one-based", "classes": [str(c) for c in range(10)],
+                                                  "splits": {"train": entry}, "compression": "none",
+                                                  "image_shape": {"height": 8, "width": 8, "channels": 1}})
+    proc = train_here("--model=small_cnn", "--global_batch_size=8", "--train_steps=2", f"--data_dir={tmp_path / 'd'}",
+                      f"--model_dir={tmp_path / 'run'}", "--shuffle_buffer=1", check=False)
+    errors = [line for line in proc.output.splitlines() if line.startswith("error: ")]
+    assert proc.returncode == 1 and "Traceback" not in proc.output, proc.output[-2000:]
+    named = re.search(r"d/train-00000-of-00001.tfrecord: record (\d+) has label 10, outside \[0, 10\)", errors[0])
+    assert len(errors) == 1 and named and int(named[1]) % 10 == 9, errors  # records 9, 19, ... have label 10
 
 
 # Slow: a whole run through a tf.data service (18 s loaded); exactly-once through two service workers stays in
