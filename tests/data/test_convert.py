@@ -435,6 +435,23 @@ def test_output_inside_the_source_folder_and_a_second_writer_are_refused(png_fol
     assert convert(f"--source={root}", f"--output_dir={out}")[0] == 0  # once the other one is gone
 
 
+def test_output_inside_a_symlinked_source_or_holding_the_source_is_refused(png_folder, tmp_path, capsys):
+    """Issue 28 item 6: --source given through a symlink and --output_dir inside it (or the reverse) is one line,
+    and nothing is written into the source."""
+    root, _ = png_folder
+    before = sorted(os.walk(root))
+    link, up = tmp_path / "link", tmp_path / "up"
+    os.symlink(root, link)
+    os.symlink(tmp_path, up)
+    for source, output, what in ((link, link / "tfr", "inside the source folder"),
+                                 (root, link / "tfr", "inside the source folder"),
+                                 (link, f"{root}/../pngs/x/..", "inside the source folder"),
+                                 (link, up, "holds the source folder")):
+        code, _, err = convert(f"--source={source}", f"--output_dir={output}", capsys=capsys)
+        assert code == 1 and one_error(err).startswith("error: --output_dir:") and what in err, (source, output)
+    assert sorted(os.walk(root)) == before
+
+
 # Slow (18 s): a killed conversion leaving nothing complete-looking and workers dying with their parent stay in
 # the default suite.
 @pytest.mark.slow

@@ -52,6 +52,42 @@ def inside(directory: str, path: str) -> str:
     return path
 
 
+def same_or_inside(path: str, folder: str) -> bool:
+    """Whether ``path`` is ``folder`` or lies under it, however either is spelled: ``..``, relative paths and
+    symlinks are resolved (``realpath``), and each existing ancestor of ``path`` is compared with ``folder`` by
+    device and inode, which also sees through bind mounts. Costs one ``stat`` per path component."""
+    if fileio.has_scheme(path) or fileio.has_scheme(folder):
+        inner, outer = (fileio.absolute(p).rstrip("/") + "/" for p in (path, folder))
+        return inner.startswith(outer)
+    try:
+        target = os.stat(folder)
+    except OSError:
+        return False
+    here = os.path.realpath(path)
+    while True:
+        with contextlib.suppress(OSError):
+            st = os.stat(here)
+            if (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino):
+                return True
+        up = os.path.dirname(here)
+        if up == here:
+            return False
+        here = up
+
+
+def check_apart(directory: str, source_folder: str) -> None:
+    """Refuses an output directory that is, or lies inside, the source folder (the dataset would be written into
+    the images it is made of, and read as part of them by the next run), and a source folder inside the output
+    directory (``--overwrite`` would replace what holds it)."""
+    shown, source = display(directory), display(source_folder)
+    if same_or_inside(directory, source_folder):
+        raise ConfigError("output_dir", f"{shown} is inside the source folder {source} (after resolving symlinks "
+                          "and '..'); choose an output directory outside it")
+    if same_or_inside(source_folder, directory):
+        raise ConfigError("output_dir", f"{shown} holds the source folder {source} (after resolving symlinks and "
+                          "'..'); choose an output directory outside it")
+
+
 def fingerprint(options: dict, identity: str) -> str:
     """Identifies a conversion: the source and every option that changes the output (not workers/skip_bad)."""
     key = {"converter": 1, "source": identity, **{k: options[k] for k in (
@@ -97,8 +133,8 @@ def claim(options, source_kind: str, source_path: str, key: str):
     ``options`` is the converter's Options; ConfigError names --output_dir for anything in the way."""
     directory = fileio.absolute(options.output_dir)
     shown = display(directory)
-    if source_kind == "folder" and (directory + os.sep).startswith(os.path.join(os.path.abspath(source_path), "")):
-        raise ConfigError("output_dir", f"{shown} is inside the source folder {display(source_path)}")
+    if source_kind == "folder":
+        check_apart(directory, source_path)
     if fileio.exists(directory) and not fileio.isdir(directory):
         raise ConfigError("output_dir", f"{shown} exists and is not a directory")
     try:
