@@ -2,7 +2,9 @@
 import json
 import threading
 
-from tfgpu.config import Config
+import pytest
+
+from tfgpu.config import Config, ConfigError
 from tfgpu.data import catalog, tfrecord
 
 
@@ -31,3 +33,14 @@ def test_builtin_digits_is_converted_once_by_the_converter_even_when_two_runs_st
         manifest = json.load(f)
     assert manifest["name"] == "digits" and manifest["converter"]["fingerprint"]
     assert {s: e["num_examples"] for s, e in manifest["splits"].items()} == {"train": 1438, "val": 359}
+
+
+def test_a_full_data_cache_is_one_line_naming_the_cache_flag(tmp_path, small_disk):
+    """Issue 28 item 7 in the cache path: --dataset=digits converted into a --data_cache_dir without room for it."""
+    cache = small_disk(64)
+    config = Config(model_dir=str(tmp_path / "run"), dataset="digits", data_cache_dir=str(cache))
+    with pytest.raises(ConfigError) as error:
+        catalog.prepare(config)
+    assert error.value.flag == "data_cache_dir" and "\n" not in str(error.value)
+    assert str(error.value).startswith(f"--data_cache_dir: {cache}/digits-v{tfrecord.FORMAT_VERSION} has ")
+    assert "MiB free but this conversion needs about" in str(error.value)

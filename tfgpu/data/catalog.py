@@ -77,8 +77,12 @@ def _convert_once(config: DatasetConfig, directory: str, **options) -> None:
             return
         try:
             convert.convert(convert.Options(output_dir=directory, **options), stream=_LogStream(), out=_LogStream())
-        except (ConfigError, convert.BadImageError, convert.WorkerDiedError) as e:
-            raise ConfigError("dataset", f"{config.dataset}: {getattr(e, 'reason', e)}") from None
+        except ConfigError as e:
+            if e.flag == "output_dir":  # the cache directory: full, or not writable
+                raise ConfigError("data_cache_dir", e.reason) from None
+            raise ConfigError("dataset", f"{config.dataset}: {e.reason}") from None
+        except (convert.BadImageError, convert.WorkerDiedError) as e:
+            raise ConfigError("dataset", f"{config.dataset}: {e}") from None
         log.info("converted %s to %s", config.dataset, directory)
 
 

@@ -20,11 +20,13 @@ the way that file system renames (not atomic on object stores).
 """
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import hashlib
 import json
 import os
 import re
+import shutil
 
 from tfgpu.config import ConfigError
 from tfgpu.data.folders import display
@@ -86,6 +88,54 @@ def check_apart(directory: str, source_folder: str) -> None:
     if same_or_inside(source_folder, directory):
         raise ConfigError("output_dir", f"{shown} holds the source folder {source} (after resolving symlinks and "
                           "'..'); choose an output directory outside it")
+
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # a full device, an exhausted quota
+
+
+def is_out_of_space(error: BaseException) -> bool:
+    """Whether ``error`` says the device (or the user's quota) is full: an OSError, or TensorFlow's file writers'
+    ResourceExhaustedError (recognised by name: this module stays free of TensorFlow)."""
+    if isinstance(error, OSError):
+        return error.errno in NO_SPACE
+    return type(error).__name__ == "ResourceExhaustedError" and type(error).__module__.startswith("tensorflow")
+
+
+def free_bytes(directory: str):
+    """Bytes this user may still write where ``directory`` lives; None for a path with a scheme (no such number)."""
+    if fileio.has_scheme(directory):
+        return None
+    with contextlib.suppress(OSError):
+        return shutil.disk_usage(directory).free
+    return None
+
+
+def megabytes(n: float) -> str:
+    return f"{n / 2 ** 20:.1f} MiB"
+
+
+def check_space(directory: str, needed: int) -> None:
+    """Refuses, before anything is written, a conversion estimated to need more than the free space there."""
+    free = free_bytes(directory)
+    if free is not None and needed > free:
+        raise ConfigError("output_dir", f"{display(directory)} has {megabytes(free)} free but this conversion needs "
+                          f"about {megabytes(needed)}; free some space there or choose another directory")
+
+
+@contextlib.contextmanager
+def reporting_no_space(directory: str, needed: int):
+    """Turns the device filling up while writing into ``directory`` into one line naming it and the space needed;
+    what was written stays as an interrupted run leaves it (complete shards are kept for the rerun)."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 (only running out of space is translated; anything else is re-raised)
+        if not is_out_of_space(e):
+            raise
+        free = free_bytes(directory)
+        raise ConfigError("output_dir", f"{display(directory)} ran out of space (no space left on device) while "
+                          f"writing the dataset: it needs about {megabytes(needed)}"
+                          f"{f', {megabytes(free)} is free now' if free is not None else ''}; free some space there "
+                          "or choose another directory, then rerun (complete shards are kept)") from None
 
 
 def fingerprint(options: dict, identity: str) -> str:
