@@ -1,8 +1,11 @@
 """The output directory of a conversion: who may write it, and how a dataset in it is replaced.
 
 - ``claim`` checks that the directory is empty or holds this same conversion (or
-  ``--overwrite``), locks it against a second converter and records the plan. It
-  changes nothing that a reader uses: no shard, no ``dataset.json``.
+  ``--overwrite``) and lies apart from a folder source, locks it against a second
+  converter and records the plan. It changes nothing that a reader uses: no shard,
+  no ``dataset.json``.
+- ``check_space`` refuses a conversion estimated not to fit; ``reporting_no_space``
+  turns a device that fills up anyway into one line naming the directory.
 - While a finished dataset (``dataset.json``) is there, rebuilt shards are written
   beside it under staged names (``.<shard>.staged``); ``publish`` swaps them in only
   once every shard is done. So a rerun that stops (a bad image, a kill, a refused
