@@ -95,3 +95,20 @@ def test_an_output_reached_through_a_bind_mount_of_the_source_is_refused(tree):
             outdir.check_apart(str(alias / "tfr"), str(tree / "data" / "src"))
     finally:
         subprocess.run(["umount", str(alias)], check=True)
+
+
+def test_a_full_device_is_recognised_as_each_writer_reports_it_and_nothing_else_is():
+    """Python's writes (sidecars, dataset.json) raise OSError ENOSPC/EDQUOT; TensorFlow's shard writer raises
+    ResourceExhaustedError, also after crossing from a worker process (pickled)."""
+    import errno
+    import pickle
+
+    import tensorflow as tf
+
+    full = tf.errors.ResourceExhaustedError(None, None, "/out/.train-00000-of-00001.tfrecord.x.tmp; No space left")
+    for error in (OSError(errno.ENOSPC, "No space left on device"), OSError(errno.EDQUOT, "Disk quota exceeded"),
+                  full, pickle.loads(pickle.dumps(full))):
+        assert outdir.is_out_of_space(error), error
+    for error in (OSError(errno.EIO, "Input/output error"), PermissionError(13, "Permission denied"),
+                  tf.errors.InternalError(None, None, "x"), MemoryError(), ValueError("ResourceExhaustedError")):
+        assert not outdir.is_out_of_space(error), error
