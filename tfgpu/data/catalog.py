@@ -3,8 +3,9 @@
 ``--data_dir`` is a dataset converted by ``tfgpu.convert``; a built-in dataset (``--dataset=digits``) or
 ``--dataset=tfds:NAME`` is converted once into the data cache by the same converter (processes of one host
 that start together wait for the first), in a directory named after what the data is and how it was converted,
-and used only while its manifest records that same conversion. The manifest (``dataset.json``) gives classes, image shape, splits
-and their shards; ``DatasetInfo`` carries what the model, the loop and the input pipeline need of it.
+and used only while its manifest records that same conversion. The manifest (``dataset.json``) gives classes,
+image shape, splits and their shards; ``DatasetInfo`` carries what the model, the loop and the input pipeline
+need of it.
 ``--data_dir`` and ``--data_cache_dir`` may be any path TensorFlow opens (``gs://``, ``ram://``:
 ``tfgpu.runtime.fileio``); only a local cache is locked against a second converter.
 """
