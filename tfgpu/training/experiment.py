@@ -13,8 +13,8 @@ import time
 from tfgpu.config import (Config, ConfigError, DatasetConfig, InputConfig, RuntimeConfig, TrainerConfig,
                           save_yaml)
 from tfgpu.runtime.fileio import atomic_write_bytes
-from tfgpu.training import exporting
-from tfgpu.training.history import PhaseTimer
+from tfgpu.training import config_change, exporting
+from tfgpu.training.history import History, PhaseTimer
 
 log = logging.getLogger("tfgpu")
 
@@ -56,6 +56,13 @@ def setup(config: Config, write_config: bool = True, startup: PhaseTimer | None 
     # is refused before model_dir is touched: N processes must never train as N chiefs into one directory.
     cluster.resolve_for_run(config.cluster, config.distribution_strategy)
     check_model_dir(config.model_dir)
+    # Resuming with a change to what is trained stops here, before anything is built (config_change.TRAINED);
+    # --precision=auto is compared once resolved, below.
+    recorded = None
+    if write_config:
+        config_change.check_allowed_names(config)
+        recorded = config_change.read_recorded(config.model_dir)
+        config_change.check(recorded, config)
     # TensorFlow is imported only now, after the cheap checks.
     import keras
     import tensorflow as tf
@@ -73,6 +80,7 @@ def setup(config: Config, write_config: bool = True, startup: PhaseTimer | None 
     placement = distribute.build_strategy(RuntimeConfig.of(config))
     # --precision=auto becomes a policy here, before anything reads it or config.yaml records it.
     config = precision.resolve_config(config, placement)
+    accepted = config_change.check(recorded, config)
     try:
         task_class = get_task(config.task)
     except ValueError as e:
@@ -100,6 +108,8 @@ def setup(config: Config, write_config: bool = True, startup: PhaseTimer | None 
     from tfgpu.models import user
 
     if placement.is_chief and write_config:
+        if accepted:  # before config.yaml records the new values
+            config_change.record(accepted, recorded.step, History(config.model_dir, enabled=True))
         save_yaml(config, os.path.join(config.model_dir, "config.yaml"))
         user.write_source_record(config, config.model_dir)  # model_source.json: which file built a user model
     elif not write_config:
