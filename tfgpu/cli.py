@@ -6,7 +6,8 @@ builds a ``cli.ArgumentParser``:
 - a bad flag is one line, ``error: --flag: reason`` (a ``ConfigError``), exit 1, before any heavy work;
   flags are never abbreviated, and an unknown flag suggests the close names;
 - ``--flagfile=F`` (one ``--flag=value`` per line, ``#`` comments, nested flagfiles resolved next to the
-  including file, an include cycle named by its files) is expanded before the command line, so the command line always wins;
+  including file, an include cycle named by its files) is expanded before the command line, so the command
+  line always wins;
 - ``add_config_flags`` declares ``Config`` fields as flags from ``config.py``'s own metadata (type, help,
   choices, group), so a shared option is declared once: train takes all of them, evaluate/export/sample/
   audit_input take them as overrides of a run's config, benchmark takes the model, data, precision and

@@ -112,7 +112,7 @@ def test_an_unknown_name_to_allow_is_refused_with_close_names():
     config_change.check_allowed_names(make(allow_config_change="global_batch_size, model"))
 
 
-# -- the recorded config.yaml, as it is found in a model_dir -------------------------------------------------------------
+# -- the recorded config.yaml, as it is found in a model_dir ---------------------------------------------------------
 @pytest.fixture
 def resumable(tmp_path):
     """A model_dir holding a checkpoint at step 40, as a run leaves it; its config.yaml is the test's to write."""
