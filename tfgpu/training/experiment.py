@@ -14,7 +14,7 @@ from tfgpu.config import (Config, ConfigError, DatasetConfig, InputConfig, Runti
                           save_yaml)
 from tfgpu.runtime.fileio import atomic_write_bytes
 from tfgpu.training import config_change, exporting
-from tfgpu.training.history import History, PhaseTimer
+from tfgpu.training.history import PhaseTimer
 
 log = logging.getLogger("tfgpu")
 
@@ -107,19 +107,31 @@ def setup(config: Config, write_config: bool = True, startup: PhaseTimer | None 
              config.examples_per_step, total_steps / pipeline.steps_per_epoch(inputs, info))
     from tfgpu.models import user
 
-    if placement.is_chief and write_config:
-        if accepted:  # before config.yaml records the new values
-            config_change.record(accepted, recorded.step, History(config.model_dir, enabled=True))
-        save_yaml(config, os.path.join(config.model_dir, "config.yaml"))
-        user.write_source_record(config, config.model_dir)  # model_source.json: which file built a user model
+    if placement.is_chief and write_config and not accepted:
+        _write_run_config(config)
     elif not write_config:
         user.warn_if_changed(config, config.model_dir)
     precision.set_policy(config.precision)
     task = task_class(config, info, placement, total_steps)
     trainer = Trainer(TrainerConfig.of(config), inputs, placement, task, info, total_steps)
+    if placement.is_chief and accepted:
+        # An allowed change is recorded once the checkpoint restored into this run's model: a resume that fails
+        # there leaves config.yaml describing the checkpoint, and no record of a change that never trained.
+        trainer.on_restored.append(lambda step: _write_run_config(config, accepted, step, trainer.history))
     trainer.startup = startup
     startup.mark("task")
     return Setup(config, placement, info, task, trainer, total_steps)
+
+
+def _write_run_config(config: Config, changes=(), step: int = 0, history=None) -> None:
+    """The chief's config.yaml and model_source.json (which file built a user model); first, for a resume with
+    allowed changes, their log lines and history.jsonl records."""
+    from tfgpu.models import user
+
+    if changes:
+        config_change.record(changes, step, history)
+    save_yaml(config, os.path.join(config.model_dir, "config.yaml"))
+    user.write_source_record(config, config.model_dir)
 
 
 def _check_batches(config: Config, num_replicas: int) -> None:
