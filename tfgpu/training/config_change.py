@@ -3,7 +3,8 @@
 When ``model_dir`` holds a checkpoint, every field that changes what is trained (``TRAINED``) is compared with
 the value ``config.yaml`` recorded, before the strategy, the data or the model are built: a change stops the
 run in one line naming each field with its old and new value, unless ``--allow_config_change`` lists it; an
-allowed change is logged and recorded in ``history.jsonl`` (kind ``config_change``), which the report lists.
+allowed change is logged and recorded in ``history.jsonl`` (kind ``config_change``), which the report lists, once
+the checkpoint has restored into the new run (``experiment.setup`` defers it and the config.yaml rewrite to then).
 Every other field (``SAFE``) may change on any resume. Cost: one read of config.yaml and of the checkpoint
 state file per run (milliseconds). Every worker reaches the same verdict from the same shared files; only the
 chief writes the record.
