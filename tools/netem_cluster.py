@@ -29,7 +29,8 @@ import subprocess
 import sys
 import time
 
-PREFIX = "tfgpu-nc"
+# Every name this tool makes starts with PREFIX; tests set TFGPU_NETEM_PREFIX to keep theirs apart from a user's.
+PREFIX = os.environ.get("TFGPU_NETEM_PREFIX", "tfgpu-nc")
 HUB = f"{PREFIX}-hub"
 BRIDGE = "br0"
 SUBNET = "10.233.0"
@@ -73,7 +74,7 @@ def namespaces() -> list:
     """This tool's namespaces that exist now."""
     proc = _sh("ip", "netns", "list", check=False)
     names = [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
-    return sorted(n for n in names if n.startswith(PREFIX))
+    return sorted(n for n in names if re.fullmatch(rf"{re.escape(PREFIX)}-(hub|w\d+)", n))
 
 
 def workers() -> list:
@@ -171,6 +172,15 @@ def up(num_workers: int, bandwidth: str, latency_ms: float) -> None:
         raise
 
 
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for its parent to read its status."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _kill_namespace_processes(name: str, grace_s: float = 3.0) -> int:
     pids = [int(p) for p in _sh("ip", "netns", "pids", name, check=False).stdout.split()]
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -181,7 +191,7 @@ def _kill_namespace_processes(name: str, grace_s: float = 3.0) -> int:
                 pass
         deadline = time.monotonic() + grace_s
         while pids and time.monotonic() < deadline:
-            pids = [p for p in pids if os.path.exists(f"/proc/{p}")]
+            pids = [p for p in pids if _alive(p)]
             time.sleep(0.05)
     return len(pids)
 
