@@ -23,8 +23,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import netem_cluster  # noqa: E402
+sys.path.insert(0, os.path.dirname(HERE))
+from tfgpu.bench import netem as netem_cluster  # noqa: E402
 
 
 def worker(sizes_mb: list, repeats: int, out_path: str, dtype_name: str = "float32") -> None:

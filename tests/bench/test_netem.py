@@ -1,4 +1,4 @@
-"""tools/netem_cluster.py: the emulated cluster limits a real TCP transfer between two worker namespaces to its
+"""tfgpu.bench.netem through tools/netem_cluster.py: the emulated cluster limits a real TCP transfer between two worker namespaces to its
 bandwidth, runs a command per worker with TF_CONFIG, and ``down`` leaves nothing behind.
 
 Needs root and iproute2 (as CI has); skips with the reason elsewhere. Every test uses its own name prefix
