@@ -31,7 +31,7 @@ MEASURE_FLAGS = ["--eval_split=none", "--checkpoint_every_steps=0", "--tensorboa
                  "--distribution_strategy=one_device", "--cpu_logical_devices=0"]
 
 
-def _parser() -> cli.ArgumentParser:
+def parser() -> cli.ArgumentParser:
     p = cli.ArgumentParser(prog="python -m tfgpu.plan", usage=USAGE, description=__doc__.split("\n\n")[0])
     p.add_argument("--num_workers", default="2,4,8", help="Worker counts to predict, comma separated.")
     p.add_argument("--bandwidth", default="1gbit,10gbit", help="Link bandwidths, comma separated (100mbit, 1gbit).")
@@ -123,12 +123,12 @@ def validate_row(argv_flags: list, config, num_workers: int, bandwidth: str, lat
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = _parser()
+    p = parser()
     if cli.wants_help(argv):
-        print(parser.format_help())
+        print(p.format_help())
         return 0
     try:
-        opts = parser.parse_args(argv)
+        opts = p.parse_args(argv)
         workers = _split("num_workers", opts.num_workers, int)
         if any(n < 1 for n in workers):
             raise ConfigError("num_workers", f"must be positive, got {opts.num_workers}")
@@ -166,10 +166,10 @@ def main(argv=None) -> int:
                 rows.append(row)
                 measured_text = (f"  measured {row['measured_step_s'] * 1000:7.1f} ms ({row['error']:+.0%})"
                                  if "measured_step_s" in row else "")
-                best = row["remedies"][0]
+                best = next(r for r in row["remedies"] if r["keeps_recipe"])
                 print(f"{n:3d} workers {name:>8}: {row['predicted_step_s'] * 1000:8.1f} ms/step, "
                       f"{row['predicted_examples_per_sec']:9.1f} examples/s, efficiency {row['efficiency']:.0%}"
-                      f"{measured_text}; best remedy {best['remedy']} ({best['efficiency']:.0%})", flush=True)
+                      f"{measured_text}; with {best['remedy']}: {best['efficiency']:.0%}", flush=True)
     if opts.output_json:
         with open(opts.output_json, "w") as f:
             json.dump({"one_replica": one, "link_efficiency": opts.link_efficiency, "rows": rows}, f, indent=2)
