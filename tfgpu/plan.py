@@ -9,8 +9,11 @@ parameters (the float32 gradient bytes), and prints, per (workers, bandwidth), t
 scaling efficiency that ``tfgpu.bench.scaling``'s model predicts, with the remedy that helps most. The
 per-replica batch stays the run's ``--global_batch_size`` on N workers (weak scaling). ``--validate`` also
 runs each row of up to ``--validate_max_workers`` workers on the emulated cluster network
-(``tfgpu.bench.netem``: root, network namespaces) and adds ``measured_step_s`` and the prediction's error.
+(``tfgpu.bench.netem``: root, network namespaces) and adds ``measured_step_s`` and the error of the prediction
+for this host: there the N workers share one host's cores, so the compute side is measured as N independent
+single-replica runs at once (``shared_host_step_s``) and the wire side is the same model.
 """
+import dataclasses
 import json
 import os
 import statistics
@@ -99,6 +102,18 @@ def measure_one(argv_flags: list, config, steps: int, workdir: str) -> dict:
     return read_run(model_dir)
 
 
+def measure_shared(argv_flags: list, config, num_workers: int, steps: int, workdir: str) -> float:
+    """The single-replica step when ``num_workers`` independent runs share this host at once, as the emulated
+    cluster's workers do (mean of their steps): the compute side of a validation row on one host."""
+    loop = max(1, min(config.steps_per_loop, steps // 4))
+    dirs = [os.path.join(workdir, f"shared-{num_workers}-{i}") for i in range(num_workers)]
+    procs = [subprocess.Popen(_train_command(argv_flags + MEASURE_FLAGS, d, steps, config.global_batch_size, loop),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT) for d in dirs]
+    if any(p.wait() for p in procs):
+        raise RuntimeError(f"{num_workers} single-replica runs sharing the host failed")
+    return statistics.mean(read_run(d)["step_s"] for d in dirs)
+
+
 def validate_row(argv_flags: list, config, num_workers: int, bandwidth: str, latency_ms: float, steps: int,
                  workdir: str) -> float:
     """Measured step time of ``num_workers`` workers on the emulated cluster (per-replica batch kept)."""
@@ -152,7 +167,7 @@ def main(argv=None) -> int:
         print(f"one replica: {measured.step_s * 1000:.1f} ms/step at batch {measured.per_replica_batch}, "
               f"{measured.trainable_parameters:,} trainable parameters: {measured.wire_bytes / 1e6:.1f} MB of "
               f"{config.allreduce_dtype} gradients per all-reduce")
-        rows = []
+        rows, shared = [], {}
         for n in workers:
             for name, bandwidth in bandwidths:
                 latency = opts.latency_ms / 1000
@@ -160,11 +175,19 @@ def main(argv=None) -> int:
                        **scaling.predict(measured, n, bandwidth, latency, opts.link_efficiency),
                        "remedies": scaling.remedies(measured, n, bandwidth, latency, opts.link_efficiency)}
                 if opts.validate and 1 < n <= opts.validate_max_workers:
-                    row["measured_step_s"] = validate_row(flags, config, n, name, opts.latency_ms,
-                                                          opts.validate_steps or opts.measure_steps, workdir)
-                    row["error"] = row["predicted_step_s"] / row["measured_step_s"] - 1
+                    steps = opts.validate_steps or opts.measure_steps
+                    if n not in shared:
+                        shared[n] = measure_shared(flags, config, n, steps, workdir)
+                    here = scaling.predict(dataclasses.replace(measured, step_s=shared[n]), n, bandwidth, latency,
+                                           opts.link_efficiency)
+                    row["shared_host_step_s"] = shared[n]
+                    row["predicted_step_s_this_host"] = here["predicted_step_s"]
+                    row["measured_step_s"] = validate_row(flags, config, n, name, opts.latency_ms, steps, workdir)
+                    row["error"] = row["predicted_step_s_this_host"] / row["measured_step_s"] - 1
                 rows.append(row)
-                measured_text = (f"  measured {row['measured_step_s'] * 1000:7.1f} ms ({row['error']:+.0%})"
+                measured_text = (f"; on this host {row['predicted_step_s_this_host'] * 1000:.1f} ms predicted "
+                                 f"(compute shared by {n} workers: {row['shared_host_step_s'] * 1000:.1f} ms), "
+                                 f"{row['measured_step_s'] * 1000:.1f} ms measured ({row['error']:+.0%})"
                                  if "measured_step_s" in row else "")
                 best = next(r for r in row["remedies"] if r["keeps_recipe"])
                 print(f"{n:3d} workers {name:>8}: {row['predicted_step_s'] * 1000:8.1f} ms/step, "
