@@ -13,7 +13,7 @@ from tfgpu import config as config_lib
 from tfgpu.models import registry  # noqa: F401 - imports TensorFlow (which raises the recursion limit) up front
 
 COMMANDS = ("train", "evaluate", "export", "sample", "benchmark", "audit_input", "launch", "convert", "doctor",
-            "report")
+            "report", "plan")
 # Options a command requires, so that the flag under test is the first thing wrong.
 REQUIRED = {"evaluate": ["--model_dir=/nonexistent/run"], "export": ["--model_dir=/nonexistent/run"],
             "sample": ["--model_dir=/nonexistent/run"], "report": ["--model_dir=/nonexistent/run"],
