@@ -56,7 +56,7 @@ SAFE = {
          "skip_corrupt_records"),
     "the devices, cluster and compilation (resuming on another topology is the checkpoint's business)":
         ("distribution_strategy", "num_gpus", "all_reduce_alg", "cpu_logical_devices", "gpu_memory_growth",
-         "cluster", "collective_timeout_s", "jit_compile", "deterministic"),
+         "cluster", "collective_timeout_s", "jit_compile", "deterministic", "allreduce_dtype"),
     "the starting point of a fresh run, which the restored checkpoint replaces (the loss scale included)":
         ("init_weights", "init_skip_mismatch", "zero_init_residual", "initial_loss_scale",
          "loss_scale_growth_steps"),
