@@ -337,3 +337,22 @@ def test_the_train_pipeline_is_released_before_the_final_evaluation(tmp_path, da
     finally:
         keras.backend.clear_session(free_memory=False)
     assert train_input_alive == [False]
+
+
+def test_training_into_a_directory_holding_another_tasks_checkpoint_is_one_line(train_here, tmp_path):
+    """No config.yaml to compare with, only a checkpoint a GAN-like Keras program wrote: the run stops before
+    training with one line naming the checkpoint and what it lacks (before: a traceback)."""
+    import keras
+    import tensorflow as tf
+
+    generator = keras.Sequential([keras.Input((4,)), keras.layers.Dense(64)])
+    root = tf.train.Checkpoint(step=tf.Variable(5, dtype=tf.int64), generator=generator,
+                               g_optimizer=keras.optimizers.Adam())
+    path = tf.train.CheckpointManager(root, str(tmp_path / "checkpoints"), max_to_keep=1).save()
+    result = train_here(*SMALL, "--model=small_cnn", "--train_steps=2", f"--model_dir={tmp_path}", check=False)
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert result.returncode == 1 and errors == [
+        f"error: --model_dir: checkpoint {path} does not fit the model built here: it has no 'model', 'optimizer' "
+        "(it holds g_optimizer, generator, save_counter, step); it was written by another model, task or dataset: "
+        "train this model into a new --model_dir"], result.output
+    assert "Traceback" not in result.output and not (tmp_path / "history.jsonl").exists()

@@ -244,14 +244,12 @@ class Trainer:
         returns its step (0 when there is none). With ``initial_weights`` (training) and no checkpoint to
         restore, the task loads --init_weights instead: a restored checkpoint always wins, so a resumed run
         never reloads them, and a run that loads them checks their file before building anything."""
-        latest = tf.train.latest_checkpoint(checkpoint_lib.checkpoint_dir(self.model_dir))
-        fresh = not checkpoint_path and latest is None
+        fresh = not checkpoint_path and checkpoint_lib.latest(self.model_dir) is None
         if initial_weights:
             self.task.check_fine_tuning(loads_initial_weights=fresh)
         self._build()
         if checkpoint_path:
-            self.checkpointer.checkpoint.restore(checkpoint_path).expect_partial()
-            step = int(self.step.numpy())
+            step = self.checkpointer.restore(checkpoint_path, "checkpoint")
         else:
             step = self.checkpointer.restore_latest()
         if initial_weights and fresh and self.config.init_weights:
