@@ -118,9 +118,14 @@ def test_a_directory_names_the_checkpoint_inside_or_that_there_is_none(tmp_path)
         checkpoint.restore(_classifier(10), str(tmp_path / "empty"), "checkpoint")
 
 
-def test_a_state_file_naming_deleted_checkpoint_files_is_refused_not_restarted_from_zero(tmp_path):
+def test_a_state_file_naming_deleted_files_or_garbled_is_refused_not_restarted_from_zero(tmp_path):
     path = _saved(_classifier(10), tmp_path / "checkpoints")
     assert checkpoint.latest(str(tmp_path)) == path
+    state = (tmp_path / "checkpoints" / "checkpoint").read_text()
+    (tmp_path / "checkpoints" / "checkpoint").write_text("model_checkpoint_path: {")
+    with pytest.raises(ConfigError, match=r"^--model_dir: .*/checkpoint is unreadable; put back an intact copy"):
+        checkpoint.latest(str(tmp_path))
+    (tmp_path / "checkpoints" / "checkpoint").write_text(state)
     for name in os.listdir(tmp_path / "checkpoints"):
         if name.startswith("ckpt-"):
             os.remove(tmp_path / "checkpoints" / name)

@@ -34,6 +34,10 @@ log = logging.getLogger("tfgpu")
 VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"  # how a checkpoint's index names a variable's value
 FIX = {"model_dir": "train this model into a new --model_dir",  # by the flag that named the checkpoint
        "checkpoint": "pass a checkpoint of a run of this model, task and dataset"}
+UNREADABLE_FIX = {"model_dir": f"its .index file is truncated or corrupt: put back an intact copy, or "
+                               f"{FIX['model_dir']}",
+                  "checkpoint": "pass a checkpoint's prefix (its files without .index or .data-*), e.g. "
+                                "<model_dir>/checkpoints/ckpt-N"}
 
 
 def checkpoint_dir(model_dir: str) -> str:
@@ -46,12 +50,11 @@ def latest(model_dir: str) -> str | None:
     directory = checkpoint_dir(model_dir)
     found = tf.train.latest_checkpoint(directory)
     if found is None and fileio.exists(os.path.join(directory, "checkpoint")):
-        try:
-            named = tf.train.get_checkpoint_state(directory)
-        except Exception as e:  # noqa: BLE001 (a state file TensorFlow cannot parse: its errors vary)
-            raise ConfigError("model_dir", f"{directory}/checkpoint is unreadable ({_first_line(e)}); remove "
-                              f"{directory} to start the run afresh") from None
-        if named is not None and named.model_checkpoint_path:
+        named = tf.train.get_checkpoint_state(directory)  # None (TensorFlow logs why) when it does not parse
+        if named is None:
+            raise ConfigError("model_dir", f"{directory}/checkpoint is unreadable; put back an intact copy, or "
+                              f"remove {directory} to start the run afresh")
+        if named.model_checkpoint_path:
             raise ConfigError("model_dir", f"{directory}/checkpoint names {named.model_checkpoint_path}, whose "
                               f"files are missing; put them back, or remove {directory} to start afresh")
     return found
@@ -120,8 +123,8 @@ def restore(checkpoint: tf.train.Checkpoint, path: str, flag: str) -> None:
     try:
         reader = tf.train.load_checkpoint(path)
     except (tf.errors.OpError, ValueError) as e:  # no checkpoint there, or an .index that does not parse
-        raise ConfigError(flag, f"{path} is not a readable checkpoint ({_first_line(e)}); pass the prefix of a "
-                          "checkpoint's .index file, e.g. <model_dir>/checkpoints/ckpt-N") from None
+        raise ConfigError(flag, f"{path} is not a readable checkpoint ({_first_line(e)}); {UNREADABLE_FIX[flag]}"
+                          ) from None
     try:
         mismatch = first_mismatch(checkpoint, reader)  # reads the object graph from the data file
     except Exception as e:  # noqa: BLE001 (a short data file raises IndexError, a corrupt one DataLossError, ...)
