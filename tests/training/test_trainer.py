@@ -389,4 +389,5 @@ def test_a_preemption_at_an_evaluation_step_leaves_that_evaluation_to_the_resume
             assert ours[name] == pytest.approx(theirs[name], rel=1e-6, abs=1e-7), (ours["step"], name)
     assert read_metrics(tmp_path / "split")["val_loss"] == pytest.approx(straight[-1]["val_loss"], rel=1e-6)
     assert "resuming at step 2" in resumed.output
+    assert "owed_evaluation_s" in read_history(tmp_path / "split", "startup")[-1]
     assert "evaluating step 2 first: the run that saved its checkpoint stopped before evaluating it" in resumed.output

@@ -202,6 +202,8 @@ class Trainer:
         if owed:
             log.info("evaluating step %d first: the run that saved its checkpoint stopped before evaluating it", step)
         self._resumed_eval = self.evaluate(step, record=owed)
+        if owed and self.startup:
+            self.startup.mark("owed_evaluation")  # its own phase of the startup record, not the first loop's
         return self._reaches_target(step, self._resumed_eval, timed=owed)
 
     def _owes_evaluation(self, step: int) -> bool:
