@@ -6,7 +6,8 @@ builds a ``cli.ArgumentParser``:
 - a bad flag is one line, ``error: --flag: reason`` (a ``ConfigError``), exit 1, before any heavy work;
   flags are never abbreviated, and an unknown flag suggests the close names;
 - ``--flagfile=F`` (one ``--flag=value`` per line, ``#`` comments, nested flagfiles resolved next to the
-  including file) is expanded before the command line, so the command line always wins;
+  including file, an include cycle named by its files) is expanded before the command line, so the command
+  line always wins;
 - ``add_config_flags`` declares ``Config`` fields as flags from ``config.py``'s own metadata (type, help,
   choices, group), so a shared option is declared once: train takes all of them, evaluate/export/sample/
   audit_input take them as overrides of a run's config, benchmark takes the model, data, precision and
@@ -31,10 +32,17 @@ HELP_FLAGS = ("-h", "--help", "--helpfull", "--helpshort", "-help")
 _FIELDS = {f.name: f for f in config_lib.fields()}
 
 
-def _read_flagfile(path: str, seen: tuple) -> list:
-    """Arguments of a flagfile, nested flagfiles expanded in place."""
-    if path in seen:
-        raise ConfigError("flagfile", f"{path} includes itself")
+def _read_flagfile(path: str, chain: tuple = (), named: str = "") -> list:
+    """Arguments of a flagfile, nested flagfiles expanded in place. ``chain`` holds the (real path, path) of the
+    files that include this one, outermost first, ``named`` what the including line wrote. Files are compared
+    by real path, so ``./a.flags``, ``../dir/a.flags`` and a symlink to it are one file and an include cycle is
+    named, not recursed into; a file included twice but not inside itself (a diamond) is read twice."""
+    real = os.path.realpath(path)
+    for index, (included_real, included) in enumerate(chain):
+        if included_real == real:
+            through = [os.path.normpath(p) for _, p in chain[index + 1:]] + [os.path.normpath(path)]
+            cycle = f" through {' -> '.join(through)}" if len(through) > 1 else f" (--flagfile={named})"
+            raise ConfigError("flagfile", f"{included} includes itself{cycle}")
     if not os.path.isfile(path):
         raise ConfigError("flagfile", f"file {path!r} does not exist")
     try:
@@ -53,11 +61,22 @@ def _read_flagfile(path: str, seen: tuple) -> list:
             raise ConfigError("flagfile", f"{path} line {number}: {line[:80]!r} is not a --flag=value line")
         if line.startswith("--flagfile="):
             nested = line.split("=", 1)[1]
-            local = os.path.join(os.path.dirname(path), nested)
-            args += _read_flagfile(local if os.path.isfile(local) else nested, seen + (path,))
+            args += _read_flagfile(_nested_path(path, number, nested), chain + ((real, path),), nested)
         else:
             args.append(line)
     return args
+
+
+def _nested_path(including: str, number: int, nested: str) -> str:
+    """Where ``--flagfile=nested`` on line ``number`` of ``including`` points: next to the including file,
+    else (as absl reads it) from the working directory; ConfigError naming the line when neither exists."""
+    local = os.path.join(os.path.dirname(including), nested)
+    if os.path.isfile(local) or os.path.isabs(nested):
+        return local
+    if os.path.isfile(nested):
+        return nested
+    raise ConfigError("flagfile", f"{including} line {number}: {nested!r} does not exist (looked next to "
+                      f"{including} and in the working directory)")
 
 
 def expand_flagfiles(argv: list) -> list:
@@ -69,11 +88,11 @@ def expand_flagfiles(argv: list) -> list:
         if arg in ("--flagfile", "-flagfile"):
             if i + 1 >= len(argv):
                 raise ConfigError("flagfile", "expects a file: --flagfile=PATH")
-            from_files += _read_flagfile(argv[i + 1], ())
+            from_files += _read_flagfile(argv[i + 1])
             i += 2
             continue
         if arg.startswith(("--flagfile=", "-flagfile=")):
-            from_files += _read_flagfile(arg.split("=", 1)[1], ())
+            from_files += _read_flagfile(arg.split("=", 1)[1])
         else:
             command_line.append(arg)
         i += 1

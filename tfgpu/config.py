@@ -87,6 +87,10 @@ class Config:
     jit_compile: bool = _opt(False, "Classification: compile each replica's forward and backward pass with XLA, "
                              "under every strategy (not on logical CPU devices, nor with --sync_batch_norm over "
                              "several replicas). The GAN task does not compile with XLA.", "precision")
+    allreduce_dtype: str = _opt("float32", "Dtype gradients cross the wire in: each replica's float32 gradients are "
+                                "cast to it before the cross-replica sum and back after (bfloat16 or float16 halve "
+                                "the bytes; float16 sums that overflow skip the step like any non-finite gradient). "
+                                "No effect with one replica.", "precision", ("float32", "bfloat16", "float16"))
     initial_loss_scale: float = _opt(32768.0, "Starting dynamic loss scale for mixed_float16.", "precision")
     loss_scale_growth_steps: int = _opt(2000, "Finite steps before the float16 loss scale doubles.", "precision")
     # -- data ---------------------------------------------------------------
@@ -343,6 +347,7 @@ class RuntimeConfig(Section):
 class PrecisionConfig(Section):
     """The dtype policy and loss scaling an optimizer is wrapped with (runtime/precision.py)."""
     precision: str
+    allreduce_dtype: str
     initial_loss_scale: float
     loss_scale_growth_steps: int
 

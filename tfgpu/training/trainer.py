@@ -59,6 +59,7 @@ class Trainer:
         # process's start for python -m tfgpu.train).
         self.started_at = time.time()
         self.startup = None  # the startup PhaseTimer experiment.setup began; the first loop finishes it
+        self.on_restored = []  # callables(step) run once the checkpoint, if any, is restored: before the first step
         self._target_hit = None  # step, epochs and seconds of the evaluation that reached the target
         self._target_best = None  # the best value of the target's metric evaluated so far
         self._resumed_eval = {}  # the evaluation of a checkpoint resumed from that already reaches the target
@@ -311,6 +312,8 @@ class Trainer:
             if self.startup:
                 self.startup.mark("build_and_restore")
             self.write_metric_specs()
+            for call in self.on_restored:
+                call(start_step)
             previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
             try:
                 return self._train_from(start_step)
