@@ -103,8 +103,8 @@ def first_mismatch(checkpoint: tf.train.Checkpoint, reader) -> str | None:
     ours = variables_by_key(checkpoint)
     for key, variable in ours.items():
         name = key[:-len(VALUE_SUFFIX)]
-        path = getattr(variable, "path", None) or variable.name
-        shown = name if path.split(":")[0] in name else f"{name} ({path.split(':')[0]})"
+        path = (getattr(variable, "path", None) or variable.name).split(":")[0]  # Keras's layer path, else TF's
+        shown = name if path in name else f"{name} ({path})"
         wanted = [int(d) for d in variable.shape]
         if key not in shapes:
             return f"it has no variable {shown} (shape {wanted})"
