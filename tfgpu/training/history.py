@@ -31,6 +31,13 @@ class History:
         fileio.append_text(self.path, line + "\n")
         self.last_time = time.time()
 
+    def steps(self, kind: str) -> set:
+        """The steps with a ``kind`` record in history.jsonl so far (an unreadable line, such as a killed run's
+        half-written last one, records nothing). Reads the whole file: once per resume."""
+        from tfgpu.reporting.report import read_history
+
+        return {int(record["step"]) for record in read_history(self.path)[0].get(kind, [])}
+
 
 class PhaseTimer:
     """Times consecutive phases from ``started_at``: by default the startup, from process start to the end of
