@@ -8,6 +8,7 @@ import hypothesis
 import hypothesis.strategies as st
 import pytest
 
+from tests.conftest import REPO
 from tfgpu import audit_input, benchmark, cli, evaluate, export, sample, train
 from tfgpu import config as config_lib
 from tfgpu.models import registry  # noqa: F401 - imports TensorFlow (which raises the recursion limit) up front
@@ -241,3 +242,35 @@ def test_flagfile_includes_expand_depth_first_or_name_a_cycle(includes):
                 cli.expand_flagfiles([f"--flagfile={tmp_path / 'f0.flags'}"])
         else:
             assert cli.expand_flagfiles([f"--flagfile={tmp_path / 'f0.flags'}"]) == expected
+
+
+@pytest.mark.parametrize("name", ["train", "benchmark", "plan", "evaluate"])
+def test_list_recipes_shows_every_installed_recipe_in_one_line_and_exits_0(name, capsys):
+    code, out, _ = run_main(name, REQUIRED.get(name, []) + ["--list_recipes"], capsys)
+    lines = out.strip().splitlines()
+    assert code == 0 and len(lines) == len(cli.recipes()) >= 3
+    assert any(line.startswith("quickstart ") and "ResNet-20" in line for line in lines)
+    assert all(len(line) <= 130 for line in lines)
+
+
+def test_a_recipe_is_the_shipped_flagfile_and_a_flagfile_can_start_from_one(tmp_path):
+    assert cli.expand_flagfiles(["--recipe=quickstart"]) == cli.expand_flagfiles(
+        [f"--flagfile={os.path.join(REPO, 'configs', 'quickstart.flags')}"])
+    (tmp_path / "mine.flags").write_text("--recipe=quickstart\n--epochs=2\n")
+    config = train.parse([f"--flagfile={tmp_path / 'mine.flags'}", f"--model_dir={tmp_path}", "--seed=7"])
+    assert (config.epochs, config.seed, config.model, config.dataset) == (2.0, 7, "resnet20", "digits")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--recipe=quickstrat"], "error: --recipe: unknown recipe 'quickstrat' (did you mean quickstart?); installed: "),
+    (["--recipe"], "error: --recipe: expects a name: --recipe=NAME (--list_recipes shows them)"),
+])
+def test_an_unknown_recipe_is_one_line_naming_the_close_one(argv, message, capsys):
+    code, _, err = run_main("train", ["--model_dir=/nonexistent/run"] + argv, capsys)
+    assert code == 1 and len(err) == 1 and err[0].startswith(message), err
+
+
+def test_an_unknown_recipe_in_a_flagfile_names_the_file_and_line(tmp_path):
+    (tmp_path / "job.flags").write_text("--seed=1\n--recipe=nope\n")
+    with pytest.raises(cli.ConfigError, match=r"job.flags line 2: unknown recipe 'nope'"):
+        cli.expand_flagfiles([f"--flagfile={tmp_path / 'job.flags'}"])

@@ -30,6 +30,43 @@ __all__ = ["ArgumentParser", "ConfigError", "expand_flagfiles", "resolve", "want
 
 HELP_FLAGS = ("-h", "--help", "--helpfull", "--helpshort", "-help")
 _FIELDS = {f.name: f for f in config_lib.fields()}
+# The recipes that ship with the package: the repository's configs/ (tfgpu/recipes links to it; a wheel holds
+# the files themselves).
+RECIPES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "recipes")
+
+
+def recipes() -> dict:
+    """Installed recipe name -> its summary: the first sentence of its header comment, cut to one line."""
+    found = {}
+    for name in sorted(os.listdir(RECIPES_DIR)) if os.path.isdir(RECIPES_DIR) else ():
+        if name.endswith(".flags"):
+            header = []
+            with open(os.path.join(RECIPES_DIR, name), encoding="utf-8") as f:
+                for line in f:
+                    if not line.startswith("#") or not line.lstrip("#").strip():
+                        break
+                    header.append(line.lstrip("#").strip())
+            sentence = re.split(r"(?<=\.)\s(?=[A-Z(])", " ".join(header), maxsplit=1)[0]
+            found[name[:-len(".flags")]] = sentence if len(sentence) <= 100 else sentence[:97].rstrip() + "..."
+    return found
+
+
+def recipe_path(name: str) -> str:
+    """The installed recipe ``name``'s flagfile; ConfigError naming --recipe and the recipes there are."""
+    known = recipes()
+    if name not in known:
+        close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ConfigError("recipe", f"unknown recipe {name!r}{hint}; installed: {', '.join(known) or 'none'} "
+                          "(--list_recipes says what each trains)")
+    return os.path.join(RECIPES_DIR, f"{name}.flags")
+
+
+def format_recipes() -> str:
+    """``--list_recipes``: one line per installed recipe."""
+    known = recipes()
+    width = max(map(len, known), default=0)
+    return "\n".join(f"{name.ljust(width)}  {summary}" for name, summary in known.items()) or "no recipes installed"
 
 
 def _read_flagfile(path: str, chain: tuple = (), named: str = "") -> list:
@@ -62,6 +99,12 @@ def _read_flagfile(path: str, chain: tuple = (), named: str = "") -> list:
         if line.startswith("--flagfile="):
             nested = line.split("=", 1)[1]
             args += _read_flagfile(_nested_path(path, number, nested), chain + ((real, path),), nested)
+        elif line.startswith("--recipe="):
+            name = line.split("=", 1)[1]
+            try:
+                args += _read_flagfile(recipe_path(name), chain + ((real, path),), f"recipe {name}")
+            except ConfigError as e:
+                raise ConfigError(e.flag, f"{path} line {number}: {e.reason}") from None
         else:
             args.append(line)
     return args
@@ -80,21 +123,24 @@ def _nested_path(including: str, number: int, nested: str) -> str:
 
 
 def expand_flagfiles(argv: list) -> list:
-    """Moves every flagfile's contents before the command-line flags, so the command line always wins."""
+    """Moves every flagfile's (and recipe's) contents before the command-line flags, in the order given, so the
+    command line always wins and a later flagfile overrides an earlier recipe."""
+    readers = {"flagfile": _read_flagfile, "recipe": lambda name: _read_flagfile(recipe_path(name))}
     from_files, command_line = [], []
     i = 0
     while i < len(argv):
         arg = argv[i]
-        if arg in ("--flagfile", "-flagfile"):
-            if i + 1 >= len(argv):
-                raise ConfigError("flagfile", "expects a file: --flagfile=PATH")
-            from_files += _read_flagfile(argv[i + 1])
-            i += 2
-            continue
-        if arg.startswith(("--flagfile=", "-flagfile=")):
-            from_files += _read_flagfile(arg.split("=", 1)[1])
-        else:
+        name = arg.lstrip("-").split("=", 1)[0] if arg.startswith("-") else ""
+        if name not in readers:
             command_line.append(arg)
+        elif "=" in arg:
+            from_files += readers[name](arg.split("=", 1)[1])
+        elif i + 1 >= len(argv):
+            raise ConfigError(name, "expects a file: --flagfile=PATH" if name == "flagfile" else
+                              "expects a name: --recipe=NAME (--list_recipes shows them)")
+        else:
+            from_files += readers[name](argv[i + 1])
+            i += 1
         i += 1
     return from_files + command_line
 
@@ -133,6 +179,14 @@ class _ConfigFlag(argparse.Action):
         if choices and value not in choices:
             raise ConfigError(self.dest, f"{value!r} is not one of {', '.join(map(str, choices))}")
         namespace.config_flags[self.dest] = value
+
+
+class _ListRecipes(argparse.Action):
+    """``--list_recipes``: prints them and exits 0, as ``--help`` does."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(format_recipes())
+        parser.exit(0)
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -178,6 +232,11 @@ class ArgumentParser(argparse.ArgumentParser):
         self.add_argument("--flagfile", default=argparse.SUPPRESS, metavar="FILE",
                           help="Read --flag=value lines from FILE (nested flagfiles allowed); the command line "
                                "wins over it.")
+        self.add_argument("--recipe", default=argparse.SUPPRESS, metavar="NAME",
+                          help="An installed recipe's flags, read as a flagfile (a flagfile may start from one "
+                               "with a --recipe=NAME line and override it).")
+        self.add_argument("--list_recipes", nargs=0, action=_ListRecipes, default=argparse.SUPPRESS,
+                          help="Show the installed recipes, one line each, and exit.")
         self.config_defaults = {}  # Config field -> this command's default where it differs from the field's
         self._groups = {}
 
@@ -245,9 +304,10 @@ class ArgumentParser(argparse.ArgumentParser):
         return {**self.config_defaults, **namespace.config_flags}
 
 
-def resolve(namespace, yaml_path: str = "", **fixed) -> config_lib.Config:
-    """The validated Config of a parsed command line: defaults < YAML < flags given < ``fixed``."""
-    return config_lib.resolve({**namespace.config_flags, **fixed}, yaml_path)
+def resolve(namespace, yaml_path: str = "", references: bool = True, **fixed) -> config_lib.Config:
+    """The validated Config of a parsed command line: defaults < YAML < flags given < ``fixed`` (``references``:
+    as ``config.resolve``)."""
+    return config_lib.resolve({**namespace.config_flags, **fixed}, yaml_path, references)
 
 
 def wants_help(argv) -> bool:
