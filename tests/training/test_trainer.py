@@ -59,6 +59,16 @@ def test_continuing_a_finished_run_equals_one_long_run(train_here, tmp_path):
     assert read_metrics(tmp_path / "split")["step"] == 12
 
 
+def test_tensorboard_has_train_and_validation_runs_sharing_each_metric_s_tag(train_here, tmp_path):
+    train_here("--dataset=digits", "--model=small_cnn", "--global_batch_size=64", "--train_steps=4",
+               "--steps_per_loop=2", "--eval_every_steps=4", "--verbose=0", f"--model_dir={tmp_path}")
+    assert sorted(os.listdir(tmp_path / "summaries")) == ["train", "validation"]
+    tags = {run: summary_tags(tmp_path / "summaries" / run) for run in ("train", "validation")}
+    assert {"loss", "accuracy"} <= tags["train"] & tags["validation"], tags
+    assert {"learning_rate", "examples_per_sec"} <= tags["train"] and "top5_accuracy" in tags["validation"]
+    assert not any(tag.startswith(("val_", "train/", "eval/")) for run in tags.values() for tag in run)
+
+
 # Slow (66 s): exact resume stays in the default suite through test_continuing_a_finished_run_equals_one_long_run
 # and the multi-worker --max_restarts run; SIGTERM -> save -> 143 through test_launch's SIGTERM test.
 @pytest.mark.slow
@@ -107,7 +117,21 @@ def test_quickstart_reduced_trains_evaluates_and_exports(run_train, tmp_path):
     evals = read_history(model_dir, "eval")
     assert [e["step"] for e in evals] == [45, 90] and evals[-1]["val_examples"] == 359
     assert (model_dir / "config.yaml").exists() and (model_dir / "export" / "model.keras").exists()
-    assert os.listdir(model_dir / "summaries")
+    # TensorBoard as Keras users know it: train and validation runs, the same tag for the same metric.
+    tags = {run: summary_tags(model_dir / "summaries" / run) for run in ("train", "validation")}
+    assert {"loss", "accuracy"} <= tags["train"] & tags["validation"], tags
+    assert {"learning_rate", "examples_per_sec"} <= tags["train"] and "top5_accuracy" in tags["validation"]
+
+
+def summary_tags(run_dir) -> set:
+    """The scalar tags in a TensorBoard run directory's event files."""
+    import tensorflow as tf
+
+    tags = set()
+    for events in run_dir.glob("events.out.tfevents.*"):
+        for record in tf.data.TFRecordDataset(str(events)):
+            tags.update(v.tag for v in tf.compat.v1.Event.FromString(record.numpy()).summary.value)
+    return tags
 
 
 @pytest.mark.slow

@@ -60,6 +60,7 @@ class Trainer:
         self.started_at = time.time()
         self.startup = None  # the startup PhaseTimer experiment.setup began; the first loop finishes it
         self.on_restored = []  # callables(step) run once the checkpoint, if any, is restored: before the first step
+        self._writers = {}  # "train"/"eval" -> TensorBoard writer, made by restore() on the chief
         self._target_hit = None  # step, epochs and seconds of the evaluation that reached the target
         self._target_best = None  # the best value of the target's metric evaluated so far
         self._resumed_eval = {}  # the evaluation of a checkpoint resumed from that already reaches the target
@@ -271,13 +272,18 @@ class Trainer:
 
     # -- logging ---------------------------------------------------------------
     def _summaries(self, kind: str, step: int, values: dict):
-        if self._writer is None:
+        """TensorBoard scalars as Keras writes them: runs ``summaries/train`` and ``summaries/validation`` with the
+        same tag for the same metric (``loss``, ``accuracy``: an evaluation's ``val_`` prefix is the run's name),
+        so train and validation curves overlay."""
+        writer = self._writers.get(kind)
+        if writer is None:
             return
-        with self._writer.as_default(step=step):
+        with writer.as_default(step=step):
             for name, value in values.items():
-                if isinstance(value, (int, float)) and math.isfinite(value):
-                    tf.summary.scalar(f"{kind}/{name}", value)
-        self._writer.flush()
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                    tf.summary.scalar(name[len("val_"):] if kind == "eval" and name.startswith("val_") else name,
+                                      value)
+        writer.flush()
 
     # -- the loop ----------------------------------------------------------------
     def restore(self, checkpoint_path: str = "", initial_weights: bool = False) -> int:
@@ -299,8 +305,9 @@ class Trainer:
             self._trace_train_loop()
         if self.task.describe():
             log.info("%s", self.task.describe())
-        self._writer = (tf.summary.create_file_writer(os.path.join(self.model_dir, "summaries"))
-                        if self.chief and self.config.tensorboard else None)
+        self._writers = ({kind: tf.summary.create_file_writer(os.path.join(self.model_dir, "summaries", run))
+                          for kind, run in (("train", "train"), ("eval", "validation"))}
+                         if self.chief and self.config.tensorboard else {})
         return step
 
     def train(self) -> dict:
