@@ -267,3 +267,31 @@ def test_bad_fine_tuning_flags_are_one_line_before_training(train_here, tmp_path
     assert result.returncode == 1 and len(errors) == 1 and errors[0].startswith(expected.format(tmp=tmp))
     assert "Traceback" not in result.output
     assert not os.path.exists(os.path.join(tmp, "run", "checkpoints"))  # refused before a step or checkpoint
+
+
+# -- a softmax head on the user's model (issue 28 item 8) ------------------------------------------------------------
+@register_model("test_mlp_softmax_head")
+def _mlp_softmax_head(input_shape, num_classes, **_):
+    """test_mlp_without_bn's layers, created in the same order (so the same initial weights), ending in a softmax."""
+    inputs = keras.Input(input_shape)
+    x = keras.layers.Dense(32, activation="relu")(keras.layers.Flatten()(inputs))
+    return keras.Model(inputs, keras.layers.Dense(num_classes, activation="softmax")(x))
+
+
+def test_a_softmax_head_trains_and_evaluates_exactly_as_the_same_model_giving_logits(base, tmp_path):
+    """Without the head check the softmax model learned against softmax(softmax(x)): a different loss from step 1."""
+    evaluated = dict(eval_split="", eval_every_steps=6)
+    logits_metrics, logits_weights = _train(dataclasses.replace(base, **evaluated))
+    softmax = dataclasses.replace(base, model_dir=str(tmp_path / "b"), model="test_mlp_softmax_head", **evaluated)
+    softmax_metrics, softmax_weights = _train(softmax)
+    for name in ("train_loss", "val_loss", "val_accuracy"):
+        assert softmax_metrics[name] == pytest.approx(logits_metrics[name], rel=1e-5), name
+    for ours, theirs in zip(sorted(softmax_weights), sorted(logits_weights)):
+        np.testing.assert_allclose(softmax_weights[ours], logits_weights[theirs], rtol=1e-5, atol=1e-6)
+    assert (logits_metrics["model_output"], logits_metrics["loss_from"]) == ("logits", "logits")
+    assert (softmax_metrics["model_output"], softmax_metrics["loss_from"]) == ("probabilities", "pre_softmax_logits")
+    with open(os.path.join(softmax.model_dir, "export", "model.input.json")) as f:
+        assert json.load(f)["output"]["kind"] == "probabilities"
+    exported = keras.saving.load_model(os.path.join(softmax.model_dir, "export", "model.keras"))
+    probabilities = exported(np.random.default_rng(0).uniform(-1, 1, (4, 8, 8, 1)).astype("float32"))
+    np.testing.assert_allclose(np.sum(probabilities, -1), 1.0, rtol=1e-5)  # the user's model, softmax and all
