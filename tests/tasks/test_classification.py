@@ -1,6 +1,7 @@
 """What a classification step computes: micro-batch accumulation, clipping and smoothing, run in-process."""
 import dataclasses
 import json
+import logging
 import os
 
 import keras
@@ -11,6 +12,7 @@ from tests.conftest import checkpoint_weights
 from tfgpu.training import experiment
 from tfgpu.config import Config, ConfigError
 from tfgpu.models import register_model
+from tfgpu.tasks.classification import check_model
 
 
 @register_model("test_mlp_without_bn")
@@ -278,12 +280,18 @@ def _mlp_softmax_head(input_shape, num_classes, **_):
     return keras.Model(inputs, keras.layers.Dense(num_classes, activation="softmax")(x))
 
 
-def test_a_softmax_head_trains_and_evaluates_exactly_as_the_same_model_giving_logits(base, tmp_path):
+def test_a_softmax_head_trains_and_evaluates_exactly_as_the_same_model_giving_logits(base, tmp_path, caplog):
     """Without the head check the softmax model learned against softmax(softmax(x)): a different loss from step 1."""
     evaluated = dict(eval_split="", eval_every_steps=6)
     logits_metrics, logits_weights = _train(dataclasses.replace(base, **evaluated))
     softmax = dataclasses.replace(base, model_dir=str(tmp_path / "b"), model="test_mlp_softmax_head", **evaluated)
-    softmax_metrics, softmax_weights = _train(softmax)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="tfgpu"):
+        softmax_metrics, softmax_weights = _train(softmax)
+    said = [r.getMessage() for r in caplog.records if "ends in a softmax" in r.getMessage()]
+    assert said == ["model test_mlp_softmax_head ends in a softmax (layer 'dense_1'): it gives probabilities (as its "
+                    "export does); the loss is computed from the logits that softmax takes (the same weights), in "
+                    "float32 (metrics.json: model_output=probabilities)"]
     for name in ("train_loss", "val_loss", "val_accuracy"):
         assert softmax_metrics[name] == pytest.approx(logits_metrics[name], rel=1e-5), name
     for ours, theirs in zip(sorted(softmax_weights), sorted(logits_weights)):
@@ -295,3 +303,71 @@ def test_a_softmax_head_trains_and_evaluates_exactly_as_the_same_model_giving_lo
     exported = keras.saving.load_model(os.path.join(softmax.model_dir, "export", "model.keras"))
     probabilities = exported(np.random.default_rng(0).uniform(-1, 1, (4, 8, 8, 1)).astype("float32"))
     np.testing.assert_allclose(np.sum(probabilities, -1), 1.0, rtol=1e-5)  # the user's model, softmax and all
+
+
+def _classifier(*layers_in_order, input_shape=(8, 8, 1)):
+    inputs = keras.Input(input_shape)
+    x = inputs
+    for layer in layers_in_order:
+        x = layer(x)
+    return keras.Model(inputs, x)
+
+
+@pytest.mark.parametrize("activation", ["sigmoid", "hard_sigmoid"])
+def test_a_sigmoid_head_is_one_line_naming_model(activation):
+    model = _classifier(keras.layers.Flatten(), keras.layers.Dense(10, activation=activation, name="scores"))
+    with pytest.raises(ConfigError) as error:
+        check_model(model, "net.py:build", 10, (-1.0, 1.0))
+    assert str(error.value) == (
+        f"--model: net.py:build ends in a {activation} (layer 'scores'), which scores each of the 10 classes on its "
+        "own; the classification task trains one softmax over them: remove the activation (activation=None, "
+        "logits) or end in softmax")
+
+
+@pytest.mark.parametrize("input_range, refused", [((-1.0, 1.0), True), ((0.0, 1.0), True), ((0.0, 255.0), False)])
+def test_a_leading_rescaling_to_0_1_needs_input_range_0_255(input_range, refused):
+    model = _classifier(keras.layers.Rescaling(1.0 / 255, name="scale"), keras.layers.Flatten(), keras.layers.Dense(10))
+    if not refused:
+        assert check_model(model, "net.py:build", 10, input_range).activation is None
+        return
+    with pytest.raises(ConfigError) as error:
+        check_model(model, "net.py:build", 10, input_range)
+    low, high = input_range
+    assert str(error.value) == (
+        "--input_range: net.py:build begins with Rescaling(scale=0.00392157, offset=0) (layer 'scale'), so it "
+        f"expects pixels in 0..255, but --input_range={low:g},{high:g} feeds it that range: set --input_range=0,255")
+
+
+# A keras-io style model, copied as tutorials write it: pixels 0..255 in, probabilities out.
+TUTORIAL = """
+import keras
+from keras import layers
+
+
+def tutorial(input_shape, num_classes):
+    return keras.Sequential([keras.Input(input_shape), layers.Rescaling(1.0 / 255), layers.Flatten(),
+                             layers.Dense(32, activation="relu"), layers.Dense(num_classes, activation="softmax")])
+
+
+def multi_label(input_shape, num_classes):
+    inputs = keras.Input(input_shape)
+    return keras.Model(inputs, layers.Dense(num_classes, activation="sigmoid")(layers.Flatten()(inputs)))
+"""
+
+
+@pytest.mark.parametrize("function, expected", [
+    ("tutorial", "error: --input_range: {file}:tutorial begins with Rescaling(scale=0.00392157, offset=0) "
+                     "(layer 'rescaling'), so it expects pixels in 0..255, but --input_range=-1,1 feeds it that "
+                     "range: set --input_range=0,255"),
+    ("multi_label", "error: --model: {file}:multi_label ends in a sigmoid (layer 'dense'), which scores each of "
+                        "the 10 classes on its own"),
+])
+def test_a_users_model_with_the_wrong_ends_stops_before_training_in_one_line(train_here, tmp_path, function, expected):
+    file = tmp_path / "tutorial_model.py"
+    file.write_text(TUTORIAL)
+    result = train_here("--dataset=digits", f"--model={file}:{function}", "--global_batch_size=16",
+                        "--train_steps=2", "--eval_split=none", f"--model_dir={tmp_path}/run", check=False)
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert result.returncode == 1 and len(errors) == 1 and errors[0].startswith(expected.format(file=file))
+    assert "Traceback" not in result.output
+    assert not os.path.exists(tmp_path / "run" / "checkpoints")

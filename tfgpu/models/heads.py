@@ -148,12 +148,17 @@ def _traced_activation(layer, node) -> str | None:
     def spec(value):
         return tf.TensorSpec(value.shape, value.dtype) if isinstance(value, keras.KerasTensor) else value
 
+    def call(*args):
+        with tf.name_scope("traced_head"):  # a root scope may not begin with "_", as a layer's name may
+            return layer(*args, training=False)
+
     arguments = keras.tree.map_structure(spec, node.arguments.args)
     try:
-        traced = tf.function(lambda *args: layer(*args, training=False)).get_concrete_function(*arguments)
+        traced = tf.function(call).get_concrete_function(*arguments)
     except Exception as e:  # a user layer's call that only runs inside its model: assume logits, and say so
+        reason = ([line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__])[-1]
         log.warning("the last layer %s could not be traced on its own (%s); its output is taken as logits",
-                    layer.name, (str(e).strip().splitlines() or [type(e).__name__])[0])
+                    layer.name, reason)
         return None
     op = traced.outputs[0].op
     while op.type in _TRANSPARENT_OPS and op.inputs:
