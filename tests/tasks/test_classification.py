@@ -371,3 +371,56 @@ def test_a_users_model_with_the_wrong_ends_stops_before_training_in_one_line(tra
     assert result.returncode == 1 and len(errors) == 1 and errors[0].startswith(expected.format(file=file))
     assert "Traceback" not in result.output
     assert not os.path.exists(tmp_path / "run" / "checkpoints")
+
+
+HEADS = """
+import keras
+import tensorflow as tf
+from keras import layers
+
+
+@keras.saving.register_keras_serializable(package="tfgpu_test_heads")
+class Net(keras.Model):
+    \"\"\"A subclassed model: its softmax, if any, is inside call, where no layer walk sees it.\"\"\"
+
+    def __init__(self, num_classes, softmax=False, **kwargs):
+        super().__init__(**kwargs)
+        self.num_classes, self.softmax = num_classes, softmax
+        self.flatten, self.hidden, self.out = layers.Flatten(), layers.Dense(64, activation="relu"), layers.Dense(num_classes)
+
+    def call(self, x):
+        logits = self.out(self.hidden(self.flatten(x)))
+        return tf.nn.softmax(logits) if self.softmax else logits
+
+    def get_config(self):
+        return {**super().get_config(), "num_classes": self.num_classes, "softmax": self.softmax}
+
+
+def subclassed_logits(input_shape, num_classes):
+    return Net(num_classes)
+
+
+def subclassed_softmax(input_shape, num_classes):
+    return Net(num_classes, softmax=True)
+"""
+
+
+@pytest.mark.slow  # two runs of 60 steps
+def test_a_subclassed_softmax_trains_from_its_probabilities_like_the_same_model_giving_logits(train_here, tmp_path):
+    """Its softmax cannot be separated, so the loss is taken from the probabilities in float32: 60 steps on digits
+    reach the accuracy and loss of the logits model (before the check: softmax(softmax(x)), far behind)."""
+    file = tmp_path / "heads_models.py"
+    file.write_text(HEADS)
+    metrics = {}
+    for function in ("subclassed_logits", "subclassed_softmax"):
+        model_dir = tmp_path / function
+        train_here("--dataset=digits", f"--model={file}:{function}", "--global_batch_size=32", "--train_steps=60",
+                   "--steps_per_loop=20", "--deterministic", "--lr_schedule=constant", "--base_learning_rate=0.05",
+                   f"--model_dir={model_dir}", "--tensorboard=false")
+        with open(model_dir / "metrics.json") as f:
+            metrics[function] = json.load(f)
+    logits, softmax = metrics["subclassed_logits"], metrics["subclassed_softmax"]
+    assert logits["val_accuracy"] > 0.8
+    assert (softmax["val_accuracy"], softmax["val_loss"]) == pytest.approx((logits["val_accuracy"], logits["val_loss"]),
+                                                                           rel=0.02)
+    assert (softmax["model_output"], softmax["loss_from"]) == ("probabilities", "probabilities")
