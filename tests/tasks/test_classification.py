@@ -386,7 +386,8 @@ class Net(keras.Model):
     def __init__(self, num_classes, softmax=False, **kwargs):
         super().__init__(**kwargs)
         self.num_classes, self.softmax = num_classes, softmax
-        self.flatten, self.hidden, self.out = layers.Flatten(), layers.Dense(64, activation="relu"), layers.Dense(num_classes)
+        self.flatten, self.hidden = layers.Flatten(), layers.Dense(64, activation="relu")
+        self.out = layers.Dense(num_classes)
 
     def call(self, x):
         logits = self.out(self.hidden(self.flatten(x)))

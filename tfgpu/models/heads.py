@@ -7,11 +7,12 @@ reach the GAN's [-1, 1] (tanh, or no activation), and a model that begins with `
 
 How: the output tensor is followed back through functional and Sequential models, nested ones included, and past
 layers that hand their values on (``Activation("linear")``, ``Identity``, ``Flatten``, ``Reshape``, the float32
-cast tfgpu adds); the layer reached is read (``Softmax``, ``Activation``, or a layer's ``activation=``). A layer
-that cannot be read so (a subclassed model, a custom layer, a ``Lambda``) is traced once as a ``tf.function`` and
-the op that makes its output is read. Cost: a walk of a few layers (microseconds) for functional and Sequential models; one trace of the
-final layer otherwise (a subclassed model: one trace of the model, about what its first step's trace costs; no
-forward pass, no data). A subclassed model's first layer is not known, so its input range is not checked.
+cast tfgpu adds); the layer reached is read (``Softmax``, ``ReLU``, ``Activation``, or a layer's ``activation=``).
+A layer that cannot be read so (a subclassed model, a custom layer, a ``Lambda``) is traced once as a
+``tf.function`` and the op that makes its output is read. Cost: a walk of a few layers (microseconds) for
+functional and Sequential models; one trace of the final layer otherwise (a subclassed model: one trace of the
+model, about what its first step's trace costs); no forward pass, no data. A subclassed model's first layer is not
+known, so its input range is not checked.
 """
 import dataclasses
 import logging
@@ -52,6 +53,9 @@ _ACTIVATION_LAST = (keras.layers.Dense, keras.layers.EinsumDense, keras.layers.C
                     keras.layers.Conv3DTranspose, keras.layers.SeparableConv1D, keras.layers.SeparableConv2D,
                     keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D)
 
+# Layers that are an activation of their own (Activation is read by its ``activation``): their name, or None.
+_ACTIVATION_LAYERS = {keras.layers.Softmax: lambda layer: "softmax",
+                      keras.layers.ReLU: lambda layer: None if float(layer.negative_slope) else "relu"}
 _SHAPE_ONLY = (keras.layers.Identity, keras.layers.Flatten, keras.layers.Reshape)
 
 
@@ -94,8 +98,9 @@ def _head_of(model, tensor, path):
         if inner_pre is not None and len(layer.inputs) == 1 and len(node.input_tensors) == 1:
             pre = keras.Model(_inputs(layer), inner_pre, name=f"{layer.name}_logits")(node.input_tensors[0])
         return activation, inner_path, pre
-    if isinstance(layer, keras.layers.Softmax):
-        return "softmax", path, node.input_tensors[0]
+    named = _ACTIVATION_LAYERS.get(type(layer), lambda _: None)(layer)
+    if named:
+        return named, path, node.input_tensors[0]
     activation = _activation_of(layer)
     if activation == "linear":
         return None, path, None
