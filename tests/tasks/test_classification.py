@@ -280,8 +280,10 @@ def _mlp_softmax_head(input_shape, num_classes, **_):
     return keras.Model(inputs, keras.layers.Dense(num_classes, activation="softmax")(x))
 
 
-def test_a_softmax_head_trains_and_evaluates_exactly_as_the_same_model_giving_logits(base, tmp_path, caplog):
+def test_a_softmax_head_trains_and_evaluates_exactly_as_the_same_model_giving_logits(base, tmp_path, caplog,
+                                                                                     monkeypatch):
     """Without the head check the softmax model learned against softmax(softmax(x)): a different loss from step 1."""
+    monkeypatch.setattr(experiment, "_write_report", lambda model_dir: None)  # its plots take seconds
     evaluated = dict(eval_split="", eval_every_steps=6)
     logits_metrics, logits_weights = _train(dataclasses.replace(base, **evaluated))
     softmax = dataclasses.replace(base, model_dir=str(tmp_path / "b"), model="test_mlp_softmax_head", **evaluated)
@@ -425,3 +427,31 @@ def test_a_subclassed_softmax_trains_from_its_probabilities_like_the_same_model_
     assert (softmax["val_accuracy"], softmax["val_loss"]) == pytest.approx((logits["val_accuracy"], logits["val_loss"]),
                                                                            rel=0.02)
     assert (softmax["model_output"], softmax["loss_from"]) == ("probabilities", "probabilities")
+
+
+def test_tfgpu_fit_checks_the_model_fn_head_too(tmp_path, monkeypatch):
+    """A softmax model_fn under mixed_bfloat16 trains on its logits; a sigmoid one is refused naming model_fn."""
+    import tensorflow as tf
+
+    import tfgpu
+    from tests.conftest import process_state_restored
+    from tfgpu.data import builtin
+
+    images, labels = builtin.load_builtin("digits")["splits"]["train"]
+    data = tf.data.Dataset.from_tensor_slices((images[:64], labels[:64]))
+
+    def tutorial_head(activation):
+        def model_fn():
+            inputs = keras.Input((8, 8, 1))
+            return keras.Model(inputs, keras.layers.Dense(10, activation=activation)(keras.layers.Flatten()(inputs)))
+        return model_fn
+
+    options = dict(global_batch_size=32, train_steps=2, verbose=0, tensorboard=False, precision="mixed_bfloat16")
+    monkeypatch.setattr(experiment, "_write_report", lambda model_dir: None)  # its plots take seconds
+    with process_state_restored():
+        metrics = tfgpu.fit(tutorial_head("softmax"), data, model_dir=str(tmp_path / "softmax"), **options)
+        assert (metrics["model_output"], metrics["loss_from"]) == ("probabilities", "pre_softmax_logits")
+        with pytest.raises(tfgpu.ConfigError) as error:
+            tfgpu.fit(tutorial_head("sigmoid"), data, model_dir=str(tmp_path / "sigmoid"), **options)
+    assert str(error.value).startswith("tfgpu.fit: model_fn: fit:tests.tasks.test_classification.")
+    assert "ends in a sigmoid (layer 'dense'), which scores each of the 10 classes on its own" in str(error.value)
