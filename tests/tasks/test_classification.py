@@ -411,7 +411,7 @@ def subclassed_softmax(input_shape, num_classes):
 @pytest.mark.slow  # two runs of 60 steps
 def test_a_subclassed_softmax_trains_from_its_probabilities_like_the_same_model_giving_logits(train_here, tmp_path):
     """Its softmax cannot be separated, so the loss is taken from the probabilities in float32: 60 steps on digits
-    reach the accuracy and loss of the logits model (before the check: softmax(softmax(x)), far behind)."""
+    reach the accuracy and loss of the logits model (before the check, softmax(softmax(x)): 0.20 against 0.84)."""
     file = tmp_path / "heads_models.py"
     file.write_text(HEADS)
     metrics = {}
@@ -425,7 +425,7 @@ def test_a_subclassed_softmax_trains_from_its_probabilities_like_the_same_model_
     logits, softmax = metrics["subclassed_logits"], metrics["subclassed_softmax"]
     assert logits["val_accuracy"] > 0.8
     assert (softmax["val_accuracy"], softmax["val_loss"]) == pytest.approx((logits["val_accuracy"], logits["val_loss"]),
-                                                                           rel=0.02)
+                                                                           rel=1e-3)
     assert (softmax["model_output"], softmax["loss_from"]) == ("probabilities", "probabilities")
 
 
