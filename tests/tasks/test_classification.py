@@ -337,7 +337,8 @@ def test_a_leading_rescaling_to_0_1_needs_input_range_0_255(input_range, refused
     low, high = input_range
     assert str(error.value) == (
         "--input_range: net.py:build begins with Rescaling(scale=0.00392157, offset=0) (layer 'scale'), so it "
-        f"expects pixels in 0..255, but --input_range={low:g},{high:g} feeds it that range: set --input_range=0,255")
+        f"expects pixels in 0..255, but --input_range={low:g},{high:g} feeds it {low:g}..{high:g}: set "
+        "--input_range=0,255")
 
 
 # A keras-io style model, copied as tutorials write it: pixels 0..255 in, probabilities out.
@@ -359,8 +360,8 @@ def multi_label(input_shape, num_classes):
 
 @pytest.mark.parametrize("function, expected", [
     ("tutorial", "error: --input_range: {file}:tutorial begins with Rescaling(scale=0.00392157, offset=0) "
-                     "(layer 'rescaling'), so it expects pixels in 0..255, but --input_range=-1,1 feeds it that "
-                     "range: set --input_range=0,255"),
+                     "(layer 'rescaling'), so it expects pixels in 0..255, but --input_range=-1,1 feeds it -1..1: "
+                     "set --input_range=0,255"),
     ("multi_label", "error: --model: {file}:multi_label ends in a sigmoid (layer 'dense'), which scores each of "
                         "the 10 classes on its own"),
 ])

@@ -65,7 +65,7 @@ class ClassificationTask(Task):
                                   zero_init_residual=config.zero_init_residual)
         self.head = check_model(self.model, config.model, self.info.num_classes, config.input_range)
         # What the loss is computed from: the model's logits, or the logits its softmax takes, or its probabilities.
-        self._forward = self.head.logits or self.model
+        self._forward = self.head.logits if self.head.logits is not None else self.model
         self._from_probabilities = self.head.gives_probabilities and self.head.logits is None
         from tfgpu.data.pipeline import steps_per_epoch
         from tfgpu.models.freeze import Freezer
@@ -172,15 +172,15 @@ class ClassificationTask(Task):
         grads = loss_sum = correct = None
         for i, (x, y) in enumerate(zip(micro_images, micro_labels)):
             with tf.GradientTape() as tape:
-                logits = self._forward(x, training=True)
-                summed = tf.reduce_sum(self._per_example_loss(y, logits))
+                outputs = self._forward(x, training=True)
+                summed = tf.reduce_sum(self._per_example_loss(y, outputs))
                 loss = summed / config.global_batch_size
                 if i == 0:  # the L2 term counts once per step
                     loss += optimizers.l2_penalty(self.optimization, variables, num_replicas)
                 scaled = precision.scale_loss(self.optimizer, loss)
             micro_grads = [tf.cast(m, v.dtype) for m, v in zip(tape.gradient(scaled, variables), variables)]
             grads = micro_grads if grads is None else [g + m for g, m in zip(grads, micro_grads)]
-            hits = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1), y), tf.float32))
+            hits = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(outputs, -1), y), tf.float32))
             loss_sum, correct = (summed, hits) if i == 0 else (loss_sum + summed, correct + hits)
         return grads, loss_sum / config.global_batch_size, correct / config.global_batch_size
 
@@ -204,11 +204,11 @@ class ClassificationTask(Task):
 
     def eval_step(self, batch):
         images, labels, weights = batch
-        logits = tf.cast(self._forward(images, training=False), tf.float32)
-        loss = self._per_example_loss(labels, logits)
+        outputs = tf.cast(self._forward(images, training=False), tf.float32)
+        loss = self._per_example_loss(labels, outputs)
         k = min(5, self.info.num_classes)
-        top5 = tf.cast(tf.nn.in_top_k(labels, logits, k), tf.float32)
-        top1 = tf.cast(tf.equal(tf.argmax(logits, -1), labels), tf.float32)
+        top5 = tf.cast(tf.nn.in_top_k(labels, outputs, k), tf.float32)
+        top1 = tf.cast(tf.equal(tf.argmax(outputs, -1), labels), tf.float32)
         return {"loss_sum": tf.reduce_sum(loss * weights), "correct": tf.reduce_sum(top1 * weights),
                 "correct_top5": tf.reduce_sum(top5 * weights), "count": tf.reduce_sum(weights)}
 
@@ -262,5 +262,5 @@ def check_model(model, name: str, num_classes: int, input_range) -> heads.Head:
         layer, scale, offset = rescaling
         raise ConfigError("input_range", f"{name} begins with Rescaling(scale={scale:.6g}, offset={offset:g}) "
                           f"(layer {layer!r}), so it expects pixels in 0..255, but --input_range={low:g},{high:g} "
-                          "feeds it that range: set --input_range=0,255")
+                          f"feeds it {low:g}..{high:g}: set --input_range=0,255")
     return head
