@@ -16,6 +16,7 @@ SOFTMAX_HEADS = {
     "dense_activation_string": lambda: [layers.Dense(10, activation="softmax")],
     "dense_activation_function": lambda: [layers.Dense(10, activation=keras.activations.softmax)],
     "dense_tf_nn_softmax": lambda: [layers.Dense(10, activation=tf.nn.softmax)],
+    "dense_own_callable": lambda: [layers.Dense(10, activation=lambda x: tf.nn.softmax(x))],  # read by a trace
     "activation_layer": lambda: [layers.Dense(10), layers.Activation("softmax")],
     "softmax_layer": lambda: [layers.Dense(10), layers.Softmax()],
     "float32_softmax_as_the_mixed_precision_guide_says": lambda: [layers.Dense(10),
@@ -83,6 +84,8 @@ class _SubclassedLogits(_SubclassedSoftmax):
 def test_a_subclassed_softmax_is_found_by_one_trace_but_cannot_be_separated():
     found = heads.output_head(float32_outputs(_SubclassedSoftmax(), SHAPE))
     assert (found.activation, found.logits) == ("softmax", None)
+    in_a_lambda = heads.output_head(_functional([layers.Dense(10), layers.Lambda(lambda x: keras.ops.softmax(x))]))
+    assert (in_a_lambda.activation, in_a_lambda.logits) == ("softmax", None)
     assert heads.output_head(float32_outputs(_SubclassedLogits(), SHAPE)).activation is None
 
 

@@ -101,7 +101,7 @@ def _head_of(model, tensor, path):
     named = _ACTIVATION_LAYERS.get(type(layer), lambda _: None)(layer)
     if named:
         return named, path, node.input_tensors[0]
-    activation = _activation_of(layer)
+    activation = _activation_of(layer, tensor)
     if activation == "linear":
         return None, path, None
     if activation is not None:
@@ -132,15 +132,19 @@ def _walkable(layer) -> bool:
         return False
 
 
-def _activation_of(layer) -> str | None:
-    """The name of ``layer``'s ``activation`` ("linear" when it has one that does nothing), None without one."""
+def _activation_of(layer, output=None) -> str | None:
+    """The name of ``layer``'s ``activation`` ("linear" when it has one that does nothing), None without one. A
+    callable tfgpu does not know (``activation=lambda x: tf.nn.softmax(x)``) is traced on ``output``'s spec."""
     function = getattr(layer, "activation", None)
     if function is None or not callable(function):
         return None
     try:
-        return _ACTIVATIONS.get(function)
+        known = _ACTIVATIONS.get(function)
     except TypeError:  # an unhashable callable
-        return None
+        known = None
+    if known or output is None:
+        return known
+    return _traced(function, (tf.TensorSpec(output.shape, output.dtype),), f"{layer.name}'s activation")
 
 
 def _is_keras_builtin(layer) -> bool:
@@ -148,22 +152,26 @@ def _is_keras_builtin(layer) -> bool:
 
 
 def _traced_activation(layer, node) -> str | None:
-    """The activation of the op that makes ``layer``'s output, read from one trace of its call (no forward pass);
-    None when it is none of ``_OPS`` or the call cannot be traced on its own."""
+    """The activation of the op that makes ``layer``'s output, from one trace of its call on the node's inputs."""
     def spec(value):
         return tf.TensorSpec(value.shape, value.dtype) if isinstance(value, keras.KerasTensor) else value
 
+    arguments = keras.tree.map_structure(spec, node.arguments.args)
+    return _traced(lambda *args: layer(*args, training=False), arguments, f"the last layer {layer.name}")
+
+
+def _traced(function, arguments, what: str) -> str | None:
+    """The activation (``_OPS``) of the op that makes ``function``'s output, read from one trace (no forward pass);
+    None when it is none of them or ``function`` cannot be traced on its own."""
     def call(*args):
         with tf.name_scope("traced_head"):  # a root scope may not begin with "_", as a layer's name may
-            return layer(*args, training=False)
+            return function(*args)
 
-    arguments = keras.tree.map_structure(spec, node.arguments.args)
     try:
         traced = tf.function(call).get_concrete_function(*arguments)
     except Exception as e:  # a user layer's call that only runs inside its model: assume logits, and say so
         reason = ([line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__])[-1]
-        log.warning("the last layer %s could not be traced on its own (%s); its output is taken as logits",
-                    layer.name, reason)
+        log.warning("%s could not be traced on its own (%s); its output is taken as logits", what, reason)
         return None
     op = traced.outputs[0].op
     while op.type in _TRANSPARENT_OPS and op.inputs:
