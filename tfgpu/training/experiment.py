@@ -180,7 +180,7 @@ def run(config: Config, startup: PhaseTimer | None = None) -> dict:
         shutdown = PhaseTimer(built.trainer.history.last_time or time.time(), "shutdown", "the outputs written")
         shutdown.mark("trainer_teardown")
         exported = exporting.export_model(task, os.path.join(config.model_dir, "export", "model.keras"))
-        exporting.write_description(config, built.info, exported)
+        exporting.write_description(config, built.info, exported, task.model_facts())
         shutdown.mark("export")
         atomic_write_bytes(os.path.join(config.model_dir, "metrics.json"),
                            json.dumps(metrics, indent=2, sort_keys=True).encode())

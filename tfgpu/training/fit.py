@@ -65,6 +65,7 @@ ONLY_REGISTERED = {
     "zero_init_residual": "applies to tfgpu's registered ResNets; initialise your model's layers yourself",
 }
 _MODEL_FNS = {}  # registered name -> the latest model_fn given under it
+_ARGUMENT_FOR_FLAG = {"data_dir": "train_data", "model": "model_fn"}  # fit's argument behind what a flag names
 
 
 class FitError(ConfigError):
@@ -85,7 +86,7 @@ def fit(model_fn, train_data, *, model_dir, eval_data=None, **options) -> dict:
     except FitError:
         raise
     except ConfigError as e:
-        raise FitError("train_data" if e.flag == "data_dir" else e.flag, e.reason) from None
+        raise FitError(_ARGUMENT_FOR_FLAG.get(e.flag, e.flag), e.reason) from None
 
 
 def _recipe_options(recipe: str) -> dict:

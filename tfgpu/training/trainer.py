@@ -414,6 +414,7 @@ class Trainer:
         final["examples_per_sec"] = (float(np.median(rates)) if rates else
                                      last["record"]["examples_per_sec"] if last else 0.0)
         final.update(self.task.parameter_counts())
+        final.update(self.task.model_facts())
         final.update(last_eval)
         if self.target:
             final.update(target_lib.fields(self.target, self._target_hit))
