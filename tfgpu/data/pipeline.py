@@ -19,6 +19,7 @@ pipelines; pipelines are padded with weight-0 examples so all replicas run the
 same number of steps. Train and eval images (and synthetic data) reach the model
 in --input_range (``augment.to_model_range``).
 """
+import dataclasses
 import logging
 import math
 
@@ -26,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgpu.config import ConfigError, InputConfig
-from tfgpu.data import augment, tfrecord
+from tfgpu.data import augment, position, tfrecord
 from tfgpu.data.catalog import EVAL_SPLITS, DatasetInfo, default_cache_dir, prepare  # noqa: F401 (API)
 
 log = logging.getLogger("tfgpu")
@@ -135,13 +136,170 @@ def find_corrupt_record(info: DatasetInfo):
     return None
 
 
-def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, record_keys: bool = False):
+def _pipeline_seed(config: InputConfig, pipeline_id: int) -> int:
+    return config.seed * 1_000_003 + pipeline_id
+
+
+def _segment_table(split_files, segments):
+    """The (file, file_index, first, count) dataset of ``segments`` ((file_index, first, count), ...)."""
+    file_index, first, count = (tf.constant(column, tf.int64) for column in zip(*segments))
+    return tf.data.Dataset.from_tensor_slices(([split_files[i][0] for i, _, _ in segments], file_index, first, count))
+
+
+def _virtual_keys(segment_ds, num_segments, workers):
+    """(key, key) for every record of the segments, in the order ``_segment_records`` reads them, without opening a
+    file: the interleave's order depends only on the segments' lengths (the records are not corrupt)."""
+
+    def keys(filename, file_index, first, count):
+        start = file_index * (1 << 32) + first
+        return tf.data.Dataset.range(start, start + count).map(lambda k: (k, k))
+
+    return segment_ds.interleave(_no_autograph(keys), cycle_length=min(num_segments, 16), block_length=1,
+                                 num_parallel_calls=workers, deterministic=True)
+
+
+def _ordinary_epoch(config: InputConfig, segment_ds, num_segments, read, share, epoch_size, pipeline_id, e,
+                    cached=None):
+    """Epoch ``e`` of one pipeline's share: its segments and records shuffled with seeds of (seed, e, pipeline)."""
+    seed = _pipeline_seed(config, pipeline_id)
+    if cached is not None:
+        records = cached
+    else:
+        records = read(segment_ds.shuffle(num_segments, seed=seed + e * 7919))
+    if config.shuffle_buffer > 1:
+        records = records.shuffle(config.shuffle_buffer, seed=seed + e * 104729 + 1)
+    return _exact_epoch(records, share, epoch_size, config.skip_corrupt_records)
+
+
+def _stage_records(config: InputConfig, info: DatasetInfo, indices, length: int, pipeline_id: int, epoch: int,
+                   stage: int, keyed_read):
+    """One pipeline's part of a later stage of an interrupted epoch (``position``): the records ``indices`` (split
+    indices, ascending), read file span by file span, filtered to ``indices``, shuffled with seeds of (seed, epoch,
+    stage, pipeline); ``length`` of them. ``keyed_read(segment_ds, num_segments)`` yields (key, record) pairs."""
+    split_files = info.split_files[info.train_split]
+    starts = position.first_of_file(split_files)
+    file_of = np.searchsorted(starts, indices, side="right") - 1
+    segments = []
+    for f in np.unique(file_of):
+        mine = indices[file_of == f] - starts[f]
+        segments.append((int(f), int(mine[0]), int(mine[-1] - mine[0] + 1)))
+    wanted = np.zeros(info.num_train_examples, bool)
+    wanted[indices] = True
+    wanted, starts_t = tf.constant(wanted), tf.constant(starts)
+    seed = _pipeline_seed(config, pipeline_id) + epoch * 7919 + stage * 15_485_863
+    segment_ds = _segment_table(split_files, segments).shuffle(len(segments), seed=seed)
+    records = keyed_read(segment_ds, len(segments)).filter(_no_autograph(
+        lambda key, record: tf.gather(wanted, tf.gather(starts_t, tf.bitwise.right_shift(key, 32))
+                                      + tf.bitwise.bitwise_and(key, 0xFFFFFFFF))))
+    if config.shuffle_buffer > 1:
+        records = records.shuffle(config.shuffle_buffer, seed=seed + 1)
+    return _exact_epoch(records, len(indices), length, config.skip_corrupt_records)
+
+
+def stage_keys(config: InputConfig, info: DatasetInfo, epoch: int, stage: int, num_pipelines: int, pipeline_id: int,
+               indices=None, length: int = 0, records: int = 0):
+    """The first ``records`` record keys pipeline ``pipeline_id`` of ``num_pipelines`` feeds in stage ``stage`` of
+    ``epoch`` (stage 0: the ordinary epoch; later stages: its ``indices``, ``length`` of them), in order: the
+    records a checkpointed position consumed. Reads no file (the order is a function of the segments' lengths and
+    the seeds), except with --skip_corrupt_records, where the records are read (not decoded) so that unreadable
+    ones drop out as they did in training."""
+    workers = config.data_workers or tf.data.AUTOTUNE
+    split_files = info.split_files[info.train_split]
+
+    def keyed_read(segment_ds, num_segments):
+        if config.skip_corrupt_records:
+            return _segment_records(segment_ds, num_segments, info.compression, workers, True, True)
+        return _virtual_keys(segment_ds, num_segments, workers)
+
+    if stage == 0:
+        segments, epoch_size = train_share(split_files, num_pipelines, pipeline_id)
+        segment_ds = _segment_table(split_files, segments)
+        share = sum(n for _, _, n in segments)
+        cached = keyed_read(segment_ds, len(segments)) if config.cache else None
+        ds = tf.data.Dataset.range(epoch, epoch + 1).flat_map(_no_autograph(
+            lambda e: _ordinary_epoch(config, segment_ds, len(segments), lambda s: keyed_read(s, len(segments)),
+                                      share, epoch_size, pipeline_id, e, cached)))
+    else:
+        ds = _stage_records(config, info, indices, length, pipeline_id, epoch, stage, keyed_read)
+    keys = ds.take(records).map(lambda key, record: key).batch(1 << 16)
+    found = [np.asarray(b) for b in keys.as_numpy_iterator()]
+    return np.concatenate(found) if found else np.zeros(0, np.int64)
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumePlan:
+    """Where a run's pipelines start: ``position`` (already for this run's ``num_pipelines``); for a later stage
+    of the interrupted epoch each pipeline's records (``ranges``) and how many it reads (``stage_length``); and
+    the epoch's records the earlier stages consumed (``consumed``, split indices)."""
+    num_pipelines: int
+    position: position.Position
+    stage_length: int
+    epoch_length: int
+    ranges: tuple = ()
+    consumed: np.ndarray = None
+
+    @property
+    def in_later_stage(self) -> bool:
+        return not self.position.is_ordinary
+
+
+def consumed_records(config: InputConfig, info: DatasetInfo, pos: position.Position):
+    """Split indices of the records ``pos`` says its epoch fed, and, per stage, the stage's pipelines' ranges and
+    length (stage 0: ``None``): the same computation for the trainer and tfgpu.audit_input."""
+    split_files = info.split_files[info.train_split]
+    starts = position.first_of_file(split_files)
+    total = info.num_train_examples
+    consumed, layouts = np.zeros(0, np.int64), []
+    for k, stage in enumerate(pos.stages):
+        if k == 0:
+            ranges, length = None, total // stage.num_pipelines
+        else:
+            ranges, length = position.stage_ranges(np.setdiff1d(np.arange(total), consumed), stage.num_pipelines)
+        layouts.append((ranges, length))
+        if stage.consumed > length:
+            raise ConfigError("model_dir", f"the checkpoint's data position has {stage.consumed} records consumed "
+                              f"per pipeline in a stage of {length}; resume from an earlier checkpoint")
+        for p in range(stage.num_pipelines if stage.consumed else 0):
+            keys = stage_keys(config, info, pos.epoch, k, stage.num_pipelines, p,
+                              None if ranges is None else ranges[p], length, stage.consumed)
+            consumed = np.union1d(consumed, position.global_index(keys, starts))
+    return consumed, layouts
+
+
+def plan_resume(config: InputConfig, info: DatasetInfo, num_pipelines: int, start_step: int,
+                recorded: position.Position = None) -> ResumePlan:
+    """The plan for pipelines resuming at ``recorded`` (a checkpoint's position; ``None``: an uninterrupted run
+    on this topology at ``start_step``, as for a checkpoint without one). With as many pipelines as the position's
+    last stage nothing is computed (today's exact resume); with another number the records the earlier stages
+    consumed are (``consumed_records``; --data_service: refused unless at an epoch boundary)."""
+    total = info.num_train_examples
+    epoch_length = total // num_pipelines
+    if recorded is None:
+        recorded = position.from_step(start_step, position.Topology(
+            num_pipelines, 1, config.global_batch_size, config.batches_per_step), total)
+    pos = position.resume(recorded, num_pipelines)
+    if pos.is_ordinary:
+        return ResumePlan(num_pipelines, pos, epoch_length, epoch_length)
+    if config.data_service:
+        raise ConfigError("data_service", f"a tf.data service's order is not reproducible, so the "
+                          f"{recorded.records_in_epoch} records epoch {recorded.epoch + 1} fed before the "
+                          "interruption are not "
+                          f"known; finish that epoch on {recorded.stages[-1].num_pipelines} worker(s) (--train_steps "
+                          "at its end), then resume on this topology")
+    consumed, layouts = consumed_records(config, info, pos)
+    ranges, length = layouts[-1]
+    return ResumePlan(num_pipelines, pos, length, epoch_length, tuple(ranges), consumed)
+
+
+def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, record_keys: bool = False,
+                     plan: ResumePlan = None):
     """Returns ``fn(input_context) -> Dataset`` of per-replica (image, label) batches, resumed at ``start_step``.
 
     Each input pipeline trains on its share of the split (``train_share``); an epoch is ``total //
-    num_input_pipelines`` records of every pipeline, batches run on across epoch boundaries. ``record_keys``
-    yields batches of record identities instead of decoded examples (same records, same order; for
-    tfgpu.audit_input)."""
+    num_input_pipelines`` records of every pipeline, batches run on across epoch boundaries. ``plan``
+    (``plan_resume``) says where in its epoch a resumed run starts; without one, where an uninterrupted run on
+    this topology is at ``start_step``. ``record_keys`` yields batches of record identities instead of decoded
+    examples (same records, same order; for tfgpu.audit_input)."""
     workers = config.data_workers or tf.data.AUTOTUNE
 
     def dataset_fn(ctx: tf.distribute.InputContext):
@@ -161,11 +319,13 @@ def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, re
             raise ConfigError("global_batch_size", f"{config.global_batch_size} is larger than the "
                               f"{info.num_train_examples} examples of split {info.train_split!r}")
         consumed = start_step * config.batches_per_step * replicas_here * per_replica
-        start_epoch, offset = divmod(consumed, epoch_size)
-        seed = config.seed * 1_000_003 + ctx.input_pipeline_id
-        file_index, first, count = (tf.constant(column, tf.int64) for column in zip(*segments))
-        segment_ds = tf.data.Dataset.from_tensor_slices(
-            ([split_files[i][0] for i, _, _ in segments], file_index, first, count))
+        resumed = plan or plan_resume(config, info, ctx.num_input_pipelines, start_step)
+        if resumed.num_pipelines != ctx.num_input_pipelines:
+            raise ValueError(f"a resume plan for {resumed.num_pipelines} input pipelines given to pipeline "
+                             f"{ctx.input_pipeline_id} of {ctx.num_input_pipelines}")
+        start_epoch, offset = resumed.position.epoch, resumed.position.stages[-1].consumed
+        seed = _pipeline_seed(config, ctx.input_pipeline_id)
+        segment_ds = _segment_table(split_files, segments)
 
         def read(ds):
             return _segment_records(ds, len(segments), info.compression, workers, config.skip_corrupt_records,
@@ -191,21 +351,25 @@ def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, re
             ds = ds.batch(per_replica, drop_remainder=True)
             return _with_options(ds.prefetch(tf.data.AUTOTUNE), config, config.deterministic_input)
 
-        if config.cache:
-            # Held in memory after the first pass; later epochs shuffle the cached records.
-            cached = read(segment_ds).cache()
+        cached = read(segment_ds).cache() if config.cache else None  # in memory after the first pass
 
         def epoch(e):
-            if config.cache:
-                records = cached
-            else:
-                records = read(segment_ds.shuffle(len(segments), seed=seed + e * 7919))
-            if config.shuffle_buffer > 1:
-                records = records.shuffle(config.shuffle_buffer, seed=seed + e * 104729 + 1)
-            records = _exact_epoch(records, share, epoch_size, config.skip_corrupt_records)
+            records = _ordinary_epoch(config, segment_ds, len(segments), read, share, epoch_size,
+                                      ctx.input_pipeline_id, e, cached)
             return records.skip(tf.where(e == start_epoch, tf.constant(offset, tf.int64), 0))
 
-        records = tf.data.Dataset.range(start_epoch, 1 << 40).flat_map(_no_autograph(epoch))
+        if resumed.in_later_stage:
+            def keyed_read(ds, num_segments):
+                return _segment_records(ds, num_segments, info.compression, workers, config.skip_corrupt_records,
+                                        True)
+
+            later = _stage_records(config, info, resumed.ranges[ctx.input_pipeline_id], resumed.stage_length,
+                                   ctx.input_pipeline_id, start_epoch, len(resumed.position.stages) - 1, keyed_read)
+            later = later.map(lambda key, record: (key, record) if record_keys else record).skip(offset)
+            records = later.concatenate(tf.data.Dataset.range(start_epoch + 1, 1 << 40).flat_map(
+                _no_autograph(epoch)))
+        else:
+            records = tf.data.Dataset.range(start_epoch, 1 << 40).flat_map(_no_autograph(epoch))
         indexed = tf.data.Dataset.zip(tf.data.Dataset.counter(start=consumed), records)
         ds = indexed.map(_no_autograph(lambda i, element: parse(tf.stack([seed, i]), element)),
                          num_parallel_calls=workers, deterministic=config.deterministic_input)
