@@ -146,16 +146,16 @@ def _segment_table(split_files, segments):
     return tf.data.Dataset.from_tensor_slices(([split_files[i][0] for i, _, _ in segments], file_index, first, count))
 
 
-def _virtual_keys(segment_ds, num_segments, workers):
-    """(key, key) for every record of the segments, in the order ``_segment_records`` reads them, without opening a
-    file: the interleave's order depends only on the segments' lengths (the records are not corrupt)."""
+def _virtual_keys(segment_ds, num_segments):
+    """The keys of the segments' records in the order ``_segment_records`` reads them, without opening a file:
+    an interleave's order is a function of its inputs' lengths alone (deterministic, with or without parallel
+    calls), and a record-less range costs a tenth of a parallel read (0.09 s against 1.4 s for 76,800 keys)."""
 
     def keys(filename, file_index, first, count):
         start = file_index * (1 << 32) + first
-        return tf.data.Dataset.range(start, start + count).map(lambda k: (k, k))
+        return tf.data.Dataset.range(start, start + count)
 
-    return segment_ds.interleave(_no_autograph(keys), cycle_length=min(num_segments, 16), block_length=1,
-                                 num_parallel_calls=workers, deterministic=True)
+    return segment_ds.interleave(_no_autograph(keys), cycle_length=min(num_segments, 16), block_length=1)
 
 
 def _ordinary_epoch(config: InputConfig, segment_ds, num_segments, read, share, epoch_size, pipeline_id, e,
@@ -171,26 +171,50 @@ def _ordinary_epoch(config: InputConfig, segment_ds, num_segments, read, share, 
     return _exact_epoch(records, share, epoch_size, config.skip_corrupt_records)
 
 
-def _stage_records(config: InputConfig, info: DatasetInfo, indices, length: int, pipeline_id: int, epoch: int,
-                   stage: int, keyed_read):
-    """One pipeline's part of a later stage of an interrupted epoch (``position``): the records ``indices`` (split
-    indices, ascending), read file span by file span, filtered to ``indices``, shuffled with seeds of (seed, epoch,
-    stage, pipeline); ``length`` of them. ``keyed_read(segment_ds, num_segments)`` yields (key, record) pairs."""
+def _stage_segments(info: DatasetInfo, indices):
+    """A later stage's records ``indices`` (split indices, ascending) as segments: per file, the span from its first
+    to its last such record, with the range of ``keys`` (their identities, in order) that fall in it."""
     split_files = info.split_files[info.train_split]
     starts = position.first_of_file(split_files)
     file_of = np.searchsorted(starts, indices, side="right") - 1
-    segments = []
-    for f in np.unique(file_of):
-        mine = indices[file_of == f] - starts[f]
-        segments.append((int(f), int(mine[0]), int(mine[-1] - mine[0] + 1)))
+    keys = (file_of.astype(np.int64) << 32) + (indices - starts[file_of])
+    files, lo = np.unique(file_of, return_index=True)
+    bounds = list(zip(lo, list(lo[1:]) + [len(indices)]))
+    segments = [(int(f), int(indices[a] - starts[f]), int(indices[b - 1] - indices[a] + 1), int(a), int(b))
+                for f, (a, b) in zip(files, bounds)]
+    if not segments:  # fewer remaining records than pipelines: this one reads none of them (an empty segment)
+        segments = [(0, 0, 0, 0, 0)]
+    columns = [tf.constant(column, tf.int64) for column in zip(*segments)]
+    table = tf.data.Dataset.from_tensor_slices(([split_files[f][0] for f, *_ in segments], *columns))
+    return table, len(segments), tf.constant(keys, tf.int64)
+
+
+def _stage_records(config: InputConfig, info: DatasetInfo, indices, length: int, pipeline_id: int, epoch: int,
+                   stage: int, virtual: bool = False):
+    """One pipeline's part of a later stage of an interrupted epoch: the records ``indices`` (split indices,
+    ascending), read span by span (the records between them read and dropped, not decoded), shuffled with seeds of
+    (seed, epoch, stage, pipeline); ``length`` of them, as (key, record) pairs, or keys alone when ``virtual``
+    (no file opened; not with --skip_corrupt_records, whose dropped records only a read finds)."""
+    workers = config.data_workers or tf.data.AUTOTUNE
+    table, num_segments, keys = _stage_segments(info, indices)
     wanted = np.zeros(info.num_train_examples, bool)
     wanted[indices] = True
-    wanted, starts_t = tf.constant(wanted), tf.constant(starts)
+    wanted = tf.constant(wanted)
+    starts = tf.constant(position.first_of_file(info.split_files[info.train_split]))
     seed = _pipeline_seed(config, pipeline_id) + epoch * 7919 + stage * 15_485_863
-    segment_ds = _segment_table(split_files, segments).shuffle(len(segments), seed=seed)
-    records = keyed_read(segment_ds, len(segments)).filter(_no_autograph(
-        lambda key, record: tf.gather(wanted, tf.gather(starts_t, tf.bitwise.right_shift(key, 32))
-                                      + tf.bitwise.bitwise_and(key, 0xFFFFFFFF))))
+
+    def read(filename, file_index, first, count, key_lo, key_hi):
+        if virtual:
+            return tf.data.Dataset.from_tensor_slices(keys[key_lo:key_hi])
+        records = tf.data.Dataset.zip(tf.data.Dataset.counter(start=file_index * (1 << 32)),
+                                      _open(filename, info.compression, config.skip_corrupt_records))
+        return records.skip(first).take(count).filter(lambda key, record: tf.gather(
+            wanted, tf.gather(starts, tf.bitwise.right_shift(key, 32)) + tf.bitwise.bitwise_and(key, 0xFFFFFFFF)))
+
+    shuffled = table.shuffle(num_segments, seed=seed)
+    interleave = dict(cycle_length=min(num_segments, 16), block_length=1)
+    records = (shuffled.interleave(_no_autograph(read), **interleave) if virtual else
+               shuffled.interleave(_no_autograph(read), **interleave, num_parallel_calls=workers, deterministic=True))
     if config.shuffle_buffer > 1:
         records = records.shuffle(config.shuffle_buffer, seed=seed + 1)
     return _exact_epoch(records, len(indices), length, config.skip_corrupt_records)
@@ -205,24 +229,27 @@ def stage_keys(config: InputConfig, info: DatasetInfo, epoch: int, stage: int, n
     ones drop out as they did in training."""
     workers = config.data_workers or tf.data.AUTOTUNE
     split_files = info.split_files[info.train_split]
-
-    def keyed_read(segment_ds, num_segments):
-        if config.skip_corrupt_records:
-            return _segment_records(segment_ds, num_segments, info.compression, workers, True, True)
-        return _virtual_keys(segment_ds, num_segments, workers)
-
+    virtual = not config.skip_corrupt_records
     if stage == 0:
         segments, epoch_size = train_share(split_files, num_pipelines, pipeline_id)
         segment_ds = _segment_table(split_files, segments)
         share = sum(n for _, _, n in segments)
-        cached = keyed_read(segment_ds, len(segments)) if config.cache else None
+
+        def read(ds):
+            if virtual:
+                return _virtual_keys(ds, len(segments))
+            return _segment_records(ds, len(segments), info.compression, workers, True, True)
+
+        cached = read(segment_ds) if config.cache else None
         ds = tf.data.Dataset.range(epoch, epoch + 1).flat_map(_no_autograph(
-            lambda e: _ordinary_epoch(config, segment_ds, len(segments), lambda s: keyed_read(s, len(segments)),
-                                      share, epoch_size, pipeline_id, e, cached)))
+            lambda e: _ordinary_epoch(config, segment_ds, len(segments), read, share, epoch_size, pipeline_id, e,
+                                      cached)))
     else:
-        ds = _stage_records(config, info, indices, length, pipeline_id, epoch, stage, keyed_read)
-    keys = ds.take(records).map(lambda key, record: key).batch(1 << 16)
-    found = [np.asarray(b) for b in keys.as_numpy_iterator()]
+        ds = _stage_records(config, info, indices, length, pipeline_id, epoch, stage, virtual)
+    ds = ds.take(records)
+    if not virtual:
+        ds = ds.map(lambda key, record: key)
+    found = [np.asarray(b) for b in ds.batch(1 << 16).as_numpy_iterator()]
     return np.concatenate(found) if found else np.zeros(0, np.int64)
 
 
@@ -249,12 +276,12 @@ def consumed_records(config: InputConfig, info: DatasetInfo, pos: position.Posit
     split_files = info.split_files[info.train_split]
     starts = position.first_of_file(split_files)
     total = info.num_train_examples
-    consumed, layouts = np.zeros(0, np.int64), []
+    consumed, layouts = np.zeros(total, bool), []  # a mask: numpy's set operations took 13 of 24 s on 1.28M records
     for k, stage in enumerate(pos.stages):
         if k == 0:
             ranges, length = None, total // stage.num_pipelines
         else:
-            ranges, length = position.stage_ranges(np.setdiff1d(np.arange(total), consumed), stage.num_pipelines)
+            ranges, length = position.stage_ranges(np.flatnonzero(~consumed), stage.num_pipelines)
         layouts.append((ranges, length))
         if stage.consumed > length:
             raise ConfigError("model_dir", f"the checkpoint's data position has {stage.consumed} records consumed "
@@ -262,8 +289,8 @@ def consumed_records(config: InputConfig, info: DatasetInfo, pos: position.Posit
         for p in range(stage.num_pipelines if stage.consumed else 0):
             keys = stage_keys(config, info, pos.epoch, k, stage.num_pipelines, p,
                               None if ranges is None else ranges[p], length, stage.consumed)
-            consumed = np.union1d(consumed, position.global_index(keys, starts))
-    return consumed, layouts
+            consumed[position.global_index(keys, starts)] = True
+    return np.flatnonzero(consumed), layouts
 
 
 def plan_resume(config: InputConfig, info: DatasetInfo, num_pipelines: int, start_step: int,
@@ -359,12 +386,8 @@ def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, re
             return records.skip(tf.where(e == start_epoch, tf.constant(offset, tf.int64), 0))
 
         if resumed.in_later_stage:
-            def keyed_read(ds, num_segments):
-                return _segment_records(ds, num_segments, info.compression, workers, config.skip_corrupt_records,
-                                        True)
-
             later = _stage_records(config, info, resumed.ranges[ctx.input_pipeline_id], resumed.stage_length,
-                                   ctx.input_pipeline_id, start_epoch, len(resumed.position.stages) - 1, keyed_read)
+                                   ctx.input_pipeline_id, start_epoch, len(resumed.position.stages) - 1)
             later = later.map(lambda key, record: (key, record) if record_keys else record).skip(offset)
             records = later.concatenate(tf.data.Dataset.range(start_epoch + 1, 1 << 40).flat_map(
                 _no_autograph(epoch)))

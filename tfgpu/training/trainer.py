@@ -203,15 +203,26 @@ class Trainer:
                               "carry the data position over in records")
 
     def _announce_topology(self, step: int, before, after, pos) -> None:
+        """One line and a history.jsonl record: what changed since the checkpoint and where the input resumes."""
         per_replica = after.global_batch_size // (after.num_workers * after.replicas_per_worker)
+        was_per_replica = before.global_batch_size // (before.num_workers * before.replicas_per_worker)
         if before.global_batch_size == after.global_batch_size:
             batch = f"global batch {after.global_batch_size} kept, {per_replica} per replica"
         else:
-            batch = (f"global batch {before.global_batch_size} -> {after.global_batch_size} "
-                     f"(--allow_config_change), {per_replica} per replica, learning rate scaled with it")
+            batch = (f"global batch {before.global_batch_size} -> {after.global_batch_size} by "
+                     f"--allow_config_change, {per_replica} per replica; the classifier's learning rate follows it "
+                     "(--base_learning_rate is per 256 examples)")
+        accumulate = -(-per_replica // was_per_replica)
+        if accumulate > 1 and per_replica % accumulate == 0:
+            batch += (f"; if {per_replica} per replica does not fit in memory, --grad_accum_steps={accumulate} "
+                      f"(classification) computes it in micro-batches of {per_replica // accumulate}")
+        if (before.num_workers, before.replicas_per_worker) == (after.num_workers, after.replicas_per_worker):
+            change = f"global batch changed on {after.describe()}"
+        else:
+            change = f"topology changed: {before.describe()} -> {after.describe()}"
         total = self.info.num_train_examples
-        log.info("topology changed: %s -> %s (%s); resuming epoch %d at record %s of %s", before.describe(),
-                 after.describe(), batch, pos.epoch + 1, f"{pos.records_in_epoch:,}", f"{total:,}")
+        log.info("%s (%s); resuming epoch %d at record %s of %s", change, batch, pos.epoch + 1,
+                 f"{pos.records_in_epoch:,}", f"{total:,}")
         self.history.write("topology", step, {
             "before": dataclasses.asdict(before), "after": dataclasses.asdict(after), "epoch": pos.epoch + 1,
             "records_consumed_in_epoch": pos.records_in_epoch, "records": total})
