@@ -21,7 +21,7 @@ import tensorflow as tf
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tfgpu.config import Config
+from tfgpu.config import Config, ConfigError
 from tfgpu.data import pipeline, position, tfrecord
 
 _DATASETS = {}
@@ -266,3 +266,17 @@ def test_a_resume_on_another_topology_feeds_the_rest_of_the_epoch_each_record_on
 @given(**TRANSITIONS)
 def test_a_resume_on_another_topology_feeds_the_rest_of_the_epoch_each_record_once_many_shapes(**shape):
     _transition_property(**shape)
+
+
+def test_a_data_service_run_changes_topology_only_at_an_epoch_boundary():
+    """The service's order is not a function of the step, so which records an interrupted epoch fed is not known:
+    refused in one line with the way out; at an epoch boundary nothing of the epoch was fed, and it resumes."""
+    info = pipeline.prepare(Config(model_dir="unused", data_dir=make_split((9, 9, 5))))
+    config = Config(model_dir="unused", data_dir=info.directory, global_batch_size=6, data_service="grpc://x:1")
+    with pytest.raises(ConfigError) as refused:
+        pipeline.plan_resume(config, info, 1, 2, position.from_step(2, position.Topology(2, 1, 6, 1), 23))
+    assert str(refused.value).startswith("--data_service: a tf.data service's order is not reproducible, so the 12 "
+                                         "records epoch 1 fed before the interruption are not known; finish that "
+                                         "epoch on 2 worker(s)")
+    at_boundary = pipeline.plan_resume(config, info, 1, 0, position.Position(3, (position.Stage(2, 0),)))
+    assert at_boundary.position == position.Position(3, (position.Stage(1, 0),)) and not at_boundary.in_later_stage

@@ -359,6 +359,9 @@ def test_a_changed_global_batch_is_refused_unless_allowed_then_carries_the_posit
     errors = [line for line in refused.output.splitlines() if line.startswith("error:")]
     assert refused.returncode == 1 and len(errors) == 1 and "--global_batch_size" in errors[0], refused.output[-2000:]
     assert "Traceback" not in refused.output
+    reseeded = train_here(*common, "--global_batch_size=32", "--seed=9", "--train_steps=4", check=False)
+    errors = [line for line in reseeded.output.splitlines() if line.startswith("error:")]
+    assert reseeded.returncode == 1 and len(errors) == 1 and "--seed" in errors[0], reseeded.output[-2000:]
     allowed = train_here(*common, "--global_batch_size=64", "--train_steps=4",
                          "--allow_config_change=global_batch_size")
     assert ("global batch changed on 1 worker x 1 replica (global batch 32 -> 64 by --allow_config_change, 64 per "
