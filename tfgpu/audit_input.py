@@ -17,7 +17,7 @@ workers) in this process and reads through it.
 ``--resume_from_step=S`` audits a resume on another topology: a run on ``--previous_num_workers`` x
 ``--previous_replicas_per_worker`` with ``--previous_global_batch_size`` (defaults: this run's) interrupted at
 step S and resumed with this run's flags. The interrupted epoch counts the records the previous topology consumed
-before S (computed by ``pipeline.consumed_records``, as the trainer does) plus those the new pipelines feed for the
+before S (computed by ``resume.consumed_records``, as the trainer does) plus those the new pipelines feed for the
 rest of it; ``--epochs`` ordinary epochs of the new topology follow. Exit status: 0 when no epoch misses or duplicates a
 record, 2 when one does, 1 for a bad flag or dataset.
 """
@@ -122,7 +122,7 @@ def audit(config, num_workers: int, replicas_per_worker: int = 1, epochs: int = 
     """Counts, per epoch, the train records all workers' pipelines yield 0, 1 and 2+ times. With
     ``resume_from_step``, the run resumes there from one on ``previous`` (a ``position.Topology``): the interrupted
     epoch (records consumed before plus fed after), then ``epochs`` epochs."""
-    from tfgpu.data import catalog, pipeline, position
+    from tfgpu.data import catalog, pipeline, position, resume
 
     info = catalog.prepare(DatasetConfig.of(config))
     if info.name == "synthetic":
@@ -139,9 +139,9 @@ def audit(config, num_workers: int, replicas_per_worker: int = 1, epochs: int = 
     plan, stage_reads, first_epoch, before, ranges = None, 0, 0, (), shares
     if resume_from_step:
         recorded = position.from_step(resume_from_step, previous, total)
-        plan = pipeline.plan_resume(inputs, info, num_workers, resume_from_step, recorded)
+        plan = resume.plan_resume(inputs, info, num_workers, resume_from_step, recorded)
         before = (plan.consumed if plan.in_later_stage else
-                  pipeline.consumed_records(inputs, info, plan.position)[0])
+                  resume.consumed_records(inputs, info, plan.position)[0])
         if plan.in_later_stage:
             ranges = plan.ranges
         stage_reads = plan.stage_length - plan.position.stages[-1].consumed

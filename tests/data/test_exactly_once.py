@@ -21,8 +21,8 @@ import tensorflow as tf
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tfgpu.config import Config, ConfigError
-from tfgpu.data import pipeline, position, tfrecord
+from tfgpu.config import Config
+from tfgpu.data import pipeline, position, resume, tfrecord
 
 _DATASETS = {}
 
@@ -210,7 +210,7 @@ def _labels(config, info, start_step, plan, pipeline_id, num_records):
 def check_transition(sizes, topologies, steps, per_replica, cache, shuffle_buffer):
     """A run on ``topologies[0]`` pipelines interrupted after ``steps[0]`` steps, resumed on each next number of
     pipelines for ``steps[i]`` steps, and finally on the last: the records the earlier stages consumed
-    (``pipeline.consumed_records``, as the trainer computes them) plus those the last topology's real pipelines
+    (``resume.consumed_records``, as the trainer computes them) plus those the last topology's real pipelines
     feed for the rest of the epoch are every record once, but for fewer than the last topology's pipelines left
     out; the epoch after is an ordinary epoch of the last topology."""
     info = pipeline.prepare(Config(model_dir="unused", data_dir=make_split(sizes)))
@@ -220,12 +220,12 @@ def check_transition(sizes, topologies, steps, per_replica, cache, shuffle_buffe
     pos = position.from_step(steps[0], position.Topology(topologies[0], 1, config.global_batch_size, 1), total)
     for pipelines, run_steps in zip(topologies[1:-1], steps[1:]):
         pos = position.resume(pos, pipelines)
-        _, layouts = pipeline.consumed_records(config, info, pos)
+        _, layouts = resume.consumed_records(config, info, pos)
         pos = position.advance(pos, layouts[-1][1], total // pipelines,
                                run_steps * config.global_batch_size // pipelines)
     last = topologies[-1]
-    plan = pipeline.plan_resume(config, info, last, 11, pos)
-    before = plan.consumed if plan.in_later_stage else pipeline.consumed_records(config, info, plan.position)[0]
+    plan = resume.plan_resume(config, info, last, 11, pos)
+    before = plan.consumed if plan.in_later_stage else resume.consumed_records(config, info, plan.position)[0]
     rest = plan.stage_length - plan.position.stages[-1].consumed
     epoch = total // last
     seen, following = collections.Counter(before.tolist()), collections.Counter()
@@ -266,40 +266,3 @@ def test_a_resume_on_another_topology_feeds_the_rest_of_the_epoch_each_record_on
 def test_a_resume_on_another_topology_feeds_the_rest_of_the_epoch_each_record_once_many_shapes(**shape):
     _transition_property(**shape)
 
-
-def test_a_data_service_run_changes_topology_only_at_an_epoch_boundary():
-    """The service's order is not a function of the step, so which records an interrupted epoch fed is not known:
-    refused in one line with the way out; at an epoch boundary nothing of the epoch was fed, and it resumes."""
-    info = pipeline.prepare(Config(model_dir="unused", data_dir=make_split((9, 9, 5))))
-    config = Config(model_dir="unused", data_dir=info.directory, global_batch_size=6, data_service="grpc://x:1")
-    with pytest.raises(ConfigError) as refused:
-        pipeline.plan_resume(config, info, 1, 2, position.from_step(2, position.Topology(2, 1, 6, 1), 23))
-    assert str(refused.value).startswith("--data_service: a tf.data service's order is not reproducible, so the 12 "
-                                         "records epoch 1 fed before the interruption are not known; finish that "
-                                         "epoch on 2 worker(s)")
-    at_boundary = pipeline.plan_resume(config, info, 1, 0, position.Position(3, (position.Stage(2, 0),)))
-    assert at_boundary.position == position.Position(3, (position.Stage(1, 0),)) and not at_boundary.in_later_stage
-
-
-def _real_keys(config, info, plan, pipeline_id, num_records):
-    ctx = tf.distribute.InputContext(plan.num_pipelines, pipeline_id, plan.num_pipelines)
-    ds = pipeline.train_dataset_fn(config, info, 0, record_keys=True, plan=plan)(ctx).unbatch()
-    return [int(key) for key in ds.take(num_records).as_numpy_iterator()]
-
-
-@pytest.mark.parametrize("cache,shuffle_buffer", [pytest.param(False, 4, marks=pytest.mark.slow), (True, 10000)])
-def test_the_consumed_records_are_computed_in_the_order_the_real_pipelines_read_them(cache, shuffle_buffer):
-    """pipeline.stage_keys opens no file: its keys must be the ones training read, in order, in an ordinary epoch
-    (epoch 1 of 2 pipelines) and in a later stage (that epoch's rest on 3 pipelines)."""
-    info = pipeline.prepare(Config(model_dir="unused", data_dir=make_split((7, 9, 8, 8))))
-    config = Config(model_dir="unused", data_dir=info.directory, global_batch_size=6, seed=3, cache=cache,
-                    shuffle_buffer=shuffle_buffer)
-    ordinary = pipeline.plan_resume(config, info, 2, 0, position.Position(1, (position.Stage(2, 0),)))
-    for p in range(2):
-        assert pipeline.stage_keys(config, info, 1, 0, 2, p, records=16).tolist() == \
-            _real_keys(config, info, ordinary, p, 16)
-    later = pipeline.plan_resume(config, info, 3, 0, position.Position(1, (position.Stage(2, 5),)))
-    assert later.in_later_stage and later.stage_length == (32 - 10) // 3
-    for p in range(3):
-        assert pipeline.stage_keys(config, info, 1, 1, 3, p, later.ranges[p], later.stage_length,
-                                   later.stage_length).tolist() == _real_keys(config, info, later, p, 7)

@@ -19,7 +19,6 @@ pipelines; pipelines are padded with weight-0 examples so all replicas run the
 same number of steps. Train and eval images (and synthetic data) reach the model
 in --input_range (``augment.to_model_range``).
 """
-import dataclasses
 import logging
 import math
 
@@ -146,18 +145,6 @@ def _segment_table(split_files, segments):
     return tf.data.Dataset.from_tensor_slices(([split_files[i][0] for i, _, _ in segments], file_index, first, count))
 
 
-def _virtual_keys(segment_ds, num_segments):
-    """The keys of the segments' records in the order ``_segment_records`` reads them, without opening a file:
-    an interleave's order is a function of its inputs' lengths alone (deterministic, with or without parallel
-    calls), and a record-less range costs a tenth of a parallel read (0.09 s against 1.4 s for 76,800 keys)."""
-
-    def keys(filename, file_index, first, count):
-        start = file_index * (1 << 32) + first
-        return tf.data.Dataset.range(start, start + count)
-
-    return segment_ds.interleave(_no_autograph(keys), cycle_length=min(num_segments, 16), block_length=1)
-
-
 def _ordinary_epoch(config: InputConfig, segment_ds, num_segments, read, share, epoch_size, pipeline_id, e,
                     cached=None):
     """Epoch ``e`` of one pipeline's share: its segments and records shuffled with seeds of (seed, e, pipeline)."""
@@ -171,161 +158,14 @@ def _ordinary_epoch(config: InputConfig, segment_ds, num_segments, read, share, 
     return _exact_epoch(records, share, epoch_size, config.skip_corrupt_records)
 
 
-def _stage_segments(info: DatasetInfo, indices):
-    """A later stage's records ``indices`` (split indices, ascending) as segments: per file, the span from its first
-    to its last such record, with the range of ``keys`` (their identities, in order) that fall in it."""
-    split_files = info.split_files[info.train_split]
-    starts = position.first_of_file(split_files)
-    file_of = np.searchsorted(starts, indices, side="right") - 1
-    keys = (file_of.astype(np.int64) << 32) + (indices - starts[file_of])
-    files, lo = np.unique(file_of, return_index=True)
-    bounds = list(zip(lo, list(lo[1:]) + [len(indices)]))
-    segments = [(int(f), int(indices[a] - starts[f]), int(indices[b - 1] - indices[a] + 1), int(a), int(b))
-                for f, (a, b) in zip(files, bounds)]
-    if not segments:  # fewer remaining records than pipelines: this one reads none of them (an empty segment)
-        segments = [(0, 0, 0, 0, 0)]
-    columns = [tf.constant(column, tf.int64) for column in zip(*segments)]
-    table = tf.data.Dataset.from_tensor_slices(([split_files[f][0] for f, *_ in segments], *columns))
-    return table, len(segments), tf.constant(keys, tf.int64)
-
-
-def _stage_records(config: InputConfig, info: DatasetInfo, indices, length: int, pipeline_id: int, epoch: int,
-                   stage: int, virtual: bool = False):
-    """One pipeline's part of a later stage of an interrupted epoch: the records ``indices`` (split indices,
-    ascending), read span by span (the records between them read and dropped, not decoded), shuffled with seeds of
-    (seed, epoch, stage, pipeline); ``length`` of them, as (key, record) pairs, or keys alone when ``virtual``
-    (no file opened; not with --skip_corrupt_records, whose dropped records only a read finds)."""
-    workers = config.data_workers or tf.data.AUTOTUNE
-    table, num_segments, keys = _stage_segments(info, indices)
-    wanted = np.zeros(info.num_train_examples, bool)
-    wanted[indices] = True
-    wanted = tf.constant(wanted)
-    starts = tf.constant(position.first_of_file(info.split_files[info.train_split]))
-    seed = _pipeline_seed(config, pipeline_id) + epoch * 7919 + stage * 15_485_863
-
-    def read(filename, file_index, first, count, key_lo, key_hi):
-        if virtual:
-            return tf.data.Dataset.from_tensor_slices(keys[key_lo:key_hi])
-        records = tf.data.Dataset.zip(tf.data.Dataset.counter(start=file_index * (1 << 32)),
-                                      _open(filename, info.compression, config.skip_corrupt_records))
-        return records.skip(first).take(count).filter(lambda key, record: tf.gather(
-            wanted, tf.gather(starts, tf.bitwise.right_shift(key, 32)) + tf.bitwise.bitwise_and(key, 0xFFFFFFFF)))
-
-    shuffled = table.shuffle(num_segments, seed=seed)
-    interleave = dict(cycle_length=min(num_segments, 16), block_length=1)
-    records = (shuffled.interleave(_no_autograph(read), **interleave) if virtual else
-               shuffled.interleave(_no_autograph(read), **interleave, num_parallel_calls=workers, deterministic=True))
-    if config.shuffle_buffer > 1:
-        records = records.shuffle(config.shuffle_buffer, seed=seed + 1)
-    return _exact_epoch(records, len(indices), length, config.skip_corrupt_records)
-
-
-def stage_keys(config: InputConfig, info: DatasetInfo, epoch: int, stage: int, num_pipelines: int, pipeline_id: int,
-               indices=None, length: int = 0, records: int = 0):
-    """The first ``records`` record keys pipeline ``pipeline_id`` of ``num_pipelines`` feeds in stage ``stage`` of
-    ``epoch`` (stage 0: the ordinary epoch; later stages: its ``indices``, ``length`` of them), in order: the
-    records a checkpointed position consumed. Reads no file (the order is a function of the segments' lengths and
-    the seeds), except with --skip_corrupt_records, where the records are read (not decoded) so that unreadable
-    ones drop out as they did in training."""
-    workers = config.data_workers or tf.data.AUTOTUNE
-    split_files = info.split_files[info.train_split]
-    virtual = not config.skip_corrupt_records
-    if stage == 0:
-        segments, epoch_size = train_share(split_files, num_pipelines, pipeline_id)
-        segment_ds = _segment_table(split_files, segments)
-        share = sum(n for _, _, n in segments)
-
-        def read(ds):
-            if virtual:
-                return _virtual_keys(ds, len(segments))
-            return _segment_records(ds, len(segments), info.compression, workers, True, True)
-
-        cached = read(segment_ds) if config.cache else None
-        ds = tf.data.Dataset.range(epoch, epoch + 1).flat_map(_no_autograph(
-            lambda e: _ordinary_epoch(config, segment_ds, len(segments), read, share, epoch_size, pipeline_id, e,
-                                      cached)))
-    else:
-        ds = _stage_records(config, info, indices, length, pipeline_id, epoch, stage, virtual)
-    ds = ds.take(records)
-    if not virtual:
-        ds = ds.map(lambda key, record: key)
-    found = [np.asarray(b) for b in ds.batch(1 << 16).as_numpy_iterator()]
-    return np.concatenate(found) if found else np.zeros(0, np.int64)
-
-
-@dataclasses.dataclass(frozen=True)
-class ResumePlan:
-    """Where a run's pipelines start: ``position`` (already for this run's ``num_pipelines``); for a later stage
-    of the interrupted epoch each pipeline's records (``ranges``) and how many it reads (``stage_length``); and
-    the epoch's records the earlier stages consumed (``consumed``, split indices)."""
-    num_pipelines: int
-    position: position.Position
-    stage_length: int
-    epoch_length: int
-    ranges: tuple = ()
-    consumed: np.ndarray = None
-
-    @property
-    def in_later_stage(self) -> bool:
-        return not self.position.is_ordinary
-
-
-def consumed_records(config: InputConfig, info: DatasetInfo, pos: position.Position):
-    """Split indices of the records ``pos`` says its epoch fed, and, per stage, the stage's pipelines' ranges and
-    length (stage 0: ``None``): the same computation for the trainer and tfgpu.audit_input."""
-    split_files = info.split_files[info.train_split]
-    starts = position.first_of_file(split_files)
-    total = info.num_train_examples
-    consumed, layouts = np.zeros(total, bool), []  # a mask: numpy's set operations took 13 of 24 s on 1.28M records
-    for k, stage in enumerate(pos.stages):
-        if k == 0:
-            ranges, length = None, total // stage.num_pipelines
-        else:
-            ranges, length = position.stage_ranges(np.flatnonzero(~consumed), stage.num_pipelines)
-        layouts.append((ranges, length))
-        if stage.consumed > length:
-            raise ConfigError("model_dir", f"the checkpoint's data position has {stage.consumed} records consumed "
-                              f"per pipeline in a stage of {length}; resume from an earlier checkpoint")
-        for p in range(stage.num_pipelines if stage.consumed else 0):
-            keys = stage_keys(config, info, pos.epoch, k, stage.num_pipelines, p,
-                              None if ranges is None else ranges[p], length, stage.consumed)
-            consumed[position.global_index(keys, starts)] = True
-    return np.flatnonzero(consumed), layouts
-
-
-def plan_resume(config: InputConfig, info: DatasetInfo, num_pipelines: int, start_step: int,
-                recorded: position.Position = None) -> ResumePlan:
-    """The plan for pipelines resuming at ``recorded`` (a checkpoint's position; ``None``: an uninterrupted run
-    on this topology at ``start_step``, as for a checkpoint without one). With as many pipelines as the position's
-    last stage nothing is computed (today's exact resume); with another number the records the earlier stages
-    consumed are (``consumed_records``; --data_service: refused unless at an epoch boundary)."""
-    total = info.num_train_examples
-    epoch_length = total // num_pipelines
-    if recorded is None:
-        recorded = position.from_step(start_step, position.Topology(
-            num_pipelines, 1, config.global_batch_size, config.batches_per_step), total)
-    pos = position.resume(recorded, num_pipelines)
-    if pos.is_ordinary:
-        return ResumePlan(num_pipelines, pos, epoch_length, epoch_length)
-    if config.data_service:
-        raise ConfigError("data_service", f"a tf.data service's order is not reproducible, so the "
-                          f"{recorded.records_in_epoch} records epoch {recorded.epoch + 1} fed before the "
-                          "interruption are not "
-                          f"known; finish that epoch on {recorded.stages[-1].num_pipelines} worker(s) (--train_steps "
-                          "at its end), then resume on this topology")
-    consumed, layouts = consumed_records(config, info, pos)
-    ranges, length = layouts[-1]
-    return ResumePlan(num_pipelines, pos, length, epoch_length, tuple(ranges), consumed)
-
-
 def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, record_keys: bool = False,
-                     plan: ResumePlan = None):
+                     plan=None):
     """Returns ``fn(input_context) -> Dataset`` of per-replica (image, label) batches, resumed at ``start_step``.
 
     Each input pipeline trains on its share of the split (``train_share``); an epoch is ``total //
     num_input_pipelines`` records of every pipeline, batches run on across epoch boundaries. ``plan``
-    (``plan_resume``) says where in its epoch a resumed run starts; without one, where an uninterrupted run on
-    this topology is at ``start_step``. ``record_keys`` yields batches of record identities instead of decoded
+    (``resume.plan_resume``) says where in its epoch a resumed run starts, on this topology or another; without
+    one, where an uninterrupted run on this topology is at ``start_step``. ``record_keys`` yields batches of record identities instead of decoded
     examples (same records, same order; for tfgpu.audit_input)."""
     workers = config.data_workers or tf.data.AUTOTUNE
 
@@ -346,11 +186,12 @@ def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, re
             raise ConfigError("global_batch_size", f"{config.global_batch_size} is larger than the "
                               f"{info.num_train_examples} examples of split {info.train_split!r}")
         consumed = start_step * config.batches_per_step * replicas_here * per_replica
-        resumed = plan or plan_resume(config, info, ctx.num_input_pipelines, start_step)
-        if resumed.num_pipelines != ctx.num_input_pipelines:
-            raise ValueError(f"a resume plan for {resumed.num_pipelines} input pipelines given to pipeline "
+        if plan is not None and plan.num_pipelines != ctx.num_input_pipelines:
+            raise ValueError(f"a resume plan for {plan.num_pipelines} input pipelines given to pipeline "
                              f"{ctx.input_pipeline_id} of {ctx.num_input_pipelines}")
-        start_epoch, offset = resumed.position.epoch, resumed.position.stages[-1].consumed
+        start = plan.position if plan is not None else position.from_step(start_step, position.Topology(
+            ctx.num_input_pipelines, 1, config.global_batch_size, config.batches_per_step), info.num_train_examples)
+        start_epoch, offset = start.epoch, start.stages[-1].consumed
         seed = _pipeline_seed(config, ctx.input_pipeline_id)
         segment_ds = _segment_table(split_files, segments)
 
@@ -385,9 +226,8 @@ def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, re
                                       ctx.input_pipeline_id, e, cached)
             return records.skip(tf.where(e == start_epoch, tf.constant(offset, tf.int64), 0))
 
-        if resumed.in_later_stage:
-            later = _stage_records(config, info, resumed.ranges[ctx.input_pipeline_id], resumed.stage_length,
-                                   ctx.input_pipeline_id, start_epoch, len(resumed.position.stages) - 1)
+        if plan is not None and plan.in_later_stage:
+            later = plan.stage_records(config, info, ctx.input_pipeline_id)
             later = later.map(lambda key, record: (key, record) if record_keys else record).skip(offset)
             records = later.concatenate(tf.data.Dataset.range(start_epoch + 1, 1 << 40).flat_map(
                 _no_autograph(epoch)))

@@ -7,7 +7,7 @@ stage: the records no earlier stage consumed, in split order, cut into contiguou
 per new pipeline, each pipeline reading ``remaining // num_pipelines`` of them (``stage_ranges``). A stage's
 pipelines start together and consume the same number of records (``Stage.consumed`` each), so a ``Position``
 (epoch, stages) names exactly which records of the epoch were fed: the consumed records of every stage, whose
-order ``pipeline.stage_keys`` reproduces. Later epochs are ordinary epochs of the new topology.
+order ``resume.stage_keys`` reproduces. Later epochs are ordinary epochs of the new topology.
 
 This module is pure Python and numpy: the trainer, ``tfgpu.audit_input`` and the tests compute positions,
 stage ranges and the checkpoint's record with it.

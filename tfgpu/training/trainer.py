@@ -25,6 +25,7 @@ import tensorflow as tf
 from tfgpu.config import ConfigError, InputConfig, TrainerConfig
 from tfgpu.data import pipeline
 from tfgpu.data import position as data_position
+from tfgpu.data import resume
 from tfgpu.runtime.distribute import Placement
 from tfgpu.training import checkpoint as checkpoint_lib
 from tfgpu.training import failures, input_profile, loop, metric_specs
@@ -173,11 +174,11 @@ class Trainer:
         recorded = self.checkpointer.data_position.restored if step else None
         num_pipelines = self.placement.num_workers
         if recorded is None:
-            return pipeline.plan_resume(self.inputs, self.info, num_pipelines, step)
+            return resume.plan_resume(self.inputs, self.info, num_pipelines, step)
         where = getattr(self.checkpointer, "restored_path", self.checkpointer.real_dir)
         pos, before, seed, fingerprint = data_position.from_record(recorded, where)
         self._check_recorded(where, before, seed, fingerprint)
-        plan = pipeline.plan_resume(self.inputs, self.info, num_pipelines, step, pos)
+        plan = resume.plan_resume(self.inputs, self.info, num_pipelines, step, pos)
         after = self._topology()
         if before != after:
             self._announce_topology(step, before, after, pos)
