@@ -5,7 +5,8 @@ cache on or off, shuffle buffer and tf.data service workers: epoch ``e`` of ever
 ``[e*E, (e+1)*E)`` of its stream (E = records // pipelines), and the pipelines' epochs together hold every
 record of the split once, except at most ``pipelines - 1`` left out as the remainder. A run resumed at any
 step yields exactly the records the uninterrupted run yields from that step on (with a tf.data service, the
-same count per epoch; see pipeline._service_epochs).
+same count per epoch; see pipeline._service_epochs). A run resumed inside an epoch on another number of
+pipelines (once or twice) feeds the rest of that epoch each record once, then ordinary epochs (data/resume.py).
 
 Records are told apart by their label: each record's label is its index in the split.
 """
