@@ -50,7 +50,8 @@ def test_acceptance_command_writes_results_and_ratio(tmp_path):
         assert r["step_time_ms"] == pytest.approx(1000 * 32 / r["examples_per_sec"], rel=1e-6)
         assert len(r["window_cpu_seconds"]) == 3 and r["cpu_ms_per_step"] > 0
         assert r["memory_kind"] == "host_peak_rss_bytes" and r["peak_memory_bytes"] > 50 * 2**20
-        assert r["mfu"] is None  # no known peak on a CPU
+        # the CPU's peak is the matmul probe's in the same process; a small model reaches a fraction of it
+        assert r["peak_source"].startswith("CPU ") and 0 < r["mfu"] < 1.5 and r["achieved_tflops"] > 0
         # Two 3x3 convs (16x16x32 from 3 channels, 8x8x64 from 32) and a 64x10 dense layer.
         assert r["macs_per_example"] == 16 * 16 * 32 * 27 + 8 * 8 * 64 * 288 + 64 * 10
     assert by_name["tfgpu"]["strategy"] == "one_device" and by_name["tfgpu"]["steps_per_loop"] == 5

@@ -8,12 +8,13 @@ import hypothesis
 import hypothesis.strategies as st
 import pytest
 
+from tests.conftest import REPO
 from tfgpu import audit_input, benchmark, cli, evaluate, export, sample, train
 from tfgpu import config as config_lib
 from tfgpu.models import registry  # noqa: F401 - imports TensorFlow (which raises the recursion limit) up front
 
 COMMANDS = ("train", "evaluate", "export", "sample", "benchmark", "audit_input", "launch", "convert", "doctor",
-            "report")
+            "report", "plan")
 # Options a command requires, so that the flag under test is the first thing wrong.
 REQUIRED = {"evaluate": ["--model_dir=/nonexistent/run"], "export": ["--model_dir=/nonexistent/run"],
             "sample": ["--model_dir=/nonexistent/run"], "report": ["--model_dir=/nonexistent/run"],
@@ -150,3 +151,126 @@ def test_flagfile_errors_name_the_file(tmp_path, content, message):
     with pytest.raises(cli.ConfigError, match=message) as e:
         cli.expand_flagfiles([f"--flagfile={tmp_path / 'self.flags'}"])
     assert e.value.flag == "flagfile" and str(tmp_path / "self.flags") in str(e.value)
+
+
+# How an include line can name the same file: as written, with ./, through its directory from the side, absolute,
+# and through a symlink. Every spelling must be recognised as the same file.
+INCLUDE_SPELLINGS = ("plain", "dot", "via_parent", "absolute", "symlink")
+
+
+def _include(tmp_path, target: str, spelling: str) -> str:
+    """The text after --flagfile= that names ``tmp_path/target`` from a file in ``tmp_path``."""
+    if spelling == "dot":
+        return f"./{target}"
+    if spelling == "via_parent":
+        return f"../{tmp_path.name}/{target}"
+    if spelling == "absolute":
+        return str(tmp_path / target)
+    if spelling == "symlink":
+        link = tmp_path / f"link-to-{target}"
+        if not link.is_symlink():
+            link.symlink_to(tmp_path / target)
+        return link.name
+    return target
+
+
+@pytest.mark.parametrize("spelling", INCLUDE_SPELLINGS)
+def test_a_flagfile_including_itself_is_named_under_any_spelling(tmp_path, spelling):
+    (tmp_path / "self.flags").write_text(f"--seed=1\n--flagfile={_include(tmp_path, 'self.flags', spelling)}\n")
+    with pytest.raises(cli.ConfigError, match="self.flags includes itself") as e:
+        cli.expand_flagfiles([f"--flagfile={tmp_path / 'self.flags'}"])
+    assert e.value.flag == "flagfile"
+
+
+@pytest.mark.parametrize("spelling", INCLUDE_SPELLINGS)
+def test_an_include_cycle_through_another_file_names_the_files(tmp_path, spelling):
+    (tmp_path / "a.flags").write_text("--flagfile=b.flags\n")
+    (tmp_path / "b.flags").write_text(f"--flagfile={_include(tmp_path, 'a.flags', spelling)}\n")
+    with pytest.raises(cli.ConfigError) as e:
+        cli.expand_flagfiles([f"--flagfile={tmp_path / 'a.flags'}"])
+    message = str(e.value)
+    assert message.startswith(f"--flagfile: {tmp_path / 'a.flags'} includes itself through ")
+    assert message.split(" through ")[1].split(" -> ")[0] == str(tmp_path / "b.flags")
+
+
+def test_a_relative_flagfile_from_another_working_directory_names_its_cycle(tmp_path, monkeypatch):
+    (tmp_path / "flags").mkdir()
+    (tmp_path / "cwd").mkdir()
+    (tmp_path / "flags" / "a.flags").write_text("--flagfile=./b.flags\n")
+    (tmp_path / "flags" / "b.flags").write_text("--flagfile=../flags/a.flags\n")
+    monkeypatch.chdir(tmp_path / "cwd")
+    with pytest.raises(cli.ConfigError, match=r"^--flagfile: ../flags/a.flags includes itself through "
+                                              r"../flags/b.flags -> ../flags/a.flags$"):
+        cli.expand_flagfiles(["--flagfile=../flags/a.flags"])
+
+
+def test_a_missing_nested_flagfile_names_the_including_line(tmp_path):
+    (tmp_path / "job.flags").write_text("--seed=1\n--flagfile=base.flags\n")
+    with pytest.raises(cli.ConfigError, match=r"job.flags line 2: 'base.flags' does not exist"):
+        cli.expand_flagfiles([f"--flagfile={tmp_path / 'job.flags'}"])
+
+
+@hypothesis.settings(max_examples=40, deadline=None)
+@hypothesis.given(includes=st.lists(st.lists(st.tuples(st.integers(0, 3), st.sampled_from(INCLUDE_SPELLINGS)),
+                                             max_size=3), min_size=4, max_size=4))
+def test_flagfile_includes_expand_depth_first_or_name_a_cycle(includes):
+    """Four flagfiles, each with its own --seed line and includes of the others under any spelling: the
+    expansion is the depth-first walk (diamonds read twice), or, when the walk from f0 meets a file already on
+    its path, one ConfigError naming that file."""
+    with tempfile.TemporaryDirectory() as tmp:
+        import pathlib
+
+        tmp_path = pathlib.Path(tmp)
+        for index, targets in enumerate(includes):
+            lines = [f"--seed={index}"] + [f"--flagfile={_include(tmp_path, f'f{t}.flags', s)}" for t, s in targets]
+            (tmp_path / f"f{index}.flags").write_text("\n".join(lines) + "\n")
+
+        def walk(index, path):
+            if index in path:
+                return index
+            expanded = [f"--seed={index}"]
+            for target, _ in includes[index]:
+                found = walk(target, path + (index,))
+                if isinstance(found, int):
+                    return found
+                expanded += found
+            return expanded
+
+        expected = walk(0, ())
+        if isinstance(expected, int):
+            with pytest.raises(cli.ConfigError, match=f"f{expected}.flags includes itself"):
+                cli.expand_flagfiles([f"--flagfile={tmp_path / 'f0.flags'}"])
+        else:
+            assert cli.expand_flagfiles([f"--flagfile={tmp_path / 'f0.flags'}"]) == expected
+
+
+@pytest.mark.parametrize("name", ["train", "benchmark", "plan", "evaluate"])
+def test_list_recipes_shows_every_installed_recipe_in_one_line_and_exits_0(name, capsys):
+    code, out, _ = run_main(name, REQUIRED.get(name, []) + ["--list_recipes"], capsys)
+    lines = out.strip().splitlines()
+    assert code == 0 and len(lines) == len(cli.recipes()) >= 3
+    assert any(line.startswith("quickstart ") and "ResNet-20" in line for line in lines)
+    assert all(len(line) <= 130 for line in lines)
+
+
+def test_a_recipe_is_the_shipped_flagfile_and_a_flagfile_can_start_from_one(tmp_path):
+    assert cli.expand_flagfiles(["--recipe=quickstart"]) == cli.expand_flagfiles(
+        [f"--flagfile={os.path.join(REPO, 'configs', 'quickstart.flags')}"])
+    (tmp_path / "mine.flags").write_text("--recipe=quickstart\n--epochs=2\n")
+    config = train.parse([f"--flagfile={tmp_path / 'mine.flags'}", f"--model_dir={tmp_path}", "--seed=7"])
+    assert (config.epochs, config.seed, config.model, config.dataset) == (2.0, 7, "resnet20", "digits")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--recipe=quickstrat"], "error: --recipe: unknown recipe 'quickstrat' (did you mean quickstart?); installed: "),
+    (["--recipe"], "error: --recipe: expects a name: --recipe=NAME (--list_recipes shows them)"),
+])
+def test_an_unknown_recipe_is_one_line_naming_the_close_one(argv, message, capsys):
+    code, _, err = run_main("train", ["--model_dir=/nonexistent/run"] + argv, capsys)
+    assert code == 1 and len(err) == 1 and err[0].startswith(message), err
+
+
+def test_an_unknown_recipe_in_a_flagfile_names_the_file_and_line(tmp_path):
+    (tmp_path / "job.flags").write_text("--seed=1\n--recipe=nope\n")
+    with pytest.raises(cli.ConfigError, match=r"job.flags line 2: unknown recipe 'nope'"):
+        cli.expand_flagfiles([f"--flagfile={tmp_path / 'job.flags'}"])

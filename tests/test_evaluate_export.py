@@ -98,3 +98,46 @@ np.save("{tmp_path}/served.npy", served.numpy()); np.save("{tmp_path}/loaded.npy
         exported = np.load(tmp_path / name)
         np.testing.assert_allclose(exported, reference, atol=1e-2, err_msg=name)
         np.testing.assert_array_equal(exported.argmax(-1), reference.argmax(-1))
+
+
+def _foreign_checkpoint(directory) -> str:
+    """A checkpoint a TensorFlow user wrote (not tfgpu) of a classifier shaped like the run's but with a 5-class
+    head: every item of a run's checkpoint is there, the head does not fit."""
+    import keras
+    import tensorflow as tf
+
+    model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(5)])
+    root = tf.train.Checkpoint(step=tf.Variable(30, dtype=tf.int64), model=model,
+                               optimizer=keras.optimizers.SGD())
+    return tf.train.CheckpointManager(root, str(directory), max_to_keep=1).save()
+
+
+@pytest.mark.parametrize("command, checkpoint, message", [
+    ("evaluate", "foreign", "does not fit the model built here: "),
+    ("export", "a file", "is not a readable checkpoint (Unable to open table file"),
+])
+def test_a_checkpoint_that_is_not_the_runs_is_one_line_naming_it(trained, data_cache, tmp_path, capsys, monkeypatch,
+                                                                 command, checkpoint, message):
+    """Before: a ValueError traceback (another model), or a silent evaluation of freshly initialised weights (a
+    checkpoint of another task restored with expect_partial)."""
+    import importlib
+
+    from tests.conftest import process_state_restored
+
+    model_dir, _ = trained
+    if checkpoint == "foreign":
+        path = _foreign_checkpoint(tmp_path)
+    else:
+        path = str(tmp_path / "notes.txt")
+        with open(path, "w") as f:
+            f.write("not a checkpoint\n")
+    output = [f"--output={tmp_path / 'm.keras'}"] if command == "export" else []
+    monkeypatch.setenv("TFGPU_DATA_CACHE", data_cache)
+    with process_state_restored():
+        code = importlib.import_module(f"tfgpu.{command}").main([f"--model_dir={model_dir}", f"--checkpoint={path}",
+                                                                 *output])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 1 and len(errors) == 1, err
+    assert errors[0].startswith("error: --checkpoint: ") and path in errors[0] and message in errors[0]
+    assert "Traceback" not in err

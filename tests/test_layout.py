@@ -4,7 +4,7 @@ import pathlib
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "tfgpu"
 COMMANDS = {"train", "evaluate", "export", "sample", "convert", "launch", "benchmark", "doctor", "report",
-            "audit_input"}
+            "audit_input", "plan"}
 
 
 def _modules() -> dict:

@@ -232,3 +232,32 @@ def test_undecodable_image_in_a_run_exits_1_naming_the_record(run_train, tmp_pat
                      timeout=300)
     assert proc.returncode == 1 and "Traceback" not in proc.output, proc.output[-3000:]
     assert f"error: --data_dir: {shard}: record 1 holds an image that does not decode" in proc.output
+
+
+FAKE_TENSORFLOW = "raise ImportError('tensorflow was imported')\n"
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["--recipe=quickstart", "--epochz=3"], "error: --epochz: unknown flag for python -m tfgpu.train (did you mean "
+                                            "--epochs?)"),
+    (["--recipe=quickstart", "--epochs=-3"], "error: --epochs: must be positive when --train_steps is 0, got -3.0"),
+    (["--flagfile=missing.flags"], "error: --flagfile: file 'missing.flags' does not exist"),
+    (["--recipe=quickstart", "--precision=fp8"], "error: --precision: 'fp8' is not one of"),
+])
+def test_a_bad_flag_or_value_is_one_line_before_tensorflow_is_imported(tmp_path, argv, error):
+    """From an empty directory, with a `tensorflow` that fails on import first on the path: the error must be the
+    flag's, so no TensorFlow (seconds of start-up and its C++ lines) comes before it."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    fake = tmp_path / "fake"
+    (fake / "tensorflow").mkdir(parents=True)
+    (fake / "tensorflow" / "__init__.py").write_text(FAKE_TENSORFLOW)
+    (tmp_path / "empty").mkdir()
+    proc = subprocess.run([sys.executable, "-m", "tfgpu.train", f"--model_dir={tmp_path / 'run'}", *argv],
+                          cwd=tmp_path / "empty", env={**os.environ, "PYTHONPATH": f"{fake}{os.pathsep}{REPO}"},
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert proc.returncode == 1 and proc.stdout.strip().startswith(error), proc.stdout
+    assert len(proc.stdout.strip().splitlines()) == 1, proc.stdout

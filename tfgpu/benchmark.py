@@ -125,6 +125,30 @@ def _run_case(spec: str) -> int:
     return 0
 
 
+def from_recipe(argv: list, declared: set) -> list:
+    """``argv`` with ``--recipe=NAME`` replaced by what a benchmark measures of that training recipe: its model,
+    data, precision and strategy flags, and its --global_batch_size as --batch_size; its schedule (epochs,
+    learning rate, evaluation, ...) does not apply to a benchmark and is named in one line. The command line
+    wins over the recipe."""
+    kept, unused, rest = [], [], []
+    for arg in argv:
+        if not arg.startswith("--recipe="):
+            rest.append(arg)
+            continue
+        for flag in cli.expand_flagfiles([arg]):
+            name, _, value = flag.lstrip("-").partition("=")
+            if name == "global_batch_size":
+                kept.append(f"--batch_size={value}")
+            elif name in declared:
+                kept.append(flag)
+            else:
+                unused.append(name)
+    if unused:
+        print(f"benchmark: the recipe's schedule and outputs do not apply to a benchmark: "
+              f"{', '.join(sorted(set(unused)))}", file=sys.stderr)
+    return kept + rest
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if cli.wants_help(argv):
@@ -132,6 +156,7 @@ def main(argv=None) -> int:
         return 0
     try:
         p = parser()
+        argv = from_recipe(argv, {a.dest for a in p._actions})
         opts = p.parse_args(argv)
         if opts._case:
             return _run_case(opts._case)

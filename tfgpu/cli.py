@@ -6,7 +6,8 @@ builds a ``cli.ArgumentParser``:
 - a bad flag is one line, ``error: --flag: reason`` (a ``ConfigError``), exit 1, before any heavy work;
   flags are never abbreviated, and an unknown flag suggests the close names;
 - ``--flagfile=F`` (one ``--flag=value`` per line, ``#`` comments, nested flagfiles resolved next to the
-  including file) is expanded before the command line, so the command line always wins;
+  including file, an include cycle named by its files) is expanded before the command line, so the command
+  line always wins;
 - ``add_config_flags`` declares ``Config`` fields as flags from ``config.py``'s own metadata (type, help,
   choices, group), so a shared option is declared once: train takes all of them, evaluate/export/sample/
   audit_input take them as overrides of a run's config, benchmark takes the model, data, precision and
@@ -29,12 +30,56 @@ __all__ = ["ArgumentParser", "ConfigError", "expand_flagfiles", "resolve", "want
 
 HELP_FLAGS = ("-h", "--help", "--helpfull", "--helpshort", "-help")
 _FIELDS = {f.name: f for f in config_lib.fields()}
+# The recipes that ship with the package: the repository's configs/ (tfgpu/recipes links to it; a wheel holds
+# the files themselves).
+RECIPES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "recipes")
 
 
-def _read_flagfile(path: str, seen: tuple) -> list:
-    """Arguments of a flagfile, nested flagfiles expanded in place."""
-    if path in seen:
-        raise ConfigError("flagfile", f"{path} includes itself")
+def recipes() -> dict:
+    """Installed recipe name -> its summary: the first sentence of its header comment, cut to one line."""
+    found = {}
+    for name in sorted(os.listdir(RECIPES_DIR)) if os.path.isdir(RECIPES_DIR) else ():
+        if name.endswith(".flags"):
+            header = []
+            with open(os.path.join(RECIPES_DIR, name), encoding="utf-8") as f:
+                for line in f:
+                    if not line.startswith("#") or not line.lstrip("#").strip():
+                        break
+                    header.append(line.lstrip("#").strip())
+            sentence = re.split(r"(?<=\.)\s(?=[A-Z(])", " ".join(header), maxsplit=1)[0]
+            found[name[:-len(".flags")]] = sentence if len(sentence) <= 100 else sentence[:97].rstrip() + "..."
+    return found
+
+
+def recipe_path(name: str) -> str:
+    """The installed recipe ``name``'s flagfile; ConfigError naming --recipe and the recipes there are."""
+    known = recipes()
+    if name not in known:
+        close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ConfigError("recipe", f"unknown recipe {name!r}{hint}; installed: {', '.join(known) or 'none'} "
+                          "(--list_recipes says what each trains)")
+    return os.path.join(RECIPES_DIR, f"{name}.flags")
+
+
+def format_recipes() -> str:
+    """``--list_recipes``: one line per installed recipe."""
+    known = recipes()
+    width = max(map(len, known), default=0)
+    return "\n".join(f"{name.ljust(width)}  {summary}" for name, summary in known.items()) or "no recipes installed"
+
+
+def _read_flagfile(path: str, chain: tuple = (), named: str = "") -> list:
+    """Arguments of a flagfile, nested flagfiles expanded in place. ``chain`` holds the (real path, path) of the
+    files that include this one, outermost first, ``named`` what the including line wrote. Files are compared
+    by real path, so ``./a.flags``, ``../dir/a.flags`` and a symlink to it are one file and an include cycle is
+    named, not recursed into; a file included twice but not inside itself (a diamond) is read twice."""
+    real = os.path.realpath(path)
+    for index, (included_real, included) in enumerate(chain):
+        if included_real == real:
+            through = [os.path.normpath(p) for _, p in chain[index + 1:]] + [os.path.normpath(path)]
+            cycle = f" through {' -> '.join(through)}" if len(through) > 1 else f" (--flagfile={named})"
+            raise ConfigError("flagfile", f"{included} includes itself{cycle}")
     if not os.path.isfile(path):
         raise ConfigError("flagfile", f"file {path!r} does not exist")
     try:
@@ -53,29 +98,49 @@ def _read_flagfile(path: str, seen: tuple) -> list:
             raise ConfigError("flagfile", f"{path} line {number}: {line[:80]!r} is not a --flag=value line")
         if line.startswith("--flagfile="):
             nested = line.split("=", 1)[1]
-            local = os.path.join(os.path.dirname(path), nested)
-            args += _read_flagfile(local if os.path.isfile(local) else nested, seen + (path,))
+            args += _read_flagfile(_nested_path(path, number, nested), chain + ((real, path),), nested)
+        elif line.startswith("--recipe="):
+            name = line.split("=", 1)[1]
+            try:
+                args += _read_flagfile(recipe_path(name), chain + ((real, path),), f"recipe {name}")
+            except ConfigError as e:
+                raise ConfigError(e.flag, f"{path} line {number}: {e.reason}") from None
         else:
             args.append(line)
     return args
 
 
+def _nested_path(including: str, number: int, nested: str) -> str:
+    """Where ``--flagfile=nested`` on line ``number`` of ``including`` points: next to the including file,
+    else (as absl reads it) from the working directory; ConfigError naming the line when neither exists."""
+    local = os.path.join(os.path.dirname(including), nested)
+    if os.path.isfile(local) or os.path.isabs(nested):
+        return local
+    if os.path.isfile(nested):
+        return nested
+    raise ConfigError("flagfile", f"{including} line {number}: {nested!r} does not exist (looked next to "
+                      f"{including} and in the working directory)")
+
+
 def expand_flagfiles(argv: list) -> list:
-    """Moves every flagfile's contents before the command-line flags, so the command line always wins."""
+    """Moves every flagfile's (and recipe's) contents before the command-line flags, in the order given, so the
+    command line always wins and a later flagfile overrides an earlier recipe."""
+    readers = {"flagfile": _read_flagfile, "recipe": lambda name: _read_flagfile(recipe_path(name))}
     from_files, command_line = [], []
     i = 0
     while i < len(argv):
         arg = argv[i]
-        if arg in ("--flagfile", "-flagfile"):
-            if i + 1 >= len(argv):
-                raise ConfigError("flagfile", "expects a file: --flagfile=PATH")
-            from_files += _read_flagfile(argv[i + 1], ())
-            i += 2
-            continue
-        if arg.startswith(("--flagfile=", "-flagfile=")):
-            from_files += _read_flagfile(arg.split("=", 1)[1], ())
-        else:
+        name = arg.lstrip("-").split("=", 1)[0] if arg.startswith("-") else ""
+        if name not in readers:
             command_line.append(arg)
+        elif "=" in arg:
+            from_files += readers[name](arg.split("=", 1)[1])
+        elif i + 1 >= len(argv):
+            raise ConfigError(name, "expects a file: --flagfile=PATH" if name == "flagfile" else
+                              "expects a name: --recipe=NAME (--list_recipes shows them)")
+        else:
+            from_files += readers[name](argv[i + 1])
+            i += 1
         i += 1
     return from_files + command_line
 
@@ -114,6 +179,14 @@ class _ConfigFlag(argparse.Action):
         if choices and value not in choices:
             raise ConfigError(self.dest, f"{value!r} is not one of {', '.join(map(str, choices))}")
         namespace.config_flags[self.dest] = value
+
+
+class _ListRecipes(argparse.Action):
+    """``--list_recipes``: prints them and exits 0, as ``--help`` does."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(format_recipes())
+        parser.exit(0)
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -159,6 +232,11 @@ class ArgumentParser(argparse.ArgumentParser):
         self.add_argument("--flagfile", default=argparse.SUPPRESS, metavar="FILE",
                           help="Read --flag=value lines from FILE (nested flagfiles allowed); the command line "
                                "wins over it.")
+        self.add_argument("--recipe", default=argparse.SUPPRESS, metavar="NAME",
+                          help="An installed recipe's flags, read as a flagfile (a flagfile may start from one "
+                               "with a --recipe=NAME line and override it).")
+        self.add_argument("--list_recipes", nargs=0, action=_ListRecipes, default=argparse.SUPPRESS,
+                          help="Show the installed recipes, one line each, and exit.")
         self.config_defaults = {}  # Config field -> this command's default where it differs from the field's
         self._groups = {}
 
@@ -226,9 +304,10 @@ class ArgumentParser(argparse.ArgumentParser):
         return {**self.config_defaults, **namespace.config_flags}
 
 
-def resolve(namespace, yaml_path: str = "", **fixed) -> config_lib.Config:
-    """The validated Config of a parsed command line: defaults < YAML < flags given < ``fixed``."""
-    return config_lib.resolve({**namespace.config_flags, **fixed}, yaml_path)
+def resolve(namespace, yaml_path: str = "", references: bool = True, **fixed) -> config_lib.Config:
+    """The validated Config of a parsed command line: defaults < YAML < flags given < ``fixed`` (``references``:
+    as ``config.resolve``)."""
+    return config_lib.resolve({**namespace.config_flags, **fixed}, yaml_path, references)
 
 
 def wants_help(argv) -> bool:

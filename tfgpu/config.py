@@ -87,6 +87,10 @@ class Config:
     jit_compile: bool = _opt(False, "Classification: compile each replica's forward and backward pass with XLA, "
                              "under every strategy (not on logical CPU devices, nor with --sync_batch_norm over "
                              "several replicas). The GAN task does not compile with XLA.", "precision")
+    allreduce_dtype: str = _opt("float32", "Dtype gradients cross the wire in: each replica's float32 gradients are "
+                                "cast to it before the cross-replica sum and back after (bfloat16 or float16 halve "
+                                "the bytes; float16 sums that overflow skip the step like any non-finite gradient). "
+                                "No effect with one replica.", "precision", ("float32", "bfloat16", "float16"))
     initial_loss_scale: float = _opt(32768.0, "Starting dynamic loss scale for mixed_float16.", "precision")
     loss_scale_growth_steps: int = _opt(2000, "Finite steps before the float16 loss scale doubles.", "precision")
     # -- data ---------------------------------------------------------------
@@ -235,12 +239,14 @@ class Config:
         return {"float32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}[self.precision]
 
     def validate(self) -> "Config":
-        """Checks values that need no runtime; raises ConfigError naming the flag."""
+        """``check_values``, then ``check_references``; raises ConfigError naming the flag."""
+        return self.check_values().check_references()
+
+    def check_values(self) -> "Config":
+        """Checks the values themselves, importing nothing (no TensorFlow): a mistake is one line in well under a
+        second; raises ConfigError naming the flag."""
         if not self.model_dir:
             raise ConfigError("model_dir", "is required (where checkpoints and metrics go)")
-        from tfgpu.runtime import fileio  # a scheme the installed TensorFlow lacks fails here, in one line
-
-        fileio.check_schemes({f: getattr(self, f) for f in ("model_dir", "data_dir", "data_cache_dir")})
         for name in ("global_batch_size", "steps_per_loop", "keep_checkpoints", "grad_accum_steps", "n_critic",
                      "latent_dim", "fid_num_samples", "max_nonfinite_steps"):
             if getattr(self, name) <= 0:
@@ -253,10 +259,6 @@ class Config:
                 raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
         if self.train_steps == 0 and self.epochs <= 0:
             raise ConfigError("epochs", f"must be positive when --train_steps is 0, got {self.epochs}")
-        if self.target:  # the metric is checked against the task's declarations when the trainer is built
-            from tfgpu.training import target
-
-            target.parse(self.target)
         if self.base_learning_rate <= 0:
             raise ConfigError("base_learning_rate", f"must be positive, got {self.base_learning_rate}")
         if not 0 <= self.label_smoothing < 1:
@@ -297,6 +299,18 @@ class Config:
             choices = f.metadata.get("choices")
             if choices and getattr(self, f.name) not in choices:
                 raise ConfigError(f.name, f"{getattr(self, f.name)!r} is not one of {', '.join(map(str, choices))}")
+        return self
+
+    def check_references(self) -> "Config":
+        """Checks what the values name: file system schemes, the --target metric's form, the model (a user's
+        MODULE:FUNCTION is imported) and GAN builders. Imports TensorFlow; raises ConfigError naming the flag."""
+        from tfgpu.runtime import fileio  # a scheme the installed TensorFlow lacks fails here, in one line
+
+        fileio.check_schemes({f: getattr(self, f) for f in ("model_dir", "data_dir", "data_cache_dir")})
+        if self.target:  # the metric is checked against the task's declarations when the trainer is built
+            from tfgpu.training import target
+
+            target.parse(self.target)
         from tfgpu.models.registry import get_spec  # cheap: no TensorFlow work
         try:
             get_spec(self.model)  # a user's MODULE:FUNCTION is imported here (tfgpu.models.user)
@@ -343,6 +357,7 @@ class RuntimeConfig(Section):
 class PrecisionConfig(Section):
     """The dtype policy and loss scaling an optimizer is wrapped with (runtime/precision.py)."""
     precision: str
+    allreduce_dtype: str
     initial_loss_scale: float
     loss_scale_growth_steps: int
 
@@ -493,8 +508,9 @@ def load_yaml(path: str) -> dict:
     return data
 
 
-def resolve(explicit: dict, yaml_path: str = "") -> Config:
-    """Builds the validated Config: defaults < YAML < ``explicit`` (flagfile + command line)."""
+def resolve(explicit: dict, yaml_path: str = "", references: bool = True) -> Config:
+    """Builds the validated Config: defaults < YAML < ``explicit`` (flagfile + command line). ``references``
+    False checks the values alone (``Config.check_values``: nothing imported); call ``check_references`` after."""
     values = {}
     if yaml_path:
         for name, value in load_yaml(yaml_path).items():
@@ -509,7 +525,8 @@ def resolve(explicit: dict, yaml_path: str = "") -> Config:
     for name in user.FLAGS:
         if name in values:
             values[name] = user.absolute(values[name])
-    return Config(**values).validate()
+    config = Config(**values)
+    return config.validate() if references else config.check_values()
 
 
 def save_yaml(config: Config, path: str) -> None:

@@ -4,8 +4,9 @@ Rebuilds the run's model, restores the latest (or a given) checkpoint and saves
 it in a form that loads without tfgpu: a ``.keras`` file (``keras.saving.load_model``)
 or a TensorFlow SavedModel with a ``serve`` signature (``tf.saved_model.load``,
 TF Serving). A classifier takes float32 NHWC images in the run's --input_range
-(default -1,1) and returns float32 logits, whatever precision the run trained
-in; a GAN's generator returns float32 images in [-1, 1]. Beside the model,
+(default -1,1) and returns float32 logits (probabilities when the model ends in a
+softmax), whatever precision the run trained in; a GAN's generator returns float32
+images in [-1, 1] (unbounded when it does not end in tanh). Beside the model,
 ``<name>.input.json`` states its input (shape, dtype, range, how to scale uint8
 pixels) and output, and the command's last line repeats the range. ``--model_dir``
 and ``--output`` may be local or any path TensorFlow opens (``gs://``, ``ram://``).
@@ -51,8 +52,9 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     save(built.task, opts.format, output)
-    path = write_description(config, built.info, output)
-    print(f"exported step {step} to {output}; {summary(describe(config, built.info))}, described in {path}")
+    facts = built.task.model_facts()
+    path = write_description(config, built.info, output, facts)
+    print(f"exported step {step} to {output}; {summary(describe(config, built.info, facts))}, described in {path}")
     return 0
 
 

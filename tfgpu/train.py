@@ -14,7 +14,9 @@ PROCESS_STARTED = time.time()  # as early as this command can know it: --target'
 import os  # noqa: E402
 import sys  # noqa: E402
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported anywhere
+# Before TensorFlow is imported anywhere; a level the user set also shows TensorFlow's start-up lines.
+USER_TF_LOG_LEVEL = os.environ.get("TF_CPP_MIN_LOG_LEVEL")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from tfgpu import cli  # noqa: E402
 from tfgpu.runtime import logs, process_exit  # noqa: E402
@@ -79,13 +81,22 @@ def main(argv=None) -> int:
     logs.setup()
     startup = PhaseTimer(started_at)
     startup.mark("imports")  # Python and tfgpu's command line
-    # Checking the flags imports the model registry, and with it Keras and TensorFlow: their own phase of the
-    # startup record (seconds), not hidden in the check's.
-    import keras  # noqa: F401
+    try:
+        # What needs no TensorFlow first (flags, flagfiles, recipes, YAML, types, choices, ranges): a mistake there
+        # is one line in well under a second.
+        namespace = parser().parse_args(argv)
+        config = cli.resolve(namespace, namespace.config, references=False)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    # Checking what the values name imports the model registry, and with it Keras and TensorFlow: their own phase
+    # of the startup record (seconds), not hidden in the check's.
+    with logs.quiet_native_startup(show=USER_TF_LOG_LEVEL is not None):
+        import keras  # noqa: F401
 
     startup.mark("tensorflow_import")
     try:
-        config = parse(argv)
+        config.check_references()
         from tfgpu.runtime import cluster
 
         cluster.resolve_for_run(config.cluster, config.distribution_strategy)  # before model_dir is touched

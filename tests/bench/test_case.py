@@ -47,3 +47,10 @@ def test_tfgpu_input_to_device_follows_the_iterator_the_loop_reads():
     one_gpu = SimpleNamespace(devices=(gpu,), num_replicas=1, num_workers=1)
     assert case.tfgpu_input_to_device(one_cpu) == "host memory (CPU device; the dataset's own iterator)"
     assert case.tfgpu_input_to_device(one_gpu) == "prefetched by the strategy's distributed dataset"
+
+
+def test_the_cpu_peak_is_a_matmul_probe_in_the_policy_dtype():
+    from tfgpu.bench.case import cpu_matmul_peak_tflops
+
+    tflops, label = cpu_matmul_peak_tflops("mixed_bfloat16", size=256, seconds=0.1)
+    assert tflops > 0.001 and label.startswith("CPU bfloat16 matmul probe (256x256")

@@ -29,3 +29,18 @@ def test_table_names_the_xla_scope_and_ratios_carry_their_spread():
     assert "  tfgpu:mixed_bfloat16/float32 = 1.200 (1 repeat: no spread; --repeats=3 or more to tell a trend from " \
            "noise)" in lines
     assert "precision auto = float32 (no bf16 here)" in lines
+
+
+def test_compute_lines_give_flops_per_example_achieved_and_percent_of_the_probed_peak():
+    from tfgpu.bench import stats
+
+    rows = [_row("tfgpu", "none", 1000.0, macs_per_example=2_000_000, peak_tflops_per_device=0.1, num_devices=1,
+                 peak_source="CPU float32 matmul probe (1024x1024, this process)"),
+            _row("keras_fit", "none", 500.0, macs_per_example=2_000_000, peak_tflops_per_device=0.1, num_devices=1,
+                 peak_source="CPU float32 matmul probe (1024x1024, this process)")]
+    for r in rows:
+        stats.add_mfu(r)
+    text = report.format_report({"environment": {}, "results": rows, "ratios": {}})
+    assert ("compute: tfgpu float32 batch 128: 12.0 MFLOP per training example (3 x forward), 0.012 TFLOP/s "
+            "achieved of 0.1 TFLOP/s peak (CPU float32 matmul probe (1024x1024, this process)): 12.0%") in text
+    assert "compute: keras_fit float32 batch 128: 12.0 MFLOP" in text and "6.0%" in text

@@ -1,6 +1,7 @@
 """Fixtures for converter tests: tiny real sources built on the fly (PIL images, CSV, .npz, a local TFDS builder)."""
 import io
 import os
+import subprocess
 
 import numpy as np
 import pytest
@@ -101,3 +102,23 @@ def png_bytes(array):
     buf = io.BytesIO()
     Image.fromarray(array).save(buf, format="PNG")
     return buf.getvalue()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """``small_disk(kib)`` mounts a tmpfs of that size (a disk that really fills up) and returns its path; unmounted
+    afterwards. Skips the test where mounting is not permitted (not root, no CAP_SYS_ADMIN)."""
+    mounted = []
+
+    def mount(kib, name="disk"):
+        path = tmp_path / name
+        path.mkdir()
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(path)],
+                          capture_output=True).returncode:
+            pytest.skip("mounting a tmpfs is not permitted here")
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in mounted:
+        subprocess.run(["umount", str(path)], capture_output=True)

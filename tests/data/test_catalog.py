@@ -1,8 +1,15 @@
 """tfgpu.data.catalog: built-in datasets are converted once into the data cache by tfgpu's converter, also when processes race."""
+import collections
 import json
+import os
+import shutil
 import threading
 
-from tfgpu.config import Config
+import pytest
+
+from tests.data.conftest import _tfds_builder_class, tiny_tfds_examples
+from tests.data.test_convert import read_back
+from tfgpu.config import Config, ConfigError
 from tfgpu.data import catalog, tfrecord
 
 
@@ -27,7 +34,83 @@ def test_builtin_digits_is_converted_once_by_the_converter_even_when_two_runs_st
     assert not errors
     assert [i.split_sizes for i in infos] == [{"train": 1438, "val": 359}] * 2
     assert sum("converted digits to" in r.getMessage() for r in caplog.records) == 1
-    with open(tmp_path / "cache" / f"digits-v{tfrecord.FORMAT_VERSION}" / tfrecord.MANIFEST) as f:
+    assert infos[0].directory == infos[1].directory
+    assert os.path.basename(infos[0].directory).startswith(f"digits-v{tfrecord.FORMAT_VERSION}-")
+    with open(os.path.join(infos[0].directory, tfrecord.MANIFEST)) as f:
         manifest = json.load(f)
     assert manifest["name"] == "digits" and manifest["converter"]["fingerprint"]
     assert {s: e["num_examples"] for s, e in manifest["splits"].items()} == {"train": 1438, "val": 359}
+
+
+def test_a_full_data_cache_is_one_line_naming_the_cache_flag(tmp_path, small_disk):
+    """Issue 28 item 7 in the cache path: --dataset=digits converted into a --data_cache_dir without room for it."""
+    cache = small_disk(64)
+    config = Config(model_dir=str(tmp_path / "run"), dataset="digits", data_cache_dir=str(cache))
+    with pytest.raises(ConfigError) as error:
+        catalog.prepare(config)
+    assert error.value.flag == "data_cache_dir" and "\n" not in str(error.value)
+    assert str(error.value).startswith(f"--data_cache_dir: {cache}/digits-v{tfrecord.FORMAT_VERSION}-")
+    assert "MiB free but this conversion needs about" in str(error.value)
+
+
+# -- the TFDS cache is keyed by what the data is (issue 28 item 5) -------------------------------------------------
+
+def prepare_tiny_shapes(data_dir, train_seed, test_seed):
+    """Prepares tfgpu_tiny_shapes in ``data_dir`` from other random images than the shared ``tfds_dir`` holds."""
+    base = _tfds_builder_class()
+
+    class TfgpuTinyShapes(base, skip_registration=True):
+        def _split_generators(self, dl_manager):
+            return {"train": self._generate_examples(20, train_seed), "test": self._generate_examples(6, test_seed)}
+
+    TfgpuTinyShapes(data_dir=str(data_dir)).download_and_prepare()
+    return str(data_dir)
+
+
+def train_images(info):
+    return collections.Counter((label, image.tobytes()) for _, label, image, _ in read_back(info.directory, "train"))
+
+
+def expected_images(seed):
+    return collections.Counter((label, image.tobytes()) for image, label in tiny_tfds_examples(20, seed))
+
+
+def test_a_tfds_dataset_of_one_name_in_another_data_dir_or_prepared_again_is_converted_anew(tfds_dir, tmp_path):
+    """--dataset=tfds:NAME trains on the data --tfds_data_dir holds now: another data dir holding a dataset of the
+    same name, or the same data dir prepared again, gets its own cache copy; the earlier copy stays as it was."""
+    def prepare(data_dir):
+        return catalog.prepare(Config(model_dir="unused", dataset="tfds:tfgpu_tiny_shapes", tfds_data_dir=data_dir,
+                                      data_cache_dir=str(tmp_path / "cache")))
+
+    first = prepare(tfds_dir)
+    assert train_images(first) == expected_images(0)
+    other_dir = prepare_tiny_shapes(tmp_path / "b", 5, 6)
+    other = prepare(other_dir)
+    assert other.directory != first.directory and train_images(other) == expected_images(5)
+    assert prepare(tfds_dir).directory == first.directory  # converted once: the same data, the same copy
+
+    shutil.rmtree(os.path.join(other_dir, "tfgpu_tiny_shapes"))
+    prepare_tiny_shapes(other_dir, 7, 8)
+    again = prepare(other_dir)
+    assert again.directory not in (first.directory, other.directory) and train_images(again) == expected_images(7)
+    assert train_images(other) == expected_images(5)
+
+
+def test_a_cache_copy_recording_other_data_is_refused_in_one_line(tfds_dir, tmp_path):
+    """A cache directory whose dataset.json records another conversion than the flags name (copied in from another
+    machine, or written by another converter) is never used."""
+    config = Config(model_dir="unused", dataset="tfds:tfgpu_tiny_shapes", tfds_data_dir=tfds_dir,
+                    data_cache_dir=str(tmp_path / "cache"))
+    directory = catalog.prepare(config).directory
+    path = os.path.join(directory, tfrecord.MANIFEST)
+    with open(path) as f:
+        manifest = json.load(f)
+    manifest["converter"]["fingerprint"] = "0" * 64
+    with open(path, "w") as f:
+        json.dump(manifest, f)
+    with pytest.raises(ConfigError) as error:
+        catalog.prepare(config)
+    assert error.value.flag == "data_cache_dir" and "\n" not in str(error.value)
+    assert str(error.value) == (f"--data_cache_dir: {directory} is not the conversion --dataset=tfds:tfgpu_tiny_shapes"
+                                " names now: its dataset.json records other data or options (copied there, or made "
+                                "by another converter); remove it to convert again")

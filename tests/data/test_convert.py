@@ -1,7 +1,9 @@
 """The converter: every source kind, exact round trips, counts that add up, safe reruns and clear errors."""
 import collections
 import csv
+import errno
 import glob
+import json
 import os
 import signal
 import subprocess
@@ -435,6 +437,23 @@ def test_output_inside_the_source_folder_and_a_second_writer_are_refused(png_fol
     assert convert(f"--source={root}", f"--output_dir={out}")[0] == 0  # once the other one is gone
 
 
+def test_output_inside_a_symlinked_source_or_holding_the_source_is_refused(png_folder, tmp_path, capsys):
+    """Issue 28 item 6: --source given through a symlink and --output_dir inside it (or the reverse) is one line,
+    and nothing is written into the source."""
+    root, _ = png_folder
+    before = sorted(os.walk(root))
+    link, up = tmp_path / "link", tmp_path / "up"
+    os.symlink(root, link)
+    os.symlink(tmp_path, up)
+    for source, output, what in ((link, link / "tfr", "inside the source folder"),
+                                 (root, link / "tfr", "inside the source folder"),
+                                 (link, f"{root}/../pngs/x/..", "inside the source folder"),
+                                 (link, up, "holds the source folder")):
+        code, _, err = convert(f"--source={source}", f"--output_dir={output}", capsys=capsys)
+        assert code == 1 and one_error(err).startswith("error: --output_dir:") and what in err, (source, output)
+    assert sorted(os.walk(root)) == before
+
+
 # Slow (18 s): a killed conversion leaving nothing complete-looking and workers dying with their parent stay in
 # the default suite.
 @pytest.mark.slow
@@ -780,3 +799,72 @@ def test_rgba_npz_drops_alpha_as_the_docs_say(tmp_path, capsys):
     assert m["image_shape"]["channels"] == 3 and m["image_shape"]["channels_seen"] == {"3": 6}
     for filename, _, image, _ in read_back(str(out), "train"):
         np.testing.assert_array_equal(image, x[int(filename.split("/")[1])][..., :3])
+
+
+# -- a disk that fills up (issue 28 item 7) --------------------------------------------------------------------------
+
+def noise_npz(tmp_path, n=240, size=48):
+    """n random RGB images of size x size (raw: 6,912 bytes each, 1.6 MiB in all) in 3 classes."""
+    rng = np.random.default_rng(7)
+    x = rng.integers(0, 256, (n, size, size, 3), dtype=np.uint8)
+    y = np.arange(n) % 3
+    path = tmp_path / "noise.npz"
+    np.savez(path, x=x, y=y)
+    return path, collections.Counter((int(label), image.tobytes()) for image, label in zip(x, y))
+
+
+def test_a_disk_too_small_for_the_dataset_is_refused_before_writing(tmp_path, small_disk, capsys):
+    path, _ = noise_npz(tmp_path)
+    out = small_disk(1024) / "out"
+    code, _, err = convert(f"--source={path}", f"--output_dir={out}", "--image_format=raw", capsys=capsys)
+    line = one_error(err)
+    assert code == 1 and line.startswith(f"error: --output_dir: {out} has ") and "MiB free but this conversion " \
+        "needs about 1.6 MiB" in line
+    assert not shard_files(str(out)) and not os.path.exists(out / tfrecord.MANIFEST)
+
+
+def test_a_disk_filling_up_mid_conversion_is_one_line_and_a_rerun_rebuilds_every_image(tmp_path, small_disk, capsys,
+                                                                                       monkeypatch):
+    """The estimate said it fits, the disk filled anyway: one line naming the directory and the space it needs, no
+    manifest, no shard that is not complete and verified; with room, the same command finishes byte for byte."""
+    from tfgpu.data import outdir
+
+    path, expected = noise_npz(tmp_path)
+    disk = small_disk(1024)
+    out = disk / "out"
+    # An estimate that was too low (raising=False: the test also runs, and fails, on a tree without the check).
+    monkeypatch.setattr(outdir, "check_space", lambda directory, needed: None, raising=False)
+    code, _, err = convert(f"--source={path}", f"--output_dir={out}", "--image_format=raw", "--num_shards=4",
+                           capsys=capsys)
+    line = one_error(err)
+    assert code == 1 and line.startswith(f"error: --output_dir: {out} ran out of space (no space left on device)")
+    assert "needs about 1.6 MiB" in line and "rerun" in line
+    assert not os.path.exists(out / tfrecord.MANIFEST)
+    assert 0 < len(shard_files(str(out))) < 4  # those written before the disk filled: each complete and verified
+    for shard in shard_files(str(out)):
+        sidecar = out / ".tfgpu-convert" / (os.path.basename(shard) + ".json")
+        assert tfrecord.sha256_file(shard) == json.loads(sidecar.read_text())["entry"]["sha256"]
+    assert not [f for f in os.listdir(out) if f.endswith(".tmp")]
+
+    subprocess.run(["mount", "-o", "remount,size=8m", str(disk)], check=True)
+    code, _, err = convert(f"--source={path}", f"--output_dir={out}", "--image_format=raw", "--num_shards=4",
+                           capsys=capsys)
+    assert code == 0 and "reusing" in err
+    got = collections.Counter((label, image.tobytes()) for _, label, image, _ in read_back(str(out), "train"))
+    assert got == expected
+
+
+def test_no_space_for_dataset_json_is_one_line_and_a_rerun_finishes(png_folder, tmp_path, capsys, monkeypatch):
+    root, _ = png_folder
+    out = tmp_path / "out"
+
+    def full(directory, manifest):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / tfrecord.MANIFEST))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(tfrecord, "write_manifest", full)
+        code, _, err = convert(f"--source={root}", f"--output_dir={out}", capsys=capsys)
+    assert code == 1 and one_error(err).startswith(f"error: --output_dir: {out} ran out of space")
+    assert not os.path.exists(out / tfrecord.MANIFEST)
+    code, _, err = convert(f"--source={root}", f"--output_dir={out}", capsys=capsys)
+    assert code == 0 and "reusing" in err and manifest(out)["splits"]["train"]["num_examples"] == 12

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfgpu.models import create_model, get_spec, list_models, register_model
+from tfgpu.models import create_model, get_spec, heads, list_models, register_model
 
 # Deep or wide nets run only with -m slow (convnext_tiny's step alone takes ~30 s on 2 loaded cores). Their builders
 # run by default on smaller members of the same family: resnet50 (bottleneck ImageNet ResNet) for resnet101/152,
@@ -40,6 +40,7 @@ def test_classifier_gives_float32_logits_and_trains_one_step(name, policy):
     model = create_model(name, (32, 32, 3), num_classes=10)
     images, labels = _batch()
     assert model(images, training=False).dtype == "float32"
+    assert heads.output_head(model).activation is None  # logits: no softmax the classification loss would undo
 
     first, head = model.trainable_variables[0], model.get_layer("logits").kernel
     before = [first.numpy(), head.numpy()]

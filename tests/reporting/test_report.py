@@ -174,6 +174,23 @@ def test_resumed_history_keeps_one_point_per_step(tmp_path):
     assert "history.jsonl has 1 unreadable line(s), skipped" in (tmp_path / "report.md").read_text()
 
 
+def test_the_report_lists_every_config_change_a_resume_was_allowed_to_make(tmp_path):
+    """Two fields changed at one resume and one more at a later resume at the same step (nothing trained in
+    between): config changes are events, so none of them is lost to the one-point-per-step rule."""
+    classification_run(tmp_path, steps=600)
+    with open(tmp_path / "history.jsonl", "a") as f:
+        for field, old, new in (("global_batch_size", 128, 64), ("lr_decay_epochs", [30.0], [30.0, 60.0]),
+                                ("augment", "none", "flip|crop")):
+            f.write(json.dumps({"kind": "config_change", "step": 600, "time": 0, "field": field, "old": old,
+                                "new": new}) + "\n")
+    report.write_report(str(tmp_path))
+    text = (tmp_path / "report.md").read_text()
+    section = text.split("## Config changes\n\n")[1].split("\n\n## ")[0]
+    assert section.splitlines()[-3:] == ["| 600 | global_batch_size | 128 | 64 |",
+                                         "| 600 | lr_decay_epochs | 30 | 30, 60 |",
+                                         "| 600 | augment | none | flip/crop |"]
+
+
 def test_missing_and_partial_files(tmp_path):
     # Nothing but a config: a run that has not logged yet.
     (tmp_path / "config.yaml").write_text("task: classification\nmodel: resnet20\n")

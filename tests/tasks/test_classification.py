@@ -1,6 +1,7 @@
 """What a classification step computes: micro-batch accumulation, clipping and smoothing, run in-process."""
 import dataclasses
 import json
+import logging
 import os
 
 import keras
@@ -11,6 +12,7 @@ from tests.conftest import checkpoint_weights
 from tfgpu.training import experiment
 from tfgpu.config import Config, ConfigError
 from tfgpu.models import register_model
+from tfgpu.tasks.classification import check_model
 
 
 @register_model("test_mlp_without_bn")
@@ -267,3 +269,190 @@ def test_bad_fine_tuning_flags_are_one_line_before_training(train_here, tmp_path
     assert result.returncode == 1 and len(errors) == 1 and errors[0].startswith(expected.format(tmp=tmp))
     assert "Traceback" not in result.output
     assert not os.path.exists(os.path.join(tmp, "run", "checkpoints"))  # refused before a step or checkpoint
+
+
+# -- a softmax head on the user's model (issue 28 item 8) ------------------------------------------------------------
+@register_model("test_mlp_softmax_head")
+def _mlp_softmax_head(input_shape, num_classes, **_):
+    """test_mlp_without_bn's layers, created in the same order (so the same initial weights), ending in a softmax."""
+    inputs = keras.Input(input_shape)
+    x = keras.layers.Dense(32, activation="relu")(keras.layers.Flatten()(inputs))
+    return keras.Model(inputs, keras.layers.Dense(num_classes, activation="softmax")(x))
+
+
+def test_a_softmax_head_trains_and_evaluates_exactly_as_the_same_model_giving_logits(base, tmp_path, caplog,
+                                                                                     monkeypatch):
+    """Without the head check the softmax model learned against softmax(softmax(x)): a different loss from step 1."""
+    monkeypatch.setattr(experiment, "_write_report", lambda model_dir: None)  # its plots take seconds
+    evaluated = dict(eval_split="", eval_every_steps=6)
+    logits_metrics, logits_weights = _train(dataclasses.replace(base, **evaluated))
+    softmax = dataclasses.replace(base, model_dir=str(tmp_path / "b"), model="test_mlp_softmax_head", **evaluated)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="tfgpu"):
+        softmax_metrics, softmax_weights = _train(softmax)
+    said = [r.getMessage() for r in caplog.records if "ends in a softmax" in r.getMessage()]
+    assert said == ["model test_mlp_softmax_head ends in a softmax (layer 'dense_1'): it gives probabilities (as its "
+                    "export does); the loss is computed from the logits that softmax takes (the same weights), in "
+                    "float32 (metrics.json: model_output=probabilities)"]
+    for name in ("train_loss", "val_loss", "val_accuracy"):
+        assert softmax_metrics[name] == pytest.approx(logits_metrics[name], rel=1e-5), name
+    for ours, theirs in zip(sorted(softmax_weights), sorted(logits_weights)):
+        np.testing.assert_allclose(softmax_weights[ours], logits_weights[theirs], rtol=1e-5, atol=1e-6)
+    assert (logits_metrics["model_output"], logits_metrics["loss_from"]) == ("logits", "logits")
+    assert (softmax_metrics["model_output"], softmax_metrics["loss_from"]) == ("probabilities", "pre_softmax_logits")
+    with open(os.path.join(softmax.model_dir, "export", "model.input.json")) as f:
+        assert json.load(f)["output"]["kind"] == "probabilities"
+    exported = keras.saving.load_model(os.path.join(softmax.model_dir, "export", "model.keras"))
+    probabilities = exported(np.random.default_rng(0).uniform(-1, 1, (4, 8, 8, 1)).astype("float32"))
+    np.testing.assert_allclose(np.sum(probabilities, -1), 1.0, rtol=1e-5)  # the user's model, softmax and all
+
+
+def _classifier(*layers_in_order, input_shape=(8, 8, 1)):
+    inputs = keras.Input(input_shape)
+    x = inputs
+    for layer in layers_in_order:
+        x = layer(x)
+    return keras.Model(inputs, x)
+
+
+@pytest.mark.parametrize("activation", ["sigmoid", "hard_sigmoid"])
+def test_a_sigmoid_head_is_one_line_naming_model(activation):
+    model = _classifier(keras.layers.Flatten(), keras.layers.Dense(10, activation=activation, name="scores"))
+    with pytest.raises(ConfigError) as error:
+        check_model(model, "net.py:build", 10, (-1.0, 1.0))
+    assert str(error.value) == (
+        f"--model: net.py:build ends in a {activation} (layer 'scores'), which scores each of the 10 classes on its "
+        "own; the classification task trains one softmax over them: remove the activation (activation=None, "
+        "logits) or end in softmax")
+
+
+@pytest.mark.parametrize("input_range, refused", [((-1.0, 1.0), True), ((0.0, 1.0), True), ((0.0, 255.0), False)])
+def test_a_leading_rescaling_to_0_1_needs_input_range_0_255(input_range, refused):
+    model = _classifier(keras.layers.Rescaling(1.0 / 255, name="scale"), keras.layers.Flatten(), keras.layers.Dense(10))
+    if not refused:
+        assert check_model(model, "net.py:build", 10, input_range).activation is None
+        return
+    with pytest.raises(ConfigError) as error:
+        check_model(model, "net.py:build", 10, input_range)
+    low, high = input_range
+    assert str(error.value) == (
+        "--input_range: net.py:build begins with Rescaling(scale=0.00392157, offset=0) (layer 'scale'), so it "
+        f"expects pixels in 0..255, but --input_range={low:g},{high:g} feeds it {low:g}..{high:g}: set "
+        "--input_range=0,255")
+
+
+# A keras-io style model, copied as tutorials write it: pixels 0..255 in, probabilities out.
+TUTORIAL = """
+import keras
+from keras import layers
+
+
+def tutorial(input_shape, num_classes):
+    return keras.Sequential([keras.Input(input_shape), layers.Rescaling(1.0 / 255), layers.Flatten(),
+                             layers.Dense(32, activation="relu"), layers.Dense(num_classes, activation="softmax")])
+
+
+def multi_label(input_shape, num_classes):
+    inputs = keras.Input(input_shape)
+    return keras.Model(inputs, layers.Dense(num_classes, activation="sigmoid")(layers.Flatten()(inputs)))
+"""
+
+
+@pytest.mark.parametrize("function, expected", [
+    ("tutorial", "error: --input_range: {file}:tutorial begins with Rescaling(scale=0.00392157, offset=0) "
+                     "(layer 'rescaling'), so it expects pixels in 0..255, but --input_range=-1,1 feeds it -1..1: "
+                     "set --input_range=0,255"),
+    ("multi_label", "error: --model: {file}:multi_label ends in a sigmoid (layer 'dense'), which scores each of "
+                        "the 10 classes on its own"),
+])
+def test_a_users_model_with_the_wrong_ends_stops_before_training_in_one_line(train_here, tmp_path, function, expected):
+    file = tmp_path / "tutorial_model.py"
+    file.write_text(TUTORIAL)
+    result = train_here("--dataset=digits", f"--model={file}:{function}", "--global_batch_size=16",
+                        "--train_steps=2", "--eval_split=none", f"--model_dir={tmp_path}/run", check=False)
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert result.returncode == 1 and len(errors) == 1 and errors[0].startswith(expected.format(file=file))
+    assert "Traceback" not in result.output
+    assert not os.path.exists(tmp_path / "run" / "checkpoints")
+
+
+HEADS = """
+import keras
+import tensorflow as tf
+from keras import layers
+
+
+@keras.saving.register_keras_serializable(package="tfgpu_test_heads")
+class Net(keras.Model):
+    \"\"\"A subclassed model: its softmax, if any, is inside call, where no layer walk sees it.\"\"\"
+
+    def __init__(self, num_classes, softmax=False, **kwargs):
+        super().__init__(**kwargs)
+        self.num_classes, self.softmax = num_classes, softmax
+        self.flatten, self.hidden = layers.Flatten(), layers.Dense(64, activation="relu")
+        self.out = layers.Dense(num_classes)
+
+    def call(self, x):
+        logits = self.out(self.hidden(self.flatten(x)))
+        return tf.nn.softmax(logits) if self.softmax else logits
+
+    def get_config(self):
+        return {**super().get_config(), "num_classes": self.num_classes, "softmax": self.softmax}
+
+
+def subclassed_logits(input_shape, num_classes):
+    return Net(num_classes)
+
+
+def subclassed_softmax(input_shape, num_classes):
+    return Net(num_classes, softmax=True)
+"""
+
+
+@pytest.mark.slow  # two runs of 60 steps
+def test_a_subclassed_softmax_trains_from_its_probabilities_like_the_same_model_giving_logits(train_here, tmp_path):
+    """Its softmax cannot be separated, so the loss is taken from the probabilities in float32: 60 steps on digits
+    reach the accuracy and loss of the logits model (before the check, softmax(softmax(x)): 0.20 against 0.84)."""
+    file = tmp_path / "heads_models.py"
+    file.write_text(HEADS)
+    metrics = {}
+    for function in ("subclassed_logits", "subclassed_softmax"):
+        model_dir = tmp_path / function
+        train_here("--dataset=digits", f"--model={file}:{function}", "--global_batch_size=32", "--train_steps=60",
+                   "--steps_per_loop=20", "--deterministic", "--lr_schedule=constant", "--base_learning_rate=0.05",
+                   f"--model_dir={model_dir}", "--tensorboard=false")
+        with open(model_dir / "metrics.json") as f:
+            metrics[function] = json.load(f)
+    logits, softmax = metrics["subclassed_logits"], metrics["subclassed_softmax"]
+    assert logits["val_accuracy"] > 0.8
+    assert (softmax["val_accuracy"], softmax["val_loss"]) == pytest.approx((logits["val_accuracy"], logits["val_loss"]),
+                                                                           rel=1e-3)
+    assert (softmax["model_output"], softmax["loss_from"]) == ("probabilities", "probabilities")
+
+
+def test_tfgpu_fit_checks_the_model_fn_head_too(tmp_path, monkeypatch):
+    """A softmax model_fn under mixed_bfloat16 trains on its logits; a sigmoid one is refused naming model_fn."""
+    import tensorflow as tf
+
+    import tfgpu
+    from tests.conftest import process_state_restored
+    from tfgpu.data import builtin
+
+    images, labels = builtin.load_builtin("digits")["splits"]["train"]
+    data = tf.data.Dataset.from_tensor_slices((images[:64], labels[:64]))
+
+    def tutorial_head(activation):
+        def model_fn():
+            inputs = keras.Input((8, 8, 1))
+            return keras.Model(inputs, keras.layers.Dense(10, activation=activation)(keras.layers.Flatten()(inputs)))
+        return model_fn
+
+    options = dict(global_batch_size=32, train_steps=2, verbose=0, tensorboard=False, precision="mixed_bfloat16")
+    monkeypatch.setattr(experiment, "_write_report", lambda model_dir: None)  # its plots take seconds
+    with process_state_restored():
+        metrics = tfgpu.fit(tutorial_head("softmax"), data, model_dir=str(tmp_path / "softmax"), **options)
+        assert (metrics["model_output"], metrics["loss_from"]) == ("probabilities", "pre_softmax_logits")
+        with pytest.raises(tfgpu.ConfigError) as error:
+            tfgpu.fit(tutorial_head("sigmoid"), data, model_dir=str(tmp_path / "sigmoid"), **options)
+    assert str(error.value).startswith("tfgpu.fit: model_fn: fit:tests.tasks.test_classification.")
+    assert "ends in a sigmoid (layer 'dense'), which scores each of the 10 classes on its own" in str(error.value)

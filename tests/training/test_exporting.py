@@ -35,3 +35,22 @@ def test_a_gan_describes_its_latent_input_and_its_images_in_minus_one_to_one(tmp
                                   "label": {"dtype": "int64", "shape": [None]}}
     assert described["output"]["range"] == [-1.0, 1.0]
     assert exporting.description_path("out/saved_model/") == "out/saved_model.input.json"
+
+
+def test_a_softmax_headed_classifier_is_described_as_giving_probabilities(tmp_path):
+    config = Config(model_dir=str(tmp_path), dataset="digits")
+    logits = exporting.describe(config, _Info(), {"model_output": "logits", "loss_from": "logits"})
+    assert logits["output"]["kind"] == "logits" and logits == exporting.describe(config, _Info())
+    described = exporting.describe(config, _Info(), {"model_output": "probabilities", "loss_from": "probabilities"})
+    assert described["output"]["kind"] == "probabilities"
+    assert described["output"]["meaning"].startswith("probabilities, one per class, summing to 1")
+    assert exporting.summary(described) == ("input: float32 NHWC images in [-1, 1] (--input_range); "
+                                            "output: probabilities")
+
+
+def test_a_generator_without_a_final_tanh_is_described_as_unbounded(tmp_path):
+    config = Config(model_dir=str(tmp_path), dataset="digits", task="gan", model="dcgan")
+    described = exporting.describe(config, _Info(), {"generator_output": "linear"})
+    assert described["output"]["range"] is None and "clip to [-1, 1]" in described["output"]["meaning"]
+    assert exporting.summary(described) == "outputs float32 images, not bounded to [-1, 1] (no final tanh)"
+    assert exporting.describe(config, _Info(), {"generator_output": "tanh"})["output"]["range"] == [-1.0, 1.0]

@@ -131,6 +131,28 @@ def test_an_easy_target_stops_at_its_evaluation_after_a_checkpoint_and_a_rerun_t
     assert resumed["time_to_target_s"] == metrics["time_to_target_s"]  # the run that reached it
 
 
+def test_a_target_reached_at_the_last_step_keeps_its_record_when_the_run_is_run_again(train_here, tmp_path):
+    """Rerunning a finished --target run neither rewrites its time, step and epochs at the target (before: the
+    rerun's own start-up became time_to_target_s) nor records its final evaluation a second time."""
+    import json
+
+    args = TINY + ["--train_steps=2", "--target=accuracy:0", f"--model_dir={tmp_path}"]
+    train_here(*args)
+    first = read_metrics(tmp_path)
+    assert first["target_reached"] is True and first["step_at_target"] == first["step"] == 2
+    # As if the first run's start-up had been a minute slower: a rerun must keep whatever that run measured.
+    first["time_to_target_s"] = round(first["time_to_target_s"] + 60, 1)
+    (tmp_path / "metrics.json").write_text(json.dumps(first))
+    again = train_here(*args)
+    resumed = read_metrics(tmp_path)
+    assert {k: resumed[k] for k in target.FIELDS} == {k: first[k] for k in target.FIELDS}
+    assert resumed["val_accuracy"] == first["val_accuracy"]  # the checkpoint evaluated again, not recorded again
+    assert [e["step"] for e in read_history(tmp_path, "eval")] == [2]
+    assert "target val_accuracy >= 0 already reached at step 2" in again.output
+    assert f"reached at step 2 ({first['epochs_at_target']:g} epochs) in {first['time_to_target_s']:.1f} s" \
+        in again.output
+
+
 # Slow: (20 s loaded); a reached target, its checkpoint and resume stay in the default suite.
 @pytest.mark.slow
 def test_an_unreachable_target_runs_the_schedule_evaluating_once_per_epoch(train_here, tmp_path):

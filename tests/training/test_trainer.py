@@ -59,6 +59,16 @@ def test_continuing_a_finished_run_equals_one_long_run(train_here, tmp_path):
     assert read_metrics(tmp_path / "split")["step"] == 12
 
 
+def test_tensorboard_has_train_and_validation_runs_sharing_each_metric_s_tag(train_here, tmp_path):
+    train_here("--dataset=digits", "--model=small_cnn", "--global_batch_size=64", "--train_steps=4",
+               "--steps_per_loop=2", "--eval_every_steps=4", "--verbose=0", f"--model_dir={tmp_path}")
+    assert sorted(os.listdir(tmp_path / "summaries")) == ["train", "validation"]
+    tags = {run: summary_tags(tmp_path / "summaries" / run) for run in ("train", "validation")}
+    assert {"loss", "accuracy"} <= tags["train"] & tags["validation"], tags
+    assert {"learning_rate", "examples_per_sec"} <= tags["train"] and "top5_accuracy" in tags["validation"]
+    assert not any(tag.startswith(("val_", "train/", "eval/")) for run in tags.values() for tag in run)
+
+
 # Slow (66 s): exact resume stays in the default suite through test_continuing_a_finished_run_equals_one_long_run
 # and the multi-worker --max_restarts run; SIGTERM -> save -> 143 through test_launch's SIGTERM test.
 @pytest.mark.slow
@@ -107,7 +117,21 @@ def test_quickstart_reduced_trains_evaluates_and_exports(run_train, tmp_path):
     evals = read_history(model_dir, "eval")
     assert [e["step"] for e in evals] == [45, 90] and evals[-1]["val_examples"] == 359
     assert (model_dir / "config.yaml").exists() and (model_dir / "export" / "model.keras").exists()
-    assert os.listdir(model_dir / "summaries")
+    # TensorBoard as Keras users know it: train and validation runs, the same tag for the same metric.
+    tags = {run: summary_tags(model_dir / "summaries" / run) for run in ("train", "validation")}
+    assert {"loss", "accuracy"} <= tags["train"] & tags["validation"], tags
+    assert {"learning_rate", "examples_per_sec"} <= tags["train"] and "top5_accuracy" in tags["validation"]
+
+
+def summary_tags(run_dir) -> set:
+    """The scalar tags in a TensorBoard run directory's event files."""
+    import tensorflow as tf
+
+    tags = set()
+    for events in run_dir.glob("events.out.tfevents.*"):
+        for record in tf.data.TFRecordDataset(str(events)):
+            tags.update(v.tag for v in tf.compat.v1.Event.FromString(record.numpy()).summary.value)
+    return tags
 
 
 @pytest.mark.slow
@@ -357,14 +381,68 @@ def test_a_changed_global_batch_is_refused_unless_allowed_then_carries_the_posit
     assert _recorded_position(tmp_path, 2)["records_consumed_in_epoch"] == 64
     refused = train_here(*common, "--global_batch_size=64", "--train_steps=4", check=False)
     errors = [line for line in refused.output.splitlines() if line.startswith("error:")]
-    assert refused.returncode == 1 and len(errors) == 1 and "--global_batch_size" in errors[0], refused.output[-2000:]
+    assert refused.returncode == 1 and len(errors) == 1 and "global_batch_size" in errors[0], refused.output[-2000:]
     assert "Traceback" not in refused.output
     reseeded = train_here(*common, "--global_batch_size=32", "--seed=9", "--train_steps=4", check=False)
     errors = [line for line in reseeded.output.splitlines() if line.startswith("error:")]
-    assert reseeded.returncode == 1 and len(errors) == 1 and "--seed" in errors[0], reseeded.output[-2000:]
+    assert reseeded.returncode == 1 and len(errors) == 1 and "seed" in errors[0], reseeded.output[-2000:]
     allowed = train_here(*common, "--global_batch_size=64", "--train_steps=4",
                          "--allow_config_change=global_batch_size")
     assert ("global batch changed on 1 worker x 1 replica (global batch 32 -> 64 by --allow_config_change, 64 per "
             "replica;" in allowed.output and "resuming epoch 1 at record 64 of 1,438" in allowed.output)
     record = _recorded_position(tmp_path, 4)
     assert (record["epoch"], record["records_consumed_in_epoch"], record["global_batch_size"]) == (0, 192, 64)
+
+
+def test_training_into_a_directory_holding_another_tasks_checkpoint_is_one_line(train_here, tmp_path):
+    """No config.yaml to compare with, only a checkpoint a GAN-like Keras program wrote: the run stops before
+    training with one line naming the checkpoint and what it lacks (before: a traceback)."""
+    import keras
+    import tensorflow as tf
+
+    generator = keras.Sequential([keras.Input((4,)), keras.layers.Dense(64)])
+    root = tf.train.Checkpoint(step=tf.Variable(5, dtype=tf.int64), generator=generator,
+                               g_optimizer=keras.optimizers.Adam())
+    path = tf.train.CheckpointManager(root, str(tmp_path / "checkpoints"), max_to_keep=1).save()
+    result = train_here(*SMALL, "--model=small_cnn", "--train_steps=2", f"--model_dir={tmp_path}", check=False)
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert result.returncode == 1 and errors == [
+        f"error: --model_dir: checkpoint {path} does not fit the model built here: it has no 'model', 'optimizer' "
+        "(it holds g_optimizer, generator, save_counter, step); it was written by another model, task or dataset: "
+        "train this model into a new --model_dir"], result.output
+    assert "Traceback" not in result.output and not (tmp_path / "history.jsonl").exists()
+
+
+def test_a_preemption_at_an_evaluation_step_leaves_that_evaluation_to_the_resumed_run(train_here, tmp_path,
+                                                                                      monkeypatch):
+    """SIGTERM during the loop that ends at evaluation step 2: the checkpoint is saved before that evaluation, so
+    the resumed run runs it first; its history has the evaluations (steps and values) of an uninterrupted run
+    (before: step 2's evaluation was lost)."""
+    from tfgpu.training import history
+
+    common = ["--dataset=digits", "--model=small_cnn", "--global_batch_size=64", "--train_steps=4",
+              "--steps_per_loop=2", "--eval_every_steps=2", "--checkpoint_every_steps=0", "--deterministic",
+              "--tensorboard=false", "--verbose=2"]
+    train_here(*common, f"--model_dir={tmp_path / 'straight'}")
+    write = history.History.write
+
+    def preempted_at_step_2(self, kind, step, values):
+        write(self, kind, step, values)
+        if kind == "train" and step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # the trainer's handler: save at the end of this loop, exit 143
+
+    monkeypatch.setattr(history.History, "write", preempted_at_step_2)
+    with pytest.raises(SystemExit) as preempted:
+        train_here(*common, f"--model_dir={tmp_path / 'split'}")
+    monkeypatch.undo()
+    assert preempted.value.code == 143 and read_history(tmp_path / "split", "eval") == []
+    resumed = train_here(*common, f"--model_dir={tmp_path / 'split'}")
+    straight, split = read_history(tmp_path / "straight", "eval"), read_history(tmp_path / "split", "eval")
+    assert [e["step"] for e in split] == [e["step"] for e in straight] == [2, 4]
+    for ours, theirs in zip(split, straight):
+        for name in ("val_loss", "val_accuracy", "val_examples"):
+            assert ours[name] == pytest.approx(theirs[name], rel=1e-6, abs=1e-7), (ours["step"], name)
+    assert read_metrics(tmp_path / "split")["val_loss"] == pytest.approx(straight[-1]["val_loss"], rel=1e-6)
+    assert "resuming at step 2" in resumed.output
+    assert "owed_evaluation_s" in read_history(tmp_path / "split", "startup")[-1]
+    assert "evaluating step 2 first: the run that saved its checkpoint stopped before evaluating it" in resumed.output

@@ -45,10 +45,42 @@ def _device_facts(config, num_devices: int) -> dict:
                                           tf.config.experimental.tensor_float_32_execution_enabled())
         kind = "gpu_peak_bytes"
     else:  # ru_maxrss is in KiB on Linux
-        peak, kind, tflops, peak_source = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, \
-            "host_peak_rss_bytes", None, "CPU: no known peak"
+        peak, kind = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "host_peak_rss_bytes"
+        host_tflops, peak_source = cpu_matmul_peak_tflops(config.precision)
+        tflops = host_tflops / num_devices  # logical CPU devices share the host's cores: MFU is of the host
     return {"peak_memory_bytes": int(peak), "memory_kind": kind, "peak_tflops_per_device": tflops,
             "peak_source": peak_source, "num_devices": num_devices}
+
+
+def cpu_matmul_peak_tflops(precision: str, size: int = 1024, seconds: float = 0.6) -> tuple:
+    """(TFLOPS, label): what this process reaches on the host's CPU in chained ``size``-square matmuls of the
+    policy's compute dtype (float32, or bfloat16 for mixed_bfloat16; float16 for mixed_float16), best of a
+    few ``seconds`` / 4 windows. The CPU's datasheet peak is unknown here; this is the ceiling a dense model
+    step can reach on the same cores, measured in the same process as the benchmark."""
+    import time
+
+    import tensorflow as tf
+
+    dtype = {"mixed_bfloat16": tf.bfloat16, "mixed_float16": tf.float16}.get(precision, tf.float32)
+    a = tf.random.stateless_uniform([size, size], seed=[1, 2], dtype=tf.float32)
+    a = tf.cast(a / size, dtype)
+
+    @tf.function
+    def chain(x):
+        for _ in range(8):
+            x = tf.matmul(x, a)
+        return x
+
+    chain(a).numpy()  # trace and warm the kernels
+    best = 0.0
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline or best == 0.0:
+        start, calls = time.perf_counter(), 0
+        while time.perf_counter() - start < seconds / 4:
+            chain(a).numpy()
+            calls += 1
+        best = max(best, calls * 8 * 2 * size ** 3 / (time.perf_counter() - start))
+    return best / 1e12, f"CPU {tf.as_dtype(dtype).name} matmul probe ({size}x{size}, this process)"
 
 
 def _is_oom(error: BaseException) -> bool:

@@ -47,6 +47,14 @@ def format_report(report: dict) -> str:
     if copied:
         lines.append(f"input: {', '.join(copied)} copy each batch to the GPU inside the step, tfgpu prefetches it to "
                      "the device; --keras_one_device_strategy gives fit the same")
+    for r in report["results"]:
+        if r.get("achieved_tflops"):
+            peak = r.get("peak_tflops_per_device")
+            of_peak = (f" of {peak * r['num_devices']:.3g} TFLOP/s peak ({r.get('peak_source')}): {100 * r['mfu']:.1f}%"
+                       if peak and r.get("mfu") is not None else f" (peak unknown: {r.get('peak_source')})")
+            lines.append(f"compute: {r['name']} {r['precision']} batch {r['batch_size']}: "
+                         f"{6 * r['macs_per_example'] / 1e6:,.1f} MFLOP per training example (3 x forward), "
+                         f"{r['achieved_tflops']:.3g} TFLOP/s achieved" + of_peak)
     if xla_dropped:
         lines.append("off* = --jit_compile asked for, not in effect (XLA cannot span logical CPU replicas, "
                      "or synchronized BatchNorm)")

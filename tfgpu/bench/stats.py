@@ -165,10 +165,14 @@ def devices_note(results: list) -> list:
 
 
 def add_mfu(result: dict) -> None:
-    """Model FLOPs utilisation: achieved training FLOP/s over the devices' summed dense peak (None on CPU)."""
+    """Model FLOPs utilisation: achieved training FLOP/s over the devices' summed dense peak (a GPU's datasheet
+    peak; on a CPU the matmul probe's, ``case.cpu_matmul_peak_tflops``); None where the peak is unknown."""
     peak = result.get("peak_tflops_per_device")
-    if result.get("examples_per_sec") and peak and result.get("macs_per_example"):
+    achieved = None
+    if result.get("examples_per_sec") and result.get("macs_per_example"):
         achieved = result["examples_per_sec"] * training_flops(result["macs_per_example"])
+        result["achieved_tflops"] = achieved / 1e12
+    if achieved and peak:
         result["mfu"] = round(achieved / (peak * 1e12 * result["num_devices"]), 4)
     else:
         result["mfu"] = None

@@ -2,8 +2,10 @@
 
 ``--data_dir`` is a dataset converted by ``tfgpu.convert``; a built-in dataset (``--dataset=digits``) or
 ``--dataset=tfds:NAME`` is converted once into the data cache by the same converter (processes of one host
-that start together wait for the first). The manifest (``dataset.json``) gives classes, image shape, splits
-and their shards; ``DatasetInfo`` carries what the model, the loop and the input pipeline need of it.
+that start together wait for the first), in a directory named after what the data is and how it was converted,
+and used only while its manifest records that same conversion. The manifest (``dataset.json``) gives classes,
+image shape, splits and their shards; ``DatasetInfo`` carries what the model, the loop and the input pipeline
+need of it.
 ``--data_dir`` and ``--data_cache_dir`` may be any path TensorFlow opens (``gs://``, ``ram://``:
 ``tfgpu.runtime.fileio``); only a local cache is locked against a second converter.
 """
@@ -13,7 +15,7 @@ import logging
 import os
 
 from tfgpu.config import ConfigError, DatasetConfig
-from tfgpu.data import builtin, tfrecord
+from tfgpu.data import builtin, sources, tfrecord
 from tfgpu.runtime import fileio
 
 log = logging.getLogger("tfgpu")
@@ -49,36 +51,90 @@ def default_cache_dir() -> str:
 def _builtin_dir(config: DatasetConfig, name: str) -> str:
     """A built-in dataset converted once into the data cache by tfgpu's converter (the same shards and manifest
     as ``python -m tfgpu.convert --source=NAME --num_shards=2 --image_format=png``); returns its directory."""
-    directory = os.path.join(config.data_cache_dir or default_cache_dir(), f"{name}-v{tfrecord.FORMAT_VERSION}")
-    _convert_once(config, directory, source=name, num_shards="2", image_format="png")
+    return _cached_conversion(config, f"{name}-v{tfrecord.FORMAT_VERSION}", sources.builtin_identity(name),
+                              source=name, num_shards="2", image_format="png")
+
+
+def _tfds_dir(config: DatasetConfig) -> str:
+    """A tfds:NAME dataset converted once into the data cache by tfgpu's converter (same shards and manifest as
+    ``python -m tfgpu.convert --source=tfds:NAME``), keyed by what its data is (``tfds_source.data_identity``)."""
+    from tfgpu.data import tfds_source
+
+    name = config.dataset[len("tfds:"):]
+    data_dir = os.path.expanduser(config.tfds_data_dir)
+    label = f"tfds-{name.replace('/', '-')}"
+    try:
+        with _cache_lock(os.path.join(config.data_cache_dir or default_cache_dir(), label)):
+            # Under the lock: with --download, the processes of one host prepare it once.
+            identity = tfds_source.data_identity(tfds_source.prepared_builder(name, data_dir, config.download))
+    except ConfigError as e:
+        raise _dataset_error(config, e) from None
+    return _cached_conversion(config, label, identity, source=config.dataset, tfds_data_dir=data_dir,
+                              download=config.download)
+
+
+def _cached_conversion(config: DatasetConfig, label: str, identity: str, **options) -> str:
+    """The cache directory of this conversion, made once: named ``<label>-<fingerprint>`` after the converter's
+    fingerprint of the source ``identity`` and the ``options``, so other data or options get a new directory and
+    leave the old one as it was. Its ``dataset.json`` must record that same fingerprint, or it is refused."""
+    from tfgpu.data import convert, outdir
+
+    options = convert.Options(output_dir="", **options)
+    key = outdir.fingerprint(dataclasses.asdict(options), identity)
+    directory = os.path.join(config.data_cache_dir or default_cache_dir(), f"{label}-{key[:16]}")
+    _convert_once(config, dataclasses.replace(options, output_dir=directory))
+    recorded, _ = outdir.existing_fingerprint(directory)
+    if recorded != key:
+        raise ConfigError("data_cache_dir", f"{directory} is not the conversion --dataset={config.dataset} names "
+                          "now: its dataset.json records other data or options (copied there, or made by another "
+                          "converter); remove it to convert again")
     return directory
 
 
-def _convert_once(config: DatasetConfig, directory: str, **options) -> None:
-    """Converts ``--dataset`` into the cache ``directory`` with tfgpu's converter (``tfgpu.data.convert``, the one
-    dataset writer) unless it is there already. Processes that start together (the workers of one host) wait
-    for the first instead of converting twice; the converter's errors name ``--dataset``."""
+@contextlib.contextmanager
+def _cache_lock(path: str):
+    """Holds ``<path>.lock`` so that processes of one host that start together wait for the first (a cache with a
+    scheme has no lock)."""
     import fcntl
 
+    try:
+        fileio.makedirs(os.path.dirname(path) or ".")
+        lock = contextlib.nullcontext() if fileio.has_scheme(path) else open(path.rstrip("/") + ".lock", "a")
+    except OSError as e:
+        raise ConfigError("data_cache_dir", f"cannot write to {os.path.dirname(path)}: {e.strerror}") from None
+    with lock:
+        if not fileio.has_scheme(path):
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _dataset_error(config: DatasetConfig, error: ConfigError) -> ConfigError:
+    """The converter's error in the terms of a training run: the cache directory is --data_cache_dir; anything
+    about the source is --dataset."""
+    if error.flag == "output_dir":
+        return ConfigError("data_cache_dir", error.reason)
+    if error.flag in ("download", "tfds_data_dir"):
+        return error
+    return ConfigError("dataset", f"{config.dataset}: {error.reason}")
+
+
+def _convert_once(config: DatasetConfig, options) -> None:
+    """Converts ``--dataset`` with tfgpu's converter (``tfgpu.data.convert``, the one dataset writer) into
+    ``options.output_dir`` unless it is there already; the converter's errors name training's flags."""
     from tfgpu.data import convert
 
+    directory = options.output_dir
     if fileio.exists(os.path.join(directory, tfrecord.MANIFEST)):
         return
-    remote = fileio.has_scheme(directory)
-    try:
-        fileio.makedirs(os.path.dirname(directory) or ".")
-        lock = contextlib.nullcontext() if remote else open(directory.rstrip("/") + ".lock", "a")
-    except OSError as e:
-        raise ConfigError("data_cache_dir", f"cannot write to {os.path.dirname(directory)}: {e.strerror}") from None
-    with lock:
-        if not remote:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+    with _cache_lock(directory):
         if fileio.exists(os.path.join(directory, tfrecord.MANIFEST)):
             return
         try:
-            convert.convert(convert.Options(output_dir=directory, **options), stream=_LogStream(), out=_LogStream())
-        except (ConfigError, convert.BadImageError, convert.WorkerDiedError) as e:
-            raise ConfigError("dataset", f"{config.dataset}: {getattr(e, 'reason', e)}") from None
+            convert.convert(options, stream=_LogStream(), out=_LogStream())
+        except ConfigError as e:
+            raise _dataset_error(config, e) from None
+        except (convert.BadImageError, convert.WorkerDiedError) as e:
+            raise ConfigError("dataset", f"{config.dataset}: {e}") from None
         log.info("converted %s to %s", config.dataset, directory)
 
 
@@ -171,12 +227,3 @@ def prepare(config: DatasetConfig) -> DatasetInfo:
                        (int(h), int(w), int(c)), sizes, files,
                        manifest.get("compression", "none"), config.train_split, eval_split)
 
-
-def _tfds_dir(config: DatasetConfig) -> str:
-    """A tfds:NAME dataset converted once into the data cache by tfgpu's converter (same shards and manifest as
-    ``python -m tfgpu.convert --source=tfds:NAME``)."""
-    name = config.dataset[len("tfds:"):]
-    directory = os.path.join(config.data_cache_dir or default_cache_dir(), f"tfds-{name.replace('/', '-')}")
-    _convert_once(config, directory, source=config.dataset, tfds_data_dir=os.path.expanduser(config.tfds_data_dir),
-                  download=config.download)
-    return directory

@@ -14,7 +14,10 @@ local disk (or TFDS).
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
+import gzip
 import hashlib
+import json
 import math
 import os
 import sys
@@ -137,19 +140,36 @@ def _scan_channels(splits: dict) -> int:
     return 1
 
 
-def _estimate_record_bytes(splits: dict, enc: Encoding, sample: int = 16) -> float:
-    """Mean serialized record size over a few examples spread over the largest split."""
+def _sample_records(splits: dict, enc: Encoding, sample: int = 16) -> list:
+    """A few serialized records, as they will be stored, from examples spread over the largest split."""
     data = max(splits.values(), key=len)
     if data.labels is None:  # TFDS: read a range, not an index
         payload = data.payload(0, min(sample, len(data)))
     else:
         idx = np.unique(np.linspace(0, len(data) - 1, min(sample, len(data))).astype(int))
         payload = data.subset(idx).payload(0, len(idx))
-    sizes = []
+    records = []
     for name, label, item, _ in payload.examples():
         with contextlib.suppress(BadImageError):
-            sizes.append(len(example_to_record(name, label, item, enc)[0]))
-    return float(np.mean(sizes)) if sizes else 100e3
+            records.append(example_to_record(name, label, item, enc)[0])
+    return records
+
+
+def _mean_record_bytes(records: list) -> float:
+    """Mean serialized record size (100 kB when no sample could be read)."""
+    return float(np.mean([len(r) for r in records])) if records else 100e3
+
+
+def _bytes_needed(records: list, num_examples: int, compression: str) -> int:
+    """Estimated bytes of ``num_examples`` records on disk: the sample's mean size (gzipped as a whole when the
+    shards are, plus TFRecord's 16 bytes of framing a record when not) times their number; 0 without a sample."""
+    if not records:
+        return 0
+    if compression == "gzip":
+        per_record = len(gzip.compress(b"".join(records), compresslevel=6)) / len(records)
+    else:
+        per_record = _mean_record_bytes(records) + 16
+    return int(per_record * num_examples)
 
 
 def _check_num_shards(splits: dict, o: Options) -> None:
@@ -158,14 +178,15 @@ def _check_num_shards(splits: dict, o: Options) -> None:
         raise ConfigError("num_shards", f"{o.num_shards!r} must name exactly the splits {', '.join(splits)}")
 
 
-def _shard_counts(splits: dict, o: Options, enc: Encoding) -> dict:
+def _shard_counts(splits: dict, o: Options, sample) -> dict:
+    """Shards per split; ``sample()`` gives the sampled records that size them when no --num_shards is given."""
     requested = parse_num_shards(o.num_shards)
     if isinstance(requested, dict):
         return {s: min(requested[s], len(d)) for s, d in splits.items()}
     if requested:
         return {s: min(requested, len(d)) for s, d in splits.items()}
     size = (o.shard_size_mb or DEFAULT_SHARD_SIZE_MB) * 2 ** 20
-    mean = _estimate_record_bytes(splits, enc)
+    mean = _mean_record_bytes(sample())
     return {s: max(1, min(len(d), math.ceil(len(d) * mean / size))) for s, d in splits.items()}
 
 
@@ -254,7 +275,8 @@ def convert(o: Options, stream=None, out=None) -> dict:
         if o.image_format == "raw":
             channels = source.channels or _scan_channels(splits)
         enc = Encoding(o.image_format, o.jpeg_quality, parse_resize(o.resize), channels, o.skip_bad)
-        counts = _shard_counts(splits, o, enc)
+        sample = functools.cache(lambda: _sample_records(splits, enc))
+        counts = _shard_counts(splits, o, sample)
         tasks = _plan_tasks(directory, splits, counts, enc, o.compression, key, staged)
         total = sum(t["num_sources"] for t in tasks)
         num_workers = _auto_workers(o, len(tasks), total)
@@ -265,20 +287,25 @@ def convert(o: Options, stream=None, out=None) -> dict:
         if len(todo) < len(tasks):
             print(f"reusing {len(tasks) - len(todo)} complete, verified shard(s) of {len(tasks)} "
                   f"({done_before} images)", file=stream, flush=True)
+        needed = 0
         if todo:
             todo_images = sum(t["num_sources"] for t in todo)
+            needed = _bytes_needed(sample(), todo_images, o.compression)
+            outdir.check_space(directory, needed)
             beside = " (beside the finished dataset there, swapped in when all are done)" if staged else ""
             print(f"converting {todo_images} images into {len(todo)} shard(s) in {display(directory)} with "
                   f"{num_workers} worker(s){beside}", file=stream, flush=True)
             progress = workers.Progress(todo_images, stream)
-            built = workers.run_in_pool(todo, num_workers, progress, directory) if num_workers > 1 else \
-                workers.run_in_process(todo, progress)
+            with outdir.reporting_no_space(directory, needed):
+                built = workers.run_in_pool(todo, num_workers, progress, directory) if num_workers > 1 else \
+                    workers.run_in_process(todo, progress)
             progress.finish()
             built = iter(built)
             results = [r if r is not None else next(built) for r in results]
         manifest = _manifest(o, source, splits, tasks, results, enc, key)
         _check_examples(manifest)
-        outdir.publish(directory, tasks, results, lambda: tfrecord.write_manifest(directory, manifest))
+        with outdir.reporting_no_space(directory, needed + len(json.dumps(manifest, indent=2, sort_keys=True))):
+            outdir.publish(directory, tasks, results, lambda: tfrecord.write_manifest(directory, manifest))
     for split, entry in manifest["splits"].items():
         print(f"{split}: {entry['num_examples']} examples in {len(entry['shards'])} shard(s)"
               f"{', skipped ' + str(entry['num_skipped']) if entry['num_skipped'] else ''}", file=out)

@@ -1,8 +1,11 @@
 """The output directory of a conversion: who may write it, and how a dataset in it is replaced.
 
 - ``claim`` checks that the directory is empty or holds this same conversion (or
-  ``--overwrite``), locks it against a second converter and records the plan. It
-  changes nothing that a reader uses: no shard, no ``dataset.json``.
+  ``--overwrite``) and lies apart from a folder source, locks it against a second
+  converter and records the plan. It changes nothing that a reader uses: no shard,
+  no ``dataset.json``.
+- ``check_space`` refuses a conversion estimated not to fit; ``reporting_no_space``
+  turns a device that fills up anyway into one line naming the directory.
 - While a finished dataset (``dataset.json``) is there, rebuilt shards are written
   beside it under staged names (``.<shard>.staged``); ``publish`` swaps them in only
   once every shard is done. So a rerun that stops (a bad image, a kill, a refused
@@ -20,11 +23,13 @@ the way that file system renames (not atomic on object stores).
 """
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import hashlib
 import json
 import os
 import re
+import shutil
 
 from tfgpu.config import ConfigError
 from tfgpu.data.folders import display
@@ -50,6 +55,90 @@ def inside(directory: str, path: str) -> str:
     if os.path.dirname(real(path)) != real(directory):
         raise RuntimeError(f"refusing to write {path}: not a file directly in {directory}")
     return path
+
+
+def same_or_inside(path: str, folder: str) -> bool:
+    """Whether ``path`` is ``folder`` or lies under it, however either is spelled: ``..``, relative paths and
+    symlinks are resolved (``realpath``), and each existing ancestor of ``path`` is compared with ``folder`` by
+    device and inode, which also sees through bind mounts. Costs one ``stat`` per path component."""
+    if fileio.has_scheme(path) or fileio.has_scheme(folder):
+        inner, outer = (fileio.absolute(p).rstrip("/") + "/" for p in (path, folder))
+        return inner.startswith(outer)
+    try:
+        target = os.stat(folder)
+    except OSError:
+        return False
+    here = os.path.realpath(path)
+    while True:
+        with contextlib.suppress(OSError):
+            st = os.stat(here)
+            if (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino):
+                return True
+        up = os.path.dirname(here)
+        if up == here:
+            return False
+        here = up
+
+
+def check_apart(directory: str, source_folder: str) -> None:
+    """Refuses an output directory that is, or lies inside, the source folder (the dataset would be written into
+    the images it is made of, and read as part of them by the next run), and a source folder inside the output
+    directory (``--overwrite`` would replace what holds it)."""
+    shown, source = display(directory), display(source_folder)
+    if same_or_inside(directory, source_folder):
+        raise ConfigError("output_dir", f"{shown} is inside the source folder {source} (after resolving symlinks "
+                          "and '..'); choose an output directory outside it")
+    if same_or_inside(source_folder, directory):
+        raise ConfigError("output_dir", f"{shown} holds the source folder {source} (after resolving symlinks and "
+                          "'..'); choose an output directory outside it")
+
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # a full device, an exhausted quota
+
+
+def is_out_of_space(error: BaseException) -> bool:
+    """Whether ``error`` says the device (or the user's quota) is full: an OSError, or TensorFlow's file writers'
+    ResourceExhaustedError (recognised by name: this module stays free of TensorFlow)."""
+    if isinstance(error, OSError):
+        return error.errno in NO_SPACE
+    return type(error).__name__ == "ResourceExhaustedError" and type(error).__module__.startswith("tensorflow")
+
+
+def free_bytes(directory: str):
+    """Bytes this user may still write where ``directory`` lives; None for a path with a scheme (no such number)."""
+    if fileio.has_scheme(directory):
+        return None
+    with contextlib.suppress(OSError):
+        return shutil.disk_usage(directory).free
+    return None
+
+
+def megabytes(n: float) -> str:
+    return f"{n / 2 ** 20:.1f} MiB"
+
+
+def check_space(directory: str, needed: int) -> None:
+    """Refuses, before anything is written, a conversion estimated to need more than the free space there."""
+    free = free_bytes(directory)
+    if free is not None and needed > free:
+        raise ConfigError("output_dir", f"{display(directory)} has {megabytes(free)} free but this conversion needs "
+                          f"about {megabytes(needed)}; free some space there or choose another directory")
+
+
+@contextlib.contextmanager
+def reporting_no_space(directory: str, needed: int):
+    """Turns the device filling up while writing into ``directory`` into one line naming it and the space needed;
+    what was written stays as an interrupted run leaves it (complete shards are kept for the rerun)."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 (only running out of space is translated; anything else is re-raised)
+        if not is_out_of_space(e):
+            raise
+        free = free_bytes(directory)
+        raise ConfigError("output_dir", f"{display(directory)} ran out of space (no space left on device) while "
+                          f"writing the dataset: it needs about {megabytes(needed)}"
+                          f"{f', {megabytes(free)} is free now' if free is not None else ''}; free some space there "
+                          "or choose another directory, then rerun (complete shards are kept)") from None
 
 
 def fingerprint(options: dict, identity: str) -> str:
@@ -97,8 +186,8 @@ def claim(options, source_kind: str, source_path: str, key: str):
     ``options`` is the converter's Options; ConfigError names --output_dir for anything in the way."""
     directory = fileio.absolute(options.output_dir)
     shown = display(directory)
-    if source_kind == "folder" and (directory + os.sep).startswith(os.path.join(os.path.abspath(source_path), "")):
-        raise ConfigError("output_dir", f"{shown} is inside the source folder {display(source_path)}")
+    if source_kind == "folder":
+        check_apart(directory, source_path)
     if fileio.exists(directory) and not fileio.isdir(directory):
         raise ConfigError("output_dir", f"{shown} exists and is not a directory")
     try:

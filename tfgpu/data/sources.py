@@ -356,6 +356,11 @@ def open_npz(path: str) -> Source:
                   encoded=False, channels=channels.pop(), identity=f"npz:{path}", notices=notices)
 
 
+def builtin_identity(name: str) -> str:
+    """What a built-in dataset is, for the converter's fingerprint (its bytes are those of the installed package)."""
+    return f"builtin:{name}"
+
+
 def open_builtin(name: str) -> Source:
     """A dataset shipped inside a PyPI package (tfgpu.data.builtin), with its own train/val split."""
     data = builtin.load_builtin(name)
@@ -363,4 +368,4 @@ def open_builtin(name: str) -> Source:
               for s, (x, y) in data["splits"].items()}
     channels = next(iter(data["splits"].values()))[0].shape[-1]
     return Source(name, "builtin", list(data["classes"]), splits, presplit=True, encoded=False,
-                  channels=int(channels), identity=f"builtin:{name}")
+                  channels=int(channels), identity=builtin_identity(name))

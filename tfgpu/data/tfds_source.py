@@ -6,9 +6,11 @@ order is already shuffled), and its payloads read ranges of it.
 import dataclasses
 import hashlib
 import logging
+import os
 
 from tfgpu.config import ConfigError
 from tfgpu.data.sources import Source
+from tfgpu.runtime import fileio
 
 log = logging.getLogger("tfgpu")
 
@@ -74,8 +76,9 @@ class TfdsSplit:
         return TfdsPayload(**self.spec, lo=self.lo + lo, hi=self.lo + hi)
 
 
-def open_tfds(name: str, data_dir: str = "", download: bool = False) -> Source:
-    """A tensorflow_datasets image-classification builder prepared in ``data_dir`` (downloads only if allowed)."""
+def prepared_builder(name: str, data_dir: str = "", download: bool = False):
+    """The tensorflow_datasets builder ``name`` prepared in ``data_dir`` (downloads and prepares it only if
+    allowed); ConfigError naming the flag when it cannot be had."""
     if not name:
         raise ConfigError("source", "tfds: needs a dataset name, e.g. tfds:cifar10")
     import tensorflow_datasets as tfds
@@ -91,6 +94,34 @@ def open_tfds(name: str, data_dir: str = "", download: bool = False) -> Source:
                               "tensorflow_datasets download and prepare it, or --tfds_data_dir=DIR where it is")
         log.info("downloading and preparing tfds:%s into %s", name, where)
         builder.download_and_prepare()
+    return builder
+
+
+def data_identity(builder) -> str:
+    """What a prepared builder's data is: its full name and version, the directory it is read from (symlinks
+    resolved) and a sha256 over its ``dataset_info.json`` and the name, size and modification time of each of its
+    files. Two data dirs holding a dataset of one name, or one re-prepared in place, differ here. Costs listing one
+    directory, a stat per file and reading ``dataset_info.json`` (no record is read)."""
+    import tensorflow as tf
+
+    directory = str(builder.data_dir)
+    resolved = directory if fileio.has_scheme(directory) else os.path.realpath(directory)
+    digest = hashlib.sha256()
+    try:
+        digest.update(fileio.read_bytes(os.path.join(directory, "dataset_info.json")))
+        for file in sorted(fileio.listdir(directory)):
+            stat = tf.io.gfile.stat(os.path.join(directory, file))
+            digest.update(f"\0{file}\0{stat.length}\0{stat.mtime_nsec}".encode())
+    except (OSError, tf.errors.OpError) as e:
+        raise ConfigError("tfds_data_dir", f"cannot read {directory}: {getattr(e, 'strerror', None) or e}") from None
+    return f"tfds:{builder.info.full_name}:{resolved}:{digest.hexdigest()}"
+
+
+def open_tfds(name: str, data_dir: str = "", download: bool = False) -> Source:
+    """A tensorflow_datasets image-classification builder prepared in ``data_dir`` (downloads only if allowed)."""
+    import tensorflow_datasets as tfds
+
+    builder = prepared_builder(name, data_dir, download)
     info = builder.info
     keys = info.supervised_keys
     image_key, label_key = keys if isinstance(keys, tuple) and len(keys) == 2 and all(
@@ -106,5 +137,4 @@ def open_tfds(name: str, data_dir: str = "", download: bool = False) -> Source:
     splits = {s: TfdsSplit({**spec, "split": s}, 0, info.splits[s].num_examples) for s in sorted(info.splits)}
     shape = features[image_key].shape
     return Source(name.replace("/", "-"), "tfds", list(features[label_key].names), splits, presplit=True,
-                  encoded=True, channels=int(shape[-1]) if shape[-1] else 0,
-                  identity=f"tfds:{name}:{info.version}")
+                  encoded=True, channels=int(shape[-1]) if shape[-1] else 0, identity=data_identity(builder))

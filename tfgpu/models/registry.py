@@ -2,7 +2,8 @@
 
 A builder takes ``(input_shape, num_classes, **kwargs)`` and returns a
 ``keras.Model`` built under the current dtype policy. ``create_model`` is the
-one place that guarantees float32 logits, so builders never mention precision.
+one place that guarantees float32 outputs, so builders never mention precision
+(logits; a user's model that ends in a softmax is read by ``tfgpu.models.heads``).
 
 A name that is not registered but has the form ``MODULE:FUNCTION`` or
 ``path/to/file.py:FUNCTION`` is the user's own builder (``tfgpu.models.user``):

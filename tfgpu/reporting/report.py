@@ -22,7 +22,7 @@ from tfgpu.config import ConfigError
 from tfgpu.reporting.plots import series, write_plots
 from tfgpu.runtime import fileio
 from tfgpu.runtime.fileio import atomic_write_bytes
-from tfgpu.training import metric_specs
+from tfgpu.training import config_change, metric_specs
 from tfgpu.training import target as target_lib
 
 INPUT_BOUND_FRACTION = 0.1  # share of step time waiting for data above which a run is input-bound
@@ -36,8 +36,8 @@ KEY_CONFIG = ("task", "model", "dataset", "data_dir", "image_size", "augment", "
 
 # -- reading what the run left --------------------------------------------------------------------------------------
 def read_history(path: str) -> tuple:
-    """(records by kind sorted by step, keeping the last record of a step written twice after a resume;
-    number of unreadable lines)."""
+    """(records by kind sorted by step, keeping the last record of a step written twice after a resume (a
+    config change, an event rather than a point, is kept every time); number of unreadable lines)."""
     by_key, bad = {}, 0
     try:
         text = fileio.read_text(path, errors="replace")
@@ -49,13 +49,15 @@ def read_history(path: str) -> tuple:
         try:
             record = json.loads(line)
             key = (record["kind"], int(record["step"]))
+            if key[0] == config_change.HISTORY_KIND:
+                key += (len(by_key),)
         except (ValueError, KeyError, TypeError):
             bad += 1  # e.g. the half-written last line of a killed run
             continue
         by_key[key] = record
     kinds = {}
-    for (kind, step), record in sorted(by_key.items(), key=lambda kv: kv[0][1]):
-        kinds.setdefault(kind, []).append(record)
+    for key, record in sorted(by_key.items(), key=lambda kv: kv[0][1]):
+        kinds.setdefault(key[0], []).append(record)
     return kinds, bad
 
 
@@ -225,6 +227,18 @@ def _topology_changes(history: dict) -> list:
     return ["## Topology changes", "", *lines, ""] if lines else []
 
 
+def _config_changes(records: list) -> list:
+    """The section listing each change --allow_config_change let a resume make, by the step it took effect."""
+    if not records:
+        return []
+    lines = ["## Config changes", "", "Resumed with --allow_config_change; config.yaml holds the latest values.", "",
+             "| step | option | before | after |", "| --- | --- | --- | --- |"]
+    for r in records:
+        cells = [_fmt(r.get(key)).replace("|", "/").replace("\n", " ") for key in ("step", "field", "old", "new")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def _table(rows: list, header=("", "")) -> list:
     lines = [f"| {header[0]} | {header[1]} |", "| --- | --- |"]
     lines += [f"| {k} | {_fmt(v).replace('|', '/')} |" for k, v in rows]
@@ -309,6 +323,7 @@ def render(model_dir: str, history: dict, bad_lines: int, metrics, config, profi
             lines += [f"![{title}]({path})", ""]
     lines += _images(declared.metrics, history, model_dir)
 
+    lines += _config_changes(history.get(config_change.HISTORY_KIND, []))
     if config:
         lines += ["## Key config", ""]
         keys = dict.fromkeys(KEY_CONFIG + tuple(declared.report_options))

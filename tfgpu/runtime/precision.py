@@ -24,7 +24,8 @@ from tfgpu.config import Config, PrecisionConfig
 from tfgpu.runtime import advice, host
 
 MIN_LOSS_SCALE = 1.0  # a float16 scale backs off no lower than this (or the initial scale, if lower)
-BY_CAPABILITY = ("float32", "mixed_float16", "mixed_bfloat16")  # each needs more of the hardware than the last
+BY_CAPABILITY = ("float32", "mixed_float16", "mixed_bfloat16")
+ALLREDUCE_DTYPES = ("float32", "bfloat16", "float16")  # --allreduce_dtype: what gradients cross the wire in  # each needs more of the hardware than the last
 
 log = logging.getLogger("tfgpu")
 
@@ -106,13 +107,24 @@ class GuardedOptimizer(keras.optimizers.LossScaleOptimizer):
     """
 
     def __init__(self, inner_optimizer, initial_scale=2.0 ** 15, dynamic_growth_steps=2000, dynamic=True,
-                 name=None):
+                 name=None, allreduce_dtype="float32"):
         if not initial_scale > 0 or (not dynamic and initial_scale != 1.0):
             raise ValueError(f"initial loss scale {initial_scale}: must be positive, and 1 without dynamic scaling")
+        if allreduce_dtype not in ALLREDUCE_DTYPES:
+            raise ValueError(f"allreduce_dtype {allreduce_dtype!r}: use one of {', '.join(ALLREDUCE_DTYPES)}")
         super().__init__(inner_optimizer, initial_scale=float(initial_scale),
                          dynamic_growth_steps=dynamic_growth_steps, name=name)
         self.dynamic = bool(dynamic)
         self.min_scale = min(MIN_LOSS_SCALE, float(initial_scale))
+        self.allreduce_dtype = allreduce_dtype
+        self._summed_calls = 0
+        keras_sum = inner_optimizer._all_reduce_sum_gradients
+
+        def all_reduce_sum_gradients(grads_and_vars):
+            # Gradients apply_if_finite already summed across replicas (in --allreduce_dtype) are not summed again.
+            return list(grads_and_vars) if self._summed_calls else keras_sum(grads_and_vars)
+
+        inner_optimizer._all_reduce_sum_gradients = all_reduce_sum_gradients
 
     def scale_loss(self, loss):
         return super().scale_loss(loss) if self.dynamic else loss
@@ -133,13 +145,17 @@ class GuardedOptimizer(keras.optimizers.LossScaleOptimizer):
             return tf.math.is_finite(tf.reshape(sized[0], [-1])[0])
         return super().check_finite(grads)
 
-    def apply_poisoned(self, grads, trainable_variables):
-        """``apply`` of gradients that ``apply_if_finite`` made all NaN on a skipped step (on every replica)."""
+    def apply_poisoned(self, grads, trainable_variables, summed: bool = False):
+        """``apply`` of gradients that ``apply_if_finite`` made all NaN on a skipped step (on every replica);
+        ``summed``: they are already the cross-replica sum (``all_reduce_in``), which the inner optimizer then
+        applies as it is instead of summing again."""
         self._poisoned_calls = getattr(self, "_poisoned_calls", 0) + 1
+        self._summed_calls += int(summed)
         try:
             self.apply(grads, trainable_variables)
         finally:
             self._poisoned_calls -= 1
+            self._summed_calls -= int(summed)
 
     def _stateful_handle_finite_grads(self, grads, trainable_variables):
         if self.dynamic:
@@ -157,7 +173,7 @@ class GuardedOptimizer(keras.optimizers.LossScaleOptimizer):
                                   "Keras' stateless path would halve the scale without a floor")
 
     def get_config(self):
-        return {**super().get_config(), "dynamic": self.dynamic}
+        return {**super().get_config(), "dynamic": self.dynamic, "allreduce_dtype": self.allreduce_dtype}
 
 
 def wrap_optimizer(optimizer: keras.optimizers.Optimizer, config: PrecisionConfig) -> GuardedOptimizer:
@@ -168,8 +184,17 @@ def wrap_optimizer(optimizer: keras.optimizers.Optimizer, config: PrecisionConfi
         raise ValueError("precision 'auto' is not a dtype policy: resolve it first (resolve_config)")
     if config.precision == "mixed_float16":
         return GuardedOptimizer(optimizer, initial_scale=config.initial_loss_scale,
-                                dynamic_growth_steps=config.loss_scale_growth_steps)
-    return GuardedOptimizer(optimizer, initial_scale=1.0, dynamic=False)
+                                dynamic_growth_steps=config.loss_scale_growth_steps,
+                                allreduce_dtype=config.allreduce_dtype)
+    return GuardedOptimizer(optimizer, initial_scale=1.0, dynamic=False, allreduce_dtype=config.allreduce_dtype)
+
+
+def all_reduce_in(dtype: str, ctx, grads) -> list:
+    """The cross-replica sum of ``grads`` with each gradient cast to ``dtype`` on the wire and back to its own
+    dtype after: the same values on every replica, half the bytes for bfloat16/float16. A float16 sum beyond
+    float16's range arrives as inf, which the caller's finiteness check sees on every replica alike."""
+    wire = [tf.cast(g, dtype) for g in grads]
+    return [tf.cast(s, g.dtype) for s, g in zip(ctx.all_reduce(tf.distribute.ReduceOp.SUM, wire), grads)]
 
 
 def apply_if_finite(optimizer, loss, grads, variables, clip_norm: float = 0.0, num_replicas: int = 1):
@@ -178,6 +203,9 @@ def apply_if_finite(optimizer, loss, grads, variables, clip_norm: float = 0.0, n
     Keras' LossScaleOptimizer checks only the first replica's local gradients, so finiteness is decided here
     with an all-reduce, and a bad step poisons every replica's gradients so all of them skip it (and the
     float16 scale backs off). ``clip_norm`` > 0 clips the all-reduced gradient (``norm`` is measured first).
+    With a GuardedOptimizer whose ``allreduce_dtype`` is not float32, and several replicas, the gradients are
+    summed here in that dtype (``all_reduce_in``) and the sum must be finite too (a float16 overflow skips the
+    step everywhere, as the sum is the same on every replica); the optimizer then applies the sum as it is.
     """
     from tfgpu.training import optimizers
 
@@ -187,13 +215,19 @@ def apply_if_finite(optimizer, loss, grads, variables, clip_norm: float = 0.0, n
     bad = ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(local_bad, tf.float32)) if ctx else \
         tf.cast(local_bad, tf.float32)
     finite = tf.equal(bad, 0.0)
+    dtype = getattr(optimizer, "allreduce_dtype", "float32")
+    summed = dtype != "float32" and ctx is not None and ctx.num_replicas_in_sync > 1
+    if summed:
+        grads = all_reduce_in(dtype, ctx, grads)
+        finite = tf.logical_and(finite, tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads]))
     norm = None
     if clip_norm:
-        grads, norm = optimizers.clip_by_global_norm(grads, clip_norm, current_loss_scale(optimizer), num_replicas)
+        grads, norm = optimizers.clip_by_global_norm(grads, clip_norm, current_loss_scale(optimizer),
+                                                     1 if summed else num_replicas, summed=summed)
     poison = tf.where(finite, 0.0, float("nan"))
     poisoned = [g + tf.cast(poison, g.dtype) for g in grads]
     if isinstance(optimizer, GuardedOptimizer):
-        optimizer.apply_poisoned(poisoned, variables)
+        optimizer.apply_poisoned(poisoned, variables, summed=summed)
     else:
         optimizer.apply(poisoned, variables)
     return finite, norm

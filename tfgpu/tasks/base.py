@@ -139,6 +139,11 @@ class Task(abc.ABC):
         """Parameter counts for metrics.json and the report, e.g. {"parameters": n, "trainable_parameters": m}."""
         return {}
 
+    def model_facts(self) -> dict:
+        """What metrics.json and the export's ``<name>.input.json`` state about what the models give, e.g.
+        {"model_output": "probabilities"}; strings only."""
+        return {}
+
     def describe(self) -> str:
         """One line about the models (parameters, FLOPs) for the start-of-run log."""
         return ""

@@ -10,19 +10,26 @@ when no checkpoint was restored; --freeze keeps the matching layers out of train
 until --unfreeze_at_step, where the trainer stops a loop and the step is traced again over every variable.
 The optimizer is built over all variables before freezing, so its slots and the checkpoint are the same
 frozen or not, and a resume on either side of the unfreeze step is exact.
+
+A model that ends in a softmax gives probabilities (``tfgpu.models.heads``): the loss is computed from the logits
+that softmax takes (the same layers and weights, ``Head.logits``), or, where the softmax cannot be separated from
+its layer (a subclassed model), from the probabilities in float32, clipped at ``PROBABILITY_FLOOR``. A sigmoid
+head is refused: it scores each class on its own, which one softmax over the classes does not train. A model whose
+first layer is ``Rescaling(1/255)`` (it expects 0..255 pixels) is refused unless --input_range=0,255.
 """
 import logging
 
 import tensorflow as tf
 
-from tfgpu.config import InputConfig, OptimizationConfig, PrecisionConfig
+from tfgpu.config import ConfigError, InputConfig, OptimizationConfig, PrecisionConfig
 from tfgpu.runtime import precision
 from tfgpu.training import optimizers
-from tfgpu.models import create_model, get_spec
+from tfgpu.models import create_model, get_spec, heads
 from tfgpu.models.summary import count_params
 from tfgpu.tasks.base import MetricSpec, Task, register_task
 
 log = logging.getLogger("tfgpu")
+PROBABILITY_FLOOR = 1e-7  # log(0) guard for a softmax that cannot be separated (Keras' epsilon)
 _LR_TITLE = "Learning rate (and the float16 loss scale)"
 
 
@@ -56,6 +63,10 @@ class ClassificationTask(Task):
         self.model = create_model(config.model, self.info.image_shape, self.info.num_classes,
                                   sync_batch_norm=config.sync_batch_norm,
                                   zero_init_residual=config.zero_init_residual)
+        self.head = check_model(self.model, config.model, self.info.num_classes, config.input_range)
+        # What the loss is computed from: the model's logits, or the logits its softmax takes, or its probabilities.
+        self._forward = self.head.logits if self.head.logits is not None else self.model
+        self._from_probabilities = self.head.gives_probabilities and self.head.logits is None
         from tfgpu.data.pipeline import steps_per_epoch
         from tfgpu.models.freeze import Freezer
         self.freezer = Freezer(self.model, config.freeze) if config.freeze else None
@@ -139,18 +150,21 @@ class ClassificationTask(Task):
     def checkpoint_items(self):
         return {"model": self.model, "optimizer": self.optimizer}
 
-    def _per_example_loss(self, labels, logits):
-        logits = tf.cast(logits, tf.float32)
+    def _per_example_loss(self, labels, outputs):
+        """Cross-entropy in float32 of ``outputs``: logits, or probabilities when the softmax is not separable."""
+        outputs = tf.cast(outputs, tf.float32)
         num_classes = self.info.num_classes
         targets = tf.one_hot(labels, num_classes)
         if self.config.label_smoothing:
             targets = targets * (1.0 - self.config.label_smoothing) + self.config.label_smoothing / num_classes
-        return tf.nn.softmax_cross_entropy_with_logits(targets, logits)
+        if self._from_probabilities:
+            return -tf.reduce_sum(targets * tf.math.log(tf.clip_by_value(outputs, PROBABILITY_FLOOR, 1.0)), -1)
+        return tf.nn.softmax_cross_entropy_with_logits(targets, outputs)
 
     def _gradients(self, images, labels):
         """Gradients of the (loss-scaled) global-batch loss share, summed over micro-batches."""
-        config, model = self.config, self.model
-        variables = model.trainable_variables
+        config = self.config
+        variables = self.model.trainable_variables
         num_replicas = self.placement.num_replicas
         k = config.grad_accum_steps
         # One micro-batch: the batch itself, no split nor zero-initialized sums (fewer kernels per step).
@@ -158,15 +172,15 @@ class ClassificationTask(Task):
         grads = loss_sum = correct = None
         for i, (x, y) in enumerate(zip(micro_images, micro_labels)):
             with tf.GradientTape() as tape:
-                logits = model(x, training=True)
-                summed = tf.reduce_sum(self._per_example_loss(y, logits))
+                outputs = self._forward(x, training=True)
+                summed = tf.reduce_sum(self._per_example_loss(y, outputs))
                 loss = summed / config.global_batch_size
                 if i == 0:  # the L2 term counts once per step
                     loss += optimizers.l2_penalty(self.optimization, variables, num_replicas)
                 scaled = precision.scale_loss(self.optimizer, loss)
             micro_grads = [tf.cast(m, v.dtype) for m, v in zip(tape.gradient(scaled, variables), variables)]
             grads = micro_grads if grads is None else [g + m for g, m in zip(grads, micro_grads)]
-            hits = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1), y), tf.float32))
+            hits = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(outputs, -1), y), tf.float32))
             loss_sum, correct = (summed, hits) if i == 0 else (loss_sum + summed, correct + hits)
         return grads, loss_sum / config.global_batch_size, correct / config.global_batch_size
 
@@ -190,11 +204,11 @@ class ClassificationTask(Task):
 
     def eval_step(self, batch):
         images, labels, weights = batch
-        logits = tf.cast(self.model(images, training=False), tf.float32)
-        loss = self._per_example_loss(labels, logits)
+        outputs = tf.cast(self._forward(images, training=False), tf.float32)
+        loss = self._per_example_loss(labels, outputs)
         k = min(5, self.info.num_classes)
-        top5 = tf.cast(tf.nn.in_top_k(labels, logits, k), tf.float32)
-        top1 = tf.cast(tf.equal(tf.argmax(logits, -1), labels), tf.float32)
+        top5 = tf.cast(tf.nn.in_top_k(labels, outputs, k), tf.float32)
+        top1 = tf.cast(tf.equal(tf.argmax(outputs, -1), labels), tf.float32)
         return {"loss_sum": tf.reduce_sum(loss * weights), "correct": tf.reduce_sum(top1 * weights),
                 "correct_top5": tf.reduce_sum(top5 * weights), "count": tf.reduce_sum(weights)}
 
@@ -212,6 +226,11 @@ class ClassificationTask(Task):
             return {"loss_scale": float(precision.current_loss_scale(self.optimizer))}
         return {}
 
+    def model_facts(self):
+        return {"model_output": "probabilities" if self.head.gives_probabilities else "logits",
+                "loss_from": ("probabilities" if self._from_probabilities else
+                              "pre_softmax_logits" if self.head.gives_probabilities else "logits")}
+
     def describe(self):
         trainable = count_params(self.model)
         frozen = f" ({trainable:,} trainable)" if trainable != self.num_parameters else ""
@@ -219,3 +238,29 @@ class ClassificationTask(Task):
 
     def export(self, path):
         self.model.save(path)
+
+
+def check_model(model, name: str, num_classes: int, input_range) -> heads.Head:
+    """The head of classifier ``name`` (``heads.output_head``), after one INFO line when it is a softmax;
+    ``ConfigError(model)`` for a sigmoid head, ``ConfigError(input_range)`` when the model begins with a
+    Rescaling that expects 0..255 pixels and --input_range is not 0,255."""
+    head = heads.output_head(model)
+    where = f"(layer {head.layer!r})"
+    if head.gives_probabilities and head.activation != "softmax":
+        raise ConfigError("model", f"{name} ends in a {head.activation} {where}, which scores each of the "
+                          f"{num_classes} classes on its own; the classification task trains one softmax over them: "
+                          "remove the activation (activation=None, logits) or end in softmax")
+    if head.activation == "softmax":
+        how = ("from the logits that softmax takes (the same weights), in float32" if head.logits is not None else
+               f"from its probabilities in float32, clipped at {PROBABILITY_FLOOR:g} (the softmax cannot be "
+               "separated from the layer)")
+        log.info("model %s ends in a softmax %s: it gives probabilities (as its export does); the loss is computed "
+                 "%s (metrics.json: model_output=probabilities)", name, where, how)
+    rescaling = heads.leading_rescaling(model)
+    low, high = (float(v) for v in input_range)
+    if rescaling and heads.expects_pixels(*rescaling[1:]) and (low, high) != (0.0, 255.0):
+        layer, scale, offset = rescaling
+        raise ConfigError("input_range", f"{name} begins with Rescaling(scale={scale:.6g}, offset={offset:g}) "
+                          f"(layer {layer!r}), so it expects pixels in 0..255, but --input_range={low:g},{high:g} "
+                          f"feeds it {low:g}..{high:g}: set --input_range=0,255")
+    return head

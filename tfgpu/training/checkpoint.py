@@ -11,6 +11,12 @@ trained it (``DataPosition``: JSON in the checkpoint itself, so it is written an
 written before it was recorded restores without it. ``model_dir`` may be any path
 TensorFlow opens (``gs://``, ``ram://``): on an object store that rename is a copy
 and a delete, so the state file is replaced whole but not in one atomic step.
+
+Nothing restored is trusted: before TensorFlow restores a checkpoint, ``first_mismatch`` compares its index
+(variable names and shapes) with the objects being restored, so a checkpoint of another model, task or head,
+a truncated or corrupt file, or a path that is no checkpoint stops with one ``ConfigError`` naming the
+checkpoint and the first variable that does not fit. Cost: one read of the ``.index`` file and a walk of the
+objects' variables (milliseconds; no weight is read twice).
 """
 import json
 import logging
@@ -18,10 +24,23 @@ import os
 import shutil
 
 import tensorflow as tf
+from tensorflow.core.protobuf import trackable_object_graph_pb2
+from tensorflow.python.checkpoint import graph_view, util as checkpoint_util  # TF's own names for variables
 
+from tfgpu.config import ConfigError
+from tfgpu.runtime import fileio
 from tfgpu.runtime.distribute import Placement, worker_dir
 
 log = logging.getLogger("tfgpu")
+
+
+VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"  # how a checkpoint's index names a variable's value
+FIX = {"model_dir": "train this model into a new --model_dir",  # by the flag that named the checkpoint
+       "checkpoint": "pass a checkpoint of a run of this model, task and dataset"}
+UNREADABLE_FIX = {"model_dir": f"its .index file is truncated or corrupt: put back an intact copy, or "
+                               f"{FIX['model_dir']}",
+                  "checkpoint": "pass a checkpoint's prefix (its files without .index or .data-*), e.g. "
+                                "<model_dir>/checkpoints/ckpt-N"}
 
 
 def checkpoint_dir(model_dir: str) -> str:
@@ -50,13 +69,117 @@ class DataPosition(tf.train.experimental.PythonState):
 
 
 def has_data_position(path: str) -> bool:
-    """Whether the checkpoint at ``path`` records its data position (one written before it did not)."""
-    return any(name.startswith(DATA_POSITION + "/") for name, _ in tf.train.list_variables(path))
+    """Whether the checkpoint at ``path`` records its data position (one written before it did not); False for
+    what is no readable checkpoint, which ``restore`` then refuses in one line."""
+    try:
+        return any(name.startswith(DATA_POSITION + "/") for name, _ in tf.train.list_variables(path))
+    except (tf.errors.OpError, ValueError):
+        return False
+
+
+def latest(model_dir: str) -> str | None:
+    """The latest checkpoint of a run, or None when it has none; ConfigError(model_dir) when the ``checkpoint``
+    state file names one whose files are gone (training would otherwise silently start again from step 0)."""
+    directory = checkpoint_dir(model_dir)
+    found = tf.train.latest_checkpoint(directory)
+    if found is None and fileio.exists(os.path.join(directory, "checkpoint")):
+        named = tf.train.get_checkpoint_state(directory)  # None (TensorFlow logs why) when it does not parse
+        if named is None:
+            raise ConfigError("model_dir", f"{directory}/checkpoint is unreadable; put back an intact copy, or "
+                              f"remove {directory} to start the run afresh")
+        if named.model_checkpoint_path:
+            raise ConfigError("model_dir", f"{directory}/checkpoint names {named.model_checkpoint_path}, whose "
+                              f"files are missing; put them back, or remove {directory} to start afresh")
+    return found
+
+
+def _first_line(error: Exception) -> str:
+    text = getattr(error, "message", None) or str(error)
+    return text.strip().splitlines()[0] if text.strip() else type(error).__name__
+
+
+def variables_by_key(checkpoint: tf.train.Checkpoint) -> dict:
+    """{checkpoint key: variable} of every variable ``checkpoint`` saves, named as TensorFlow names them (the
+    first path that reaches each variable, e.g. a model's kernel under ``optimizer/_trainable_variables/0``):
+    the models' variables first, then the optimizers' own state (so a mismatch names a layer, not its momentum)."""
+    import keras
+
+    objects, _, _, _, names = checkpoint_util.objects_ids_and_slot_variables_and_paths(
+        graph_view.ObjectGraphView(checkpoint))
+    state = {id(v) for o in objects if isinstance(o, keras.optimizers.Optimizer) for v in o.variables}
+    variables = [o for o in objects if isinstance(o, tf.Variable) or (hasattr(o, "shape") and hasattr(o, "assign"))]
+    return {names[v] + VALUE_SUFFIX: v for v in sorted(variables, key=lambda v: id(v) in state)}
+
+
+def items(checkpoint: tf.train.Checkpoint) -> list:
+    """The names of the objects ``checkpoint`` saves at its top (step, model, optimizer, ...)."""
+    return [child.name for child in graph_view.ObjectGraphView(checkpoint).list_children(checkpoint)
+            if child.name != "save_counter"]  # TensorFlow's own count of saves: not part of a run's state
+
+
+def saved_items(reader) -> list:
+    """The names of the objects a checkpoint holds at its top, from its object graph."""
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+    return [child.local_name for child in graph.nodes[0].children]
+
+
+def first_mismatch(checkpoint: tf.train.Checkpoint, reader) -> str | None:
+    """What first keeps the checkpoint ``reader`` reads from restoring into ``checkpoint``: items it lacks (a
+    checkpoint of another task), then the first variable it lacks or holds in another shape (another model or
+    head); None when every variable fits."""
+    held = saved_items(reader)
+    lacked = [item for item in items(checkpoint) if item not in held]
+    if lacked:
+        return f"it has no {', '.join(map(repr, lacked))} (it holds {', '.join(sorted(held))})"
+    shapes = reader.get_variable_to_shape_map()
+    ours = variables_by_key(checkpoint)
+    for key, variable in ours.items():
+        name = key[:-len(VALUE_SUFFIX)]
+        path = (getattr(variable, "path", None) or variable.name).split(":")[0]  # Keras's layer path, else TF's
+        shown = name if path in name else f"{name} ({path})"
+        wanted = [int(d) for d in variable.shape]
+        if key not in shapes:
+            return f"it has no variable {shown} (shape {wanted})"
+        if list(shapes[key]) != wanted:
+            return f"its {shown} has shape {list(shapes[key])}, the model built here {wanted}"
+    return None
+
+
+def restore(checkpoint: tf.train.Checkpoint, path: str, flag: str) -> None:
+    """Restores ``path`` into ``checkpoint`` once its index shows every variable fits; ConfigError(``flag``)
+    naming the checkpoint and what does not fit, or why it cannot be read (not a checkpoint, truncated, corrupt)."""
+    if fileio.isdir(path):
+        inside = tf.train.latest_checkpoint(path)
+        raise ConfigError(flag, f"{path} is a directory, not a checkpoint; " + (
+            f"pass a checkpoint's prefix, e.g. {inside}" if inside else "it holds no checkpoint"))
+    try:
+        reader = tf.train.load_checkpoint(path)
+    except (tf.errors.OpError, ValueError) as e:  # no checkpoint there, or an .index that does not parse
+        raise ConfigError(flag, f"{path} is not a readable checkpoint ({_first_line(e)}); {UNREADABLE_FIX[flag]}"
+                          ) from None
+    try:
+        mismatch = first_mismatch(checkpoint, reader)  # reads the object graph from the data file
+    except Exception as e:  # noqa: BLE001 (a short data file raises IndexError, a corrupt one DataLossError, ...)
+        raise _damaged(flag, path, e) from None
+    if mismatch:
+        raise ConfigError(flag, f"checkpoint {path} does not fit the model built here: {mismatch}; it was written "
+                          f"by another model, task or dataset: {FIX[flag]}")
+    try:
+        checkpoint.restore(path).assert_existing_objects_matched().expect_partial()
+    except Exception as e:  # noqa: BLE001 (as above)
+        raise _damaged(flag, path, e) from None
+
+
+def _damaged(flag: str, path: str, error: Exception) -> ConfigError:
+    return ConfigError(flag, f"checkpoint {path} cannot be restored ({type(error).__name__}: {_first_line(error)}); "
+                       f"its files may be truncated or corrupt: put back intact copies, or {FIX[flag]}")
 
 
 class Checkpointer:
     def __init__(self, model_dir: str, placement: Placement, items: dict, step: tf.Variable, keep: int,
                  data_position=None):
+        self.model_dir = model_dir
         self.real_dir = checkpoint_dir(model_dir)
         self._own_dir = worker_dir(model_dir, placement)
         self._temporary = not placement.is_chief
@@ -70,21 +193,19 @@ class Checkpointer:
 
     def restore_latest(self) -> int:
         """Restores the chief's latest checkpoint, if any; returns the step to continue from."""
-        latest = tf.train.latest_checkpoint(self.real_dir)
-        if latest is None:
+        path = latest(self.model_dir)
+        if path is None:
             return 0
-        self.restore(latest).assert_existing_objects_matched()
-        step = int(self.step.numpy())
-        log.info("restored %s: resuming at step %d", latest, step)
+        step = self.restore(path, "model_dir")
+        log.info("restored %s: resuming at step %d", path, step)
         return step
 
-    def restore(self, path: str):
-        """Restores the checkpoint at ``path``, with its data position when it records one (then in
-        ``data_position.restored``); returns the restore status."""
+    def restore(self, path: str, flag: str) -> int:
+        """Restores checkpoint ``path`` (checked to fit; ``flag``: the option that named it), with its data position
+        when it records one (then in ``data_position.restored``); returns its step."""
         self.restored_path = path
-        if has_data_position(path):
-            return self.checkpoint.restore(path)
-        return tf.train.Checkpoint(**self._items).restore(path)
+        restore(self.checkpoint if has_data_position(path) else tf.train.Checkpoint(**self._items), path, flag)
+        return int(self.step.numpy())
 
     def save(self) -> str:
         """Saves at the current step (all workers must call it together)."""

@@ -13,7 +13,7 @@ import time
 from tfgpu.config import (Config, ConfigError, DatasetConfig, InputConfig, RuntimeConfig, TrainerConfig,
                           save_yaml)
 from tfgpu.runtime.fileio import atomic_write_bytes
-from tfgpu.training import exporting
+from tfgpu.training import config_change, exporting
 from tfgpu.training.history import PhaseTimer
 
 log = logging.getLogger("tfgpu")
@@ -56,6 +56,13 @@ def setup(config: Config, write_config: bool = True, startup: PhaseTimer | None 
     # is refused before model_dir is touched: N processes must never train as N chiefs into one directory.
     cluster.resolve_for_run(config.cluster, config.distribution_strategy)
     check_model_dir(config.model_dir)
+    # Resuming with a change to what is trained stops here, before anything is built (config_change.TRAINED);
+    # --precision=auto is compared once resolved, below.
+    recorded = None
+    if write_config:
+        config_change.check_allowed_names(config)
+        recorded = config_change.read_recorded(config.model_dir)
+        config_change.check(recorded, config)
     # TensorFlow is imported only now, after the cheap checks.
     import keras
     import tensorflow as tf
@@ -73,6 +80,7 @@ def setup(config: Config, write_config: bool = True, startup: PhaseTimer | None 
     placement = distribute.build_strategy(RuntimeConfig.of(config))
     # --precision=auto becomes a policy here, before anything reads it or config.yaml records it.
     config = precision.resolve_config(config, placement)
+    accepted = config_change.check(recorded, config)
     try:
         task_class = get_task(config.task)
     except ValueError as e:
@@ -99,17 +107,31 @@ def setup(config: Config, write_config: bool = True, startup: PhaseTimer | None 
              config.examples_per_step, total_steps / pipeline.steps_per_epoch(inputs, info))
     from tfgpu.models import user
 
-    if placement.is_chief and write_config:
-        save_yaml(config, os.path.join(config.model_dir, "config.yaml"))
-        user.write_source_record(config, config.model_dir)  # model_source.json: which file built a user model
+    if placement.is_chief and write_config and not accepted:
+        _write_run_config(config)
     elif not write_config:
         user.warn_if_changed(config, config.model_dir)
     precision.set_policy(config.precision)
     task = task_class(config, info, placement, total_steps)
     trainer = Trainer(TrainerConfig.of(config), inputs, placement, task, info, total_steps)
+    if placement.is_chief and accepted:
+        # An allowed change is recorded once the checkpoint restored into this run's model: a resume that fails
+        # there leaves config.yaml describing the checkpoint, and no record of a change that never trained.
+        trainer.on_restored.append(lambda step: _write_run_config(config, accepted, step, trainer.history))
     trainer.startup = startup
     startup.mark("task")
     return Setup(config, placement, info, task, trainer, total_steps)
+
+
+def _write_run_config(config: Config, changes=(), step: int = 0, history=None) -> None:
+    """The chief's config.yaml and model_source.json (which file built a user model); first, for a resume with
+    allowed changes, their log lines and history.jsonl records."""
+    from tfgpu.models import user
+
+    if changes:
+        config_change.record(changes, step, history)
+    save_yaml(config, os.path.join(config.model_dir, "config.yaml"))
+    user.write_source_record(config, config.model_dir)
 
 
 def _check_batches(config: Config, num_replicas: int) -> None:
@@ -158,7 +180,7 @@ def run(config: Config, startup: PhaseTimer | None = None) -> dict:
         shutdown = PhaseTimer(built.trainer.history.last_time or time.time(), "shutdown", "the outputs written")
         shutdown.mark("trainer_teardown")
         exported = exporting.export_model(task, os.path.join(config.model_dir, "export", "model.keras"))
-        exporting.write_description(config, built.info, exported)
+        exporting.write_description(config, built.info, exported, task.model_facts())
         shutdown.mark("export")
         atomic_write_bytes(os.path.join(config.model_dir, "metrics.json"),
                            json.dumps(metrics, indent=2, sort_keys=True).encode())

@@ -1,5 +1,6 @@
 """What a run deploys and how its user feeds it: the exported model (a .keras file or a SavedModel) and, beside
-it, ``<name>.input.json`` (input shape, dtype, --input_range, how to scale uint8 pixels, output, classes).
+it, ``<name>.input.json`` (input shape, dtype, --input_range, how to scale uint8 pixels, output: logits or
+probabilities, a generator's image range; classes).
 
 Used by the training run's own export (``experiment.run``) and by ``python -m tfgpu.export``. ``output`` may be
 any path TensorFlow opens (``gs://``, ``ram://``): Keras and the SavedModel exporter write to the local disk
@@ -28,39 +29,55 @@ def description_path(output: str) -> str:
     return (stem[:-len(".keras")] if stem.endswith(".keras") else stem) + ".input.json"
 
 
-def describe(config, info) -> dict:
-    """What an exported model takes and returns, for its user (the run's --input_range for a classifier)."""
+def describe(config, info, facts: dict | None = None) -> dict:
+    """What an exported model takes and returns, for its user: a classifier's input range (--input_range, checked
+    against a leading Rescaling when the model was built) and whether it gives logits or probabilities; a GAN
+    generator's image range, which only a final tanh bounds. ``facts``: the task's ``model_facts()`` (None: a
+    classifier that gives logits, a generator that ends in tanh)."""
+    facts = facts or {}
     h, w, c = info.image_shape
     images = {"dtype": "float32", "layout": "NHWC", "shape": [None, h, w, c]}
     if config.task == "gan":
         inputs = {"latent": {"dtype": "float32", "shape": [None, config.latent_dim]}}
         if config.conditional:
             inputs["label"] = {"dtype": "int64", "shape": [None]}
-        return {"task": "gan", "model": config.model, "input": inputs,
-                "output": {**images, "range": [-1.0, 1.0], "meaning": "generated images"},
+        activation = facts.get("generator_output", "tanh")
+        output = ({**images, "range": [-1.0, 1.0], "meaning": "generated images"} if activation == "tanh" else
+                  {**images, "range": None, "meaning": f"generated images, trained toward [-1, 1] but not bounded "
+                   f"(the generator ends in {activation}, not tanh): clip to [-1, 1] before making pixels"})
+        return {"task": "gan", "model": config.model, "input": inputs, "output": output,
                 "classes": list(info.classes)}
     low, high = (float(v) for v in config.input_range)
+    kind = facts.get("model_output", "logits")
     return {"task": config.task, "model": config.model,
             "input": {**images, "range": [low, high],
                       "from_uint8": f"pixels 0..255 map linearly to {low:g}..{high:g}: "
                                     f"x / 255 * ({high:g} - {low:g}) + {low:g}"},
-            "output": {"dtype": "float32", "shape": [None, info.num_classes], "meaning": "logits, one per class"},
+            "output": {"dtype": "float32", "shape": [None, info.num_classes], "kind": kind,
+                       "meaning": OUTPUT_MEANINGS[kind]},
             "classes": list(info.classes)}
 
 
+OUTPUT_MEANINGS = {"logits": "logits, one per class (softmax gives probabilities)",
+                   "probabilities": "probabilities, one per class, summing to 1 (the model ends in a softmax)"}
+
+
 def summary(description: dict) -> str:
-    """One line for the log: what the exported model takes."""
+    """One line for the log: what the exported model takes (and gives, where that is not the usual)."""
+    output = description["output"]
     if description["task"] == "gan":
-        return "outputs float32 images in [-1, 1]"
+        return ("outputs float32 images in [-1, 1]" if output["range"] else
+                "outputs float32 images, not bounded to [-1, 1] (no final tanh)")
     low, high = description["input"]["range"]
-    return f"input: float32 NHWC images in [{low:g}, {high:g}] (--input_range)"
+    gives = "; output: probabilities" if output["kind"] == "probabilities" else ""
+    return f"input: float32 NHWC images in [{low:g}, {high:g}] (--input_range){gives}"
 
 
-def write_description(config, info, output: str) -> str:
+def write_description(config, info, output: str, facts: dict | None = None) -> str:
     """Writes ``description_path(output)`` (atomically) and returns its path."""
     path = description_path(output)
     fileio.makedirs(fileio.parent(path))
-    atomic_write_bytes(path, (json.dumps(describe(config, info), indent=2) + "\n").encode())
+    atomic_write_bytes(path, (json.dumps(describe(config, info, facts), indent=2) + "\n").encode())
     return path
 
 

@@ -18,7 +18,9 @@
   different data is refused. Then the normal input pipeline reads it: every record once
   per epoch, sharded over workers, exact resume.
 - ``options``: any ``Config`` field by name, coerced and validated as flags are; a bad or
-  unknown one raises ``tfgpu.ConfigError`` naming it (``.flag``). Those that fit sets
+  unknown one raises ``tfgpu.ConfigError`` naming it (``.flag``). ``recipe="quickstart"`` starts from an
+  installed recipe's options (``--list_recipes``); its model and data are ``model_fn`` and ``train_data``, and
+  options given by name win over it. Those that fit sets
   itself (``model``, ``data_dir``, ``dataset``, and with a Dataset ``train_split``,
   ``eval_split``) are refused.
 - Returns what the chief writes to ``metrics.json`` (every worker gets the same dict).
@@ -63,6 +65,7 @@ ONLY_REGISTERED = {
     "zero_init_residual": "applies to tfgpu's registered ResNets; initialise your model's layers yourself",
 }
 _MODEL_FNS = {}  # registered name -> the latest model_fn given under it
+_ARGUMENT_FOR_FLAG = {"data_dir": "train_data", "model": "model_fn"}  # fit's argument behind what a flag names
 
 
 class FitError(ConfigError):
@@ -83,7 +86,25 @@ def fit(model_fn, train_data, *, model_dir, eval_data=None, **options) -> dict:
     except FitError:
         raise
     except ConfigError as e:
-        raise FitError("train_data" if e.flag == "data_dir" else e.flag, e.reason) from None
+        raise FitError(_ARGUMENT_FOR_FLAG.get(e.flag, e.flag), e.reason) from None
+
+
+def _recipe_options(recipe: str) -> dict:
+    """An installed recipe's options (``--recipe``), less those fit takes from its own arguments: the recipe's
+    model and data become ``model_fn`` and ``train_data``; options given by name win over it."""
+    if not recipe:
+        return {}
+    from tfgpu import cli
+
+    parser = cli.ArgumentParser(prog="tfgpu.fit")
+    parser.add_config_flags()
+    try:
+        values = parser.parse_args([f"--recipe={recipe}"]).config_flags
+    except ConfigError as e:
+        raise FitError("recipe", e.reason) from None
+    replaced = sorted(set(values) & {*SET_BY_FIT, *SET_FOR_DATASETS, *ONLY_REGISTERED, "model_dir"})
+    log.info("recipe %s: its options, but %s from tfgpu.fit's own arguments", recipe, ", ".join(replaced))
+    return {name: value for name, value in values.items() if name not in replaced}
 
 
 def _fit(model_fn, train_data, model_dir, eval_data, options: dict) -> dict:
@@ -92,6 +113,7 @@ def _fit(model_fn, train_data, model_dir, eval_data, options: dict) -> dict:
     if not isinstance(model_dir, (str, os.PathLike)) or not os.fspath(model_dir):
         raise FitError("model_dir", f"must be a directory path, got {model_dir!r}")
     model_dir = os.fspath(model_dir)
+    options = {**_recipe_options(options.pop("recipe", "")), **options}
     explicit = {name: config_lib.coerce(name, value) for name, value in options.items()}
     for name, why in {**SET_BY_FIT, **ONLY_REGISTERED}.items():
         if name in options and (name in SET_BY_FIT or explicit[name]):

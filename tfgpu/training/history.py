@@ -3,8 +3,9 @@
 One JSON object per loop of steps (``kind: train``) or evaluation (``kind: eval``) with its ``step`` and
 ``time``, one ``kind: startup`` per process (where the time before its first loop went) and one
 ``kind: shutdown`` per run (where the time after its last record went: the trainer's teardown, the export,
-metrics.json, the report), both timed by ``PhaseTimer``; the report reads them back
-(``tfgpu.reporting.report.read_history``).
+metrics.json, the report), both timed by ``PhaseTimer``, and one ``kind: config_change`` (``field``, ``old``,
+``new``) per field a resume changed under --allow_config_change (``training.config_change``); the report
+reads them back (``tfgpu.reporting.report.read_history``).
 """
 import json
 import os
@@ -29,6 +30,13 @@ class History:
         line = json.dumps({"kind": kind, "step": step, "time": round(time.time(), 3), **values})
         fileio.append_text(self.path, line + "\n")
         self.last_time = time.time()
+
+    def steps(self, kind: str) -> set:
+        """The steps with a ``kind`` record in history.jsonl so far (an unreadable line, such as a killed run's
+        half-written last one, records nothing). Reads the whole file: once per resume."""
+        from tfgpu.reporting.report import read_history
+
+        return {int(record["step"]) for record in read_history(self.path)[0].get(kind, [])}
 
 
 class PhaseTimer:

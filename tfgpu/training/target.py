@@ -32,15 +32,15 @@ class Target:
 
     def reached(self, value) -> bool:
         """Whether an evaluation's value of the metric reaches the target (a missing or non-finite one never)."""
-        if not _number(value):
+        if not is_number(value):
             return False
         return value <= self.value if self.lower_is_better else value >= self.value
 
     def better(self, value, best):
         """The better of ``value`` and ``best`` (either may be None or non-finite)."""
-        if not _number(value):
+        if not is_number(value):
             return best
-        if not _number(best):
+        if not is_number(best):
             return value
         return min(value, best) if self.lower_is_better else max(value, best)
 
@@ -52,7 +52,8 @@ class Target:
         return f"{self.metric} {self.op} {self.value:g}"
 
 
-def _number(value) -> bool:
+def is_number(value) -> bool:
+    """A finite int or float (not a bool): what a metric value or a recorded time must be."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -129,9 +130,9 @@ def sentence(metrics: dict, declarations=None, best=None) -> str:
     if metrics.get("target_reached"):
         epochs, seconds = metrics.get("epochs_at_target"), metrics.get("time_to_target_s")
         where = f"reached at step {metrics.get('step_at_target')}"
-        if _number(epochs):
+        if is_number(epochs):
             where += f" ({epochs:g} epochs)"
-        return f"target {shown} {where}" + (f" in {seconds:.1f} s" if _number(seconds) else "")
+        return f"target {shown} {where}" + (f" in {seconds:.1f} s" if is_number(seconds) else "")
     steps = metrics.get("step")
     line = f"target {shown} not reached" + (f" in {steps} steps" if isinstance(steps, int) else "")
-    return line + (f" (best {best:.4g})" if _number(best) else "")
+    return line + (f" (best {best:.4g})" if is_number(best) else "")

@@ -62,6 +62,8 @@ class Trainer:
         # process's start for python -m tfgpu.train).
         self.started_at = time.time()
         self.startup = None  # the startup PhaseTimer experiment.setup began; the first loop finishes it
+        self.on_restored = []  # callables(step) run once the checkpoint, if any, is restored: before the first step
+        self._writers = {}  # "train"/"eval" -> TensorBoard writer, made by restore() on the chief
         self._target_hit = None  # step, epochs and seconds of the evaluation that reached the target
         self._target_best = None  # the best value of the target's metric evaluated so far
         self._resumed_eval = {}  # the evaluation of a checkpoint resumed from that already reaches the target
@@ -246,9 +248,11 @@ class Trainer:
         return float(self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)) > 0
 
     # -- the target ------------------------------------------------------------
-    def _reaches_target(self, step: int, metrics: dict, progress=None) -> bool:
+    def _reaches_target(self, step: int, metrics: dict, progress=None, timed: bool = True) -> bool:
         """Whether the evaluation ``metrics`` at ``step`` reaches --target, decided together by all workers
-        (a GAN scores FID on the chief alone, so the others have no value to compare); records when it did."""
+        (a GAN scores FID on the chief alone, so the others have no value to compare); records when it did, with
+        the time from this process's start unless the evaluation is not ``timed`` (it reran one of an earlier
+        process, whose time is unknown)."""
         if self.target is None or self._target_hit is not None:
             return False
         value = metrics.get(self.target.metric)
@@ -257,29 +261,67 @@ class Trainer:
             progress.set_best(self._target_best)
         if not self._any_worker(self.target.reached(value)):
             return False
-        self._target_hit = {"step": step, "seconds": time.time() - self.started_at,
+        self._target_hit = {"step": step, "seconds": time.time() - self.started_at if timed else None,
                             "epochs": step / pipeline.steps_per_epoch(self.inputs, self.info)}
         return True
 
-    def _resumed_at_target(self, step: int) -> bool:
-        """A run resumed from an evaluation step whose checkpoint already reaches the target trains no further:
-        it evaluates that checkpoint (as the run that saved it did) and keeps that run's time to target."""
-        if self.target is None or not (0 < step < self.total_steps) or step not in self._eval_steps():
+    # -- resuming --------------------------------------------------------------
+    def _resume(self, step: int) -> bool:
+        """What a run resumed at ``step`` owes before it trains on; returns True when it trains no further.
+
+        A target metrics.json records as reached at this step keeps its time, step and epochs: the checkpoint
+        is evaluated for the final metrics but not recorded again. An evaluation step whose record is missing
+        from history.jsonl (a preemption saved the checkpoint before it ran) is evaluated and recorded now, as
+        an uninterrupted run would have; with a target, a recorded one is evaluated again (not recorded) to see
+        whether it reached the target."""
+        recorded = self._recorded_target(step)
+        if recorded is not None:
+            self._target_hit = recorded
+            self._resumed_eval = self.evaluate(step, record=False)
+            self._target_best = self.target.better(self._resumed_eval.get(self.target.metric), None)
+            log.info("target %s already reached at step %d (the checkpoint resumed from): not training further",
+                     self.target.describe(), step)
+            return True
+        if not (0 < step < self.total_steps) or step not in self._eval_steps():
             return False
-        self._resumed_eval = self.evaluate(step, record=False)
-        if not self._reaches_target(step, self._resumed_eval):
+        owed = self._owes_evaluation(step)
+        if not owed and self.target is None:
             return False
-        try:
+        if owed:
+            log.info("evaluating step %d first: the run that saved its checkpoint stopped before evaluating it", step)
+        self._resumed_eval = self.evaluate(step, record=owed)
+        if owed and self.startup:
+            self.startup.mark("owed_evaluation")  # its own phase of the startup record, not the first loop's
+        return self._reaches_target(step, self._resumed_eval, timed=owed)
+
+    def _owes_evaluation(self, step: int) -> bool:
+        """Whether history.jsonl lacks the evaluation of ``step``; the chief's record decides for every worker."""
+        return self._any_worker(self.chief and step not in self.history.steps("eval"))
+
+    def _recorded_target(self, step: int) -> dict | None:
+        """The target's hit (step, epochs, seconds) as metrics.json records it, when it records this --target as
+        reached at ``step``; the chief's file decides for every worker. A metrics.json that does not parse
+        records nothing (said in the log): the evaluation of the checkpoint then decides."""
+        if self.target is None:
+            return None
+        before = {}
+        if self.chief:
             from tfgpu.runtime import fileio
 
-            before = json.loads(fileio.read_bytes(os.path.join(self.model_dir, "metrics.json")))
-        except (OSError, ValueError):
-            before = {}
-        same = before.get("target") == str(self.target) and before.get("step_at_target") == step
-        self._target_hit["seconds"] = before.get("time_to_target_s") if same else None
-        log.info("target %s already reached at step %d (the checkpoint resumed from): not training further",
-                 self.target.describe(), step)
-        return True
+            path = os.path.join(self.model_dir, "metrics.json")
+            try:
+                before = json.loads(fileio.read_bytes(path)) if fileio.exists(path) else {}
+            except (OSError, ValueError) as e:
+                log.warning("%s is unreadable (%s): whether the target was reached is decided by evaluating the "
+                            "checkpoint", path, e)
+            before = before if isinstance(before, dict) else {}
+        reached = (before.get("target") == str(self.target) and before.get("target_reached") is True
+                   and before.get("step_at_target") == step)
+        if not self._any_worker(reached):
+            return None
+        kept = {key: before.get(key) if target_lib.is_number(before.get(key)) else None
+                for key in ("time_to_target_s", "epochs_at_target")}
+        return {"step": step, "seconds": kept["time_to_target_s"], "epochs": kept["epochs_at_target"]}
 
     # -- evaluation ------------------------------------------------------------
     def evaluate(self, step: int, record: bool = True) -> dict:
@@ -316,13 +358,18 @@ class Trainer:
 
     # -- logging ---------------------------------------------------------------
     def _summaries(self, kind: str, step: int, values: dict):
-        if self._writer is None:
+        """TensorBoard scalars as Keras writes them: runs ``summaries/train`` and ``summaries/validation`` with the
+        same tag for the same metric (``loss``, ``accuracy``: an evaluation's ``val_`` prefix is the run's name),
+        so train and validation curves overlay."""
+        writer = self._writers.get(kind)
+        if writer is None:
             return
-        with self._writer.as_default(step=step):
+        with writer.as_default(step=step):
             for name, value in values.items():
-                if isinstance(value, (int, float)) and math.isfinite(value):
-                    tf.summary.scalar(f"{kind}/{name}", value)
-        self._writer.flush()
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                    tf.summary.scalar(name[len("val_"):] if kind == "eval" and name.startswith("val_") else name,
+                                      value)
+        writer.flush()
 
     # -- the loop ----------------------------------------------------------------
     def restore(self, checkpoint_path: str = "", initial_weights: bool = False) -> int:
@@ -330,14 +377,12 @@ class Trainer:
         returns its step (0 when there is none). With ``initial_weights`` (training) and no checkpoint to
         restore, the task loads --init_weights instead: a restored checkpoint always wins, so a resumed run
         never reloads them, and a run that loads them checks their file before building anything."""
-        latest = tf.train.latest_checkpoint(checkpoint_lib.checkpoint_dir(self.model_dir))
-        fresh = not checkpoint_path and latest is None
+        fresh = not checkpoint_path and checkpoint_lib.latest(self.model_dir) is None
         if initial_weights:
             self.task.check_fine_tuning(loads_initial_weights=fresh)
         self._build()
         if checkpoint_path:
-            self.checkpointer.restore(checkpoint_path).expect_partial()
-            step = int(self.step.numpy())
+            step = self.checkpointer.restore(checkpoint_path, "checkpoint")
         else:
             step = self.checkpointer.restore_latest()
         if initial_weights and fresh and self.config.init_weights:
@@ -346,8 +391,9 @@ class Trainer:
             self._trace_train_loop()
         if self.task.describe():
             log.info("%s", self.task.describe())
-        self._writer = (tf.summary.create_file_writer(os.path.join(self.model_dir, "summaries"))
-                        if self.chief and self.config.tensorboard else None)
+        self._writers = ({kind: tf.summary.create_file_writer(os.path.join(self.model_dir, "summaries", run))
+                          for kind, run in (("train", "train"), ("eval", "validation"))}
+                         if self.chief and self.config.tensorboard else {})
         return step
 
     def train(self) -> dict:
@@ -360,6 +406,8 @@ class Trainer:
             if self.startup:
                 self.startup.mark("build_and_restore")
             self.write_metric_specs()
+            for call in self.on_restored:
+                call(start_step)
             previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
             try:
                 return self._train_from(start_step)
@@ -379,7 +427,7 @@ class Trainer:
         step = start_step
         last, last_eval, rates = {}, {}, []
         eval_steps = self._eval_steps()
-        stopped = self._resumed_at_target(step)  # at the target: no more training, no more evaluation
+        stopped = self._resume(step)  # at the target: no more training, no more evaluation
         if step < self.total_steps and not stopped:
             # Released on leaving the block, an error or a preemption included (loop.Feed: TF can block that)
             with loop.Feed(loop.input_iterator(self.strategy, self.placement,
@@ -389,6 +437,7 @@ class Trainer:
                 progress = Progress(config.verbose, self.total_steps, step, self.chief,
                                     [s.name for s in self.declarations.metrics if s.progress],
                                     self.target.metric if self.target else "")
+                progress.set_best(self._target_best)
                 profile = [int(s) for s in config.profile_steps.split(",")] if config.profile_steps else []
                 for boundary in (b for b in self._boundaries() if b > step):
                     while step < boundary:
@@ -440,9 +489,10 @@ class Trainer:
                                      last["record"]["examples_per_sec"], self.model_dir, self.chief)
         elif not stopped:
             log.info("already trained to step %d (--train_steps=%d); evaluating only", step, self.total_steps)
-        if not stopped:
-            last_eval = self.evaluate(step) or last_eval
-            self._reaches_target(step, last_eval)
+        if not stopped:  # a finished run's evaluation is recorded once
+            owed = step > start_step or self._owes_evaluation(step)
+            last_eval = self.evaluate(step, record=owed) or last_eval
+            self._reaches_target(step, last_eval, timed=owed)
         elif not last_eval:  # resumed at the target: the evaluation of the checkpoint, not recorded again
             last_eval = self._resumed_eval
         final = {"step": step}
@@ -452,6 +502,7 @@ class Trainer:
         final["examples_per_sec"] = (float(np.median(rates)) if rates else
                                      last["record"]["examples_per_sec"] if last else 0.0)
         final.update(self.task.parameter_counts())
+        final.update(self.task.model_facts())
         final.update(last_eval)
         if self.target:
             final.update(target_lib.fields(self.target, self._target_hit))

@@ -145,6 +145,7 @@ def test_both_loss_scales_back_off_on_overflow_and_grow_again(make_task):
 ])
 def test_penalties_conditioning_and_diffaugment_train_finitely(make_task, model, options):
     task, step = make_task(model=model, **options)
+    assert task.model_facts() == {"generator_output": "tanh"}  # the family's generator: images bounded to [-1, 1]
     out = [step(_step_batches(task, seed=i)) for i in range(3)]
     assert set(out[-1]) == set(task.train_metric_names)
     for metrics in out:
@@ -238,6 +239,29 @@ def test_bad_gan_options_name_their_flag(make_task, tmp_path):
         make_task(diffaugment="color,rotate")
     with pytest.raises(ConfigError, match="--image_size"):
         make_task(image_size=7)
+
+
+SIGMOID_GENERATOR = """
+import keras
+from keras import layers
+
+
+def generator(image_shape, num_classes, latent_dim=128, **kwargs):
+    latent = keras.Input((latent_dim,))
+    pixels = layers.Dense(image_shape[0] * image_shape[1] * image_shape[2], activation="sigmoid", name="pixels")(latent)
+    return keras.Model(latent, layers.Reshape(image_shape)(pixels))
+"""
+
+
+def test_a_users_generator_ending_in_sigmoid_stops_the_build_naming_the_flag(make_task, tmp_path):
+    """A [0, 1] generator against [-1, 1] real images: before the check its samples could never match the data."""
+    file = tmp_path / "sigmoid_generator.py"
+    file.write_text(SIGMOID_GENERATOR)
+    with pytest.raises(ConfigError) as error:
+        make_task(generator=f"{file}:generator")
+    assert str(error.value) == (f"--generator: {file}:generator's generator ends in sigmoid (layer 'pixels'), which "
+                                "gives images in [0, 1]; the GAN's real images are in [-1, 1]: end the generator in "
+                                "tanh")
 
 
 # -- subprocess runs through python -m tfgpu.train ----------------------------------------------

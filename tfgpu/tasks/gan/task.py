@@ -37,7 +37,7 @@ import keras
 import tensorflow as tf
 
 from tfgpu.runtime import fileio, precision
-from tfgpu.tasks.gan import diffaugment
+from tfgpu.tasks.gan import diffaugment, network_checks
 from tfgpu.config import ConfigError, PrecisionConfig
 from tfgpu.models import get_spec
 from tfgpu.tasks.base import MetricSpec, Task, register_task
@@ -153,6 +153,10 @@ class GanTask(GanEvaluation, Task):
         config = self.config
         self.generator, self.discriminator = self._networks(("generator", "discriminator"),
                                                             sync_batch_norm=config.sync_batch_norm)
+        named = {flag: (flag, getattr(config, flag)) if getattr(config, flag) else ("model", config.model)
+                 for flag in ("generator", "discriminator")}
+        self.generator_head = network_checks.check_generator(self.generator, *named["generator"])
+        network_checks.check_discriminator(self.discriminator, *named["discriminator"], config.gan_loss)
         self.g_optimizer = self._optimizer(config.g_learning_rate, "generator_adam")
         self.d_optimizer = self._optimizer(config.d_learning_rate, "discriminator_adam")
         self.g_optimizer.build(self.generator.trainable_variables)
@@ -352,6 +356,9 @@ class GanTask(GanEvaluation, Task):
             return {}
         return {"loss_scale_g": float(precision.current_loss_scale(self.g_optimizer)),
                 "loss_scale_d": float(precision.current_loss_scale(self.d_optimizer))}
+
+    def model_facts(self):
+        return {"generator_output": self.generator_head.activation or "linear"}
 
     def describe(self):
         from tfgpu.models.summary import count_params

@@ -1,0 +1,72 @@
+"""python -m tfgpu.plan: bad requests are one line, a finished run's step is read back, and (slow, root) the
+prediction holds on the emulated cluster network where the wire decides."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+from tfgpu import plan
+
+
+def write_run(model_dir, step_ms=(900.0, 40.0, 42.0, 41.0), batch=64, params=4_000_000):
+    os.makedirs(model_dir)
+    with open(os.path.join(model_dir, "config.yaml"), "w") as f:
+        f.write(f"global_batch_size: {batch}\nallreduce_dtype: float32\n")
+    with open(os.path.join(model_dir, "metrics.json"), "w") as f:
+        json.dump({"trainable_parameters": params}, f)
+    with open(os.path.join(model_dir, "history.jsonl"), "w") as f:
+        for i, ms in enumerate(step_ms):
+            f.write(json.dumps({"kind": "train", "step": 10 * (i + 1), "step_time_ms": ms}) + "\n")
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("bandwidth", "fast", "--bandwidth: 'fast' is not a bandwidth like 100mbit"),
+    ("num_workers", "0,2", "--num_workers: must be positive"),
+    ("latency_ms", "-1", "--latency_ms: must be >= 0"),
+])
+def test_a_bad_request_is_one_line_naming_the_flag(capsys, flag, value, message):
+    assert plan.main(["--dataset=digits", f"--{flag}={value}"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {message}") and "\n" not in err
+
+
+def test_a_finished_run_is_read_back_and_predicted(tmp_path, capsys):
+    run = str(tmp_path / "run")
+    write_run(run)
+    out = str(tmp_path / "plan.json")
+    assert plan.main(["--dataset=digits", f"--from_model_dir={run}", "--num_workers=1,2,4",
+                      "--bandwidth=100mbit,10gbit", f"--output_json={out}"]) == 0
+    with open(out) as f:
+        result = json.load(f)
+    assert result["one_replica"]["step_s"] == pytest.approx(0.041)  # the first loop (tracing) is not timed
+    rows = {(r["workers"], r["bandwidth"]): r for r in result["rows"]}
+    assert rows[(1, "100mbit")]["efficiency"] == 1.0
+    assert rows[(2, "100mbit")]["predicted_step_s"] > rows[(2, "10gbit")]["predicted_step_s"] > 0.041
+    assert rows[(4, "100mbit")]["efficiency"] < rows[(2, "100mbit")]["efficiency"] < 1
+    printed = capsys.readouterr().out
+    assert "16.0 MB of float32 gradients" in printed and "with --allreduce_dtype=bfloat16" in printed
+
+
+def test_a_directory_that_is_no_finished_run_is_one_line(tmp_path, capsys):
+    with pytest.raises(Exception, match="is not a finished tfgpu run"):
+        plan.read_run(str(tmp_path))
+
+
+@pytest.mark.slow
+def test_the_prediction_holds_on_the_emulated_cluster_where_the_wire_decides(tmp_path):
+    if os.geteuid() != 0 or not shutil.which("tc"):
+        pytest.skip("needs root and iproute2 for the emulated cluster network")
+    out = tmp_path / "plan.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tfgpu.plan", "--flagfile=configs/quickstart.flags",
+         "--model=examples/network_bound/wide_mlp.py:build_model", "--num_workers=2", "--bandwidth=100mbit",
+         "--measure_steps=16", "--validate", f"--output_json={out}"],
+        cwd=REPO, env={**os.environ, "TFGPU_NETEM_PREFIX": "tfgpu-ncplan"}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    row = json.loads(out.read_text())["rows"][0]
+    assert abs(row["error"]) < 0.2, row

@@ -1,0 +1,175 @@
+"""tfgpu.training.config_change: a resume whose configuration changes what is trained stops in one line naming each
+field with its old and new value, unless --allow_config_change lists it; other fields change freely."""
+import dataclasses
+import json
+
+import hypothesis
+import hypothesis.strategies as st
+import pytest
+import yaml
+
+from tfgpu import config as config_lib
+from tfgpu.config import Config, ConfigError
+from tfgpu.training import config_change
+from tfgpu.training.history import History
+
+BASE = dict(model_dir="/runs/r", dataset="digits", model="small_cnn", global_batch_size=32)
+FIELDS = {f.name: f for f in config_lib.fields()}
+
+
+def make(**values) -> Config:
+    return Config(**{**BASE, **values})
+
+
+def recorded_from(config: Config, step: int = 40, **edits) -> config_change.Recorded:
+    """What config.yaml would hold had ``config`` trained to ``step``, with ``edits`` as the recorded values."""
+    return config_change.Recorded("/runs/r/config.yaml", {**dataclasses.asdict(config), **edits}, step)
+
+
+def other_value(name: str, value):
+    """A valid value of field ``name`` that differs from ``value``."""
+    choices = FIELDS[name].metadata.get("choices")
+    if choices:
+        return next(c for c in choices if c != value)
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, float):
+        return value * 2 + 0.5
+    if isinstance(value, tuple):
+        return value + (30.0,)
+    return value + "-other" if value else "something"
+
+
+def test_every_option_is_either_compared_or_declared_safe_to_change_once():
+    """A new Config field must be placed in TRAINED or SAFE (with its reason) before it can ship."""
+    safe = [name for names in config_change.SAFE.values() for name in names]
+    placed = list(config_change.TRAINED_FIELDS) + safe
+    assert sorted(placed) == sorted(FIELDS), "each field exactly once in TRAINED or SAFE"
+
+
+@hypothesis.settings(max_examples=60, deadline=None)
+@hypothesis.given(name=st.sampled_from(config_change.TRAINED_FIELDS))
+def test_a_changed_field_that_changes_what_is_trained_stops_the_resume_naming_old_and_new(name):
+    config = make()
+    old = other_value(name, getattr(config, name))
+    recorded = recorded_from(config, **{name: old})
+    with pytest.raises(ConfigError) as e:
+        config_change.check(recorded, config)
+    message = str(e.value)
+    assert "\n" not in message and e.value.flag == "allow_config_change"
+    assert config_change.Change(name, old, getattr(config, name)).describe() in message
+    assert f"--allow_config_change={name} " in message and "step 40" in message
+    # Allowed deliberately, the resume goes on with that one change.
+    assert config_change.check(recorded, dataclasses.replace(config, allow_config_change=name)) == [
+        config_change.Change(name, old, getattr(config, name))]
+
+
+@hypothesis.settings(max_examples=60, deadline=None)
+@hypothesis.given(name=st.sampled_from([n for names in config_change.SAFE.values() for n in names]))
+def test_a_field_that_does_not_change_what_is_trained_may_change_on_any_resume(name):
+    config = make()
+    assert config_change.check(recorded_from(config, **{name: other_value(name, getattr(config, name))}),
+                               config) == []
+
+
+def test_every_refused_field_is_named_in_the_one_line_and_in_the_fix():
+    config = make(global_batch_size=16, model="resnet20", allow_config_change="seed")
+    recorded = recorded_from(config, global_batch_size=32, model="small_cnn", seed=7)
+    with pytest.raises(ConfigError) as e:
+        config_change.check(recorded, config)
+    assert str(e.value) == (
+        "--allow_config_change: /runs/r resumes at step 40 a run trained with other settings (/runs/r/config.yaml): "
+        "model 'small_cnn' -> 'resnet20'; global_batch_size 32 -> 16. Pass "
+        "--allow_config_change=global_batch_size,model,seed to resume with the change, or train into a new "
+        "--model_dir")
+
+
+def test_precision_auto_is_compared_once_resolved():
+    recorded = recorded_from(make(precision="mixed_bfloat16"))
+    assert config_change.check(recorded, make(precision="auto")) == []  # not resolved yet: setup checks again
+    assert config_change.check(recorded, make(precision="mixed_bfloat16")) == []
+    with pytest.raises(ConfigError, match="precision 'mixed_bfloat16' -> 'float32'"):
+        config_change.check(recorded, make(precision="float32"))
+
+
+def test_a_path_under_another_spelling_is_the_same_data_and_the_same_model_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "data")
+    recorded = recorded_from(make(), data_dir=str(tmp_path / "data"), model=f"{tmp_path}/net.py:build")
+    same = make(data_dir="./link", model=f"{tmp_path}/./net.py:build")
+    assert config_change.changes(recorded, same) == []
+    other = make(data_dir=str(tmp_path), model=f"{tmp_path}/net.py:build_other")
+    assert [c.field for c in config_change.changes(recorded, other)] == ["model", "data_dir"]
+
+
+def test_an_unknown_name_to_allow_is_refused_with_close_names():
+    with pytest.raises(ConfigError, match=r"^--allow_config_change: 'global_batch' is not an option \(did you mean "
+                                          r"global_batch_size"):
+        config_change.check_allowed_names(make(allow_config_change="global_batch"))
+    config_change.check_allowed_names(make(allow_config_change="global_batch_size, model"))
+
+
+# -- the recorded config.yaml, as it is found in a model_dir ---------------------------------------------------------
+@pytest.fixture
+def resumable(tmp_path):
+    """A model_dir holding a checkpoint at step 40, as a run leaves it; its config.yaml is the test's to write."""
+    import tensorflow as tf
+
+    step = tf.Variable(40, dtype=tf.int64)
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(step=step), str(tmp_path / "checkpoints"), 1)
+    manager.save(checkpoint_number=40)
+    return tmp_path
+
+
+def test_a_run_without_a_checkpoint_is_fresh_and_compares_nothing(tmp_path):
+    config_lib.save_yaml(make(global_batch_size=64), str(tmp_path / "config.yaml"))
+    assert config_change.read_recorded(str(tmp_path)) is None
+
+
+def test_an_older_config_yaml_without_newer_fields_reads_them_as_their_defaults(resumable):
+    (resumable / "config.yaml").write_text(yaml.safe_dump({**BASE, "model_dir": str(resumable)}))
+    recorded = config_change.read_recorded(str(resumable))
+    assert recorded.step == 40 and recorded.path == str(resumable / "config.yaml")
+    assert config_change.check(recorded, make(model_dir=str(resumable))) == []
+
+
+def test_the_recorded_config_yaml_round_trips_to_no_change(resumable):
+    config = make(model_dir=str(resumable), lr_decay_epochs=(30.0, 60.0), input_range=(0.0, 1.0))
+    config_lib.save_yaml(config, str(resumable / "config.yaml"))
+    assert config_change.check(config_change.read_recorded(str(resumable)), config) == []
+
+
+@pytest.mark.parametrize("content, reason", [
+    (b"global_batch_size: [32\n", "is not valid YAML"),
+    (b"\xff\xfe binary", "is not a UTF-8 text file"),
+    (b"- a list\n", "must hold a mapping"),
+    (b"name: my-notes\nowner: me\n", "is not a tfgpu config.yaml"),
+    (b"model: small_cnn\nglobal_batch_size: thirty-two\n", "global_batch_size: expected int"),
+])
+def test_a_recorded_config_yaml_that_is_unreadable_or_not_tfgpus_is_one_line_naming_it(resumable, content, reason):
+    (resumable / "config.yaml").write_bytes(content)
+    with pytest.raises(ConfigError, match=reason) as e:
+        config_change.read_recorded(str(resumable))
+    assert e.value.flag == "model_dir" and str(resumable / "config.yaml") in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_an_unreadable_checkpoint_state_file_is_one_line_naming_it(tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "checkpoint").write_bytes(b"\xff\xfe\x00 not text")
+    with pytest.raises(ConfigError, match="checkpoint is not a checkpoint state file TensorFlow can read") as e:
+        config_change.read_recorded(str(tmp_path))
+    assert e.value.flag == "model_dir" and str(tmp_path / "checkpoints" / "checkpoint") in str(e.value)
+
+
+def test_an_allowed_change_is_logged_and_recorded_in_history(tmp_path, caplog):
+    change = config_change.Change("lr_decay_epochs", (30.0,), (30.0, 60.0))
+    config_change.record([change], 40, History(str(tmp_path), enabled=True))
+    assert "resuming at step 40 with a changed config (--allow_config_change): lr_decay_epochs 30 -> 30,60" in \
+        caplog.text
+    (line,) = (tmp_path / "history.jsonl").read_text().splitlines()
+    assert {k: v for k, v in json.loads(line).items() if k != "time"} == {
+        "kind": "config_change", "step": 40, "field": "lr_decay_epochs", "old": [30.0], "new": [30.0, 60.0]}

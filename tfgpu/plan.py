@@ -1,0 +1,203 @@
+"""How a run would scale past one machine: measured single-replica step, predicted N-worker steps.
+
+    python -m tfgpu.plan --flagfile=configs/quickstart.flags --num_workers=2,4,8 \\
+        --bandwidth=100mbit,1gbit,10gbit --latency_ms=0.5 --output_json=plan.json [--validate]
+
+It trains the flags' run for ``--measure_steps`` steps on one replica in a child process (or reads a finished
+run's ``--from_model_dir``), takes its step time (median over the loops after the first) and its trainable
+parameters (the float32 gradient bytes), and prints, per (workers, bandwidth), the step time, examples/s and
+scaling efficiency that ``tfgpu.bench.scaling``'s model predicts, with the remedy that helps most. The
+per-replica batch stays the run's ``--global_batch_size`` on N workers (weak scaling). ``--validate`` also
+runs each row of up to ``--validate_max_workers`` workers on the emulated cluster network
+(``tfgpu.bench.netem``: root, network namespaces) and adds ``measured_step_s`` and the error of the prediction
+for this host: there the N workers share one host's cores, so the compute side is measured as N independent
+single-replica runs at once (``shared_host_step_s``) and the wire side is the same model.
+"""
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from tfgpu import cli  # noqa: E402
+from tfgpu.bench import scaling  # noqa: E402
+from tfgpu.config import ConfigError  # noqa: E402
+
+USAGE = ("python -m tfgpu.plan --flagfile=F [train flags] --num_workers=2,4,8 --bandwidth=100mbit,1gbit "
+         "[--latency_ms=0.5] [--output_json=F] [--validate]")
+# The child runs train only: no evaluation, checkpoint, summaries or report in the measurement.
+MEASURE_FLAGS = ["--eval_split=none", "--checkpoint_every_steps=0", "--tensorboard=false", "--verbose=0",
+                 "--distribution_strategy=one_device", "--cpu_logical_devices=0"]
+
+
+def parser() -> cli.ArgumentParser:
+    p = cli.ArgumentParser(prog="python -m tfgpu.plan", usage=USAGE, description=__doc__.split("\n\n")[0])
+    p.add_argument("--num_workers", default="2,4,8", help="Worker counts to predict, comma separated.")
+    p.add_argument("--bandwidth", default="1gbit,10gbit", help="Link bandwidths, comma separated (100mbit, 1gbit).")
+    p.add_argument("--latency_ms", type=float, default=0.0, help="One-way latency between two workers.")
+    p.add_argument("--link_efficiency", type=float, default=scaling.LINK_EFFICIENCY,
+                   help="Share of the bandwidth a ring all-reduce gets (measured on the emulated cluster).")
+    p.add_argument("--measure_steps", type=int, default=60, help="Steps the single-replica measurement trains.")
+    p.add_argument("--from_model_dir", default="", help="Take the single-replica step from this finished run "
+                   "(its history.jsonl and metrics.json) instead of measuring.")
+    p.add_argument("--validate", action="store_true", help="Also run rows on the emulated cluster network.")
+    p.add_argument("--validate_max_workers", type=int, default=3)
+    p.add_argument("--validate_steps", type=int, default=0, help="Steps of each validation run; 0 = "
+                   "--measure_steps.")
+    p.add_argument("--output_json", default="")
+    p.add_config_flags(exclude=("model_dir",))
+    return p
+
+
+def _split(flag: str, text: str, parse) -> list:
+    try:
+        values = [parse(v) for v in text.split(",") if v.strip()]
+    except ValueError as e:
+        raise ConfigError(flag, str(e)) from None
+    if not values:
+        raise ConfigError(flag, "needs at least one value")
+    return values
+
+
+def read_run(model_dir: str, skip_loops: int = 1) -> dict:
+    """Step time (median of the train loops after the first ``skip_loops``), per-replica batch and trainable
+    parameters of a finished run in ``model_dir``."""
+    try:
+        with open(os.path.join(model_dir, "metrics.json")) as f:
+            metrics = json.load(f)
+        with open(os.path.join(model_dir, "history.jsonl")) as f:
+            loops = [r for r in map(json.loads, f) if r.get("kind") == "train" and "step_time_ms" in r]
+        with open(os.path.join(model_dir, "config.yaml")) as f:
+            import yaml
+
+            config = yaml.safe_load(f)
+    except (OSError, ValueError) as e:
+        raise ConfigError("from_model_dir", f"{model_dir} is not a finished tfgpu run: {e}") from None
+    timed = loops[skip_loops:] or loops
+    if not timed or "trainable_parameters" not in metrics:
+        raise ConfigError("from_model_dir", f"{model_dir} has no timed train loop or parameter count")
+    return {"step_s": statistics.median(r["step_time_ms"] for r in timed) / 1000,
+            "global_batch_size": int(config["global_batch_size"]),
+            "trainable_parameters": int(metrics["trainable_parameters"]),
+            "allreduce_dtype": config.get("allreduce_dtype", "float32"), "loops": len(timed)}
+
+
+def _train_command(argv_flags: list, model_dir: str, steps: int, global_batch: int, loop: int) -> list:
+    return [sys.executable, "-m", "tfgpu.train", *argv_flags, f"--model_dir={model_dir}", f"--train_steps={steps}",
+            f"--global_batch_size={global_batch}", f"--steps_per_loop={loop}"]
+
+
+def measure_one(argv_flags: list, config, steps: int, workdir: str) -> dict:
+    """Trains ``steps`` steps on one replica in a child process and reads the run back."""
+    model_dir = os.path.join(workdir, "one-replica")
+    loop = max(1, min(config.steps_per_loop, steps // 4))
+    proc = subprocess.run(_train_command(argv_flags + MEASURE_FLAGS, model_dir, steps, config.global_batch_size,
+                                         loop), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"the single-replica measurement failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}")
+    return read_run(model_dir)
+
+
+def measure_shared(argv_flags: list, config, num_workers: int, steps: int, workdir: str) -> float:
+    """The single-replica step when ``num_workers`` independent runs share this host at once, as the emulated
+    cluster's workers do (mean of their steps): the compute side of a validation row on one host."""
+    loop = max(1, min(config.steps_per_loop, steps // 4))
+    dirs = [os.path.join(workdir, f"shared-{num_workers}-{i}") for i in range(num_workers)]
+    procs = [subprocess.Popen(_train_command(argv_flags + MEASURE_FLAGS, d, steps, config.global_batch_size, loop),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT) for d in dirs]
+    if any(p.wait() for p in procs):
+        raise RuntimeError(f"{num_workers} single-replica runs sharing the host failed")
+    return statistics.mean(read_run(d)["step_s"] for d in dirs)
+
+
+def validate_row(argv_flags: list, config, num_workers: int, bandwidth: str, latency_ms: float, steps: int,
+                 workdir: str) -> float:
+    """Measured step time of ``num_workers`` workers on the emulated cluster (per-replica batch kept)."""
+    from tfgpu.bench import netem
+
+    netem.down()
+    netem.up(num_workers, bandwidth, latency_ms)
+    model_dir = os.path.join(workdir, f"{num_workers}w-{bandwidth}")
+    loop = max(1, min(config.steps_per_loop, steps // 4))
+    flags = [f for f in argv_flags if not f.startswith(("--distribution_strategy", "--cpu_logical_devices"))]
+    try:
+        codes = netem.run(_train_command(flags + MEASURE_FLAGS[:4], model_dir, steps,
+                                         config.global_batch_size * num_workers, loop),
+                          timeout_s=1800, output_dir=workdir)
+    finally:
+        netem.down()
+    if any(codes):
+        with open(os.path.join(workdir, "worker0.log")) as f:
+            raise RuntimeError(f"the {num_workers}-worker run at {bandwidth} failed ({codes}):\n{f.read()[-3000:]}")
+    return read_run(model_dir)["step_s"]
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = parser()
+    if cli.wants_help(argv):
+        print(p.format_help())
+        return 0
+    try:
+        opts = p.parse_args(argv)
+        workers = _split("num_workers", opts.num_workers, int)
+        if any(n < 1 for n in workers):
+            raise ConfigError("num_workers", f"must be positive, got {opts.num_workers}")
+        bandwidths = _split("bandwidth", opts.bandwidth, lambda b: (b.strip(), scaling.parse_bandwidth(b)))
+        if opts.latency_ms < 0:
+            raise ConfigError("latency_ms", f"must be >= 0, got {opts.latency_ms}")
+        if not 0 < opts.link_efficiency <= 1:
+            raise ConfigError("link_efficiency", f"must be in (0, 1], got {opts.link_efficiency}")
+        config = cli.resolve(opts, "", model_dir="plan")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    flags = [a for a in cli.expand_flagfiles(argv) if a.split("=")[0].lstrip("-") in opts.config_flags]
+    with tempfile.TemporaryDirectory(prefix="tfgpu-plan-") as workdir:
+        if opts.from_model_dir:
+            one = read_run(opts.from_model_dir)
+        else:
+            one = measure_one(flags, config, opts.measure_steps, workdir)
+        measured = scaling.Measured(one["step_s"], one["global_batch_size"], one["trainable_parameters"],
+                                    config.allreduce_dtype)
+        print(f"one replica: {measured.step_s * 1000:.1f} ms/step at batch {measured.per_replica_batch}, "
+              f"{measured.trainable_parameters:,} trainable parameters: {measured.wire_bytes / 1e6:.1f} MB of "
+              f"{config.allreduce_dtype} gradients per all-reduce")
+        rows, shared = [], {}
+        for n in workers:
+            for name, bandwidth in bandwidths:
+                latency = opts.latency_ms / 1000
+                row = {"workers": n, "bandwidth": name, "latency_ms": opts.latency_ms,
+                       **scaling.predict(measured, n, bandwidth, latency, opts.link_efficiency),
+                       "remedies": scaling.remedies(measured, n, bandwidth, latency, opts.link_efficiency)}
+                if opts.validate and 1 < n <= opts.validate_max_workers:
+                    steps = opts.validate_steps or opts.measure_steps
+                    if n not in shared:
+                        shared[n] = measure_shared(flags, config, n, steps, workdir)
+                    here = scaling.predict(dataclasses.replace(measured, step_s=shared[n]), n, bandwidth, latency,
+                                           opts.link_efficiency)
+                    row["shared_host_step_s"] = shared[n]
+                    row["predicted_step_s_this_host"] = here["predicted_step_s"]
+                    row["measured_step_s"] = validate_row(flags, config, n, name, opts.latency_ms, steps, workdir)
+                    row["error"] = row["predicted_step_s_this_host"] / row["measured_step_s"] - 1
+                rows.append(row)
+                measured_text = (f"; on this host {row['predicted_step_s_this_host'] * 1000:.1f} ms predicted "
+                                 f"(compute shared by {n} workers: {row['shared_host_step_s'] * 1000:.1f} ms), "
+                                 f"{row['measured_step_s'] * 1000:.1f} ms measured ({row['error']:+.0%})"
+                                 if "measured_step_s" in row else "")
+                best = next(r for r in row["remedies"] if r["keeps_recipe"])
+                print(f"{n:3d} workers {name:>8}: {row['predicted_step_s'] * 1000:8.1f} ms/step, "
+                      f"{row['predicted_examples_per_sec']:9.1f} examples/s, efficiency {row['efficiency']:.0%}"
+                      f"{measured_text}; with {best['remedy']}: {best['efficiency']:.0%}", flush=True)
+    if opts.output_json:
+        with open(opts.output_json, "w") as f:
+            json.dump({"one_replica": one, "link_efficiency": opts.link_efficiency, "rows": rows}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
