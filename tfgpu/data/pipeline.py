@@ -186,7 +186,7 @@ def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, re
             raise ConfigError("global_batch_size", f"{config.global_batch_size} is larger than the "
                               f"{info.num_train_examples} examples of split {info.train_split!r}")
         consumed = start_step * config.batches_per_step * replicas_here * per_replica
-        if plan is not None and plan.num_pipelines != ctx.num_input_pipelines:
+        if plan is not None and plan.in_later_stage and plan.num_pipelines != ctx.num_input_pipelines:
             raise ValueError(f"a resume plan for {plan.num_pipelines} input pipelines given to pipeline "
                              f"{ctx.input_pipeline_id} of {ctx.num_input_pipelines}")
         start = plan.position if plan is not None else position.from_step(start_step, position.Topology(
