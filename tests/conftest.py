@@ -119,9 +119,10 @@ def checkpoint_weights(model_dir):
     """name -> array of every variable in the latest checkpoint: weights, BN statistics, optimizer slots, step.
 
     A checkpoint stores each variable once, under the first path that reaches it (often the optimizer's), so
-    compare all of them rather than filtering by a "model/" prefix."""
+    compare all of them rather than filtering by a "model/" prefix. The data position (JSON naming the topology,
+    not a variable) is left out: runs on different topologies train the same weights."""
     import tensorflow as tf
 
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints")))
     return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-            if not name.startswith(("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter"))}
+            if not name.startswith(("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter", "data_position/"))}

@@ -53,3 +53,32 @@ def test_a_bad_flag_is_one_line_and_exit_1(capsys):
     assert capsys.readouterr().err.strip() == "error: --num_workers: must be >= 1, got 0"
     assert audit_input.main(["--dataset=digits", "--num_workers=2", "--global_batch_size=3"]) == 1
     assert "--global_batch_size: 3 is not divisible by the 2 replicas" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("before,after", [(2, 1), pytest.param(1, 2, marks=pytest.mark.slow), (2, 3),
+                                           pytest.param(2, 2, marks=pytest.mark.slow)])
+def test_a_resume_on_another_number_of_workers_feeds_each_record_once(four_shards, tmp_path, before, after):
+    """Interrupted at step 2 (12 of 31 records fed), resumed on ``after`` workers: the interrupted epoch holds
+    every record once (the 31 % after records left out of the rest: fewer than the workers), so does the next."""
+    code, result = _audit(tmp_path, f"--data_dir={four_shards}", f"--num_workers={after}", "--global_batch_size=6",
+                          f"--previous_num_workers={before}", "--resume_from_step=2", "--epochs=1", "--seed=3")
+    assert code == 0 and result["interrupted_epoch"]["records_consumed_before"] == 12
+    interrupted, following = result["epochs"]
+    assert (interrupted["epoch"], following["epoch"]) == (1, 2)
+    for epoch in result["epochs"]:
+        assert (epoch["missing"], epoch["duplicated"]) == (0, 0)
+        assert epoch["seen_once"] + epoch["left_out"] == 31 and epoch["left_out"] < after
+
+
+@pytest.mark.slow  # by default: the same rows on a converted folder of 4 shards, above
+@pytest.mark.parametrize("before,after,replicas", [(2, 1, 2), (1, 2, 1), (2, 3, 1)])
+def test_digits_resumed_on_another_topology_reads_0_twice_and_0_never(data_cache, tmp_path, before, after, replicas):
+    """The issue's table (step 30 of a 59.9-step epoch at global batch 24): 352 records fed twice and 374 never
+    for 2 -> 1 workers before the data position was kept in records."""
+    code, result = _audit(tmp_path, "--dataset=digits", f"--data_cache_dir={data_cache}", f"--num_workers={after}",
+                          f"--replicas_per_worker={replicas}", f"--previous_num_workers={before}",
+                          "--resume_from_step=30", "--global_batch_size=24", "--epochs=1")
+    assert code == 0 and result["interrupted_epoch"] == {
+        "epoch": 1, "records_consumed_before": 720, "records_fed_after_per_worker": (1438 - 720) // after}
+    assert [(e["missing"], e["duplicated"], e["left_out"]) for e in result["epochs"]] == [
+        (0, 0, (1438 - 720) % after), (0, 0, 1438 % after)]

@@ -13,7 +13,13 @@ records after the previous epoch (the pipeline's own definition); the ``records 
 workers leave out by design each epoch (one per worker whose share is a record longer) are reported as
 ``left_out``, not as missing; nor are the unreadable records --skip_corrupt_records reads around (``unreadable``,
 counted once for the split). ``--data_service_workers=K`` starts a tf.data service (a dispatcher and K
-workers) in this process and reads through it. Exit status: 0 when no epoch misses or duplicates a
+workers) in this process and reads through it.
+
+``--resume_from_step=S`` audits a resume on another topology: a run on ``--previous_num_workers`` x
+``--previous_replicas_per_worker`` with ``--previous_global_batch_size`` (defaults: this run's) interrupted at
+step S and resumed with this run's flags. The interrupted epoch counts the records the previous topology consumed
+before S (computed by ``resume.consumed_records``, as the trainer does) plus those the new pipelines feed for the
+rest of it; ``--epochs`` ordinary epochs of the new topology follow. Exit status: 0 when no epoch misses or duplicates a
 record, 2 when one does, 1 for a bad flag or dataset.
 """
 import json
@@ -26,7 +32,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is impor
 from tfgpu.config import ConfigError, DatasetConfig, InputConfig  # noqa: E402
 
 USAGE = ("python -m tfgpu.audit_input --data_dir=D [--dataset=NAME] --num_workers=N [--replicas_per_worker=R] "
-         "[--data_service_workers=K] [--epochs=E] [--output_json=F] [train flags]")
+         "[--data_service_workers=K] [--epochs=E] [--resume_from_step=S --previous_num_workers=N "
+         "--previous_replicas_per_worker=R --previous_global_batch_size=B] [--output_json=F] [train flags]")
 FOUND_PROBLEMS_EXIT_CODE = 2
 
 
@@ -39,6 +46,14 @@ def parser():
     p.add_argument("--replicas_per_worker", type=int, default=1, help="Replicas per worker (sets the batch split).")
     p.add_argument("--data_service_workers", type=int, default=0, help="Start a tf.data service with this many "
                    "workers in this process and read through it; 0 = no service.")
+    p.add_argument("--resume_from_step", type=int, default=0, help="Audit a resume at this step of a run on the "
+                   "previous topology below; 0 = a run from the start.")
+    p.add_argument("--previous_num_workers", type=int, default=0, help="Workers of the interrupted run; 0 = "
+                   "--num_workers.")
+    p.add_argument("--previous_replicas_per_worker", type=int, default=0, help="Replicas per worker of the "
+                   "interrupted run; 0 = --replicas_per_worker.")
+    p.add_argument("--previous_global_batch_size", type=int, default=0, help="Global batch of the interrupted run; "
+                   "0 = --global_batch_size.")
     p.add_argument("--output_json", default="", help="Also write the counts as JSON here.")
     p.add_config_flags(config_file=True)
     return p
@@ -55,14 +70,16 @@ def _service(num_workers: int):
     return dispatcher.target, [dispatcher, *workers]
 
 
-def read_keys(config, info, num_workers: int, replicas_per_worker: int, records: int):
-    """The first ``records`` record identities each worker's training pipeline yields, in order."""
+def read_keys(config, info, num_workers: int, replicas_per_worker: int, records: int, start_step: int = 0,
+              plan=None):
+    """The first ``records`` record identities each worker's training pipeline yields from ``start_step`` (resumed
+    by ``plan``), in order."""
     import numpy as np
     import tensorflow as tf
 
     from tfgpu.data import pipeline
 
-    dataset_fn = pipeline.train_dataset_fn(InputConfig.of(config), info, 0, record_keys=True)
+    dataset_fn = pipeline.train_dataset_fn(InputConfig.of(config), info, start_step, record_keys=True, plan=plan)
     per_worker = []
     for worker in range(num_workers):
         ctx = tf.distribute.InputContext(num_workers, worker, num_workers * replicas_per_worker)
@@ -72,44 +89,90 @@ def read_keys(config, info, num_workers: int, replicas_per_worker: int, records:
     return per_worker
 
 
-def audit(config, num_workers: int, replicas_per_worker: int = 1, epochs: int = 1) -> dict:
-    """Counts, per epoch, the train records all workers' pipelines yield 0, 1 and 2+ times."""
+def _count_epoch(total: int, first_of_file, parts, ranges, epoch_length: int, before=(), unreadable=None) -> dict:
+    """Seen once / missing / duplicated / left out of one epoch: ``parts`` the record keys each worker fed in it,
+    ``before`` the split indices fed before (an interrupted epoch's), ``ranges`` each worker's records of it;
+    ``unreadable`` (a mask of the split) are never missing."""
     import numpy as np
 
-    from tfgpu.data import catalog, pipeline
+    from tfgpu.data import position
+
+    seen = np.zeros(total, np.int64)
+    np.add.at(seen, np.asarray(before, np.int64), 1)
+    for part in parts:
+        np.add.at(seen, position.global_index(part, first_of_file), 1)
+    # Records of its range a worker did not reach, up to those a longer range leaves out.
+    left_out = sum(min(int((seen[mine] == 0).sum()), len(mine) - epoch_length) for mine in ranges)
+    never = int((seen[~unreadable] == 0).sum()) if unreadable is not None else int((seen == 0).sum())
+    return {"seen_once": int((seen == 1).sum()), "missing": never - left_out, "duplicated": int((seen >= 2).sum()),
+            "left_out": left_out}
+
+
+def _share_indices(info, first_of_file, num_workers: int):
+    """Each worker's share of an ordinary epoch (its readable records), as split indices."""
+    import numpy as np
+
+    from tfgpu.data import pipeline
+
+    split = info.train_split
+    return [np.concatenate([first_of_file[f] + pipeline.readable_indices(info, split, f, first, n)
+                            for f, first, n in pipeline.train_share(pipeline.readable_files(info, split),
+                                                                    num_workers, w)[0]])
+            for w in range(num_workers)]
+
+
+def audit(config, num_workers: int, replicas_per_worker: int = 1, epochs: int = 1, previous=None,
+          resume_from_step: int = 0) -> dict:
+    """Counts, per epoch, the train records all workers' pipelines yield 0, 1 and 2+ times. With
+    ``resume_from_step``, the run resumes there from one on ``previous`` (a ``position.Topology``): the interrupted
+    epoch (records consumed before plus fed after), then ``epochs`` epochs."""
+    import numpy as np
+
+    from tfgpu.data import catalog, pipeline, position, resume
 
     info = catalog.prepare(DatasetConfig.of(config))
     if info.name == "synthetic":
         raise ConfigError("dataset", "synthetic data repeats one random batch; there are no records to audit")
+    inputs = InputConfig.of(config)
     split = info.train_split
-    sizes = np.array([n for _, n in info.split_files[split]], np.int64)
-    first_of_file = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    total = int(sizes.sum())
+    files = info.split_files[split]
+    starts = position.first_of_file(files)
+    total = info.num_train_examples
     unreadable = np.zeros(total, bool)
-    for i, (filename, _) in enumerate(info.split_files[split]):
+    for i, (filename, _) in enumerate(files):
         if filename in info.damaged:
-            unreadable[first_of_file[i] + np.array(info.damaged[filename].unreadable, np.int64)] = True
-    shares = [pipeline.train_share(pipeline.readable_files(info, split), num_workers, w) for w in range(num_workers)]
-    epoch_size = shares[0][1]
-    keys = read_keys(config, info, num_workers, replicas_per_worker, epochs * epoch_size)
+            unreadable[starts[i] + np.array(info.damaged[filename].unreadable, np.int64)] = True
+    epoch_size = pipeline.train_records(info) // num_workers
+    shares = _share_indices(info, starts, num_workers)
     result = {"data": info.directory, "split": split, "records": total, "unreadable": int(unreadable.sum()),
               "num_workers": num_workers,
               "replicas_per_worker": replicas_per_worker, "records_per_worker_per_epoch": epoch_size,
               "steps_per_epoch": num_workers * epoch_size / config.examples_per_step, "epochs": []}
+    plan, stage_reads, first_epoch, before, ranges = None, 0, 0, (), shares
+    if resume_from_step:
+        recorded = position.from_step(resume_from_step, previous, pipeline.train_records(info))
+        plan = resume.plan_resume(inputs, info, num_workers, resume_from_step, recorded)
+        before = (plan.consumed if plan.in_later_stage else
+                  resume.consumed_records(inputs, info, plan.position)[0])
+        if plan.in_later_stage:
+            ranges = plan.ranges
+        stage_reads = plan.stage_length - plan.position.stages[-1].consumed
+        first_epoch = plan.position.epoch
+        result.update(resume_from_step=resume_from_step, previous_num_workers=previous.num_workers,
+                      previous_replicas_per_worker=previous.replicas_per_worker,
+                      previous_global_batch_size=previous.global_batch_size,
+                      interrupted_epoch={"epoch": first_epoch + 1, "records_consumed_before": len(before),
+                                         "records_fed_after_per_worker": stage_reads})
+    keys = read_keys(config, info, num_workers, replicas_per_worker, stage_reads + epochs * epoch_size,
+                     resume_from_step, plan)
+    if resume_from_step:
+        result["epochs"].append({"epoch": first_epoch + 1, **_count_epoch(
+            total, starts, [k[:stage_reads] for k in keys], ranges, plan.stage_length, before, unreadable)})
     for e in range(epochs):
-        seen = np.zeros(total, np.int64)
-        left_out = 0
-        for worker_keys, (segments, _) in zip(keys, shares):
-            part = worker_keys[e * epoch_size:(e + 1) * epoch_size]
-            file_index, index = part >> 32, part & 0xFFFFFFFF
-            np.add.at(seen, first_of_file[file_index] + index, 1)
-            # Its share's records this worker did not reach, up to the one record a longer share leaves out.
-            share = np.concatenate([first_of_file[f] + pipeline.readable_indices(info, split, f, first, n)
-                                    for f, first, n in segments])
-            left_out += min(int((seen[share] == 0).sum()), len(share) - epoch_size)
-        never = int((seen[~unreadable] == 0).sum())
-        result["epochs"].append({"epoch": e + 1, "seen_once": int((seen == 1).sum()), "missing": never - left_out,
-                                 "duplicated": int((seen >= 2).sum()), "left_out": left_out})
+        parts = [k[stage_reads + e * epoch_size:stage_reads + (e + 1) * epoch_size] for k in keys]
+        number = first_epoch + (2 if resume_from_step else 1) + e
+        result["epochs"].append({"epoch": number, **_count_epoch(total, starts, parts, shares, epoch_size,
+                                                                 unreadable=unreadable)})
     return result
 
 
@@ -119,10 +182,26 @@ def format_report(result: dict) -> str:
     lines = [f"{result['data']} split {result['split']!r}: {result['records']} records{unreadable}, "
              f"{result['num_workers']} worker(s) x {result['replicas_per_worker']} replica(s), {result['records_per_worker_per_epoch']} "
              f"records per worker per epoch ({result['steps_per_epoch']:.2f} steps)"]
+    if "resume_from_step" in result:
+        interrupted = result["interrupted_epoch"]
+        lines.append(f"resumed at step {result['resume_from_step']} of a run on {result['previous_num_workers']} "
+                     f"worker(s) x {result['previous_replicas_per_worker']} replica(s), global batch "
+                     f"{result['previous_global_batch_size']}: epoch {interrupted['epoch']} had "
+                     f"{interrupted['records_consumed_before']} records consumed before, each worker feeds "
+                     f"{interrupted['records_fed_after_per_worker']} more")
     for e in result["epochs"]:
         lines.append(f"epoch {e['epoch']}: seen once {e['seen_once']}, missing (seen 0 times) {e['missing']}, "
                      f"duplicated (seen 2+ times) {e['duplicated']}, left out as the remainder {e['left_out']}")
     return "\n".join(lines)
+
+
+def _previous_topology(opts, config):
+    """The interrupted run's topology from the --previous_* flags (each defaults to this run's value)."""
+    from tfgpu.data import position
+
+    return position.Topology(opts.previous_num_workers or opts.num_workers,
+                             opts.previous_replicas_per_worker or opts.replicas_per_worker,
+                             opts.previous_global_batch_size or config.global_batch_size, config.batches_per_step)
 
 
 def main(argv=None) -> int:
@@ -137,7 +216,9 @@ def main(argv=None) -> int:
     servers = []
     try:
         opts = parser().parse_args(argv)
-        for name, minimum in (("num_workers", 1), ("replicas_per_worker", 1), ("data_service_workers", 0)):
+        for name, minimum in (("num_workers", 1), ("replicas_per_worker", 1), ("data_service_workers", 0),
+                              ("resume_from_step", 0), ("previous_num_workers", 0),
+                              ("previous_replicas_per_worker", 0), ("previous_global_batch_size", 0)):
             if getattr(opts, name) < minimum:
                 raise ConfigError(name, f"must be >= {minimum}, got {getattr(opts, name)}")
         num_workers, replicas, service_workers = opts.num_workers, opts.replicas_per_worker, opts.data_service_workers
@@ -146,15 +227,20 @@ def main(argv=None) -> int:
         if service_workers and config.data_service:
             raise ConfigError("data_service_workers", f"starts its own tf.data service; drop --data_service="
                               f"{config.data_service} or --data_service_workers")
+        import dataclasses
+
         from tfgpu.training import experiment
 
         experiment._check_batches(config, num_workers * replicas)
         if service_workers:
-            import dataclasses
-
             target, servers = _service(service_workers)
             config = dataclasses.replace(config, data_service=target)
-        result = audit(config, num_workers, replicas, max(1, math.ceil(config.epochs)))
+        previous = _previous_topology(opts, config)
+        if opts.resume_from_step:
+            experiment._check_batches(dataclasses.replace(config, global_batch_size=previous.global_batch_size),
+                                      previous.num_workers * previous.replicas_per_worker)
+        result = audit(config, num_workers, replicas, max(1, math.ceil(config.epochs)), previous,
+                       opts.resume_from_step)
         result["data_service_workers"] = service_workers
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

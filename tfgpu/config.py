@@ -433,6 +433,7 @@ class TrainerConfig(Section):
     init_weights: str
     tensorboard: bool
     profile_input: bool
+    allowed_config_changes: frozenset
     profile_steps: str
     verbose: int
     data_dir: str  # only to name the flag of a corrupt record: --data_dir or --dataset

@@ -5,7 +5,8 @@ cache on or off, shuffle buffer and tf.data service workers: epoch ``e`` of ever
 ``[e*E, (e+1)*E)`` of its stream (E = records // pipelines), and the pipelines' epochs together hold every
 record of the split once, except at most ``pipelines - 1`` left out as the remainder. A run resumed at any
 step yields exactly the records the uninterrupted run yields from that step on (with a tf.data service, the
-same count per epoch; see pipeline._service_epochs).
+same count per epoch; see pipeline._service_epochs). A run resumed inside an epoch on another number of
+pipelines (once or twice) feeds the rest of that epoch each record once, then ordinary epochs (data/resume.py).
 
 Records are told apart by their label: each record's label is its index in the split.
 """
@@ -22,7 +23,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tfgpu.config import Config
-from tfgpu.data import pipeline, tfrecord
+from tfgpu.data import pipeline, position, resume, tfrecord
 
 _DATASETS = {}
 
@@ -197,3 +198,72 @@ def test_issue_layouts_train_every_record_once(sizes, pipelines):
     file orders each pipeline shuffled differently: 958 of 1,438 missing); 10 equal shards on 4 workers
     (3,3,2,2 files: the smaller workers repeat theirs within an epoch)."""
     check_exactly_once(sizes, pipelines, 1, 2, 1, False, 10000, resume_step=5)
+
+
+# -- resuming on another topology -----------------------------------------------------------------------------
+def _labels(config, info, start_step, plan, pipeline_id, num_records):
+    """The labels pipeline ``pipeline_id`` of ``plan.num_pipelines`` feeds from a resume by ``plan``."""
+    ctx = tf.distribute.InputContext(plan.num_pipelines, pipeline_id, plan.num_pipelines)
+    ds = pipeline.train_dataset_fn(config, info, start_step, plan=plan)(ctx).unbatch()
+    return [int(label) for _, label in ds.take(num_records).as_numpy_iterator()]
+
+
+def check_transition(sizes, topologies, steps, per_replica, cache, shuffle_buffer):
+    """A run on ``topologies[0]`` pipelines interrupted after ``steps[0]`` steps, resumed on each next number of
+    pipelines for ``steps[i]`` steps, and finally on the last: the records the earlier stages consumed
+    (``resume.consumed_records``, as the trainer computes them) plus those the last topology's real pipelines
+    feed for the rest of the epoch are every record once, but for fewer than the last topology's pipelines left
+    out; the epoch after is an ordinary epoch of the last topology."""
+    info = pipeline.prepare(Config(model_dir="unused", data_dir=make_split(sizes)))
+    total = sum(sizes)
+    config = Config(model_dir="unused", data_dir=info.directory, global_batch_size=6 * per_replica, seed=5,
+                    cache=cache, shuffle_buffer=shuffle_buffer)
+    pos = position.from_step(steps[0], position.Topology(topologies[0], 1, config.global_batch_size, 1), total)
+    for pipelines, run_steps in zip(topologies[1:-1], steps[1:]):
+        pos = position.resume(pos, pipelines)
+        _, layouts = resume.consumed_records(config, info, pos)
+        pos = position.advance(pos, layouts[-1][1], total // pipelines,
+                               run_steps * config.global_batch_size // pipelines)
+    last = topologies[-1]
+    plan = resume.plan_resume(config, info, last, 11, pos)
+    before = plan.consumed if plan.in_later_stage else resume.consumed_records(config, info, plan.position)[0]
+    rest = plan.stage_length - plan.position.stages[-1].consumed
+    epoch = total // last
+    seen, following = collections.Counter(before.tolist()), collections.Counter()
+    for p in range(last):
+        labels = _labels(config, info, 11, plan, p, rest + epoch)
+        seen.update(labels[:rest])
+        following.update(labels[rest:])
+    assert len(before) == pos.records_in_epoch
+    for name, counts in (("interrupted epoch", seen), ("the epoch after", following)):
+        assert max(counts.values()) == 1, f"{name}: records fed twice: {[r for r, n in counts.items() if n > 1]}"
+        assert set(counts) <= set(range(total))
+        assert total - len(counts) < last, f"{name} misses {total - len(counts)} records"
+
+
+TRANSITIONS = dict(sizes=st.lists(st.integers(1, 9), min_size=1, max_size=4),
+                   topologies=st.lists(st.integers(1, 3), min_size=2, max_size=3),
+                   steps=st.lists(st.integers(0, 4), min_size=2, max_size=2), per_replica=st.integers(1, 2),
+                   cache=st.booleans(), shuffle_buffer=st.sampled_from([0, 4, 10000]))
+
+
+def _transition_property(sizes, topologies, per_replica, **rest):
+    if sum(sizes) // max(topologies) < 6 * per_replica // min(topologies):
+        return  # a batch larger than a pipeline's share is refused (tested in test_pipeline.py)
+    check_transition(sizes, topologies, per_replica=per_replica, **rest)
+
+
+@settings(max_examples=2, deadline=None)
+@given(**TRANSITIONS)
+@example(sizes=[7, 8, 9], topologies=[2, 3, 1], steps=[1, 1], per_replica=1, cache=True, shuffle_buffer=4)
+@example(sizes=[7, 9, 8, 8], topologies=[1, 1, 3], steps=[1, 4], per_replica=1, cache=False, shuffle_buffer=0)
+def test_a_resume_on_another_topology_feeds_the_rest_of_the_epoch_each_record_once(**shape):
+    _transition_property(**shape)
+
+
+@pytest.mark.slow
+@settings(max_examples=120, deadline=None)
+@given(**TRANSITIONS)
+def test_a_resume_on_another_topology_feeds_the_rest_of_the_epoch_each_record_once_many_shapes(**shape):
+    _transition_property(**shape)
+

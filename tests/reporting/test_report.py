@@ -304,3 +304,13 @@ def test_the_report_says_in_one_line_whether_the_target_was_reached(tmp_path):
     text = report.render(str(tmp_path), {}, 0, missed, {"train_steps": 675}, None, [])
     assert "Target val_loss <= 0.01 not reached in 675 steps." in text.splitlines()
     assert "arget" not in report.render(str(tmp_path), {}, 0, {"step": 3}, {}, None, [])
+
+
+def test_a_resume_on_another_topology_is_one_line_of_the_report(tmp_path):
+    change = {"kind": "topology", "step": 30, "epoch": 1, "records_consumed_in_epoch": 720, "records": 1438,
+              "before": {"num_workers": 2, "replicas_per_worker": 1, "global_batch_size": 24, "batches_per_step": 1},
+              "after": {"num_workers": 1, "replicas_per_worker": 2, "global_batch_size": 24, "batches_per_step": 1}}
+    text = report.render(str(tmp_path), {"topology": [change]}, 0, {"step": 60}, {}, None, [])
+    assert ("## Topology changes\n\n- step 30: 2 worker(s) x 1 replica(s), global batch 24 -> 1 worker(s) x 2 "
+            "replica(s), global batch 24; epoch 1 resumed at record 720 of 1,438, the rest of it read once\n") in text
+    assert "Topology" not in report.render(str(tmp_path), {}, 0, {"step": 60}, {}, None, [])

@@ -1,6 +1,7 @@
 """Restoring a checkpoint trusts nothing: one that another model, task or head wrote, a truncated or corrupt file,
 a directory or a file that is no checkpoint each stop with one ConfigError naming the checkpoint and the first
-variable that does not fit. The checkpoints here are written with TensorFlow and Keras directly, not by tfgpu."""
+variable that does not fit. The checkpoints here are written with TensorFlow and Keras directly, not by tfgpu.
+Each checkpoint tfgpu writes holds the data position and topology that trained it; older ones restore without."""
 import os
 
 import numpy as np
@@ -8,6 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from tfgpu.config import ConfigError
+from tfgpu.runtime.distribute import Placement
 from tfgpu.training import checkpoint
 
 
@@ -132,3 +134,44 @@ def test_a_state_file_naming_deleted_files_or_garbled_is_refused_not_restarted_f
     with pytest.raises(ConfigError, match=r"^--model_dir: .*/checkpoint names .*ckpt-1, whose files are missing"):
         checkpoint.latest(str(tmp_path))
     assert checkpoint.latest(str(tmp_path / "fresh")) is None
+
+
+
+def _checkpointer(model_dir, step, weights, record=None):
+    import tensorflow as tf
+
+    placement = Placement(tf.distribute.get_strategy(), "one_device", 1, 1, 0, True, ("/cpu:0",), False)
+    return checkpoint.Checkpointer(str(model_dir), placement, {"weights": weights}, step, keep=2,
+                                       data_position=(lambda: record) if record is not None else None)
+
+
+def test_each_checkpoint_restores_the_data_position_saved_with_it(tmp_path):
+    import tensorflow as tf
+
+    step, weights = tf.Variable(0, dtype=tf.int64), tf.Variable([1.0, 2.0])
+    records = {}
+    writer = _checkpointer(tmp_path, step, weights, record=None)
+    writer.data_position.current = lambda: records[int(step.numpy())]
+    for at in (10, 20):
+        step.assign(at)
+        records[at] = {"version": 1, "epoch": 0, "stages": [[2, at * 12]]}
+        writer.save()
+    step.assign(0)
+    reader = _checkpointer(tmp_path, step, weights)
+    assert reader.restore_latest() == 20 and reader.data_position.restored == records[20]
+    assert reader.restore(str(tmp_path / "checkpoints" / "ckpt-10"), "checkpoint") == 10
+    assert reader.data_position.restored == records[10]
+
+
+def test_a_checkpoint_written_before_the_data_position_restores_without_one(tmp_path):
+    import tensorflow as tf
+
+    step, weights = tf.Variable(7, dtype=tf.int64), tf.Variable([3.0, 4.0])
+    tf.train.CheckpointManager(tf.train.Checkpoint(step=step, weights=weights), str(tmp_path / "checkpoints"),
+                               max_to_keep=1, step_counter=step).save(checkpoint_number=7)
+    step.assign(0)
+    weights.assign([0.0, 0.0])
+    reader = _checkpointer(tmp_path, step, weights)
+    assert not checkpoint.has_data_position(str(tmp_path / "checkpoints" / "ckpt-7"))
+    assert reader.restore_latest() == 7 and reader.data_position.restored is None
+    assert weights.numpy().tolist() == [3.0, 4.0]

@@ -363,6 +363,37 @@ def test_the_train_pipeline_is_released_before_the_final_evaluation(tmp_path, da
     assert train_input_alive == [False]
 
 
+def _recorded_position(model_dir, step):
+    import json
+
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(str(model_dir / "checkpoints" / f"ckpt-{step}"))
+    return json.loads(reader.get_tensor("data_position/.ATTRIBUTES/py_state"))
+
+
+def test_a_changed_global_batch_is_refused_unless_allowed_then_carries_the_position_in_records(train_here,
+                                                                                                tmp_path):
+    """2 steps of 32 records, then 2 of 64: refused in one line without --allow_config_change; allowed, the run
+    goes on from record 64 of the epoch (not step 2's 128 at the new batch), so its checkpoint says 192."""
+    common = SMALL + ["--model=small_cnn", "--steps_per_loop=2", f"--model_dir={tmp_path}"]
+    train_here(*common, "--global_batch_size=32", "--train_steps=2")
+    assert _recorded_position(tmp_path, 2)["records_consumed_in_epoch"] == 64
+    refused = train_here(*common, "--global_batch_size=64", "--train_steps=4", check=False)
+    errors = [line for line in refused.output.splitlines() if line.startswith("error:")]
+    assert refused.returncode == 1 and len(errors) == 1 and "global_batch_size" in errors[0], refused.output[-2000:]
+    assert "Traceback" not in refused.output
+    reseeded = train_here(*common, "--global_batch_size=32", "--seed=9", "--train_steps=4", check=False)
+    errors = [line for line in reseeded.output.splitlines() if line.startswith("error:")]
+    assert reseeded.returncode == 1 and len(errors) == 1 and "seed" in errors[0], reseeded.output[-2000:]
+    allowed = train_here(*common, "--global_batch_size=64", "--train_steps=4",
+                         "--allow_config_change=global_batch_size")
+    assert ("global batch changed on 1 worker x 1 replica (global batch 32 -> 64 by --allow_config_change, 64 per "
+            "replica;" in allowed.output and "resuming epoch 1 at record 64 of 1,438" in allowed.output)
+    record = _recorded_position(tmp_path, 4)
+    assert (record["epoch"], record["records_consumed_in_epoch"], record["global_batch_size"]) == (0, 192, 64)
+
+
 def test_training_into_a_directory_holding_another_tasks_checkpoint_is_one_line(train_here, tmp_path):
     """No config.yaml to compare with, only a checkpoint a GAN-like Keras program wrote: the run stops before
     training with one line naming the checkpoint and what it lacks (before: a traceback)."""

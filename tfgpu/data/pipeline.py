@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgpu.config import ConfigError, InputConfig
-from tfgpu.data import augment, shards, tfrecord
+from tfgpu.data import augment, position, shards, tfrecord
 from tfgpu.data.catalog import EVAL_SPLITS, DatasetInfo, default_cache_dir, prepare  # noqa: F401 (API)
 
 log = logging.getLogger("tfgpu")
@@ -217,13 +217,38 @@ def explain_read_error(info: DatasetInfo, error: tf.errors.OpError):
             "class")
 
 
-def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, record_keys: bool = False):
+def train_records(info: DatasetInfo) -> int:
+    """The train split's readable records (the manifest's count less those --skip_corrupt_records reads around):
+    what epochs, shares and a run's data position are counted in."""
+    return sum(n for _, n in readable_files(info, info.train_split))
+
+
+def _pipeline_seed(config: InputConfig, pipeline_id: int) -> int:
+    return config.seed * 1_000_003 + pipeline_id
+
+
+def _ordinary_epoch(config: InputConfig, segment_ds, num_segments, read, share, epoch_size, pipeline_id, e,
+                    cached=None):
+    """Epoch ``e`` of one pipeline's share: its segments and records shuffled with seeds of (seed, e, pipeline)."""
+    seed = _pipeline_seed(config, pipeline_id)
+    if cached is not None:
+        records = cached
+    else:
+        records = read(segment_ds.shuffle(num_segments, seed=seed + e * 7919))
+    if config.shuffle_buffer > 1:
+        records = records.shuffle(config.shuffle_buffer, seed=seed + e * 104729 + 1)
+    return _exact_epoch(records, share, epoch_size)
+
+
+def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, record_keys: bool = False,
+                     plan=None):
     """Returns ``fn(input_context) -> Dataset`` of per-replica (image, label) batches, resumed at ``start_step``.
 
     Each input pipeline trains on its share of the split (``train_share``); an epoch is ``total //
-    num_input_pipelines`` records of every pipeline, batches run on across epoch boundaries. ``record_keys``
-    yields batches of record identities instead of decoded examples (same records, same order; for
-    tfgpu.audit_input)."""
+    num_input_pipelines`` records of every pipeline, batches run on across epoch boundaries. ``plan``
+    (``resume.plan_resume``) says where in its epoch a resumed run starts, on this topology or another; without
+    one, where an uninterrupted run on this topology is at ``start_step``. ``record_keys`` yields batches of record
+    identities instead of decoded examples (same records, same order; for tfgpu.audit_input)."""
     workers = config.data_workers or tf.data.AUTOTUNE
 
     def dataset_fn(ctx: tf.distribute.InputContext):
@@ -243,8 +268,13 @@ def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, re
             raise ConfigError("global_batch_size", f"{config.global_batch_size} is larger than the "
                               f"{info.num_train_examples} examples of split {info.train_split!r}")
         consumed = start_step * config.batches_per_step * replicas_here * per_replica
-        start_epoch, offset = divmod(consumed, epoch_size)
-        seed = config.seed * 1_000_003 + ctx.input_pipeline_id
+        if plan is not None and plan.in_later_stage and plan.num_pipelines != ctx.num_input_pipelines:
+            raise ValueError(f"a resume plan for {plan.num_pipelines} input pipelines given to pipeline "
+                             f"{ctx.input_pipeline_id} of {ctx.num_input_pipelines}")
+        start = plan.position if plan is not None else position.from_step(start_step, position.Topology(
+            ctx.num_input_pipelines, 1, config.global_batch_size, config.batches_per_step), train_records(info))
+        start_epoch, offset = start.epoch, start.stages[-1].consumed
+        seed = _pipeline_seed(config, ctx.input_pipeline_id)
         reader = _Segments(info, info.train_split, segments)
         segment_ds = reader.dataset
 
@@ -276,21 +306,19 @@ def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, re
             ds = ds.batch(per_replica, drop_remainder=True)
             return _with_options(ds.prefetch(tf.data.AUTOTUNE), config, config.deterministic_input)
 
-        if config.cache:
-            # Held in memory after the first pass; later epochs shuffle the cached records.
-            cached = read(segment_ds).cache()
+        cached = read(segment_ds).cache() if config.cache else None  # in memory after the first pass
 
         def epoch(e):
-            if config.cache:
-                records = cached
-            else:
-                records = read(segment_ds.shuffle(len(segments), seed=seed + e * 7919))
-            if config.shuffle_buffer > 1:
-                records = records.shuffle(config.shuffle_buffer, seed=seed + e * 104729 + 1)
-            records = _exact_epoch(records, share, epoch_size)
+            records = _ordinary_epoch(config, segment_ds, len(segments), read, share, epoch_size,
+                                      ctx.input_pipeline_id, e, cached)
             return records.skip(tf.where(e == start_epoch, tf.constant(offset, tf.int64), 0))
 
-        records = tf.data.Dataset.range(start_epoch, 1 << 40).flat_map(_no_autograph(epoch))
+        if plan is not None and plan.in_later_stage:
+            later = plan.stage_records(config, info, ctx.input_pipeline_id).skip(offset)  # (key, record) pairs
+            records = later.concatenate(tf.data.Dataset.range(start_epoch + 1, 1 << 40).flat_map(
+                _no_autograph(epoch)))
+        else:
+            records = tf.data.Dataset.range(start_epoch, 1 << 40).flat_map(_no_autograph(epoch))
         indexed = tf.data.Dataset.zip(tf.data.Dataset.counter(start=consumed), records)
         ds = indexed.map(_no_autograph(lambda i, element: parse(tf.stack([seed, i]), element)),
                          num_parallel_calls=workers, deterministic=config.deterministic_input)

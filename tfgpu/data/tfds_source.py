@@ -100,8 +100,8 @@ def prepared_builder(name: str, data_dir: str = "", download: bool = False):
 def data_identity(builder) -> str:
     """What a prepared builder's data is: its full name and version, the directory it is read from (symlinks
     resolved) and a sha256 over its ``dataset_info.json`` and the name, size and modification time of each of its
-    files. Two data dirs holding a dataset of one name, or one re-prepared in place, differ here. Costs listing one
-    directory, a stat per file and reading ``dataset_info.json`` (no record is read)."""
+    files (locally also its inode). Two data dirs holding a dataset of one name, or one re-prepared in place, differ
+    here. Costs listing one directory, a stat per file and reading ``dataset_info.json`` (no record is read)."""
     import tensorflow as tf
 
     directory = str(builder.data_dir)
@@ -110,8 +110,13 @@ def data_identity(builder) -> str:
     try:
         digest.update(fileio.read_bytes(os.path.join(directory, "dataset_info.json")))
         for file in sorted(fileio.listdir(directory)):
-            stat = tf.io.gfile.stat(os.path.join(directory, file))
-            digest.update(f"\0{file}\0{stat.length}\0{stat.mtime_nsec}".encode())
+            path = os.path.join(directory, file)
+            if fileio.has_scheme(directory):
+                stat = tf.io.gfile.stat(path)
+                digest.update(f"\0{file}\0{stat.length}\0{stat.mtime_nsec}".encode())
+            else:  # the local stat: nanosecond times and the inode (a file prepared again is a new one)
+                stat = os.stat(path)
+                digest.update(f"\0{file}\0{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_ino}".encode())
     except (OSError, tf.errors.OpError) as e:
         raise ConfigError("tfds_data_dir", f"cannot read {directory}: {getattr(e, 'strerror', None) or e}") from None
     return f"tfds:{builder.info.full_name}:{resolved}:{digest.hexdigest()}"

@@ -214,6 +214,19 @@ def declarations(model_dir: str, config, needed: bool = True):
     return metric_specs.Declarations(metric_specs.LOOP_METRICS)
 
 
+def _topology_changes(history: dict) -> list:
+    """The resumes on another topology or global batch (history.jsonl's ``topology`` records), one line each."""
+
+    def describe(t):
+        return (f"{t['num_workers']} worker(s) x {t['replicas_per_worker']} replica(s), global batch "
+                f"{t['global_batch_size']}")
+
+    lines = [f"- step {r['step']}: {describe(r['before'])} -> {describe(r['after'])}; epoch {r['epoch']} resumed at "
+             f"record {r['records_consumed_in_epoch']:,} of {r['records']:,}, the rest of it read once"
+             for r in history.get("topology", [])]
+    return ["## Topology changes", "", *lines, ""] if lines else []
+
+
 def _config_changes(records: list) -> list:
     """The section listing each change --allow_config_change let a resume make, by the step it took effect."""
     if not records:
@@ -270,6 +283,7 @@ def render(model_dir: str, history: dict, bad_lines: int, metrics, config, profi
     if reached:
         lines += [reached[:1].upper() + reached[1:] + ".", ""]
 
+    lines += _topology_changes(history)
     lines += ["## Input pipeline", "", input_verdict(profile) + ".", ""]
     caveat = contention_note(profile)
     if caveat:

@@ -6,7 +6,9 @@ resumes every worker at the same step. TensorFlow writes a checkpoint's data and
 ``.index`` files first and the ``checkpoint`` state file (which names the latest)
 last, under a temporary name renamed over the old one
 (``file_io.atomic_write_string_to_file``), so a crash during a save leaves the
-previous checkpoint as the latest usable one. ``model_dir`` may be any path
+previous checkpoint as the latest usable one. Each checkpoint also holds the data position and topology that
+trained it (``DataPosition``: JSON in the checkpoint itself, so it is written and replaced with it); a checkpoint
+written before it was recorded restores without it. ``model_dir`` may be any path
 TensorFlow opens (``gs://``, ``ram://``): on an object store that rename is a copy
 and a delete, so the state file is replaced whole but not in one atomic step.
 
@@ -16,6 +18,7 @@ a truncated or corrupt file, or a path that is no checkpoint stops with one ``Co
 checkpoint and the first variable that does not fit. Cost: one read of the ``.index`` file and a walk of the
 objects' variables (milliseconds; no weight is read twice).
 """
+import json
 import logging
 import os
 import shutil
@@ -42,6 +45,36 @@ UNREADABLE_FIX = {"model_dir": f"its .index file is truncated or corrupt: put ba
 
 def checkpoint_dir(model_dir: str) -> str:
     return os.path.join(model_dir, "checkpoints")
+
+
+DATA_POSITION = "data_position"
+
+
+class DataPosition(tf.train.experimental.PythonState):
+    """The data position record (``tfgpu.data.position.to_record``) saved inside each checkpoint: ``current()``
+    gives the one to save; ``restored`` is the one read back (``None`` until a checkpoint holding one is restored)."""
+
+    def __init__(self, current):
+        self.current = current
+        self.restored = None
+
+    def serialize(self):
+        return json.dumps(self.current())
+
+    def deserialize(self, string_value):
+        try:
+            self.restored = json.loads(string_value)
+        except ValueError:
+            self.restored = string_value  # position.from_record refuses it, naming the checkpoint
+
+
+def has_data_position(path: str) -> bool:
+    """Whether the checkpoint at ``path`` records its data position (one written before it did not); False for
+    what is no readable checkpoint, which ``restore`` then refuses in one line."""
+    try:
+        return any(name.startswith(DATA_POSITION + "/") for name, _ in tf.train.list_variables(path))
+    except (tf.errors.OpError, ValueError):
+        return False
 
 
 def latest(model_dir: str) -> str | None:
@@ -144,13 +177,16 @@ def _damaged(flag: str, path: str, error: Exception) -> ConfigError:
 
 
 class Checkpointer:
-    def __init__(self, model_dir: str, placement: Placement, items: dict, step: tf.Variable, keep: int):
+    def __init__(self, model_dir: str, placement: Placement, items: dict, step: tf.Variable, keep: int,
+                 data_position=None):
         self.model_dir = model_dir
         self.real_dir = checkpoint_dir(model_dir)
         self._own_dir = worker_dir(model_dir, placement)
         self._temporary = not placement.is_chief
         directory = self.real_dir if placement.is_chief else os.path.join(self._own_dir, "checkpoints")
-        self.checkpoint = tf.train.Checkpoint(step=step, **items)
+        self._items = {"step": step, **items}
+        self.data_position = DataPosition(data_position or (lambda: {}))
+        self.checkpoint = tf.train.Checkpoint(**self._items, **{DATA_POSITION: self.data_position})
         self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=keep if
                                                   placement.is_chief else 1, step_counter=step)
         self.step = step
@@ -165,8 +201,10 @@ class Checkpointer:
         return step
 
     def restore(self, path: str, flag: str) -> int:
-        """Restores checkpoint ``path`` (checked to fit; ``flag``: the option that named it); returns its step."""
-        restore(self.checkpoint, path, flag)
+        """Restores checkpoint ``path`` (checked to fit; ``flag``: the option that named it), with its data position
+        when it records one (then in ``data_position.restored``); returns its step."""
+        self.restored_path = path
+        restore(self.checkpoint if has_data_position(path) else tf.train.Checkpoint(**self._items), path, flag)
         return int(self.step.numpy())
 
     def save(self) -> str:

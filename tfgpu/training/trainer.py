@@ -11,6 +11,7 @@ logs is ``tfgpu.training.history``; --target's rule and metrics.json fields are 
 the pipeline its ``InputConfig``. It stays one module (~400 lines) because boundaries, preemption, evaluation,
 the target and the startup record all act on the same loop state between two compiled calls.
 """
+import dataclasses
 import json
 import logging
 import math
@@ -23,6 +24,8 @@ import tensorflow as tf
 
 from tfgpu.config import ConfigError, InputConfig, TrainerConfig
 from tfgpu.data import pipeline
+from tfgpu.data import position as data_position
+from tfgpu.data import resume
 from tfgpu.runtime.distribute import Placement
 from tfgpu.training import checkpoint as checkpoint_lib
 from tfgpu.training import failures, input_profile, loop, metric_specs
@@ -92,7 +95,8 @@ class Trainer:
         self.eval_sums = loop.accumulators(self.strategy, self.task.eval_metric_names())
         self.skipped_run = loop.SkippedRun(self.strategy)
         self.checkpointer = checkpoint_lib.Checkpointer(
-            self.model_dir, self.placement, self.task.checkpoint_items(), self.step, self.config.keep_checkpoints)
+            self.model_dir, self.placement, self.task.checkpoint_items(), self.step, self.config.keep_checkpoints,
+            self._position_record)
 
         self._trace_train_loop()
         self._eval_loop = loop.build_loop(self.strategy, self.task.eval_step, self.eval_sums)
@@ -139,9 +143,91 @@ class Trainer:
     def _profile_input(self, start_step: int) -> dict:
         return input_profile.measure(
             self.strategy, lambda dataset_fn: loop.input_iterator(self.strategy, self.placement, dataset_fn),
-            pipeline.train_dataset_fn(self.inputs, self.info, start_step), self._train_loop,
+            pipeline.train_dataset_fn(self.inputs, self.info, start_step, plan=self._plan), self._train_loop,
             {"step": self.step, **self.task.checkpoint_items()}, self.inputs.global_batch_size,
             self.inputs.examples_per_step, self.skipped_run.reset)
+
+    # -- the data position ---------------------------------------------------
+    def _topology(self) -> data_position.Topology:
+        return data_position.Topology(self.placement.num_workers,
+                                      self.placement.num_replicas // self.placement.num_workers,
+                                      self.inputs.global_batch_size, self.inputs.batches_per_step)
+
+    def _position_record(self):
+        """The data position at the current step and the topology, saved inside each checkpoint (no record for
+        synthetic data, which has no records, or before ``train`` planned where the input starts)."""
+        plan = getattr(self, "_plan", None)
+        if plan is None:
+            return None
+        records = (int(self.step.numpy()) - self._plan_step) * self._topology().records_per_pipeline_step
+        now = data_position.advance(plan.position, plan.stage_length, plan.epoch_length, records)
+        return data_position.to_record(now, self._topology(), self.inputs.seed, self._fingerprint())
+
+    def _fingerprint(self) -> str:
+        return data_position.dataset_fingerprint(self.info.split_files[self.info.train_split])
+
+    def _resume_plan(self, step: int):
+        """Where the input pipelines start: from the restored checkpoint's data position (on another topology the
+        rest of its epoch, each record once; one line and a history record say so), else from ``step``."""
+        if self.info.name == "synthetic":
+            return None
+        self._plan_step = step
+        recorded = self.checkpointer.data_position.restored if step else None
+        num_pipelines = self.placement.num_workers
+        if recorded is None:
+            return resume.plan_resume(self.inputs, self.info, num_pipelines, step)
+        where = getattr(self.checkpointer, "restored_path", self.checkpointer.real_dir)
+        pos, before, seed, fingerprint = data_position.from_record(recorded, where)
+        self._check_recorded(where, before, seed, fingerprint)
+        plan = resume.plan_resume(self.inputs, self.info, num_pipelines, step, pos)
+        after = self._topology()
+        if before != after:
+            self._announce_topology(step, before, after, pos)
+        return plan
+
+    def _check_recorded(self, where: str, before, seed: int, fingerprint: str) -> None:
+        """Refuses, in one line, a resume whose records cannot be placed: another train split, another seed (the
+        order the checkpoint's epoch was read in), another global batch unless --allow_config_change lists it."""
+        if fingerprint != self._fingerprint():
+            raise ConfigError("data_dir" if self.config.data_dir else "dataset",
+                              f"the train split {self.info.train_split!r} of {self.info.directory} is not the one "
+                              f"{where} trained on (other shards or record counts); resume with that data or "
+                              "start a new --model_dir")
+        if seed != self.inputs.seed:
+            raise ConfigError("seed", f"{self.inputs.seed} differs from the {seed} of {where}, which decides the order "
+                              f"its epoch was read in; pass --seed={seed}")
+        new_batch = self.inputs.global_batch_size
+        if (before.global_batch_size != new_batch
+                and "global_batch_size" not in self.config.allowed_config_changes):
+            raise ConfigError("global_batch_size", f"{new_batch} differs from the {before.global_batch_size} of "
+                              f"{where}; pass --global_batch_size={before.global_batch_size} (it is kept on any "
+                              "number of workers and replicas), or --allow_config_change=global_batch_size to "
+                              "carry the data position over in records")
+
+    def _announce_topology(self, step: int, before, after, pos) -> None:
+        """One line and a history.jsonl record: what changed since the checkpoint and where the input resumes."""
+        per_replica = after.global_batch_size // (after.num_workers * after.replicas_per_worker)
+        was_per_replica = before.global_batch_size // (before.num_workers * before.replicas_per_worker)
+        if before.global_batch_size == after.global_batch_size:
+            batch = f"global batch {after.global_batch_size} kept, {per_replica} per replica"
+        else:
+            batch = (f"global batch {before.global_batch_size} -> {after.global_batch_size} by "
+                     f"--allow_config_change, {per_replica} per replica; the classifier's learning rate follows it "
+                     "(--base_learning_rate is per 256 examples)")
+        accumulate = -(-per_replica // was_per_replica)
+        if accumulate > 1 and per_replica % accumulate == 0:
+            batch += (f"; if {per_replica} per replica does not fit in memory, --grad_accum_steps={accumulate} "
+                      f"(classification) computes it in micro-batches of {per_replica // accumulate}")
+        if (before.num_workers, before.replicas_per_worker) == (after.num_workers, after.replicas_per_worker):
+            change = f"global batch changed on {after.describe()}"
+        else:
+            change = f"topology changed: {before.describe()} -> {after.describe()}"
+        total = self.info.num_train_examples
+        log.info("%s (%s); resuming epoch %d at record %s of %s", change, batch, pos.epoch + 1,
+                 f"{pos.records_in_epoch:,}", f"{total:,}")
+        self.history.write("topology", step, {
+            "before": dataclasses.asdict(before), "after": dataclasses.asdict(after), "epoch": pos.epoch + 1,
+            "records_consumed_in_epoch": pos.records_in_epoch, "records": total})
 
     # -- preemption ------------------------------------------------------------
     def _on_sigterm(self, signum, frame):
@@ -315,6 +401,7 @@ class Trainer:
         try:
             # Restoring broadcasts variables: a collective too.
             start_step = self._steps_done = self.restore(initial_weights=True)
+            self._plan = self._resume_plan(start_step)
             if self.startup:
                 self.startup.mark("build_and_restore")
             self.write_metric_specs()
@@ -343,7 +430,8 @@ class Trainer:
         if step < self.total_steps and not stopped:
             # Released on leaving the block, an error or a preemption included (loop.Feed: TF can block that)
             with loop.Feed(loop.input_iterator(self.strategy, self.placement,
-                                               pipeline.train_dataset_fn(self.inputs, self.info, step))) as feed:
+                                               pipeline.train_dataset_fn(self.inputs, self.info, step,
+                                                                         plan=self._plan))) as feed:
                 profiled = self._profile_input(step) if config.profile_input else None
                 progress = Progress(config.verbose, self.total_steps, step, self.chief,
                                     [s.name for s in self.declarations.metrics if s.progress],
