@@ -42,6 +42,28 @@ np.save({str(out_path)!r}, np.stack([np.asarray(keras.saving.load_model(p)(batch
     return np.load(out_path)
 
 
+@pytest.mark.parametrize("precision", ["mixed_bfloat16", pytest.param("mixed_float16", marks=pytest.mark.slow)])
+def test_an_export_trained_in_mixed_precision_is_a_float32_model_that_loads_anywhere(
+        train_here, tmp_path, monkeypatch, precision):
+    """The custom layer's model trained under a mixed policy: both exports are float32 (rebuilt with the trained
+    weights), load in a process without tfgpu, give the same outputs there to 1e-5, and the pixel-taking one
+    equals the bare network on the same images mapped to --input_range."""
+    monkeypatch.chdir(REPO)
+    model_dir = tmp_path / "own"
+    train_here(*FLAGS, "--train_steps=5", f"--precision={precision}", "--input_range=0,1", f"--model_dir={model_dir}")
+    import keras
+
+    pixels = np.random.default_rng(1).integers(0, 256, (4, 8, 8, 1)).astype(np.float32)
+    np.save(tmp_path / "pixels.npy", pixels)
+    paths = [model_dir / "export" / "model.keras", model_dir / "export" / "model.bare.keras"]
+    here = [keras.saving.load_model(p) for p in paths]
+    assert {layer.compute_dtype for m in here for layer in m._flatten_layers()} == {"float32"}
+    with_pixels, bare = np.asarray(here[0](pixels)), np.asarray(here[1](pixels / 255.0))
+    np.testing.assert_allclose(with_pixels, bare, rtol=1e-5, atol=1e-5)
+    loaded = _loads_without_tfgpu(paths[:1], tmp_path / "pixels.npy", tmp_path / "out.npy", tmp_path)
+    np.testing.assert_allclose(loaded[0], with_pixels, rtol=1e-5, atol=1e-5)
+
+
 def test_the_example_trains_records_its_source_and_exports_a_model_that_loads_without_tfgpu(
         train_here, tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)  # the flagfile names the model file relative to the repository root, as documented

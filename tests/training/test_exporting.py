@@ -16,15 +16,19 @@ class _Info:
         return len(self.classes)
 
 
-def test_a_classifier_states_its_input_range_and_how_to_scale_pixels(tmp_path):
-    config = Config(model_dir=str(tmp_path), dataset="digits", input_range=(0.0, 255.0))
+def test_a_classifier_takes_pixels_and_its_bare_export_states_the_input_range(tmp_path):
+    config = Config(model_dir=str(tmp_path), dataset="digits", input_range=(0.0, 1.0))
     path = exporting.write_description(config, _Info(), str(tmp_path / "export" / "model.keras"))
     assert path == str(tmp_path / "export" / "model.input.json")
     with open(path) as f:
         described = json.load(f)
     assert described["input"]["range"] == [0.0, 255.0] and described["input"]["shape"] == [None, 8, 8, 1]
+    assert described["bare"]["file"] == "model.bare.keras" and described["bare"]["input"]["range"] == [0.0, 1.0]
     assert described["output"]["shape"] == [None, 10]
-    assert exporting.summary(described) == "input: float32 NHWC images in [0, 255] (--input_range)"
+    assert exporting.summary(described) == "input: NHWC pixels 0..255 (uint8 or float32); model.bare.keras: " \
+                                           "float32 in [0, 1]"
+    assert exporting.variant_path("out/model.keras", "bare") == "out/model.bare.keras"
+    assert exporting.variant_path("out/saved_model/", "bare") == "out/saved_model.bare"
 
 
 def test_a_gan_describes_its_latent_input_and_its_images_in_minus_one_to_one(tmp_path):
@@ -44,8 +48,7 @@ def test_a_softmax_headed_classifier_is_described_as_giving_probabilities(tmp_pa
     described = exporting.describe(config, _Info(), {"model_output": "probabilities", "loss_from": "probabilities"})
     assert described["output"]["kind"] == "probabilities"
     assert described["output"]["meaning"].startswith("probabilities, one per class, summing to 1")
-    assert exporting.summary(described) == ("input: float32 NHWC images in [-1, 1] (--input_range); "
-                                            "output: probabilities")
+    assert exporting.summary(described) == "input: NHWC pixels 0..255 (uint8 or float32); output: probabilities"
 
 
 def test_a_generator_without_a_final_tanh_is_described_as_unbounded(tmp_path):
@@ -54,3 +57,31 @@ def test_a_generator_without_a_final_tanh_is_described_as_unbounded(tmp_path):
     assert described["output"]["range"] is None and "clip to [-1, 1]" in described["output"]["meaning"]
     assert exporting.summary(described) == "outputs float32 images, not bounded to [-1, 1] (no final tanh)"
     assert exporting.describe(config, _Info(), {"generator_output": "tanh"})["output"]["range"] == [-1.0, 1.0]
+
+
+def test_the_export_on_raw_validation_pixels_scores_the_run_s_val_accuracy(train_here, tmp_path, data_cache):
+    """model.keras takes the digits as stored (uint8 pixels): its accuracy on the raw validation images is the
+    run's val_accuracy."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from tests.conftest import read_metrics
+    from tfgpu.config import DatasetConfig
+    from tfgpu.data import catalog, tfrecord
+
+    train_here("--dataset=digits", "--model=small_cnn", "--global_batch_size=64", "--train_steps=300",
+               "--steps_per_loop=100", "--verbose=0", f"--model_dir={tmp_path}")
+    info = catalog.prepare(DatasetConfig.of(Config(model_dir=str(tmp_path), dataset="digits",
+                                                   data_cache_dir=data_cache)))
+    images, labels = [], []
+    for serialized in tf.data.TFRecordDataset([f for f, _ in info.split_files[info.eval_split]]):
+        features = tfrecord.parse_example(serialized)
+        images.append(tfrecord.decode_image(features, 1).numpy())
+        labels.append(int(features[tfrecord.LABEL]))
+    images = np.stack(images)
+    assert images.dtype == np.uint8 and len(images) == 359
+    model = keras.saving.load_model(tmp_path / "export" / "model.keras")
+    accuracy = float(np.mean(np.argmax(model.predict(images, verbose=0), -1) == np.array(labels)))
+    val_accuracy = read_metrics(tmp_path)["val_accuracy"]
+    assert val_accuracy > 0.5 and abs(accuracy - val_accuracy) <= 0.01, (accuracy, val_accuracy)

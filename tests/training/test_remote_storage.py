@@ -73,7 +73,7 @@ def test_convert_train_resume_evaluate_export_report_on_ram(tmp_path, ram_root, 
 
     output = f"{model_dir}/exported/model.keras"
     assert export.main([f"--model_dir={model_dir}", f"--output={output}"]) == 0
-    assert _json(f"{model_dir}/exported/model.input.json")["input"]["range"] == [0.0, 1.0]
+    assert _json(f"{model_dir}/exported/model.input.json")["bare"]["input"]["range"] == [0.0, 1.0]
     local = tmp_path / "model.keras"
     local.write_bytes(fileio.read_bytes(output))
     batch = np.random.default_rng(0).uniform(0, 1, (3, 8, 8, 1)).astype(np.float32)

@@ -13,6 +13,7 @@ rule over recorded facts (the doctor's rule, ``runtime.advice.precision_for``). 
 own devices, and the workers of a multi-worker job then agree in one all-reduce on the policy of the least capable
 among them (``least_capable``), so every worker builds the same variables.
 """
+import contextlib
 import dataclasses
 import logging
 import re
@@ -80,6 +81,17 @@ def resolve_config(config: Config, placement) -> Config:
         log.info("precision: --precision=auto chose %s, which every worker can run (this worker alone would "
                  "run %s: %s)", job, chosen, why)
     return dataclasses.replace(config, precision=job)
+
+
+@contextlib.contextmanager
+def float32_policy():
+    """Builds models in float32 whatever the run's dtype policy (exports, FID feature extractors)."""
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("float32")
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
 
 
 def set_policy(precision: str) -> None:

@@ -148,6 +148,13 @@ class Task(abc.ABC):
         """One line about the models (parameters, FLOPs) for the start-of-run log."""
         return ""
 
+    # The exports a run writes: variant name ("" = the default, <name>.keras) -> what it is, for input.json.
+    export_variants = {"": "the deployable model"}
+
     @abc.abstractmethod
-    def export(self, path: str) -> None:
-        """Saves the model users deploy to ``path`` (a .keras file)."""
+    def deployable(self, variant: str = ""):
+        """The keras.Model users deploy, as export ``variant`` (a key of ``export_variants``)."""
+
+    def export(self, path: str, variant: str = "") -> None:
+        """Saves ``deployable(variant)`` to ``path`` (a .keras file)."""
+        self.deployable(variant).save(path)

@@ -19,6 +19,7 @@ first layer is ``Rescaling(1/255)`` (it expects 0..255 pixels) is refused unless
 """
 import logging
 
+import keras
 import tensorflow as tf
 
 from tfgpu.config import ConfigError, InputConfig, OptimizationConfig, PrecisionConfig
@@ -236,8 +237,36 @@ class ClassificationTask(Task):
         frozen = f" ({trainable:,} trainable)" if trainable != self.num_parameters else ""
         return f"model={self.config.model} params={self.num_parameters:,}{frozen} input={self.info.image_shape}"
 
-    def export(self, path):
-        self.model.save(path)
+    export_variants = {
+        "": "takes images as pixels 0..255 (uint8 or float32); the run's --input_range mapping is inside it",
+        "bare": "the network alone: takes float32 images already in --input_range",
+    }
+
+    def deployable(self, variant=""):
+        """The trained classifier as users deploy it: rebuilt under the float32 policy with the trained weights, so
+        it loads in any process whatever the run's precision (a model saved under a mixed policy records it per
+        layer, and a user's layer may then fail to rebuild); by default with the pixel mapping of
+        --input_range in front (``variant="bare"``: without it)."""
+        with precision.float32_policy():
+            model = self._float32_model()
+            if variant == "bare":
+                return model
+            low, high = (float(v) for v in self.config.input_range)
+            pixels = keras.Input(tuple(self.info.image_shape), dtype="float32", name="pixels")
+            scaled = keras.layers.Rescaling(scale=(high - low) / 255.0, offset=low,
+                                            name="pixels_to_input_range")(pixels)
+            return keras.Model(pixels, model(scaled), name=f"{model.name}_pixels")
+
+    def _float32_model(self):
+        """``self.model`` when it is float32 already, else the same builder (under the float32 policy the caller
+        set) with its weights: a mixed policy keeps every variable in float32, so they carry over as they are."""
+        if all(layer.compute_dtype == "float32" for layer in self.model._flatten_layers()):
+            return self.model
+        twin = create_model(self.config.model, self.info.image_shape, self.info.num_classes,
+                            sync_batch_norm=self.config.sync_batch_norm,
+                            zero_init_residual=self.config.zero_init_residual)
+        twin.set_weights(self.model.get_weights())
+        return twin
 
 
 def check_model(model, name: str, num_classes: int, input_range) -> heads.Head:

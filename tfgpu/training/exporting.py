@@ -1,6 +1,7 @@
-"""What a run deploys and how its user feeds it: the exported model (a .keras file or a SavedModel) and, beside
-it, ``<name>.input.json`` (input shape, dtype, --input_range, how to scale uint8 pixels, output: logits or
-probabilities, a generator's image range; classes).
+"""What a run deploys and how its user feeds it: the exported models (.keras files or SavedModels; a classifier's
+``model.keras`` takes pixels 0..255 with the run's --input_range mapping inside, ``model.bare.keras`` is the
+network alone; both float32 whatever the training precision) and, beside them, ``<name>.input.json`` (input
+shape, dtype and range of each, output: logits or probabilities, a generator's image range; classes).
 
 Used by the training run's own export (``experiment.run``) and by ``python -m tfgpu.export``. ``output`` may be
 any path TensorFlow opens (``gs://``, ``ram://``): Keras and the SavedModel exporter write to the local disk
@@ -14,11 +15,22 @@ from tfgpu.runtime import fileio
 from tfgpu.runtime.fileio import atomic_local_path, atomic_write_bytes
 
 
+def variant_path(output: str, variant: str) -> str:
+    """Where export ``variant`` of an export at ``output`` goes: ``model.keras`` -> ``model.bare.keras``,
+    ``saved_model`` -> ``saved_model.bare``; the default variant ("") at ``output`` itself."""
+    if not variant:
+        return output
+    stem = output.rstrip("/")
+    return f"{stem[:-len('.keras')]}.{variant}.keras" if stem.endswith(".keras") else f"{stem}.{variant}"
+
+
 def export_model(task, path: str) -> str:
-    """Saves the task's deployable model to ``path`` (a .keras file), atomically (``fileio.atomic_local_path``)."""
+    """Saves each of the task's exports (``Task.export_variants``) as a .keras file at ``variant_path(path, v)``,
+    each atomically (``fileio.atomic_local_path``); returns ``path``."""
     fileio.makedirs(fileio.parent(path))
-    with atomic_local_path(path, suffix=".keras") as tmp:
-        task.export(tmp)
+    for variant in task.export_variants:
+        with atomic_local_path(variant_path(path, variant), suffix=".keras") as tmp:
+            task.export(tmp, variant)
     return path
 
 
@@ -50,11 +62,15 @@ def describe(config, info, facts: dict | None = None) -> dict:
     low, high = (float(v) for v in config.input_range)
     kind = facts.get("model_output", "logits")
     return {"task": config.task, "model": config.model,
-            "input": {**images, "range": [low, high],
-                      "from_uint8": f"pixels 0..255 map linearly to {low:g}..{high:g}: "
-                                    f"x / 255 * ({high:g} - {low:g}) + {low:g}"},
+            "input": {**images, "range": [0.0, 255.0],
+                      "meaning": f"pixels 0..255 as uint8 or float32, of size {h}x{w} with {c} channel(s): the run's "
+                                 f"--input_range mapping ({low:g}..{high:g}) is inside the model"},
             "output": {"dtype": "float32", "shape": [None, info.num_classes], "kind": kind,
                        "meaning": OUTPUT_MEANINGS[kind]},
+            "bare": {"meaning": "the same network without the pixel mapping",
+                     "input": {**images, "range": [low, high],
+                               "from_uint8": f"pixels 0..255 map linearly to {low:g}..{high:g}: "
+                                             f"x / 255 * ({high:g} - {low:g}) + {low:g}"}},
             "classes": list(info.classes)}
 
 
@@ -68,16 +84,20 @@ def summary(description: dict) -> str:
     if description["task"] == "gan":
         return ("outputs float32 images in [-1, 1]" if output["range"] else
                 "outputs float32 images, not bounded to [-1, 1] (no final tanh)")
-    low, high = description["input"]["range"]
+    low, high = description["bare"]["input"]["range"]
     gives = "; output: probabilities" if output["kind"] == "probabilities" else ""
-    return f"input: float32 NHWC images in [{low:g}, {high:g}] (--input_range){gives}"
+    bare = f"; {description['bare']['file']}: float32 in [{low:g}, {high:g}]" if "file" in description["bare"] else ""
+    return f"input: NHWC pixels 0..255 (uint8 or float32){bare}{gives}"
 
 
 def write_description(config, info, output: str, facts: dict | None = None) -> str:
     """Writes ``description_path(output)`` (atomically) and returns its path."""
     path = description_path(output)
     fileio.makedirs(fileio.parent(path))
-    atomic_write_bytes(path, (json.dumps(describe(config, info, facts), indent=2) + "\n").encode())
+    description = describe(config, info, facts)
+    if "bare" in description:
+        description["bare"]["file"] = os.path.basename(variant_path(output, "bare").rstrip("/"))
+    atomic_write_bytes(path, (json.dumps(description, indent=2) + "\n").encode())
     return path
 
 
@@ -90,16 +110,21 @@ def save(task, fmt: str, output: str) -> None:
     if fmt == "keras":
         export_model(task, output)
         return
+    for variant in task.export_variants:
+        _save_model(task.deployable(variant), variant_path(output, variant))
+
+
+def _save_model(model, output: str) -> None:
     if fileio.has_scheme(output):
         with tempfile.TemporaryDirectory(prefix="tfgpu-export-") as local:
-            task.model.export(os.path.join(local, "saved_model"), format="tf_saved_model", verbose=False)
+            model.export(os.path.join(local, "saved_model"), format="tf_saved_model", verbose=False)
             fileio.rmtree(output)
             fileio.copy_tree(os.path.join(local, "saved_model"), output)
         return
     import shutil
 
     tmp = output.rstrip("/") + f".tmp-{os.getpid()}"
-    task.model.export(tmp, format="tf_saved_model", verbose=False)
+    model.export(tmp, format="tf_saved_model", verbose=False)
     if os.path.exists(output):
         shutil.rmtree(output)
     os.replace(tmp, output)

@@ -35,6 +35,7 @@ import tempfile
 import numpy as np
 
 from tfgpu.runtime import fileio
+from tfgpu.runtime.precision import float32_policy  # features are compared across runs: built in float32
 
 log = logging.getLogger("tfgpu")
 
@@ -112,19 +113,6 @@ def scores(real_features, fake_features, extractor_name: str, kid_subsets: int =
 
 
 # -- feature extractors ----------------------------------------------------------
-@contextlib.contextmanager
-def float32_policy():
-    """Builds models in float32 whatever the run's dtype policy (features are compared across runs)."""
-    import keras
-
-    previous = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy("float32")
-    try:
-        yield
-    finally:
-        keras.mixed_precision.set_global_policy(previous)
-
-
 @contextlib.contextmanager
 def local_copy(path: str):
     """Yields a local path holding ``path``'s bytes: ``path`` itself when local, else a temporary copy (same file
@@ -244,10 +232,12 @@ def _classifier_trained(model_path: str) -> tuple:
 
 
 def classifier_model_path(model_dir_or_file: str) -> str:
-    """``<model_dir>/export/model.keras`` for a run directory, or the .keras file itself."""
+    """For a run directory its network alone, ``<model_dir>/export/model.bare.keras`` (``model.keras`` of runs
+    exported before the pixel-taking variant, or of the classifier trained here); or the .keras file itself."""
     if model_dir_or_file.endswith(".keras"):
         return model_dir_or_file
-    return os.path.join(model_dir_or_file, "export", "model.keras")
+    bare = os.path.join(model_dir_or_file, "export", "model.bare.keras")
+    return bare if fileio.isfile(bare) else os.path.join(model_dir_or_file, "export", "model.keras")
 
 
 class ClassifierFeatures(FeatureExtractor):

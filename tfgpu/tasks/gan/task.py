@@ -367,8 +367,8 @@ class GanTask(GanEvaluation, Task):
                 f"params={count_params(self.discriminator):,} image={self.info.image_shape} "
                 f"latent={self.config.latent_dim} conditional={self.config.conditional} loss={self.config.gan_loss}")
 
-    def export(self, path):
-        """Saves the generator with the EMA weights (float32 images out) as a .keras file."""
+    def deployable(self, variant=""):
+        """The generator with the EMA weights (float32 images out)."""
         generator, _ = self._evaluation_generator()
         generator.set_weights(self.generator_weights())
-        generator.save(path)
+        return generator
