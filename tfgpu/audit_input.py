@@ -112,11 +112,11 @@ def _share_indices(info, first_of_file, num_workers: int):
     """Each worker's share of an ordinary epoch (its readable records), as split indices."""
     import numpy as np
 
-    from tfgpu.data import pipeline
+    from tfgpu.data import pipeline, records
 
     split = info.train_split
-    return [np.concatenate([first_of_file[f] + pipeline.readable_indices(info, split, f, first, n)
-                            for f, first, n in pipeline.train_share(pipeline.readable_files(info, split),
+    return [np.concatenate([first_of_file[f] + records.readable_indices(info, split, f, first, n)
+                            for f, first, n in pipeline.train_share(records.readable_files(info, split),
                                                                     num_workers, w)[0]])
             for w in range(num_workers)]
 
@@ -128,7 +128,7 @@ def audit(config, num_workers: int, replicas_per_worker: int = 1, epochs: int = 
     epoch (records consumed before plus fed after), then ``epochs`` epochs."""
     import numpy as np
 
-    from tfgpu.data import catalog, pipeline, position, resume
+    from tfgpu.data import catalog, position, records, resume
 
     info = catalog.prepare(DatasetConfig.of(config))
     if info.name == "synthetic":
@@ -142,7 +142,7 @@ def audit(config, num_workers: int, replicas_per_worker: int = 1, epochs: int = 
     for i, (filename, _) in enumerate(files):
         if filename in info.damaged:
             unreadable[starts[i] + np.array(info.damaged[filename].unreadable, np.int64)] = True
-    epoch_size = pipeline.train_records(info) // num_workers
+    epoch_size = records.train_records(info) // num_workers
     shares = _share_indices(info, starts, num_workers)
     result = {"data": info.directory, "split": split, "records": total, "unreadable": int(unreadable.sum()),
               "num_workers": num_workers,
@@ -150,7 +150,7 @@ def audit(config, num_workers: int, replicas_per_worker: int = 1, epochs: int = 
               "steps_per_epoch": num_workers * epoch_size / config.examples_per_step, "epochs": []}
     plan, stage_reads, first_epoch, before, ranges = None, 0, 0, (), shares
     if resume_from_step:
-        recorded = position.from_step(resume_from_step, previous, pipeline.train_records(info))
+        recorded = position.from_step(resume_from_step, previous, records.train_records(info))
         plan = resume.plan_resume(inputs, info, num_workers, resume_from_step, recorded)
         before = (plan.consumed if plan.in_later_stage else
                   resume.consumed_records(inputs, info, plan.position)[0])

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tfgpu.config import Config, ConfigError
-from tfgpu.data import pipeline, shards, tfrecord
+from tfgpu.data import pipeline, records, shards, tfrecord
 
 PNG = tf.io.encode_png(np.zeros((2, 2, 1), np.uint8)).numpy()
 
@@ -136,7 +136,7 @@ def first_error(cfg, info):
     with pytest.raises(tf.errors.InvalidArgumentError) as e:
         for _ in ds.take(2 * info.num_train_examples):  # two epochs: every record parsed
             pass
-    return pipeline.explain_read_error(info, e.value)
+    return records.explain_read_error(info, e.value)
 
 
 @pytest.mark.parametrize("labels", [list(range(10, 20)), list(range(1, 11))], ids=["10-19", "1-based"])
@@ -184,7 +184,7 @@ def test_unlabelled_data_without_classes_is_read_as_before(tmp_path):
 
 def epochs_seen(cfg, info, pipelines, num_epochs):
     """Per epoch, how often each label was yielded by all pipelines together."""
-    epoch = sum(n for _, n in pipeline.readable_files(info, "train")) // pipelines
+    epoch = sum(n for _, n in records.readable_files(info, "train")) // pipelines
     seen = [collections.Counter() for _ in range(num_epochs)]
     for p in range(pipelines):
         ds = pipeline.train_dataset_fn(cfg, info, 0)(tf.distribute.InputContext(pipelines, p, pipelines))
@@ -240,7 +240,7 @@ def test_every_readable_record_is_trained_exactly_once_per_epoch(tmp_path_factor
         return
     info = pipeline.prepare(cfg)
     lost = {int(starts[s]) + r for s in damaged for r in damaged[s]}
-    assert pipeline.skipped_records(info) == {"train": len(lost)}
+    assert records.skipped_records(info) == {"train": len(lost)}
     readable = set(range(sum(sizes))) - lost
     if len(readable) < 2 * pipelines:
         return

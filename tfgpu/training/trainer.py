@@ -23,7 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgpu.config import ConfigError, InputConfig, TrainerConfig
-from tfgpu.data import pipeline
+from tfgpu.data import pipeline, records
 from tfgpu.data import position as data_position
 from tfgpu.data import resume
 from tfgpu.runtime.distribute import Placement
@@ -137,7 +137,7 @@ class Trainer:
 
     def _input_error(self, error: tf.errors.OpError):
         """A read failure of the input as a ConfigError naming the shard and record, or ``error`` itself."""
-        reason = pipeline.explain_read_error(self.info, error)
+        reason = records.explain_read_error(self.info, error)
         return error if reason is None else ConfigError("data_dir" if self.config.data_dir else "dataset", reason)
 
     def _profile_input(self, start_step: int) -> dict:
@@ -504,7 +504,7 @@ class Trainer:
         final.update(self.task.model_facts())
         final.update(last_eval)
         if self.inputs.skip_corrupt_records:  # the unreadable records read around, every epoch / evaluation
-            final["skipped_records"] = pipeline.skipped_records(self.info)
+            final["skipped_records"] = records.skipped_records(self.info)
         if self.target:
             final.update(target_lib.fields(self.target, self._target_hit))
             log.info("%s", target_lib.sentence(final, self.declarations, self._target_best))

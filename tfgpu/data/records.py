@@ -1,0 +1,150 @@
+"""How a split's records are read: shards cut into segments, unreadable records read around
+(--skip_corrupt_records), labels checked as they are parsed, and a failed read turned into one line naming the
+shard and record. ``pipeline`` builds the train and eval pipelines over these; ``resume`` and
+``tfgpu.audit_input`` count in the same readable records."""
+import re
+
+import numpy as np
+import tensorflow as tf
+
+from tfgpu.data import shards, tfrecord
+from tfgpu.data.catalog import DatasetInfo
+
+# tf.data traces every function given to map/interleave/flat_map below. None branches on a tensor in Python, so
+# autograph is off for them (as for the train loop): converting every call inside them took 0.6 s of the first
+# pipeline's construction on 2 cores (0.71-0.76 s with it, 0.14 s without), on the way to the first step.
+_no_autograph = tf.autograph.experimental.do_not_convert
+
+
+def open_records(filename, compression):
+    return tf.data.TFRecordDataset(filename, compression_type="GZIP" if compression == "gzip" else None)
+
+
+def readable_files(info: DatasetInfo, split: str):
+    """((file, readable records), ...) of ``split``: the manifest's counts less the unreadable records that
+    --skip_corrupt_records reads around. Shares and epochs are cut from these, so every readable record is
+    trained once per epoch and no epoch needs refilling."""
+    return tuple((f, n - len(info.damaged[f].unreadable) if f in info.damaged else n)
+                 for f, n in info.split_files[split])
+
+
+def skipped_records(info: DatasetInfo) -> dict:
+    """{split: unreadable records read around} for the splits the run reads (--skip_corrupt_records)."""
+    return {split: sum(len(info.damaged[f].unreadable) for f, _ in info.split_files[split] if f in info.damaged)
+            for split in dict.fromkeys((info.train_split, info.eval_split)) if split}
+
+
+def readable_indices(info: DatasetInfo, split: str, file_index: int, first: int, count: int):
+    """The record indices in the file of a segment of readable records ``[first, first + count)`` (positions
+    among the file's readable records, as ``train_share`` cuts them)."""
+    filename = info.split_files[split][file_index][0]
+    if filename not in info.damaged:
+        return np.arange(first, first + count)
+    return np.array([i for i, _, _ in info.damaged[filename].readable()[first:first + count]], np.int64)
+
+
+class Segments:
+    """A split's segments ``(file_index, first, count)`` (positions among a file's readable records) as the
+    tensors the readers take: whole-file reads (``TFRecordDataset.skip(first).take(count)``) for intact shards;
+    for a damaged shard, rows of a table of its readable records' (index, offset, length), read from the shard's
+    bytes (the whole shard in memory while its segment is read, once an epoch: a damaged shard costs that)."""
+
+    def __init__(self, info: DatasetInfo, split: str, segments):
+        files = info.split_files[split]
+        self.compression = info.compression
+        self.around = any(files[i][0] in info.damaged for i, _, _ in segments)
+        columns, table = [], []
+        for i, first, count in segments:
+            filename = files[i][0]
+            if filename in info.damaged:
+                rows = info.damaged[filename].readable()[first:first + count]
+                columns.append((filename, i, 0, 0, len(table), len(rows)))
+                table += rows
+            else:
+                columns.append((filename, i, first, count, 0, 0))
+        self.table = tuple(tf.constant(c, tf.int64) for c in zip(*table)) if table else None
+        names, *numbers = zip(*columns)
+        self.dataset = tf.data.Dataset.from_tensor_slices((list(names), *(tf.constant(c, tf.int64) for c in numbers)))
+        self.count = len(columns)
+
+    def read(self, filename, file_index, first, count, row, rows):
+        """(key, record) of one segment; key = ``file_index * 2**32 + index in the file`` (tfgpu.audit_input counts
+        keys; the label check names the record by it)."""
+        base = file_index * (1 << 32)
+        records = tf.data.Dataset.zip(tf.data.Dataset.counter(start=base), open_records(filename, self.compression))
+        records = records.skip(first).take(count)
+        if not self.around:
+            return records
+        index, offset, length = self.table
+
+        def around(name):  # a damaged shard is never gzip (shards.verify refuses those)
+            content = tf.io.read_file(name)
+            return tf.data.Dataset.range(row, row + rows).map(
+                lambda r: (base + index[r], tf.strings.substr(content, offset[r], length[r])))
+
+        return records.concatenate(
+            tf.data.Dataset.from_tensors(filename).take(tf.minimum(rows, 1)).flat_map(_no_autograph(around)))
+
+
+def segment_records(segments: Segments, segment_ds, workers):
+    """(key, record) of ``segment_ds``'s segments, interleaved in a fixed order (parallel reads)."""
+    return segment_ds.interleave(_no_autograph(segments.read), cycle_length=min(segments.count, 16),
+                                 block_length=1, num_parallel_calls=workers, deterministic=True)
+
+
+def checked_label(split: str, key, label, num_classes: int):
+    """``label``, once it is a class index; else the step fails with an error ``explain_read_error`` turns into
+    one line naming the file, record and label (one comparison per example)."""
+    ok = tf.logical_and(label >= 0, label < num_classes)
+    with tf.control_dependencies([tf.debugging.Assert(ok, [LABEL_ERROR, split, key, label])]):
+        return tf.identity(label)
+
+
+LABEL_ERROR = "tfgpu: bad label in split"
+
+
+def find_corrupt_record(info: DatasetInfo):
+    """Scans the dataset's shards on the host for the first unreadable record: (file, index, reason) or None.
+
+    Called after a read failed, because tf.data's DataLossError names neither the file nor the record."""
+    for split in info.split_files:
+        for filename, _ in info.split_files[split]:
+            index = 0
+            try:
+                for _ in tf.data.TFRecordDataset(filename, compression_type="GZIP" if info.compression == "gzip"
+                                                 else None):
+                    index += 1
+            except (tf.errors.DataLossError, tf.errors.OutOfRangeError) as e:
+                return filename, index, e.message.split("\n")[0].strip()
+    return None
+
+
+def explain_read_error(info: DatasetInfo, error: tf.errors.OpError):
+    """One line naming the shard and record behind a read failure tf.data reports without them (an unreadable
+    record, a label outside [0, num_classes), a record without a label), or None for other errors."""
+    if isinstance(error, tf.errors.DataLossError):
+        found = find_corrupt_record(info)
+        where = f"{found[0]}: record {found[1]} is unreadable ({found[2]})" if found else "a record is unreadable"
+        return f"{where}; convert the dataset again, or pass --skip_corrupt_records to train on the other records"
+    match = re.search(rf"\[{LABEL_ERROR}\] \[(.*?)\] \[(\d+)\] \[(-?\d+)\]", error.message or "")
+    if not isinstance(error, tf.errors.InvalidArgumentError) or not match:
+        return None
+    split, key, label = match.group(1), int(match.group(2)), int(match.group(3))
+    filename = info.split_files[split][key >> 32][0]
+    index = key & 0xFFFFFFFF
+    if label == tfrecord.MISSING_LABEL:
+        damaged = info.damaged.get(filename)
+        problem = tfrecord.missing_feature(shards.read_record(filename, info.compression, index, damaged),
+                                           tfrecord.REQUIRED_WITH_CLASSES)
+        return (f"{filename}: record {index} {problem or 'has no ' + repr(tfrecord.LABEL)}; the {split!r} split needs "
+                f"a label in every record (under {tfrecord.LABEL!r}, as tensorflow/models writes ImageNet)")
+    return (f"{filename}: record {index} has label {label}, outside [0, {info.num_classes}) for the "
+            f"{info.num_classes} classes of {info.directory}/{tfrecord.MANIFEST}; labels must be class indices from 0 "
+            "(1-based labels, as some ImageNet TFRecords have, need 1 subtracted), or the manifest must list every "
+            "class")
+
+
+def train_records(info: DatasetInfo) -> int:
+    """The train split's readable records (the manifest's count less those --skip_corrupt_records reads around):
+    what epochs, shares and a run's data position are counted in."""
+    return sum(n for _, n in readable_files(info, info.train_split))
