@@ -162,6 +162,32 @@ def test_scancel_term_saves_one_step_exits_143_and_the_requeue_finishes(submit):
     assert history[-1]["step"] == steps
 
 
+def test_a_job_requeued_with_fewer_tasks_resumes_on_them_and_finishes(submit):
+    """A preemption after which the job gets fewer tasks (changed while it waits, as a cluster that lost nodes
+    would): the requeued run starts one task, which says the topology changed and trains to the end."""
+    steps = 200
+    job = submit(steps)
+    job.wait_for_output(r"^0: step 12/")
+    subprocess.run(["scontrol", "hold", job.id], check=True, timeout=30)  # so it waits once requeued
+    subprocess.run(["scancel", "--signal=TERM", job.id], check=True, timeout=30)
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while job.info().get("JobState") != "PENDING":
+        assert time.monotonic() < deadline, job.output()[-4000:]
+        time.sleep(0.5)
+    subprocess.run(["scontrol", "update", f"JobId={job.id}", "NumTasks=1", "TasksPerNode=1"], check=True, timeout=30)
+    subprocess.run(["scontrol", "release", job.id], check=True, timeout=30)
+    info = job.wait_until_final()
+    out = job.output()
+    assert info["JobState"] == "COMPLETED", out[-4000:]
+    assert f"tfgpu: job {job.id} restart 1: 1 tasks" in out, out[-4000:]
+    assert re.search(r"^0: .*topology changed: 2 workers x 1 replica -> 1 worker x 1 replica \(global batch 64 kept",
+                     out, re.M), out[-4000:]
+    assert _finals(out) == {0: steps}
+    (change,) = read_history(job.model_dir, "topology")
+    assert (change["before"]["num_workers"], change["after"]["num_workers"]) == (2, 1)
+    assert read_history(job.model_dir)[-1]["step"] == steps
+
+
 def test_a_killed_worker_makes_its_peer_exit_129_and_the_job_requeues(submit):
     steps = 200
     job = submit(steps)
