@@ -60,12 +60,14 @@ def test_exports_load_without_tfgpu_and_predict_like_the_trained_model(trained, 
             _tool("export", [f"--model_dir={model_dir}", "--format=keras", f"--output={tmp_path / 'm.keras'}"],
                   env).stdout]
     with open(model_dir / "export" / "model.input.json") as f:  # the run's own export is described too
-        assert json.load(f)["input"]["range"] == [0.0, 1.0]
-    for log, described in zip(logs, ("sm.input.json", "m.input.json")):
-        assert f"input: float32 NHWC images in [0, 1] (--input_range), described in {tmp_path / described}" in log
+        assert json.load(f)["bare"]["input"]["range"] == [0.0, 1.0]
+    for log, described, bare in zip(logs, ("sm.input.json", "m.input.json"), ("sm.bare", "m.bare.keras")):
+        assert (f"input: NHWC pixels 0..255 (uint8 or float32); {bare}: float32 in [0, 1], described in "
+                f"{tmp_path / described}") in log
         with open(tmp_path / described) as f:
             description = json.load(f)
-        assert description["input"]["range"] == [0.0, 1.0] and description["input"]["shape"] == [None, 8, 8, 1]
+        assert description["input"]["range"] == [0.0, 255.0] and description["input"]["shape"] == [None, 8, 8, 1]
+        assert description["bare"]["input"]["range"] == [0.0, 1.0] and description["bare"]["file"] == bare
         assert description["output"]["shape"] == [None, 10] and description["classes"] == [str(i) for i in range(10)]
     batch = np.random.default_rng(0).uniform(0, 1, (5, 8, 8, 1)).astype(np.float32)
     np.save(tmp_path / "batch.npy", batch)
@@ -84,17 +86,21 @@ import sys
 sys.modules["tfgpu"] = None  # any import of tfgpu now fails
 import numpy as np, keras, tensorflow as tf
 batch = np.load("{tmp_path}/batch.npy")
-saved_model = tf.saved_model.load("{tmp_path}/sm")  # keep a reference: its variables live in it
-served = saved_model.serve(tf.constant(batch))
-loaded = keras.saving.load_model("{tmp_path}/m.keras")(batch, training=False)
-assert served.dtype == tf.float32 and loaded.dtype == tf.float32, (served.dtype, loaded.dtype)
-np.save("{tmp_path}/served.npy", served.numpy()); np.save("{tmp_path}/loaded.npy", np.asarray(loaded))
+outputs = {{}}
+for name, images in (("sm", batch * 255), ("sm.bare", batch)):
+    saved_model = tf.saved_model.load(f"{tmp_path}/{{name}}")  # keep a reference: its variables live in it
+    outputs[name] = saved_model.serve(tf.constant(images))
+for name, images in (("m.keras", batch * 255), ("m.bare.keras", batch)):
+    outputs[name] = keras.saving.load_model(f"{tmp_path}/{{name}}")(images, training=False)
+for name, out in outputs.items():
+    assert out.dtype == tf.float32, (name, out.dtype)
+    np.save(f"{tmp_path}/{{name}}.npy", np.asarray(out))
 """
     subprocess.run([sys.executable, "-c", without_tfgpu], cwd=str(tmp_path), env=env, check=True, timeout=300)
     reference = np.load(tmp_path / "reference.npy")
     assert reference.shape == (5, 10)
     # The run computes in bfloat16 (8 significant bits): graph and eager execution may round differently.
-    for name in ("served.npy", "loaded.npy"):
+    for name in ("sm.npy", "sm.bare.npy", "m.keras.npy", "m.bare.keras.npy"):
         exported = np.load(tmp_path / name)
         np.testing.assert_allclose(exported, reference, atol=1e-2, err_msg=name)
         np.testing.assert_array_equal(exported.argmax(-1), reference.argmax(-1))

@@ -227,9 +227,19 @@ def test_undecodable_image_in_a_run_exits_1_naming_the_record(run_train, tmp_pat
     with tf.io.TFRecordWriter(shard) as writer:
         for record in records:
             writer.write(record)
-    proc = run_train(f"--data_dir={data}", "--model=small_cnn", "--global_batch_size=4", "--train_steps=2",
-                     "--steps_per_loop=2", "--eval_split=none", f"--model_dir={tmp_path / 'run'}", check=False,
-                     timeout=300)
+    args = (f"--data_dir={data}", "--model=small_cnn", "--global_batch_size=4", "--train_steps=2", "--steps_per_loop=2",
+            "--eval_split=none", f"--model_dir={tmp_path / 'run'}")
+    # The manifest's sha256 no longer matches: the shard is refused before it is read, naming it.
+    proc = run_train(*args, check=False, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.output, proc.output[-3000:]
+    assert f"{shard}" in proc.output and "the shard changed since conversion" in proc.output, proc.output[-3000:]
+    # A manifest without checksums (as another tool may write one): the record is named when it fails to decode.
+    manifest = json.loads((data / "dataset.json").read_text())
+    for entry in manifest["splits"].values():
+        for shard_entry in entry["shards"]:
+            shard_entry.pop("sha256", None)
+    (data / "dataset.json").write_text(json.dumps(manifest))
+    proc = run_train(*args, check=False, timeout=300)
     assert proc.returncode == 1 and "Traceback" not in proc.output, proc.output[-3000:]
     assert f"error: --data_dir: {shard}: record 1 holds an image that does not decode" in proc.output
 

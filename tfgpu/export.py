@@ -18,7 +18,7 @@ from tfgpu import cli
 from tfgpu.config import ConfigError
 from tfgpu.evaluate import restore, run_config, run_parser
 from tfgpu.runtime import fileio
-from tfgpu.training.exporting import describe, save, summary, write_description
+from tfgpu.training.exporting import read_description, save, summary, write_description
 
 USAGE = ("python -m tfgpu.export --model_dir=D [--format=keras|saved_model] [--output=PATH] [--checkpoint=PATH] "
          "[train flags]")
@@ -54,7 +54,7 @@ def main(argv=None) -> int:
     save(built.task, opts.format, output)
     facts = built.task.model_facts()
     path = write_description(config, built.info, output, facts)
-    print(f"exported step {step} to {output}; {summary(describe(config, built.info, facts))}, described in {path}")
+    print(f"exported step {step} to {output}; {summary(read_description(path))}, described in {path}")
     return 0
 
 

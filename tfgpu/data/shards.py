@@ -113,12 +113,14 @@ def _walk_headers(f, size, path=""):
             return offsets, lengths, lost, f"the file ends inside the length header of record {index}"
         length, crc = struct.unpack("<QI", header)
         if masked_crc32c(header[:8]) != crc:
-            found = _resync(f, path, pos + 1, size) if size is not None else None
-            if found is None:
+            if size is None:
                 return offsets, lengths, lost, f"the length header of record {index} (byte {pos}) is damaged"
+            found = _resync(f, path, pos + 1, size)
             offsets.append(-1)
             lengths.append(0)
             lost.append(index)
+            if found is None:  # no record follows: the damaged ones run to the end (the manifest sizes the run)
+                break
             pos = found
             continue
         end = pos + HEADER_BYTES + length + FOOTER_BYTES

@@ -149,12 +149,16 @@ def first_mismatch(checkpoint: tf.train.Checkpoint, reader) -> str | None:
 def restore(checkpoint: tf.train.Checkpoint, path: str, flag: str) -> None:
     """Restores ``path`` into ``checkpoint`` once its index shows every variable fits; ConfigError(``flag``)
     naming the checkpoint and what does not fit, or why it cannot be read (not a checkpoint, truncated, corrupt)."""
-    if fileio.isdir(path):
+    # A checkpoint is a prefix with an .index beside it; ram:// also calls such a prefix a directory.
+    if fileio.isdir(path) and not fileio.exists(path + ".index"):
         inside = tf.train.latest_checkpoint(path)
         raise ConfigError(flag, f"{path} is a directory, not a checkpoint; " + (
             f"pass a checkpoint's prefix, e.g. {inside}" if inside else "it holds no checkpoint"))
     try:
-        reader = tf.train.load_checkpoint(path)
+        # The reader itself when the prefix has its .index: load_checkpoint would take a ram:// prefix for a
+        # directory and look for a checkpoint inside it.
+        reader = (tf.compat.v1.train.NewCheckpointReader(path) if fileio.exists(path + ".index") else
+                  tf.train.load_checkpoint(path))
     except (tf.errors.OpError, ValueError) as e:  # no checkpoint there, or an .index that does not parse
         raise ConfigError(flag, f"{path} is not a readable checkpoint ({_first_line(e)}); {UNREADABLE_FIX[flag]}"
                           ) from None

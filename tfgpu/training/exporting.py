@@ -90,6 +90,11 @@ def summary(description: dict) -> str:
     return f"input: NHWC pixels 0..255 (uint8 or float32){bare}{gives}"
 
 
+def read_description(path: str) -> dict:
+    """A written ``<name>.input.json``."""
+    return json.loads(fileio.read_text(path))
+
+
 def write_description(config, info, output: str, facts: dict | None = None) -> str:
     """Writes ``description_path(output)`` (atomically) and returns its path."""
     path = description_path(output)
