@@ -60,7 +60,8 @@ def worker(sizes_mb: list, repeats: int, out_path: str, dtype_name: str = "float
             result = all_reduce()
             strategy.experimental_local_results(result)[0][-1].numpy()  # wait for the values, not only the op
             times.append(time.perf_counter() - start)
-        rows.append({"size_bytes": n * 4, "dtype": dtype_name, "wire_bytes": n * dtype.size, "median_s": statistics.median(times), "min_s": min(times),
+        rows.append({"size_bytes": n * 4, "dtype": dtype_name, "wire_bytes": n * dtype.size,
+                     "median_s": statistics.median(times), "min_s": min(times),
                      "max_s": max(times), "repeats": repeats})
     if strategy.cluster_resolver.task_id == 0:
         with open(out_path, "w") as f:
@@ -140,9 +141,9 @@ def main(argv=None) -> int:
             results.append(result)
             for row in result["rows"]:
                 ratio = f"{row['b_eff_over_b']:.2f}" if "b_eff_over_b" in row else "-"
-                print(f"N={n} B={bandwidth:>9} {dtype:>8} S={row['size_bytes'] / 1e6:7.1f} MB  t={row['median_s']:.3f} s "
-                      f"(min {row['min_s']:.3f}, max {row['max_s']:.3f})  B_eff={row['b_eff_bytes_per_s'] * 8 / 1e6:8.1f}"
-                      f" Mbit/s  B_eff/B={ratio}", flush=True)
+                print(f"N={n} B={bandwidth:>9} {dtype:>8} S={row['size_bytes'] / 1e6:7.1f} MB  "
+                      f"t={row['median_s']:.3f} s (min {row['min_s']:.3f}, max {row['max_s']:.3f})  "
+                      f"B_eff={row['b_eff_bytes_per_s'] * 8 / 1e6:8.1f} Mbit/s  B_eff/B={ratio}", flush=True)
             fit = result["fit_b_eff_over_b"]
             print(f"N={n} B={bandwidth:>9} {dtype:>8} fit: a={result['fit_a_s'] * 1e3:.1f} ms, B_eff="
                   f"{result['fit_b_eff_bytes_per_s'] * 8 / 1e6:.1f} Mbit/s" + (f" ({fit:.2f} of B)" if fit else ""),

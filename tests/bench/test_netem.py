@@ -1,5 +1,5 @@
-"""tfgpu.bench.netem through tools/netem_cluster.py: the emulated cluster limits a real TCP transfer between two worker namespaces to its
-bandwidth, runs a command per worker with TF_CONFIG, and ``down`` leaves nothing behind.
+"""tfgpu.bench.netem through tools/netem_cluster.py: the emulated cluster limits a real TCP transfer between two
+worker namespaces to its bandwidth, runs a command per worker with TF_CONFIG, and ``down`` leaves nothing behind.
 
 Needs root and iproute2 (as CI has); skips with the reason elsewhere. Every test uses its own name prefix
 (TFGPU_NETEM_PREFIX), so a user's emulated cluster on the same host is never touched, and takes it down after.
