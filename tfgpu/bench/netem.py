@@ -53,15 +53,17 @@ def worker_address(index: int) -> str:
 
 
 def parse_rate(text: str) -> int:
-    """A tc rate (``100mbit``, ``1gbit``, ``2.5gbit``, ``500kbit``) in bits per second."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmg]?)(bit|bps)?\s*", text.lower())
-    if not match:
-        raise ClusterError(f"--bandwidth: {text!r} is not a rate like 100mbit, 1gbit or 10gbit")
-    value, unit, kind = float(match.group(1)), match.group(2), match.group(3) or "bit"
-    bits = value * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[unit] * (8 if kind == "bps" else 1)
+    """A link rate (``100mbit``, ``1gbit``, ``2.5gbit``, ``500kbit``: ``scaling.parse_bandwidth``'s form) in bits
+    per second, at least 100kbit."""
+    from tfgpu.bench.scaling import parse_bandwidth
+
+    try:
+        bits = parse_bandwidth(text) * 8
+    except ValueError:
+        raise ClusterError(f"--bandwidth: {text!r} is not a rate like 100mbit, 1gbit or 10gbit") from None
     if bits < 1e5:
         raise ClusterError(f"--bandwidth: {text!r} is below 100kbit")
-    return int(bits)
+    return int(round(bits))
 
 
 def _sh(*args, check=True, ns: str = "") -> subprocess.CompletedProcess:

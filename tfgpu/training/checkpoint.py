@@ -81,7 +81,12 @@ def latest(model_dir: str) -> str | None:
     """The latest checkpoint of a run, or None when it has none; ConfigError(model_dir) when the ``checkpoint``
     state file names one whose files are gone (training would otherwise silently start again from step 0)."""
     directory = checkpoint_dir(model_dir)
-    found = tf.train.latest_checkpoint(directory)
+    try:
+        found = tf.train.latest_checkpoint(directory)
+    except (ValueError, OSError, tf.errors.OpError) as e:  # e.g. a state file that is not text
+        raise ConfigError("model_dir", f"{os.path.join(directory, 'checkpoint')} is not a checkpoint state file "
+                          f"TensorFlow can read ({type(e).__name__}); restore it from a copy, or train into a new "
+                          "--model_dir") from None
     if found is None and fileio.exists(os.path.join(directory, "checkpoint")):
         named = tf.train.get_checkpoint_state(directory)  # None (TensorFlow logs why) when it does not parse
         if named is None:

@@ -115,18 +115,11 @@ def check_allowed_names(config: Config) -> None:
 
 
 def resumed_step(model_dir: str):
-    """The step of the latest checkpoint in ``model_dir`` (the one a run resumes from), or None when it has none."""
-    import tensorflow as tf
+    """The step of the latest checkpoint in ``model_dir`` (the one a run resumes from), or None when it has none;
+    a state file that cannot be read is ConfigError(model_dir) (``checkpoint.latest``)."""
+    from tfgpu.training import checkpoint
 
-    from tfgpu.training.checkpoint import checkpoint_dir
-
-    directory = checkpoint_dir(model_dir)
-    try:
-        latest = tf.train.latest_checkpoint(directory)
-    except (ValueError, OSError, tf.errors.OpError) as e:  # e.g. a state file that is not text
-        raise ConfigError("model_dir", f"{os.path.join(directory, 'checkpoint')} is not a checkpoint state file "
-                          f"TensorFlow can read ({type(e).__name__}); restore it from a copy, or train into a new "
-                          "--model_dir") from None
+    latest = checkpoint.latest(model_dir)
     if latest is None:
         return None
     number = re.search(r"-(\d+)$", latest)

@@ -222,7 +222,7 @@ class Trainer:
             change = f"global batch changed on {after.describe()}"
         else:
             change = f"topology changed: {before.describe()} -> {after.describe()}"
-        total = self.info.num_train_examples
+        total = records.train_records(self.info)  # what the position counts in: readable records
         log.info("%s (%s); resuming epoch %d at record %s of %s", change, batch, pos.epoch + 1,
                  f"{pos.records_in_epoch:,}", f"{total:,}")
         self.history.write("topology", step, {
