@@ -22,6 +22,7 @@ from tfgpu import cli  # noqa: E402
 from tfgpu.runtime import logs, process_exit  # noqa: E402
 from tfgpu.training.history import PhaseTimer  # noqa: E402
 from tfgpu import config as config_lib  # noqa: E402
+from tfgpu import config_sources  # noqa: E402
 from tfgpu.config import ConfigError  # noqa: E402
 
 USAGE = "python -m tfgpu.train --flagfile=configs/<job>.flags --model_dir=DIR [--flag=value ...]"
@@ -96,7 +97,7 @@ def main(argv=None) -> int:
 
     startup.mark("tensorflow_import")
     try:
-        config.check_references()
+        config_sources.check_references(config)
         from tfgpu.runtime import cluster
 
         cluster.resolve_for_run(config.cluster, config.distribution_strategy)  # before model_dir is touched

@@ -25,7 +25,7 @@ def write_lines(path, records):
 
 def declare(model_dir, task):
     """metric_specs.json as the trainer writes it for a run of ``task`` (the registered task's declarations)."""
-    from tfgpu.tasks.base import get_task
+    from tfgpu.tasks.registry import get_task
 
     metric_specs.write(str(model_dir), metric_specs.of_task(get_task(task)))
 

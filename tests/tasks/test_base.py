@@ -10,7 +10,8 @@ import tensorflow as tf
 
 from tfgpu.training import experiment, metric_specs, trainer
 from tfgpu.config import Config
-from tfgpu.tasks.base import MetricSpec, Task, get_task, register_task
+from tfgpu.tasks.base import MetricSpec, Task, register_task
+from tfgpu.tasks.registry import get_task, input_config
 
 
 def toy_section(metrics, evals):
@@ -86,7 +87,7 @@ def _records(model_dir, kind):
 
 
 def test_a_third_task_trains_logs_and_reports_its_declared_metrics(toy, capsys):
-    assert toy.batches_per_step == 2 and toy.examples_per_step == 32  # the task's declaration, not Config's
+    assert input_config(toy).batches_per_step == 2 and input_config(toy).examples_per_step == 32  # the task's
     final = experiment.run(toy)
     train, evals = _records(toy.model_dir, "train"), _records(toy.model_dir, "eval")
     assert [r["step"] for r in train] == [2, 4, 6]
@@ -127,12 +128,6 @@ def test_an_undeclared_train_metric_is_refused(toy):
 
     with pytest.raises(ValueError, match="returns train metrics surprise that Undeclared.metrics does not declare"):
         experiment.run(dataclasses.replace(toy, task="test_toy_undeclared"))
-
-
-def test_batches_per_step_is_the_tasks_declaration():
-    config = Config(model_dir="x", dataset="digits", task="gan", n_critic=3, global_batch_size=8)
-    assert config.batches_per_step == 3 and config.examples_per_step == 24
-    assert dataclasses.replace(config, task="classification").batches_per_step == 1
 
 
 def test_metric_declarations_round_trip_and_reject_nonsense():

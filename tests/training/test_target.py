@@ -65,7 +65,7 @@ def test_the_metric_is_an_eval_metric_with_or_without_its_prefix():
 
 
 def test_the_registered_tasks_declare_their_targets():
-    from tfgpu.tasks.base import get_task
+    from tfgpu.tasks.registry import get_task
 
     gan = metric_specs.of_task(get_task("gan"))
     assert target.eval_metrics(gan) == ["fid", "kid"]  # not the sample grid

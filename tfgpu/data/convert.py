@@ -1,15 +1,13 @@
 """Converts a source (tfgpu.data.sources) into sharded TFRecords plus ``dataset.json``, safely and resumably.
 
-The steps, each in its own module: open the source and say what of it will not be
-converted (``sources``, ``folders``, ``csvlist``); validate every split name and the
-classes; claim the output directory (``outdir``); plan one task per shard; reuse the
-shards a previous run finished and verified, write the rest (``workers``, each record
-made by ``encode``); then ``outdir.publish`` puts them in place and writes
-``dataset.json`` last. Nothing a reader uses is touched before every shard is done,
-so a run that stops leaves what was there.
+The steps, each in its own module: open the source (``open_source`` picks the kind: ``sources``, ``folders``,
+``csvlist``, ``tfds_source``) and say what of it will not be converted; validate every split name and the classes;
+claim the output directory (``outdir``); plan one task per shard; reuse the shards a previous run finished and
+verified, write the rest (``workers``, each record made by ``encode``); then ``outdir.publish`` puts them in place
+and writes ``dataset.json`` last. Nothing a reader uses is touched before every shard is done, so a run that stops
+leaves what was there.
 
-``--output_dir`` may be any path TensorFlow opens (``gs://``, ``ram://``); the source is read from the
-local disk (or TFDS).
+``--output_dir`` may be any path TensorFlow opens (``gs://``, ``ram://``); the source is read from local disk or TFDS.
 """
 import concurrent.futures
 import contextlib
@@ -25,7 +23,7 @@ import sys
 import numpy as np
 
 from tfgpu.config import ConfigError
-from tfgpu.data import csvlist, folders, outdir, sources, tfrecord, workers
+from tfgpu.data import builtin, csvlist, folders, outdir, sources, tfds_source, tfrecord, workers
 from tfgpu.data.encode import BadImageError, Encoding, example_to_record, visible_channels  # noqa: F401 (API)
 from tfgpu.data.folders import display
 from tfgpu.data.workers import WorkerDiedError  # noqa: F401 (API: tfgpu.convert catches it)
@@ -257,13 +255,34 @@ def _auto_workers(o: Options, num_tasks: int, num_examples: int) -> int:
     return max(1, min(os.cpu_count() or 1, num_tasks))
 
 
+def open_source(source: str, tfds_data_dir: str = "", download: bool = False) -> sources.Source:
+    """Resolves ``--source``: a folder, a .csv/.tsv, a .npz, ``tfds:NAME`` or a built-in dataset name."""
+    if not source:
+        raise ConfigError("source", "is required: an image folder, a .csv/.tsv, a .npz, tfds:NAME or "
+                          f"{' | '.join(builtin.BUILTIN)}")
+    if source.startswith("tfds:"):
+        return tfds_source.open_tfds(source[len("tfds:"):], tfds_data_dir, download)
+    if os.path.isdir(source):
+        return sources.open_folder(source)
+    if os.path.isfile(source):
+        if source.lower().endswith((".csv", ".tsv")):
+            return sources.open_csv(source)
+        if source.lower().endswith(".npz"):
+            return sources.open_npz(source)
+        raise ConfigError("source", f"{source}: not a folder, .csv, .tsv or .npz file")
+    if source in builtin.BUILTIN:
+        return sources.open_builtin(source)
+    raise ConfigError("source", f"{source} does not exist (expected an image folder, a .csv/.tsv, a .npz, "
+                      f"tfds:NAME or one of {', '.join(builtin.BUILTIN)})")
+
+
 def convert(o: Options, stream=None, out=None) -> dict:
     """Runs one conversion; returns the manifest written to ``<output_dir>/dataset.json``.
 
     Raises ConfigError (a bad flag or source) or BadImageError (a source image, without --skip_bad)."""
     stream, out = stream or sys.stderr, out or sys.stdout
     check_options(o)
-    source = sources.open_source(o.source, o.tfds_data_dir, o.download)
+    source = open_source(o.source, o.tfds_data_dir, o.download)
     parts = sources.parse_split_spec(o.split) if o.split else []
     splits = sources.apply_split(source, parts, o.seed)
     _check_num_shards(splits, o)

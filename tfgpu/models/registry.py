@@ -10,36 +10,13 @@ A name that is not registered but has the form ``MODULE:FUNCTION`` or
 ``get_spec`` imports it as a classifier. Registered names always win, even one
 that contains a colon.
 """
-import dataclasses
-from typing import Callable
-
 import keras
 
-_MODELS: dict[str, "ModelSpec"] = {}
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSpec:
-    name: str
-    builder: Callable[..., keras.Model]
-    family: str  # "classifier" or "gan"; tasks check it.
-    default_image_size: int | None
-
-
-def register_model(name: str, family: str = "classifier", default_image_size: int | None = None):
-    """Registers ``builder`` under ``name``; duplicate names are an error."""
-
-    def decorator(builder):
-        if name in _MODELS:
-            raise ValueError(f"model {name!r} is registered twice ({_MODELS[name].builder.__module__} and {builder.__module__})")
-        _MODELS[name] = ModelSpec(name, builder, family, default_image_size)
-        return builder
-
-    return decorator
+from tfgpu.models.registration import _MODELS, ModelSpec, register_model  # noqa: F401  (re-exported)
 
 
 def _import_families():
-    # Importing the family modules runs their @register_model decorators.
+    # Importing the family modules runs their @register_model decorators (tfgpu.models.registration).
     from tfgpu.models import cifar_resnet, small_cnn  # noqa: F401
 
     for optional in ("resnet", "applications", "gan"):

@@ -206,7 +206,7 @@ def declarations(model_dir: str, config, needed: bool = True):
         return declared
     if needed and config and isinstance(config.get("task"), str):
         try:
-            from tfgpu.tasks.base import get_task
+            from tfgpu.tasks.registry import get_task
 
             return metric_specs.of_task(get_task(config["task"]))
         except (ImportError, ValueError):

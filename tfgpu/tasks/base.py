@@ -34,19 +34,6 @@ def register_task(name: str):
     return decorator
 
 
-def get_task(name: str):
-    from tfgpu.tasks import classification  # noqa: F401  (registers)
-
-    try:
-        __import__("tfgpu.tasks.gan.task")
-    except ModuleNotFoundError as e:
-        if e.name != "tfgpu.tasks.gan.task":
-            raise
-    if name not in _TASKS:
-        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(_TASKS))}")
-    return _TASKS[name]
-
-
 class Task(abc.ABC):
     name = ""
     # Every metric the task may log: the keys ``train_step`` returns, ``learning_rates``/``loss_scales`` keys and

@@ -75,7 +75,7 @@ class ClassificationTask(Task):
 
         optimization = self.optimization = OptimizationConfig.of(config)
         self.schedule = optimizers.learning_rate_schedule(optimization, self.total_steps,
-                                                          steps_per_epoch(InputConfig.of(config), self.info))
+                                                          steps_per_epoch(InputConfig.of(config, self.batches_per_step(config)), self.info))
         learning_rate = (optimizers.ScheduleAtStep(self.schedule, self.global_step)
                          if self.global_step is not None else self.schedule)
         self.optimizer = precision.wrap_optimizer(optimizers.create_optimizer(optimization, learning_rate),

@@ -15,6 +15,7 @@ import os
 import re
 
 from tfgpu import config as config_lib
+from tfgpu import config_sources
 from tfgpu.config import Config, ConfigError
 
 log = logging.getLogger("tfgpu")
@@ -142,7 +143,7 @@ def read_recorded(model_dir: str):
         return None
     fix = "fix or remove it, or train into a new --model_dir"
     try:
-        data = config_lib.load_yaml(path)
+        data = config_sources.load_yaml(path)
     except ConfigError as e:
         raise ConfigError("model_dir", f"the run's recorded config: {e.reason}; {fix}") from None
     fields = {f.name: f for f in config_lib.fields()}

@@ -10,8 +10,8 @@ import os
 import re
 import time
 
-from tfgpu.config import (Config, ConfigError, DatasetConfig, InputConfig, RuntimeConfig, TrainerConfig,
-                          save_yaml)
+from tfgpu.config import Config, ConfigError, DatasetConfig, RuntimeConfig, TrainerConfig
+from tfgpu.config_sources import save_yaml
 from tfgpu.runtime.fileio import atomic_write_bytes
 from tfgpu.training import config_change, exporting
 from tfgpu.training.history import PhaseTimer
@@ -70,7 +70,7 @@ def setup(config: Config, write_config: bool = True, startup: PhaseTimer | None 
     from tfgpu.runtime import distribute, precision
     from tfgpu.data import catalog, pipeline
     from tfgpu.models import list_models
-    from tfgpu.tasks.base import get_task
+    from tfgpu.tasks.registry import get_task, input_config
     from tfgpu.training.trainer import Trainer
 
     startup.mark("tensorflow_import")
@@ -98,19 +98,19 @@ def setup(config: Config, write_config: bool = True, startup: PhaseTimer | None 
         log.warning("--jit_compile is off for this run: --sync_batch_norm all-reduces inside the forward pass, "
                     "which XLA cannot compile")
     info = catalog.prepare(DatasetConfig.of(config))
-    inputs = InputConfig.of(config)
+    inputs = input_config(config)
     total_steps = pipeline.resolve_train_steps(inputs, info)
     startup.mark("dataset")
     log.info("data: %s %s train=%d eval=%s(%d) classes=%d; %d steps of %d examples (%.2f epochs)", info.name,
              info.image_shape, info.num_train_examples, info.eval_split or "none",
              info.split_sizes.get(info.eval_split, 0), info.num_classes, total_steps,
-             config.examples_per_step, total_steps / pipeline.steps_per_epoch(inputs, info))
-    from tfgpu.models import user
+             inputs.examples_per_step, total_steps / pipeline.steps_per_epoch(inputs, info))
+    from tfgpu.models import provenance
 
     if placement.is_chief and write_config and not accepted:
         _write_run_config(config)
     elif not write_config:
-        user.warn_if_changed(config, config.model_dir)
+        provenance.warn_if_changed(config, config.model_dir)
     precision.set_policy(config.precision)
     task = task_class(config, info, placement, total_steps)
     trainer = Trainer(TrainerConfig.of(config), inputs, placement, task, info, total_steps)
@@ -126,12 +126,12 @@ def setup(config: Config, write_config: bool = True, startup: PhaseTimer | None 
 def _write_run_config(config: Config, changes=(), step: int = 0, history=None) -> None:
     """The chief's config.yaml and model_source.json (which file built a user model); first, for a resume with
     allowed changes, their log lines and history.jsonl records."""
-    from tfgpu.models import user
+    from tfgpu.models import provenance
 
     if changes:
         config_change.record(changes, step, history)
     save_yaml(config, os.path.join(config.model_dir, "config.yaml"))
-    user.write_source_record(config, config.model_dir)
+    provenance.write_source_record(config, config.model_dir)
 
 
 def _check_batches(config: Config, num_replicas: int) -> None:

@@ -314,7 +314,7 @@ class GanTask(GanEvaluation, Task):
 
     def train_step(self, batch):
         config = self.config
-        real_batches = batch if config.batches_per_step > 1 else (batch,)  # one per critic update (loop.build_loop)
+        real_batches = batch if self.batches_per_step(config) > 1 else (batch,)  # one per critic update (loop.build_loop)
         per_replica = self._per_replica_batch
         replica = tf.distribute.get_replica_context().replica_id_in_sync_group
         offset = tf.cast(replica, tf.int32) * per_replica

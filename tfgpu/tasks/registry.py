@@ -1,0 +1,30 @@
+"""Finding a task by ``--task`` name, and what its declarations give a run's other sections.
+
+Tasks register themselves with ``tasks.base.register_task``; this module imports the task modules, so the
+registrations have run before a name is looked up (the task modules import ``base``, never this module).
+"""
+from tfgpu.config import Config, InputConfig
+from tfgpu.tasks import base
+
+
+def _import_tasks():
+    from tfgpu.tasks import classification  # noqa: F401  (registers)
+
+    try:
+        from tfgpu.tasks.gan import task  # noqa: F401  (registers)
+    except ModuleNotFoundError as e:
+        if e.name != "tfgpu.tasks.gan.task":
+            raise
+
+
+def get_task(name: str):
+    """The Task class registered as ``name``; a ValueError listing the known tasks otherwise."""
+    _import_tasks()
+    if name not in base._TASKS:
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(base._TASKS))}")
+    return base._TASKS[name]
+
+
+def input_config(config: Config) -> InputConfig:
+    """The input pipeline's section of ``config``, reading as many batches per step as its task declares."""
+    return InputConfig.of(config, get_task(config.task).batches_per_step(config))
