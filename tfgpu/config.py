@@ -35,12 +35,18 @@ class Config:
     seed: int = _opt(42, "Seed for weights, data order and augmentation.", "experiment")
     deterministic: bool = _opt(False, "Bit-reproducible run: op determinism and a deterministic input pipeline "
                                "(slower; same flags give the same weights).", "experiment")
+    train: str = _opt("", "How long to train: N (optimizer steps), Nep (epochs) or Nex (examples), e.g. 90ep; "
+                      "empty = --train_steps, else --epochs.", "experiment")
     train_steps: int = _opt(0, "Optimizer steps to train; wins over --epochs when > 0.", "experiment")
     epochs: float = _opt(1.0, "Passes over the train split, used when --train_steps is 0.", "experiment")
     steps_per_loop: int = _opt(100, "Train steps inside one tf.function call (one host round trip).", "experiment")
+    checkpoint_every: str = _opt("", "Save a checkpoint every N steps, Nep (epochs) or Nex (examples), and always at "
+                                 "the end; empty = --checkpoint_every_steps.", "experiment")
     checkpoint_every_steps: int = _opt(1000, "Save a checkpoint every N steps (and always at the end); 0 = end only.",
                                        "experiment")
     keep_checkpoints: int = _opt(3, "How many recent checkpoints to keep.", "experiment")
+    eval_every: str = _opt("", "Evaluate every N steps, Nep (epochs) or Nex (examples), and always at the end; "
+                           "empty = --eval_every_steps.", "experiment")
     eval_every_steps: int = _opt(0, "Evaluate every N steps (and always at the end); 0 = end only.", "experiment")
     eval_steps: int = _opt(0, "Eval batches per evaluation; 0 = the whole eval split exactly once.", "experiment")
     target: str = _opt("", "METRIC:VALUE (e.g. val_accuracy:0.97, fid:20): stop at the first evaluation that "
@@ -151,11 +157,16 @@ class Config:
                                      "--global_batch_size.", "optimizer")
     lr_schedule: str = _opt("cosine", "Classification: after warmup, cosine decay to 0, step decay, or constant.",
                             "optimizer", ("cosine", "step", "constant"))
+    warmup: str = _opt("", "Classification: linear warmup length, N (steps), Nep (epochs) or Nex (examples); "
+                       "empty = --warmup_steps, else --warmup_epochs.", "optimizer")
     warmup_epochs: float = _opt(0.0, "Classification: linear warmup length in epochs.", "optimizer")
     warmup_steps: int = _opt(0, "Classification: linear warmup length in steps; wins over --warmup_epochs when > 0.",
                              "optimizer")
     lr_decay_epochs: tuple = _opt((), "Classification: epochs at which the step schedule multiplies the LR by "
                                   "--lr_decay_factor (comma separated).", "optimizer")
+    lr_decay_at: str = _opt("", "Classification: where the step schedule multiplies the LR by --lr_decay_factor, "
+                            "durations comma separated (e.g. 30ep,60ep or 5000,8000); empty = --lr_decay_epochs.",
+                            "optimizer")
     lr_decay_factor: float = _opt(0.1, "Classification: step schedule decay factor.", "optimizer")
     momentum: float = _opt(0.9, "Classification: SGD momentum.", "optimizer")
     nesterov: bool = _opt(False, "Classification: Nesterov momentum for sgd.", "optimizer")
@@ -338,6 +349,7 @@ class InputConfig(Section):
     global_batch_size: int
     eval_batch_size: int
     batches_per_step: int
+    train: str
     train_steps: int
     epochs: float
     eval_steps: int
@@ -369,8 +381,10 @@ class OptimizationConfig(Section):
     base_learning_rate: float
     global_batch_size: int
     lr_schedule: str
+    warmup: str
     warmup_epochs: float
     warmup_steps: int
+    lr_decay_at: str
     lr_decay_epochs: tuple
     lr_decay_factor: float
     momentum: float
@@ -380,7 +394,8 @@ class OptimizationConfig(Section):
 
 @dataclasses.dataclass(frozen=True)
 class TrainerConfig(Section):
-    """The loop's own options (training/trainer.py); the pipeline's come as an InputConfig."""
+    """The loop's own options (training/trainer.py); the pipeline's come as an InputConfig. The intervals are in
+    steps: experiment.setup turns --eval_every and --checkpoint_every into them (tfgpu.durations)."""
     model_dir: str
     steps_per_loop: int
     checkpoint_every_steps: int

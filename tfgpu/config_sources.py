@@ -7,6 +7,7 @@ imports the model registry and with it Keras and TensorFlow.
 """
 import yaml
 
+from tfgpu import durations
 from tfgpu.config import Config, ConfigError, coerce
 
 
@@ -40,7 +41,8 @@ def load_yaml(path: str) -> dict:
 
 def resolve(explicit: dict, yaml_path: str = "", references: bool = True) -> Config:
     """Builds the checked Config: defaults < YAML < ``explicit`` (flagfile + command line). ``references``
-    False checks the values alone (``Config.check_values``: no TensorFlow); call ``check_references`` after."""
+    False checks the values alone (``Config.check_values`` and ``durations.check``: no TensorFlow); call
+    ``check_references`` after."""
     values = {}
     if yaml_path:
         for name, value in load_yaml(yaml_path).items():
@@ -55,7 +57,7 @@ def resolve(explicit: dict, yaml_path: str = "", references: bool = True) -> Con
     for name in user.FLAGS:
         if name in values:
             values[name] = user.absolute(values[name])
-    config = Config(**values).check_values()
+    config = durations.check(Config(**values).check_values())
     return check_references(config) if references else config
 
 

@@ -25,6 +25,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from tfgpu import durations
 from tfgpu.config import ConfigError, InputConfig
 from tfgpu.data import augment, position, tfrecord
 from tfgpu.data.records import (Segments, _no_autograph, checked_label, readable_files, segment_records,
@@ -279,8 +280,7 @@ def steps_per_epoch(config: InputConfig, info: DatasetInfo) -> float:
 
 
 def resolve_train_steps(config: InputConfig, info: DatasetInfo) -> int:
-    """--train_steps, or --epochs converted to optimizer steps."""
-    if config.train_steps:
-        return config.train_steps
-    return max(1, math.ceil(config.epochs * steps_per_epoch(config, info)))
+    """--train (else --train_steps, else --epochs) in optimizer steps, covering a last partial epoch."""
+    length = durations.of(config, "train")
+    return max(1, durations.to_steps(length, steps_per_epoch(config, info), config.examples_per_step, round_up=True))
 

@@ -74,8 +74,9 @@ class ClassificationTask(Task):
         self.num_parameters = count_params(self.model)
 
         optimization = self.optimization = OptimizationConfig.of(config)
+        inputs = InputConfig.of(config, self.batches_per_step(config))
         self.schedule = optimizers.learning_rate_schedule(optimization, self.total_steps,
-                                                          steps_per_epoch(InputConfig.of(config, self.batches_per_step(config)), self.info))
+                                                          steps_per_epoch(inputs, self.info), inputs.examples_per_step)
         learning_rate = (optimizers.ScheduleAtStep(self.schedule, self.global_step)
                          if self.global_step is not None else self.schedule)
         self.optimizer = precision.wrap_optimizer(optimizers.create_optimizer(optimization, learning_rate),

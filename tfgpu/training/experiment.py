@@ -113,7 +113,7 @@ def setup(config: Config, write_config: bool = True, startup: PhaseTimer | None 
         provenance.warn_if_changed(config, config.model_dir)
     precision.set_policy(config.precision)
     task = task_class(config, info, placement, total_steps)
-    trainer = Trainer(TrainerConfig.of(config), inputs, placement, task, info, total_steps)
+    trainer = Trainer(_trainer_config(config, inputs, info), inputs, placement, task, info, total_steps)
     if placement.is_chief and accepted:
         # An allowed change is recorded once the checkpoint restored into this run's model: a resume that fails
         # there leaves config.yaml describing the checkpoint, and no record of a change that never trained.
@@ -132,6 +132,17 @@ def _write_run_config(config: Config, changes=(), step: int = 0, history=None) -
         config_change.record(changes, step, history)
     save_yaml(config, os.path.join(config.model_dir, "config.yaml"))
     provenance.write_source_record(config, config.model_dir)
+
+
+def _trainer_config(config: Config, inputs, info) -> TrainerConfig:
+    """The loop's section, its evaluation and checkpoint intervals in steps (--eval_every, --checkpoint_every)."""
+    from tfgpu import durations
+    from tfgpu.data import pipeline
+
+    per_epoch = pipeline.steps_per_epoch(inputs, info)
+    every = {f"{name}_steps": durations.to_steps(durations.of(config, name), per_epoch, inputs.examples_per_step)
+             for name in ("eval_every", "checkpoint_every")}
+    return TrainerConfig.of(config, **every)
 
 
 def _check_batches(config: Config, num_replicas: int) -> None:
