@@ -17,14 +17,7 @@ from tfgpu.models.registration import _MODELS, ModelSpec, register_model  # noqa
 
 def _import_families():
     # Importing the family modules runs their @register_model decorators (tfgpu.models.registration).
-    from tfgpu.models import cifar_resnet, small_cnn  # noqa: F401
-
-    for optional in ("resnet", "applications", "gan"):
-        try:
-            __import__(f"tfgpu.models.{optional}")
-        except ModuleNotFoundError as e:
-            if e.name != f"tfgpu.models.{optional}":
-                raise
+    from tfgpu.models import applications, cifar_resnet, gan, resnet, small_cnn  # noqa: F401
 
 
 def list_models(family: str | None = None) -> list[str]:

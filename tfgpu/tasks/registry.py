@@ -9,12 +9,7 @@ from tfgpu.tasks import base
 
 def _import_tasks():
     from tfgpu.tasks import classification  # noqa: F401  (registers)
-
-    try:
-        from tfgpu.tasks.gan import task  # noqa: F401  (registers)
-    except ModuleNotFoundError as e:
-        if e.name != "tfgpu.tasks.gan.task":
-            raise
+    from tfgpu.tasks.gan import task  # noqa: F401  (registers)
 
 
 def get_task(name: str):
