@@ -274,3 +274,16 @@ def test_an_unknown_recipe_in_a_flagfile_names_the_file_and_line(tmp_path):
     (tmp_path / "job.flags").write_text("--seed=1\n--recipe=nope\n")
     with pytest.raises(cli.ConfigError, match=r"job.flags line 2: unknown recipe 'nope'"):
         cli.expand_flagfiles([f"--flagfile={tmp_path / 'job.flags'}"])
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_usage_and_errors_name_the_program_as_it_was_run(name, capsys, monkeypatch):
+    script = "tfgpu-" + name.replace("_", "-")
+    monkeypatch.setattr("sys.argv", [f"/venv/bin/{script}"])
+    code, out, _ = run_main(name, ["--help"], capsys)
+    assert code == 0 and out.startswith(f"usage: {script} ") and "python -m" not in out.split("\n\n")[0]
+    code, _, err = run_main(name, REQUIRED.get(name, []) + ["--no_such_flag=1"], capsys)
+    assert code == 1 and err == [f"error: --no_such_flag: unknown flag for {script}"]
+    monkeypatch.setattr("sys.argv", [os.path.join(REPO, "tfgpu", f"{name}.py")])  # what python -m sets
+    code, out, _ = run_main(name, ["--help"], capsys)
+    assert code == 0 and out.startswith(f"usage: python -m tfgpu.{name} ")
