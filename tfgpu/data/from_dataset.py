@@ -9,10 +9,20 @@ records named ``<split>/<index>``, as ``tfrecord.write_arrays`` names them) and 
 converter's manifest (``convert._manifest``), published with ``outdir.publish`` so
 ``dataset.json`` comes last. Nothing here is a second format.
 
-What a dataset must hold: elements ``(image, label)``; images uint8 ``HxWxC`` with C 1
-or 3 (the converter's pixels: 0..255; ``input_range`` sets what the model sees); labels
-integer scalars >= 0. Anything else is one ``ConfigError`` naming the argument, found
-from ``element_spec`` before any example is read where the spec tells.
+What a dataset must hold: elements ``(image, label)``; images ``HxWxC`` with C 1 or 3,
+uint8 or float, in the converter's pixels 0..255 (``input_range`` sets what the model
+sees); labels class indices >= 0 (integer, or whole floats) or one-hot vectors. What
+Keras' loaders give (``keras.utils.image_dataset_from_directory``: batches of float32
+pixels in [0, 255], int or one-hot labels, ``class_names``) is taken as it is: ``accept``
+unbatches a batched dataset, saying so in one line; float pixels are checked as each
+example is written (every value in [0, 255], else an error naming the example; a
+split whose pixels all lie in [0, 1] is refused as unscaled) and rounded to uint8 (one
+line says so; resizing interpolates fractions, which the uint8 records cannot keep);
+one-hot labels become their class index (anything but exactly one 1 is refused);
+``class_names`` become the manifest's classes. Anything else is one ``ConfigError``
+naming the argument, found from ``element_spec`` before any example is read where the
+spec tells. The float checks cost one min/max and one rounding per image, on the pass
+that writes it.
 
 The manifest keeps a fingerprint of what was written (``from_dataset``): per split the
 element spec, the number of examples and a content hash computed while writing. The
@@ -56,9 +66,53 @@ _FIX = {
     "batched": "pass unbatched examples (ds.unbatch(), or drop the .batch() call): tfgpu batches them itself",
     "pair": "map it to (image, label) pairs, e.g. ds.map(lambda d: (d['image'], d['label'])) or TFDS's "
             "as_supervised=True",
-    "dtype": "images must be uint8 in [0, 255], as the converter stores them (input_range sets the range the "
-             "model sees); for floats in [0, 1]: ds.map(lambda x, y: (tf.cast(tf.round(x * 255), tf.uint8), y))",
+    "dtype": "images must be uint8 or float pixels in [0, 255], as the converter stores them (input_range sets "
+             "the range the model sees)",
+    "range": "tfgpu takes pixels in [0, 255] (input_range sets what the model sees); for floats in [0, 1]: "
+             "ds.map(lambda x, y: (x * 255, y)); for Keras' loaders, keep their default interpolation='bilinear'",
 }
+
+
+# -- what Keras' loaders give --------------------------------------------------------------------------------------
+
+def accept(dataset, argument: str):
+    """(dataset as the writer takes it, the line to log about it or ""): a batched dataset (images of rank 4, or
+    labels of rank 2, as Keras' loaders give) is unbatched; then ``check_spec``. Cheap: reads no example."""
+    _check_pairs(dataset, argument)
+    notes = []
+    image, label = dataset.element_spec
+    if _batched(image, label):
+        notes.append(f"elements are batches (image {_shape(image)}, label {_shape(label)}): unbatched, as tfgpu "
+                     "batches examples itself")
+        dataset = dataset.unbatch()
+        image, label = dataset.element_spec
+    check_spec(dataset, argument)
+    if image.dtype.is_floating:
+        notes.append(f"{image.dtype.name} images: stored as uint8, each checked as it is written to lie in "
+                     "[0, 255] and rounded to whole values")
+    if label.shape.rank == 1:
+        notes.append("one-hot labels: stored as their class index")
+    return dataset, f"{argument}: {'; '.join(notes)}" if notes else ""
+
+
+def class_names(train_data, eval_data=None) -> tuple:
+    """The ``class_names`` Keras' loaders attach to their datasets (``()`` when there are none); eval_data's must
+    equal train_data's."""
+    names = tuple(getattr(train_data, "class_names", None) or ())
+    if not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
+        raise ConfigError("train_data", f"its class_names {list(names)} are not distinct strings")
+    other = tuple(getattr(eval_data, "class_names", None) or ())
+    if names and other and other != names:
+        raise ConfigError("eval_data", f"its class_names {list(other)} differ from train_data's {list(names)}")
+    return names
+
+
+def _batched(image, label) -> bool:
+    """Whether an element is a batch: images of rank 4, labels of rank 2 (one-hot batches), or (N, H, W)
+    grayscale batches whose leading dimension matches their (N,) integer labels."""
+    leading_match = (image.shape.rank == 3 and label.shape.rank == 1 and label.dtype.is_integer
+                     and image.shape[0] == label.shape[0])
+    return image.shape.rank == 4 or label.shape.rank == 2 or leading_match
 
 
 # -- what an element must be ----------------------------------------------------------------------------------------
@@ -66,6 +120,34 @@ _FIX = {
 def check_spec(dataset, argument: str) -> None:
     """Raises ConfigError(argument) when ``dataset`` is not a finite, non-empty Dataset of unbatched (image, label)
     examples as far as its ``element_spec`` and cardinality tell; cheap (reads no example)."""
+    _check_pairs(dataset, argument)
+    image, label = dataset.element_spec
+    if _batched(image, label):
+        raise ConfigError(argument, f"elements look batched (image {_shape(image)}, label {_shape(label)}); "
+                          f"{_FIX['batched']}")
+    if image.dtype != tf.uint8 and not image.dtype.is_floating:
+        raise ConfigError(argument, f"images are {image.dtype.name}; {_FIX['dtype']}")
+    if image.shape.rank not in (None, 3):
+        raise ConfigError(argument, f"images must be HxWxC, got shape {_shape(image)} (for HxW grayscale: "
+                          "ds.map(lambda x, y: (x[..., None], y)))")
+    if image.shape.rank == 3 and image.shape[-1] is not None and image.shape[-1] not in CHANNELS:
+        raise ConfigError(argument, f"images have {image.shape[-1]} channels; tfgpu stores 1 (grayscale) or 3 "
+                          "(RGB)")
+    if not (label.dtype.is_integer or label.dtype.is_floating):
+        raise ConfigError(argument, f"labels must be class indices or one-hot vectors, got {label.dtype.name}")
+    if label.shape.rank not in (None, 0, 1):
+        raise ConfigError(argument, f"labels must be scalars (one class index per image) or one-hot vectors, got "
+                          f"shape {_shape(label)}")
+    cardinality = int(dataset.cardinality())
+    if cardinality == tf.data.INFINITE_CARDINALITY:
+        raise ConfigError(argument, "is infinite (a .repeat()?); pass one pass over the examples: tfgpu repeats "
+                          "them for epochs/train_steps")
+    if cardinality == 0:
+        raise ConfigError(argument, "has no examples")
+
+
+def _check_pairs(dataset, argument: str) -> None:
+    """Raises ConfigError(argument) unless ``dataset`` is a Dataset of (image, label) pairs of tensors."""
     if not isinstance(dataset, tf.data.Dataset):
         raise ConfigError(argument, f"expected a tf.data.Dataset, got {type(dataset).__name__}")
     spec = dataset.element_spec
@@ -75,30 +157,6 @@ def check_spec(dataset, argument: str) -> None:
     if not isinstance(spec, tuple) or len(spec) != 2 or not all(isinstance(s, tf.TensorSpec) for s in spec):
         raise ConfigError(argument, f"elements must be (image, label) pairs of tensors, got {_describe(spec)}; "
                           f"{_FIX['pair']}")
-    image, label = spec
-    leading_match = image.shape.rank == 3 and label.shape.rank == 1 and image.shape[0] == label.shape[0]
-    if image.shape.rank == 4 or leading_match:  # (N, H, W) grayscale batches match their (N,) labels
-        raise ConfigError(argument, f"elements look batched (image {_shape(image)}, label {_shape(label)}); "
-                          f"{_FIX['batched']}")
-    if image.dtype != tf.uint8:
-        raise ConfigError(argument, f"images are {image.dtype.name}; {_FIX['dtype']}")
-    if image.shape.rank not in (None, 3):
-        raise ConfigError(argument, f"images must be HxWxC, got shape {_shape(image)} (for HxW grayscale: "
-                          "ds.map(lambda x, y: (x[..., None], y)))")
-    if image.shape.rank == 3 and image.shape[-1] is not None and image.shape[-1] not in CHANNELS:
-        raise ConfigError(argument, f"images have {image.shape[-1]} channels; tfgpu stores 1 (grayscale) or 3 "
-                          "(RGB)")
-    if not label.dtype.is_integer:
-        raise ConfigError(argument, f"labels must be integer class indices, got {label.dtype.name}")
-    if label.shape.rank not in (None, 0):
-        raise ConfigError(argument, f"labels must be scalars (one class index per image), got shape "
-                          f"{_shape(label)}")
-    cardinality = int(dataset.cardinality())
-    if cardinality == tf.data.INFINITE_CARDINALITY:
-        raise ConfigError(argument, "is infinite (a .repeat()?); pass one pass over the examples: tfgpu repeats "
-                          "them for epochs/train_steps")
-    if cardinality == 0:
-        raise ConfigError(argument, "has no examples")
 
 
 def _shape(spec) -> str:
@@ -126,15 +184,15 @@ class _Examples:
     def __init__(self, dataset, argument: str, num_classes: int = 0):
         self.dataset, self.argument, self.num_classes = dataset, argument, num_classes
         self.count, self.digest_sum, self.max_label = 0, 0, -1
+        self.one_hot_width = 0  # the classes one-hot labels count (0: none seen)
+        self.float_max = None  # the largest float pixel (None: no float images)
 
     def __iter__(self):
         for image, label in self.dataset.as_numpy_iterator():
             where = f"example {self.count}"
             if image.ndim != 3 or image.shape[-1] not in CHANNELS:
                 raise ConfigError(self.argument, f"{where}: image shape {image.shape}; expected HxWxC with C 1 or 3")
-            if np.ndim(label) != 0:
-                raise ConfigError(self.argument, f"{where}: label shape {np.shape(label)}; expected a scalar")
-            label = int(label)
+            image, label = self._pixels(image, where), self._class_index(label, where)
             if label < 0 or (self.num_classes and label >= self.num_classes):
                 bound = f" (num_classes={self.num_classes})" if self.num_classes else ""
                 raise ConfigError(self.argument, f"{where}: label {label} is not a class index 0..N-1{bound}")
@@ -144,6 +202,36 @@ class _Examples:
             self.count += 1
             self.max_label = max(self.max_label, label)
             yield image, label
+        if self.count and self.float_max is not None and self.float_max <= 1.0:
+            raise ConfigError(self.argument, f"its float pixels all lie in [0, 1] (largest {self.float_max:.4g}); "
+                              f"{_FIX['range']}")
+
+    def _pixels(self, image: np.ndarray, where: str) -> np.ndarray:
+        """uint8 pixels; float ones checked to lie in [0, 255] and rounded."""
+        if image.dtype == np.uint8:
+            return image
+        low, high = float(np.min(image)), float(np.max(image))
+        if not 0.0 <= low <= high <= 255.0:
+            raise ConfigError(self.argument, f"{where}: pixel values span [{low:.4g}, {high:.4g}], not within "
+                              f"[0, 255]; {_FIX['range']}")
+        self.float_max = max(self.float_max or 0.0, high)
+        return np.rint(image).astype(np.uint8)
+
+    def _class_index(self, label, where: str) -> int:
+        """The class index of an integer or whole-float label, a one-value vector, or a one-hot vector."""
+        value = np.asarray(label)
+        if value.ndim > 1:
+            raise ConfigError(self.argument, f"{where}: label shape {value.shape}; expected a scalar or one-hot "
+                              "vector")
+        if value.ndim == 1 and value.size > 1:
+            if not (np.isin(value, (0, 1)).all() and value.sum() == 1):
+                raise ConfigError(self.argument, f"{where}: label {np.array2string(value, threshold=12)} is not "
+                                  "one-hot (exactly one 1, else 0); pass class indices (label_mode='int')")
+            self.one_hot_width = max(self.one_hot_width, value.size)
+            return int(np.argmax(value))
+        if value.size != 1 or not np.isfinite(value).all() or value.reshape(-1)[0] != np.floor(value.reshape(-1)[0]):
+            raise ConfigError(self.argument, f"{where}: label {value.tolist()} is not a class index")
+        return int(value.reshape(-1)[0])
 
     def fingerprint(self) -> dict:
         return {"element_spec": describe_spec(self.dataset), "num_examples": self.count,
@@ -200,13 +288,22 @@ def _num_shards(dataset, num_examples: int) -> int:
     return max(1, min(num_examples, math.ceil(num_examples * image.size / SHARD_BYTES)))
 
 
-def materialize(directory: str, datasets: dict, arguments: dict, num_classes: int = 0, stream=None) -> dict:
+def _class_bound(num_classes: int, names: tuple) -> int:
+    """The number of classes labels must stay under (0: any): ``num_classes``, else the number of class names."""
+    if names and num_classes and num_classes != len(names):
+        raise ConfigError("num_classes", f"is {num_classes}, but train_data's class_names name {len(names)} classes")
+    return num_classes or len(names)
+
+
+def materialize(directory: str, datasets: dict, arguments: dict, num_classes: int = 0, stream=None,
+                class_names: tuple = ()) -> dict:
     """Writes ``datasets`` ({split: Dataset}) into ``directory`` as a converted dataset; returns its manifest.
 
-    ``arguments`` names each split's argument for errors; ``num_classes`` (0 = largest label + 1) bounds the
-    labels and sets the manifest's classes. Shards are written in place (each atomically) and ``dataset.json``
+    ``arguments`` names each split's argument for errors; ``num_classes`` (0 = largest label + 1, or the width of
+    one-hot labels) bounds the labels and sets the manifest's classes, named by ``class_names`` when given. Shards are written in place (each atomically) and ``dataset.json``
     last, so an interrupted write leaves no dataset; the next call writes it again."""
     stream = stream or sys.stderr
+    num_classes = _class_bound(num_classes, class_names)
     state = os.path.join(directory, convert.STATE_DIR)
     fileio.makedirs(state)
     tasks, walks, walking, plan = [], {}, {}, {}
@@ -233,8 +330,8 @@ def materialize(directory: str, datasets: dict, arguments: dict, num_classes: in
         if next(walk, None) is not None:
             raise ConfigError(arguments[split], f"yields more than the {plan[split]} examples it reported (or "
                               "counted on a first pass): its examples change from pass to pass")
-    largest = max(w.max_label for w in walks.values())
-    classes = [str(c) for c in range(num_classes or largest + 1)]
+    largest = max(max(w.max_label + 1, w.one_hot_width) for w in walks.values())
+    classes = list(class_names) or [str(c) for c in range(num_classes or largest)]
     options = convert.Options(source="tf.data.Dataset", output_dir=directory, image_format="png")
     source = sources.Source("tf.data", "tf.data", classes, {}, presplit=True, encoded=False)
     found = {"version": VERSION, "splits": {split: walk.fingerprint() for split, walk in walks.items()}}
@@ -266,7 +363,7 @@ def difference(stored: dict, current: dict, arguments: dict):
 
 
 def ensure(directory: str, datasets: dict, arguments: dict, is_chief: bool, num_classes: int = 0,
-           worker: str = "", stream=None) -> dict:
+           worker: str = "", stream=None, class_names: tuple = ()) -> dict:
     """Makes ``directory`` hold ``datasets`` ({split: Dataset}) as a converted dataset, once; returns its manifest.
 
     The chief writes it, or, when it is there already (a resumed run), reuses it after checking this call's
@@ -275,8 +372,8 @@ def ensure(directory: str, datasets: dict, arguments: dict, is_chief: bool, num_
     a worker whose dataset differs (other files, an unseeded random map) stops with a ConfigError naming it."""
     path = os.path.join(directory, tfrecord.MANIFEST)
     if is_chief and not fileio.exists(path):
-        return materialize(directory, datasets, arguments, num_classes, stream)
-    current = fingerprint(datasets, arguments, num_classes)
+        return materialize(directory, datasets, arguments, num_classes, stream, class_names)
+    current = fingerprint(datasets, arguments, _class_bound(num_classes, class_names))
     if not is_chief:
         _wait_for(path, directory)
     try:
