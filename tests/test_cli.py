@@ -12,6 +12,7 @@ from tests.conftest import REPO
 from tfgpu import audit_input, benchmark, cli, evaluate, export, sample, train
 from tfgpu import config as config_lib
 from tfgpu.models import registry  # noqa: F401 - imports TensorFlow (which raises the recursion limit) up front
+from tfgpu.training import restore
 
 COMMANDS = ("train", "evaluate", "export", "sample", "benchmark", "audit_input", "launch", "convert", "doctor",
             "report", "plan")
@@ -106,7 +107,7 @@ def test_run_commands_read_the_saved_config_under_their_flags(tmp_path):
     (tmp_path / "f.flags").write_text("--cpu_logical_devices=2\n--eval_split=test\n")
     opts = evaluate.parser().parse_args([f"--model_dir={run}", "--cpu_logical_devices=0",
                                          f"--flagfile={tmp_path / 'f.flags'}"])
-    config = evaluate.run_config(str(run), opts)
+    config = restore.run_config(str(run), opts)
     assert (config.seed, config.model) == (3, "small_cnn")  # the run's own
     assert config.eval_split == "test"  # the flagfile over the saved config
     assert config.cpu_logical_devices == 0  # the command line over the flagfile
