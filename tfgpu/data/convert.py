@@ -296,11 +296,11 @@ def convert(o: Options, stream=None, out=None) -> dict:
             beside = " (beside the finished dataset there, swapped in when all are done)" if staged else ""
             print(f"converting {todo_images} images into {len(todo)} shard(s) in {display(directory)} with "
                   f"{num_workers} worker(s){beside}", file=stream, flush=True)
-            progress = workers.Progress(todo_images, stream)
+            progress = workers.conversion_progress(todo_images, stream)
             with outdir.reporting_no_space(directory, needed):
                 built = workers.run_in_pool(todo, num_workers, progress, directory) if num_workers > 1 else \
                     workers.run_in_process(todo, progress)
-            progress.finish()
+            progress.close()
             built = iter(built)
             results = [r if r is not None else next(built) for r in results]
         manifest = _manifest(o, source, splits, tasks, results, enc, key)

@@ -323,9 +323,9 @@ def materialize(directory: str, datasets: dict, arguments: dict, num_classes: in
     total = sum(plan.values())
     print(f"tfgpu.fit: writing {total} examples ({', '.join(f'{s}: {n}' for s, n in plan.items())}) once into "
           f"{directory}", file=stream, flush=True)
-    progress = workers.Progress(total, stream)
+    progress = workers.conversion_progress(total, stream)
     results = workers.run_in_process(tasks, progress)
-    progress.finish()
+    progress.close()
     for split, walk in walking.items():
         if next(walk, None) is not None:
             raise ConfigError(arguments[split], f"yields more than the {plan[split]} examples it reported (or "
