@@ -1,6 +1,7 @@
 """tfgpu.fit: the same run as python -m tfgpu.train on the same data converted, options checked as flags are, one
 clear error for wrong data or a wrong model before training, resume without writing the data again, and a cheap
 ``import tfgpu``. The example script and the multi-worker run are in tests/examples/test_fit_dataset.py."""
+import json
 import logging
 import os
 import subprocess
@@ -150,6 +151,8 @@ def test_image_dataset_from_directory_output_trains_unchanged_with_its_class_nam
     assert "train_data: elements are batches" in log and "float32 images: stored as uint8" in log
     manifest = tfrecord.read_manifest(str(tmp_path / "run" / "data"))
     assert manifest["classes"] == sorted(names) == train.class_names
+    with open(tmp_path / "run" / "export" / "model.input.json") as f:
+        assert json.load(f)["classes"] == train.class_names
 
 
 def test_model_fn_is_built_in_the_scope_under_the_policy_and_checked_against_the_data(digits, tmp_path, run_state):
