@@ -9,7 +9,7 @@ import tensorflow as tf
 from hypothesis import given, settings, strategies as st
 
 from tfgpu.config import Config, ConfigError
-from tfgpu.data import builtin, from_dataset, pipeline, tfrecord
+from tfgpu.data import builtin, elements, from_dataset, pipeline, tfrecord
 
 ARGS = {"train": "train_data", "val": "eval_data"}
 
@@ -52,34 +52,6 @@ def test_unknown_cardinality_is_counted_and_num_classes_sets_the_classes(digits,
     assert manifest["classes"] == [str(c) for c in range(7)]
 
 
-def _spec_error(dataset) -> str:
-    with pytest.raises(ConfigError) as e:
-        from_dataset.check_spec(dataset, "train_data")
-    assert e.value.flag == "train_data"
-    return str(e.value)
-
-
-def test_wrong_structures_are_one_error_naming_the_argument_and_the_fix():
-    images = np.zeros((4, 8, 8, 1), np.uint8)
-    labels = np.zeros(4, np.int64)
-    assert "ds.unbatch()" in _spec_error(_ds(images, labels).batch(2))
-    assert "ds.unbatch()" in _spec_error(_ds(images[..., 0], labels).batch(2))  # (N, H, W) grayscale batches
-    assert "no label" in _spec_error(tf.data.Dataset.from_tensor_slices(images))
-    assert "dicts (image, label)" in _spec_error(tf.data.Dataset.from_tensor_slices({"image": images,
-                                                                                     "label": labels}))
-    assert "uint8 or float" in _spec_error(_ds(images.astype(np.int32), labels))
-    assert "HxWxC" in _spec_error(_ds(images[..., 0], labels))
-    assert "2 channels" in _spec_error(_ds(np.zeros((4, 8, 8, 2), np.uint8), labels))
-    assert "class indices or one-hot" in _spec_error(_ds(images, labels.astype(bool)))
-    assert "scalars" in _spec_error(_ds(images, labels[:, None, None, None]))
-    assert "infinite" in _spec_error(_ds(images, labels).repeat())
-    assert "no examples" in _spec_error(_ds(images, labels).take(0))
-    assert "tf.data.Dataset" in _spec_error((images, labels))
-    from_dataset.check_spec(_ds(images, labels.astype(np.int32)), "train_data")  # any integer labels
-    assert "ds.unbatch()" in str(pytest.raises(ConfigError, from_dataset.accept,
-                                               _ds(images, labels).batch(2).batch(2), "train_data").value)
-
-
 @settings(max_examples=10, deadline=None)
 @given(seed=st.integers(0, 2 ** 16), n=st.integers(1, 9), batch=st.integers(1, 4))
 def test_keras_batches_of_float_pixels_and_one_hot_labels_are_the_same_examples_as_uint8(seed, n, batch):
@@ -91,7 +63,7 @@ def test_keras_batches_of_float_pixels_and_one_hot_labels_are_the_same_examples_
     one_hot = np.eye(4, dtype=np.float32)[labels]
     for label_form in (labels.astype(np.int32), one_hot):
         keras_like = _ds(images.astype(np.float32), label_form).batch(batch)
-        accepted, note = from_dataset.accept(keras_like, "train_data")
+        accepted, note = elements.accept(keras_like, "train_data")
         assert note.startswith("train_data: elements are batches") and "float32 images: stored as uint8" in note
         taken = from_dataset.fingerprint({"train": accepted}, ARGS)["splits"]["train"]
         assert (taken["num_examples"], taken["content_hash"]) == (plain["num_examples"], plain["content_hash"])
@@ -117,17 +89,6 @@ def test_float_pixels_are_rounded_and_refused_outside_0_255_naming_the_example(t
     assert e.value.flag == "train_data"
     for name in ("bad", "unit", "hot"):
         assert not os.path.exists(tmp_path / name / tfrecord.MANIFEST)
-
-
-def test_class_names_name_the_classes_and_must_agree():
-    images, labels = np.zeros((2, 2, 2, 1), np.uint8), np.array([0, 1])
-    train, val = _ds(images, labels), _ds(images, labels)
-    train.class_names, val.class_names = ["cat", "dog"], ["cat", "dog"]
-    assert from_dataset.class_names(train, val) == ("cat", "dog")
-    val.class_names = ["dog", "cat"]
-    with pytest.raises(ConfigError, match=r"class_names \['dog', 'cat'\] differ from train_data's") as e:
-        from_dataset.class_names(train, val)
-    assert e.value.flag == "eval_data"
 
 
 def test_bad_labels_stop_before_a_dataset_exists(tmp_path):

@@ -12,8 +12,8 @@
   split is found as for ``--data_dir``), or a ``tf.data.Dataset`` of ``(image, label)``
   examples (``HxWxC`` images, C 1 or 3, uint8 or float pixels in [0, 255]; integer or
   one-hot labels), batched or not: ``keras.utils.image_dataset_from_directory``'s output
-  trains as it is, its ``class_names`` become the run's classes (``from_dataset.accept``
-  says in one line what it unbatches and rounds to uint8). A Dataset is
+  trains as it is, its ``class_names`` become the run's classes (``tfgpu.data.elements``;
+  one log line says what is unbatched and rounded to uint8). A Dataset is
   written once into ``<model_dir>/data`` (``tfgpu.data.from_dataset``: the converter's
   shard writer and manifest), splits ``train`` and ``val``; the classes are 0..largest
   label (or ``num_classes``). A later call with the same ``model_dir`` (to resume or train
@@ -149,12 +149,12 @@ def _fit(model_fn, train_data, model_dir, eval_data, options: dict) -> dict:
 
     if datasets:
         experiment.check_model_dir(model_dir)
-        from tfgpu.data import from_dataset
+        from tfgpu.data import elements, from_dataset
 
         arguments = {TRAIN_SPLIT: "train_data", EVAL_SPLIT: "eval_data"}
         from_dataset.ensure(data_dir, datasets, arguments, cluster.is_chief(desc), config.num_classes,
                             worker=f"worker {desc['worker_index']}" if desc else "",
-                            class_names=from_dataset.class_names(train_data, eval_data))
+                            class_names=elements.class_names(train_data, eval_data))
     _fresh_runtime_if_needed(config, multi_worker=desc is not None and desc["num_workers"] > 1)
     return experiment.run(config)
 
@@ -181,20 +181,20 @@ def _datasets(train_data, eval_data) -> tuple:
         return {}, []
     import tensorflow as tf
 
-    from tfgpu.data import from_dataset
+    from tfgpu.data import elements
 
     if not isinstance(train_data, tf.data.Dataset):
         raise FitError("train_data", f"expected a converted data directory (a path with dataset.json) or a "
                        f"tf.data.Dataset of (image, label) examples, got {type(train_data).__name__} (for arrays: "
                        "tf.data.Dataset.from_tensor_slices((images, labels)))")
-    from_dataset.class_names(train_data, eval_data)  # before unbatching drops them
-    train_data, note = from_dataset.accept(train_data, "train_data")
+    elements.class_names(train_data, eval_data)  # before unbatching drops them
+    train_data, note = elements.accept(train_data, "train_data")
     datasets, notes = {TRAIN_SPLIT: train_data}, [note]
     if eval_data is not None:
         if not isinstance(eval_data, tf.data.Dataset):
             raise FitError("eval_data", f"with a tf.data.Dataset as train_data, eval_data must be one too (or None), "
                            f"got {type(eval_data).__name__}")
-        eval_data, note = from_dataset.accept(eval_data, "eval_data")
+        eval_data, note = elements.accept(eval_data, "eval_data")
         notes.append(note)
         channels = eval_data.element_spec[0].shape[-1], train_data.element_spec[0].shape[-1]
         if None not in channels and channels[0] != channels[1]:
