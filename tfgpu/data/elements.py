@@ -159,7 +159,7 @@ class Intake:
         if image.dtype == np.uint8:
             return image
         low, high = float(np.min(image)), float(np.max(image))
-        if not 0.0 <= low <= high <= 255.0:
+        if not -0.5 < low <= high < 255.5:  # what rounds into 0..255 (float sums of 255s may come to 255.00002)
             raise ConfigError(self.argument, f"{where}: pixel values span [{low:.4g}, {high:.4g}], not within "
                               f"[0, 255]; {_FIX['range']}")
         self.float_max = max(self.float_max or 0.0, high)
