@@ -1,11 +1,10 @@
 """Converts a source (tfgpu.data.sources) into sharded TFRecords plus ``dataset.json``, safely and resumably.
 
-The steps, each in its own module: open the source (``open_source`` picks the kind: ``sources``, ``folders``,
-``csvlist``, ``tfds_source``) and say what of it will not be converted; validate every split name and the classes;
-claim the output directory (``outdir``); plan one task per shard; reuse the shards a previous run finished and
-verified, write the rest (``workers``, each record made by ``encode``); then ``outdir.publish`` puts them in place
-and writes ``dataset.json`` last. Nothing a reader uses is touched before every shard is done, so a run that stops
-leaves what was there.
+The steps, each in its own module: open the source (``open_source`` picks ``sources``, ``folders``, ``csvlist`` or
+``tfds_source``) and say what will not be converted; check split names and classes; claim the output directory
+(``outdir``); plan one task per shard; reuse the shards a previous run finished and verified, write the rest
+(``workers``; records by ``encode``); ``outdir.publish`` puts them in place and writes ``dataset.json`` last.
+Nothing a reader uses is touched before every shard is done: a stopped run leaves what was there.
 
 ``--output_dir`` may be any path TensorFlow opens (``gs://``, ``ram://``); the source is read from local disk or TFDS.
 """
@@ -114,8 +113,6 @@ def check_options(o: Options) -> None:
         raise ConfigError("shard_size_mb", f"{o.shard_size_mb} is negative")
     if o.num_shards and o.shard_size_mb:
         raise ConfigError("num_shards", "give --num_shards or --shard_size_mb, not both")
-    if o.resize and o.image_format == "keep":
-        raise ConfigError("resize", "resizing re-encodes images; use it with --image_format=png, jpeg or raw")
     parse_resize(o.resize)
     parse_num_shards(o.num_shards)
     if o.split:
@@ -282,6 +279,9 @@ def convert(o: Options, stream=None, out=None) -> dict:
     Raises ConfigError (a bad flag or source) or BadImageError (a source image, without --skip_bad)."""
     stream, out = stream or sys.stderr, out or sys.stdout
     check_options(o)
+    if o.resize and o.image_format == "keep":
+        print(f"--resize re-encodes every image: JPEG sources as JPEG at --jpeg_quality={o.jpeg_quality}, the "
+              "others as PNG (--image_format=png stores every one losslessly)", file=stream, flush=True)
     source = open_source(o.source, o.tfds_data_dir, o.download)
     parts = sources.parse_split_spec(o.split) if o.split else []
     splits = sources.apply_split(source, parts, o.seed)
@@ -314,11 +314,11 @@ def convert(o: Options, stream=None, out=None) -> dict:
             beside = " (beside the finished dataset there, swapped in when all are done)" if staged else ""
             print(f"converting {todo_images} images into {len(todo)} shard(s) in {display(directory)} with "
                   f"{num_workers} worker(s){beside}", file=stream, flush=True)
-            progress = workers.Progress(todo_images, stream)
+            progress = workers.conversion_progress(todo_images, stream)
             with outdir.reporting_no_space(directory, needed):
                 built = workers.run_in_pool(todo, num_workers, progress, directory) if num_workers > 1 else \
                     workers.run_in_process(todo, progress)
-            progress.finish()
+            progress.close()
             built = iter(built)
             results = [r if r is not None else next(built) for r in results]
         manifest = _manifest(o, source, splits, tasks, results, enc, key)
