@@ -7,7 +7,7 @@ declaration decides the direction: lower-is-better metrics must fall to VALUE (`
 The trainer stops at the first evaluation that reaches it; ``metrics.json`` records the outcome
 (``fields``), and the console and the report say it in one line (``sentence``).
 
-No TensorFlow here: ``Config.validate`` parses with it and the report reads it in a light process.
+No TensorFlow here: ``config_sources.check_references`` parses with it and the report reads it in a light process.
 """
 import dataclasses
 import math
