@@ -151,11 +151,14 @@ def commands(args: argparse.Namespace, workdir: str, repeat: int) -> dict:
 
 
 def read_outcome(side: str, path: str) -> dict:
-    """The fields both sides share from a finished run's result file (tfgpu: its results, metrics.json, read
-    through ``tfgpu.training.results``; fit: keras_fit_to_target.py's JSON, which names them the same way)."""
+    """The fields both sides share, under this tool's names, from a finished run's result file (tfgpu: its
+    metrics.json, read through ``tfgpu.training.results``; fit: keras_fit_to_target.py's JSON, in these names)."""
     if side == "tfgpu":
         result = results.read(os.path.dirname(path))
-        return {**results.target_fields(result), "precision": result.facts.precision if result.facts else None}
+        outcome = result.target or results.TargetOutcome("", False)
+        return {"target": outcome.target, "target_reached": outcome.reached, "time_to_target_s": outcome.seconds,
+                "epochs_at_target": outcome.epochs, "step_at_target": outcome.step,
+                "precision": result.facts.precision if result.facts else None}
     with open(path) as f:
         result = json.load(f)
     return {k: result.get(k) for k in ("target", "target_reached", "time_to_target_s", "epochs_at_target",

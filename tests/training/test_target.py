@@ -82,8 +82,9 @@ def test_the_outcome_in_one_sentence():
     assert target.sentence(reached, CLASSIFIER) == \
         "target val_accuracy >= 0.97 reached at step 440 (19.57 epochs) in 62.0 s"
     missed = results.RunResult(step=675, target=results.TargetOutcome.of(target.Target("fid", 20.0, True), None))
-    assert results.target_fields(missed) == {"target": "fid:20", "target_reached": False, "time_to_target_s": None,
-                                             "step_at_target": None, "epochs_at_target": None}
+    assert missed.to_dict() == {"format_version": results.VERSION, "step": 675, "target": "fid:20",
+                                "target_reached": False, "time_to_target_s": None, "step_at_target": None,
+                                "epochs_at_target": None}
     assert target.sentence(missed, best=23.25) == "target fid <= 20 not reached in 675 steps (best 23.25)"
     assert target.sentence(results.RunResult(step=3)) == ""
 
@@ -146,7 +147,7 @@ def test_a_target_reached_at_the_last_step_keeps_its_record_when_the_run_is_run_
     (tmp_path / "metrics.json").write_text(json.dumps(first))
     again = train_here(*args)
     resumed = read_metrics(tmp_path)
-    assert results.target_fields(results.read(str(tmp_path))) == results.target_fields(results.parse(first))
+    assert results.read(str(tmp_path)).target == results.parse(first).target
     assert resumed["val_accuracy"] == first["val_accuracy"]  # the checkpoint evaluated again, not recorded again
     assert [e["step"] for e in read_history(tmp_path, "eval")] == [2]
     assert "target val_accuracy >= 0 already reached at step 2" in again.output

@@ -83,16 +83,17 @@ class RunResult:
     version: int = VERSION
 
     def __post_init__(self):
-        taken = sorted(set(self.values) & set(_BY_NAME))
+        taken = sorted(set(self.values) & {key.name for key in KEYS})
         if taken:
             raise ValueError(f"the task's values {', '.join(taken)} are named like tfgpu's own keys of {FILE}")
 
     def to_dict(self) -> dict:
-        """metrics.json's object: ``values`` and every field set, under its key."""
+        """metrics.json's object: ``values`` and every field set under its key (a section's nullable fields as
+        null: a target not reached says so in each of its keys)."""
         out = dict(self.values)
         for key in KEYS:
             value = key.get(self)
-            if value is not None:
+            if value is not None or (key.nullable and key.section and getattr(self, key.section) is not None):
                 out[key.name] = value
         return out
 
@@ -100,15 +101,16 @@ class RunResult:
 @dataclasses.dataclass(frozen=True)
 class Key:
     """A key of metrics.json: its ``name`` there, the ``section`` of RunResult holding it ("" = RunResult itself)
-    and the ``attribute``, the JSON types it may hold and what it means."""
+    and the ``attribute``, the JSON types it may hold (``nullable``: null too) and what it means."""
     name: str
     section: str
     attribute: str
     types: tuple
     meaning: str
+    nullable: bool = False
 
-    def get(self, result: RunResult):
-        holder = getattr(result, self.section) if self.section else result
+    def get(self, result: RunResult | None):
+        holder = getattr(result, self.section) if self.section and result is not None else result
         return None if holder is None else getattr(holder, self.attribute)
 
 
@@ -126,9 +128,10 @@ KEYS = (
     Key("target", "target", "target", _STR, "--target as METRIC:VALUE, the metric resolved (e.g. val_accuracy:0.9)"),
     Key("target_reached", "target", "reached", _BOOL, "whether an evaluation reached --target"),
     Key("time_to_target_s", "target", "seconds", _NUMBER,
-        "wall time from the process's start to the evaluation that reached --target; null if not reached"),
-    Key("step_at_target", "target", "step", _INT, "the step of that evaluation; null if not reached"),
-    Key("epochs_at_target", "target", "epochs", _NUMBER, "epochs trained at that evaluation; null if not reached"),
+        "wall time from the process's start to the evaluation that reached --target; null if not reached", True),
+    Key("step_at_target", "target", "step", _INT, "the step of that evaluation; null if not reached", True),
+    Key("epochs_at_target", "target", "epochs", _NUMBER, "epochs trained at that evaluation; null if not reached",
+        True),
     Key("task", "facts", "task", _STR, "--task"),
     Key("model", "facts", "model", _STR, "--model (for a FID feature classifier: its network's name)"),
     Key("precision", "facts", "precision", _STR, "the precision policy run (--precision=auto resolved)"),
@@ -141,22 +144,17 @@ KEYS = (
     Key("trainable_parameters_before_unfreeze", "parameters", "trainable_before_unfreeze", _INT,
         "with --unfreeze_at_step: trainable before that step"),
     Key("trained", "", "trained", _BOOL, "a FID feature classifier's record only: false when it was exported "
-        "untrained (fewer than two classes to learn)"),
-    Key("reason", "", "untrained_reason", _STR, "why it was not trained (with trained: false)"),
+        "untrained (fewer than two classes to learn)", True),
+    Key("reason", "", "untrained_reason", _STR, "why it was not trained (with trained: false)", True),
 )
-_BY_NAME = {key.name: key for key in KEYS}
 _SECTIONS = {"target": TargetOutcome, "facts": RunFacts, "parameters": ParameterCounts}
-_OPTIONAL_IN_SECTION = {"time_to_target_s", "step_at_target", "epochs_at_target"}  # null: the target not reached
-
-
-_SUMMARY = ("format_version", "step", "wall_time_s")  # the report says these in its first lines
-_NAMED_APART = ("task", "model")  # the report names the run by them
+_IN_FIRST_LINES = ("version", "step", "wall_time_s")  # RunResult's own, that the report says in its first lines
+_NAMED_APART = ("task", "model")  # RunFacts the report names the run by
 
 
 def placement_facts(result: RunResult | None) -> list:
     """(key, value or None) of what the run ran on, its task and model aside: the report's first line."""
-    return [(key.name, key.get(result) if result is not None else None)
-            for key in KEYS if key.section == "facts" and key.name not in _NAMED_APART]
+    return [(key.name, key.get(result)) for key in KEYS if key.section == "facts" and key.attribute not in _NAMED_APART]
 
 
 def final_metrics(result: RunResult | None) -> dict:
@@ -164,22 +162,14 @@ def final_metrics(result: RunResult | None) -> dict:
     parameters, the target's outcome), what the first lines say and what it ran on aside."""
     if result is None:
         return {}
-    shown = {key.name for key in KEYS if key.section == "facts" or key.name in _SUMMARY}
+    shown = {key.name for key in KEYS if key.section == "facts" or (not key.section and key.attribute in
+                                                                     _IN_FIRST_LINES)}
     return {name: value for name, value in result.to_dict().items() if name not in shown}
-
-
-def target_fields(result: RunResult | None) -> dict:
-    """--target's outcome under its keys (None where not recorded): what tools compare runs by."""
-    return {key.name: key.get(result) if result is not None else None for key in KEYS if key.section == "target"}
 
 
 def path(model_dir: str) -> str:
     """Where ``model_dir``'s results are."""
     return os.path.join(model_dir, FILE)
-
-
-def exists(model_dir: str) -> bool:
-    return fileio.exists(path(model_dir))
 
 
 def write(model_dir: str, result: RunResult) -> None:
@@ -200,7 +190,7 @@ def read(model_dir: str, flag: str = "model_dir") -> RunResult | None:
     try:
         content = json.loads(text)
     except ValueError as e:  # UnicodeDecodeError is one
-        raise ConfigError(flag, f"{where} is not JSON ({e}); it is not a tfgpu metrics.json") from None
+        raise ConfigError(flag, f"{where} is not a tfgpu metrics.json: not JSON ({e})") from None
     return parse(content, where, flag)
 
 
@@ -211,37 +201,43 @@ def parse(content, where: str = FILE, flag: str = "model_dir") -> RunResult:
 
     if not isinstance(content, dict):
         raise bad(f"it holds a {type(content).__name__}, not an object")
-    version = content.get("format_version", 1)
+    by_name = {key.name: key for key in KEYS}
+    version_key = next(key for key in KEYS if not key.section and key.attribute == "version")
+    version = content.get(version_key.name, 1)
     if not _is(version, _INT) or version < 1:
-        raise bad(f"format_version {version!r} is not a version number")
+        raise bad(f"{version_key.name} {version!r} is not a version number")
     if version > VERSION:
-        raise ConfigError(flag, f"{where} has format_version {version}, newer than this tfgpu reads ({VERSION}); "
-                          "upgrade tfgpu to read it")
+        raise ConfigError(flag, f"{where} has {version_key.name} {version}, newer than this tfgpu reads "
+                          f"({VERSION}); upgrade tfgpu to read it")
     own, sections, values = {"version": version}, {name: {} for name in _SECTIONS}, {}
     for name, value in content.items():
-        key = _BY_NAME.get(name)
+        key = by_name.get(name)
         if key is None:
             if not (value is None or isinstance(value, (str, bool, int, float))):
                 raise bad(f"{name!r} holds a {type(value).__name__}; a task's value is a number, a string or a "
                           "boolean")
             values[name] = value
-        elif key.section:
-            if not (_is(value, key.types) or (value is None and name in _OPTIONAL_IN_SECTION)):
+        elif key is not version_key:
+            if not (_is(value, key.types) or (value is None and (key.nullable or not key.section))):
                 raise bad(f"{name!r} is {value!r}, not {_type_name(key.types)}")
-            sections[key.section][key.attribute] = value
-        elif name != "format_version":
-            if not (value is None or _is(value, key.types)):
-                raise bad(f"{name!r} is {value!r}, not {_type_name(key.types)}")
-            own[key.attribute] = value
-    if sections["target"] and "target" not in content:
-        raise bad("it has target fields without 'target'")
-    if sections["target"] and "target_reached" not in content:
-        raise bad("it names a target without 'target_reached'")
-    if own.get("skipped_records") is not None and not all(
-            isinstance(k, str) and _is(v, _INT) for k, v in own["skipped_records"].items()):
-        raise bad("'skipped_records' is not {split: count}")
+            (sections[key.section] if key.section else own)[key.attribute] = value
+    for section, fields in sections.items():
+        if fields:
+            missing = [key.name for key in KEYS if key.section == section and _required(section, key.attribute)
+                       and key.attribute not in fields]
+            if missing:
+                raise bad(f"it has {section} fields without {', '.join(map(repr, missing))}")
+    skipped = own.get("skipped_records")
+    if skipped is not None and not all(isinstance(k, str) and _is(v, _INT) for k, v in skipped.items()):
+        raise bad(f"{next(k.name for k in KEYS if k.attribute == 'skipped_records')!r} is not {{split: count}}")
     built = {name: _SECTIONS[name](**fields) if fields else None for name, fields in sections.items()}
     return RunResult(values=values, **own, **built)
+
+
+def _required(section: str, attribute: str) -> bool:
+    """Whether a section's dataclass needs ``attribute`` (it has no default)."""
+    field = next(f for f in dataclasses.fields(_SECTIONS[section]) if f.name == attribute)
+    return field.default is dataclasses.MISSING
 
 
 def _is(value, types: tuple) -> bool:
