@@ -314,3 +314,14 @@ def test_a_resume_on_another_topology_is_one_line_of_the_report(tmp_path):
     assert ("## Topology changes\n\n- step 30: 2 worker(s) x 1 replica(s), global batch 24 -> 1 worker(s) x 2 "
             "replica(s), global batch 24; epoch 1 resumed at record 720 of 1,438, the rest of it read once\n") in text
     assert "Topology" not in report.render(str(tmp_path), {}, 0, results.RunResult(step=60), {}, None, [])
+
+
+def test_a_metrics_json_that_is_not_tfgpus_is_a_note_naming_it_not_a_run_still_going(tmp_path):
+    """A metrics.json the run did not write (a list, here) is named in the report's notes; before, the report
+    said the run had none yet, as if it were still going."""
+    (tmp_path / "config.yaml").write_text("task: classification\nmodel: resnet20\n")
+    (tmp_path / "metrics.json").write_text("[0.97]")
+    report.write_report(str(tmp_path))
+    text = (tmp_path / "report.md").read_text()
+    assert f"- {tmp_path / 'metrics.json'} is not a tfgpu metrics.json: it holds a list, not an object." in text
+    assert "No metrics.json yet" not in text
