@@ -88,13 +88,15 @@ class RunResult:
             raise ValueError(f"the task's values {', '.join(taken)} are named like tfgpu's own keys of {FILE}")
 
     def to_dict(self) -> dict:
-        """metrics.json's object: ``values`` and every field set under its key (a section's nullable fields as
-        null: a target not reached says so in each of its keys)."""
-        out = dict(self.values)
-        for key in KEYS:
+        """metrics.json's object: every field set under its key, ``values`` after the first (the step), a
+        section's nullable fields as null (a target not reached says so in each of its keys)."""
+        out = {}
+        for index, key in enumerate(KEYS):
             value = key.get(self)
             if value is not None or (key.nullable and key.section and getattr(self, key.section) is not None):
                 out[key.name] = value
+            if index == 0:  # the step leads (the console's "final: step=..." line), then the task's values
+                out.update(self.values)
         return out
 
 
@@ -117,8 +119,6 @@ class Key:
 _INT, _NUMBER, _STR, _BOOL, _OBJECT = (int,), (int, float), (str,), (bool,), (dict,)
 
 KEYS = (
-    Key("format_version", "", "version", _INT, f"the layout of this file ({VERSION}); absent in files written "
-        "before it existed (version 1, the same keys)"),
     Key("step", "", "step", _INT, "the step the run ended at"),
     Key("examples_per_sec", "", "examples_per_sec", _NUMBER,
         "training throughput: the median over the loops after the first (the first traces and compiles)"),
@@ -146,6 +146,8 @@ KEYS = (
     Key("trained", "", "trained", _BOOL, "a FID feature classifier's record only: false when it was exported "
         "untrained (fewer than two classes to learn)", True),
     Key("reason", "", "untrained_reason", _STR, "why it was not trained (with trained: false)", True),
+    Key("format_version", "", "version", _INT, f"the layout of this file ({VERSION}); absent in files written "
+        "before it existed (version 1, the same keys)"),
 )
 _SECTIONS = {"target": TargetOutcome, "facts": RunFacts, "parameters": ParameterCounts}
 _IN_FIRST_LINES = ("version", "step", "wall_time_s")  # RunResult's own, that the report says in its first lines
