@@ -44,9 +44,10 @@ def test_a_file_of_the_previous_format_reads_with_every_value_in_its_place(tmp_p
     assert result.parameters == results.ParameterCounts(19562, 19562, 19210)
     assert result.skipped_records == {"train": 2, "validation": 0} and result.wall_time_s == 640.2
     assert result.values["val_accuracy"] == 0.971 and result.values["model_output"] == "logits"
-    # Written again it is the same object, now with its version.
+    # Its object is the file's, its version said; written again, it is in this version's layout.
     assert result.to_dict() == {**VERSION_1, "format_version": 1}
-    assert results.parse(result.to_dict()) == result
+    results.write(str(tmp_path), result)
+    assert json.loads((tmp_path / "metrics.json").read_text()) == {**VERSION_1, "format_version": results.VERSION}
 
 
 _value = st.one_of(st.none(), st.booleans(), st.integers(-2**40, 2**40), st.text(max_size=8),

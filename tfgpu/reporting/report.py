@@ -263,8 +263,8 @@ def render(model_dir: str, history: dict, bad_lines: int, result, config, profil
     if data:
         summary += f" on {data}"
     facts = []
-    for key, value in results.placement_facts(result):
-        value = config.get(key) if value is None else value
+    for key, option, value in results.placement_facts(result):
+        value = config.get(option) if value is None else value
         if value is not None:
             facts.append(f"{key}={_fmt(value)}")
     lines.append(f"{summary or 'tfgpu run'}{' (' + ', '.join(facts) + ')' if facts else ''}.")

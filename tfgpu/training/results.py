@@ -4,7 +4,8 @@ The trainer builds a ``RunResult`` at the end of a run (the task adds its own th
 ``Task.extend_result``), ``experiment.run`` adds what the run ran on, and the chief ``write``s it. Resume
 (whether --target was already reached), the report, the GAN's FID (a feature classifier's record), ``plan`` and
 the tools ``read`` it. The keys and what each means are ``KEYS`` below, the one place they are named: renaming
-a key is an edit of this file (``tests/training/test_results.py`` checks that no other module names one).
+a key is an edit of this file (``tests/training/test_results.py`` renames every key here and checks that each
+reader answers the same, and that no other module names the file).
 
 On disk metrics.json stays one flat JSON object, so a user's ``json.load(...)["examples_per_sec"]`` keeps
 working; ``format_version`` says which layout wrote it. A file without it is from before the field (version 1,
@@ -155,8 +156,10 @@ _NAMED_APART = ("task", "model")  # RunFacts the report names the run by
 
 
 def placement_facts(result: RunResult | None) -> list:
-    """(key, value or None) of what the run ran on, its task and model aside: the report's first line."""
-    return [(key.name, key.get(result)) for key in KEYS if key.section == "facts" and key.attribute not in _NAMED_APART]
+    """(key, RunFacts attribute, value or None) of what the run ran on, its task and model aside: the report's
+    first line (the attribute names the config option it falls back on, where there is one)."""
+    return [(key.name, key.attribute, key.get(result)) for key in KEYS
+            if key.section == "facts" and key.attribute not in _NAMED_APART]
 
 
 def final_metrics(result: RunResult | None) -> dict:
@@ -175,8 +178,10 @@ def path(model_dir: str) -> str:
 
 
 def write(model_dir: str, result: RunResult) -> None:
-    """Writes ``<model_dir>/metrics.json`` atomically (a reader sees the old file or the whole new one)."""
-    fileio.atomic_write_bytes(path(model_dir), json.dumps(result.to_dict(), indent=2, sort_keys=True).encode())
+    """Writes ``<model_dir>/metrics.json`` atomically (a reader sees the old file or the whole new one), in this
+    version's layout whatever version ``result`` was read from."""
+    current = dataclasses.replace(result, version=VERSION)
+    fileio.atomic_write_bytes(path(model_dir), json.dumps(current.to_dict(), indent=2, sort_keys=True).encode())
 
 
 def read(model_dir: str, flag: str = "model_dir") -> RunResult | None:
