@@ -295,13 +295,11 @@ def test_verdict_when_the_pipeline_outruns_the_step():
 
 
 def test_the_report_says_in_one_line_whether_the_target_was_reached(tmp_path):
-    reached = {"step": 440, "target": "val_accuracy:0.97", "target_reached": True, "time_to_target_s": 62.04,
-               "step_at_target": 440, "epochs_at_target": 19.57}
-    text = report.render(str(tmp_path), {}, 0, results.parse(reached), {"train_steps": 675}, None, [])
+    reached = results.RunResult(step=440, target=results.TargetOutcome("val_accuracy:0.97", True, 62.04, 440, 19.57))
+    text = report.render(str(tmp_path), {}, 0, reached, {"train_steps": 675}, None, [])
     assert "Target val_accuracy >= 0.97 reached at step 440 (19.57 epochs) in 62.0 s." in text.splitlines()
-    missed = dict(reached, step=675, target="val_loss:0.01", target_reached=False, time_to_target_s=None,
-                  step_at_target=None, epochs_at_target=None)
-    text = report.render(str(tmp_path), {}, 0, results.parse(missed), {"train_steps": 675}, None, [])
+    missed = results.RunResult(step=675, target=results.TargetOutcome("val_loss:0.01", False))
+    text = report.render(str(tmp_path), {}, 0, missed, {"train_steps": 675}, None, [])
     assert "Target val_loss <= 0.01 not reached in 675 steps." in text.splitlines()
     assert "arget" not in report.render(str(tmp_path), {}, 0, results.RunResult(step=3), {}, None, [])
 

@@ -88,6 +88,14 @@ def test_what_is_written_reads_back_the_same(result):
         assert os.listdir(directory) == ["metrics.json"]  # atomic: no temporary left beside it
 
 
+def test_a_target_not_reached_still_writes_each_of_its_keys():
+    """Null where not reached, so a user's script reading the time to target gets null, not a KeyError."""
+    written = results.RunResult(target=results.TargetOutcome("val_accuracy:0.9", False)).to_dict()
+    target_keys = [key.name for key in results.KEYS if key.section == "target"]
+    assert list(written)[:len(target_keys)] == target_keys and len(written) == len(target_keys) + 1  # + version
+    assert [written[name] for name in target_keys[2:]] == [None, None, None]
+
+
 def test_a_missing_file_is_no_result(tmp_path):
     assert results.read(str(tmp_path)) is None
 

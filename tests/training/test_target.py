@@ -78,13 +78,11 @@ def test_the_outcome_in_one_sentence():
     high = target.Target("val_accuracy", 0.97, False)
     reached = results.RunResult(step=450, target=results.TargetOutcome.of(
         high, {"step": 440, "seconds": 61.97, "epochs": 19.5666}))
-    assert reached.to_dict()["time_to_target_s"] == 62.0 and reached.to_dict()["epochs_at_target"] == 19.57
+    assert (reached.target.seconds, reached.target.epochs) == (62.0, 19.57)  # rounded as the file records them
     assert target.sentence(reached, CLASSIFIER) == \
         "target val_accuracy >= 0.97 reached at step 440 (19.57 epochs) in 62.0 s"
     missed = results.RunResult(step=675, target=results.TargetOutcome.of(target.Target("fid", 20.0, True), None))
-    assert missed.to_dict() == {"format_version": results.VERSION, "step": 675, "target": "fid:20",
-                                "target_reached": False, "time_to_target_s": None, "step_at_target": None,
-                                "epochs_at_target": None}
+    assert missed.target == results.TargetOutcome("fid:20", False, None, None, None)
     assert target.sentence(missed, best=23.25) == "target fid <= 20 not reached in 675 steps (best 23.25)"
     assert target.sentence(results.RunResult(step=3)) == ""
 
