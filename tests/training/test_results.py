@@ -157,18 +157,22 @@ def _readers(directory: str) -> dict:
 
 def test_renaming_every_key_in_results_py_changes_no_readers_answer(tmp_path, monkeypatch):
     """Done when renaming a metrics.json key touches one file: with every key of ``results.KEYS`` renamed there
-    (and nothing else changed), the same run written under the new names reads the same to resume's target
-    check (the outcome), the report (which shows the new names), plan, the tools and the GAN's FID."""
+    (its old name kept as ``earlier``, the version raised; nothing else changed), the same run written under the
+    new names reads the same to resume's target check (the outcome), the report (which shows the new names),
+    plan, the tools and the GAN's FID; and a file of the previous format still reads the same."""
     result = results.parse(dict(VERSION_1, trained=False, reason="one class"))
     (tmp_path / "config.yaml").write_text("global_batch_size: 1024\ntrain_steps: 20\n")
     (tmp_path / "history.jsonl").write_text("".join(json.dumps({"kind": "train", "step": s, "step_time_ms": 40.0})
                                                     + "\n" for s in (10, 20)))
     results.write(str(tmp_path), result)
-    before = _readers(str(tmp_path))
-    monkeypatch.setattr(results, "KEYS", tuple(dataclasses.replace(key, name=f"renamed_{key.name}")
-                                               for key in results.KEYS))
+    before, previous_format = _readers(str(tmp_path)), results.parse(VERSION_1)
+    monkeypatch.setattr(results, "KEYS", tuple(dataclasses.replace(key, name=f"renamed_{key.name}",
+                                                                   earlier=(key.name,)) for key in results.KEYS))
+    monkeypatch.setattr(results, "VERSION", results.VERSION + 1)
+    assert results.parse(VERSION_1) == previous_format  # read by the names it had
     results.write(str(tmp_path), result)
     assert "renamed_time_to_target_s" in json.loads((tmp_path / "metrics.json").read_text())
+    assert dataclasses.replace(results.read(str(tmp_path)), version=result.version) == result
     after = _readers(str(tmp_path))
     after["report"] = [line.replace("renamed_", "") for line in after["report"]]  # its key table sorts by name
     after["report"], before["report"] = sorted(after["report"]), sorted(before["report"])

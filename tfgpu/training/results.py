@@ -104,13 +104,16 @@ class RunResult:
 @dataclasses.dataclass(frozen=True)
 class Key:
     """A key of metrics.json: its ``name`` there, the ``section`` of RunResult holding it ("" = RunResult itself)
-    and the ``attribute``, the JSON types it may hold (``nullable``: null too) and what it means."""
+    and the ``attribute``, the JSON types it may hold (``nullable``: null too) and what it means. ``earlier``:
+    the names it had in earlier versions, which files of those versions are read by (a rename adds one here and
+    raises VERSION)."""
     name: str
     section: str
     attribute: str
     types: tuple
     meaning: str
     nullable: bool = False
+    earlier: tuple = ()
 
     def get(self, result: RunResult | None):
         holder = getattr(result, self.section) if self.section and result is not None else result
@@ -208,7 +211,6 @@ def parse(content, where: str = FILE, flag: str = "model_dir") -> RunResult:
 
     if not isinstance(content, dict):
         raise bad(f"it holds a {type(content).__name__}, not an object")
-    by_name = {key.name: key for key in KEYS}
     version_key = next(key for key in KEYS if not key.section and key.attribute == "version")
     version = content.get(version_key.name, 1)
     if not _is(version, _INT) or version < 1:
@@ -216,6 +218,7 @@ def parse(content, where: str = FILE, flag: str = "model_dir") -> RunResult:
     if version > VERSION:
         raise ConfigError(flag, f"{where} has {version_key.name} {version}, newer than this tfgpu reads "
                           f"({VERSION}); upgrade tfgpu to read it")
+    by_name = {name: key for key in KEYS for name in ((key.name,) + (key.earlier if version < VERSION else ()))}
     own, sections, values = {"version": version}, {name: {} for name in _SECTIONS}, {}
     for name, value in content.items():
         key = by_name.get(name)
