@@ -143,7 +143,7 @@ def _train_in_process(config):
     """Trains like python -m tfgpu.train (without export and report); returns (final metrics, layer weights)."""
     try:
         built = experiment.setup(config)
-        metrics = built.trainer.train()
+        metrics = built.trainer.train().to_dict()  # as metrics.json holds them
         return metrics, {layer.name: layer.get_weights() for layer in built.task.model.layers if layer.weights}
     finally:
         keras.backend.clear_session(free_memory=False)

@@ -14,6 +14,7 @@ step reads and whether it evaluates without an eval split. The trainer and the
 report read these declarations, so they name no task and no task's metric.
 """
 import abc
+import dataclasses
 
 from tfgpu.config import Config, ConfigError
 from tfgpu.training.metric_specs import MetricSpec  # noqa: F401  (re-exported: tasks declare their metrics with it)
@@ -122,14 +123,16 @@ class Task(abc.ABC):
         so the trainer traces its step again."""
         return False
 
-    def parameter_counts(self) -> dict:
-        """Parameter counts for metrics.json and the report, e.g. {"parameters": n, "trainable_parameters": m}."""
-        return {}
-
     def model_facts(self) -> dict:
         """What metrics.json and the export's ``<name>.input.json`` state about what the models give, e.g.
         {"model_output": "probabilities"}; strings only."""
         return {}
+
+    # -- what the task adds to the run's results (metrics.json: tfgpu.training.results) ----------------
+    def extend_result(self, result):
+        """The run's ``results.RunResult`` with what the task adds: by default its ``model_facts`` among the values
+        (a task that counts its parameters sets ``parameters`` too)."""
+        return dataclasses.replace(result, values={**result.values, **self.model_facts()})
 
     def describe(self) -> str:
         """One line about the models (parameters, FLOPs) for the start-of-run log."""

@@ -17,6 +17,7 @@ its layer (a subclassed model), from the probabilities in float32, clipped at ``
 head is refused: it scores each class on its own, which one softmax over the classes does not train. A model whose
 first layer is ``Rescaling(1/255)`` (it expects 0..255 pixels) is refused unless --input_range=0,255.
 """
+import dataclasses
 import logging
 
 import keras
@@ -24,7 +25,7 @@ import tensorflow as tf
 
 from tfgpu.config import ConfigError, InputConfig, OptimizationConfig, PrecisionConfig
 from tfgpu.runtime import precision
-from tfgpu.training import optimizers
+from tfgpu.training import optimizers, results
 from tfgpu.models import create_model, get_spec, heads
 from tfgpu.models.summary import count_params
 from tfgpu.tasks.base import MetricSpec, Task, register_task
@@ -132,11 +133,11 @@ class ClassificationTask(Task):
                  f"{count_params(self.model):,}")
         return True
 
-    def parameter_counts(self):
-        counts = {"parameters": self.num_parameters, "trainable_parameters": count_params(self.model)}
-        if self.freezer and self.config.unfreeze_at_step:
-            counts["trainable_parameters_before_unfreeze"] = self.num_trainable_while_frozen
-        return counts
+    def extend_result(self, result):
+        counts = results.ParameterCounts(self.num_parameters, count_params(self.model),
+                                         self.num_trainable_while_frozen if self.freezer and
+                                         self.config.unfreeze_at_step else None)
+        return super().extend_result(dataclasses.replace(result, parameters=counts))
 
     @property
     def jit_compile(self) -> bool:

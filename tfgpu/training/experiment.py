@@ -4,7 +4,6 @@ Everything that can be checked cheaply is checked before the first heavy step,
 so a bad option costs seconds, not a compiled model.
 """
 import dataclasses
-import json
 import logging
 import os
 import re
@@ -12,8 +11,7 @@ import time
 
 from tfgpu.config import Config, ConfigError, DatasetConfig, RuntimeConfig, TrainerConfig
 from tfgpu.config_sources import save_yaml
-from tfgpu.runtime.fileio import atomic_write_bytes
-from tfgpu.training import config_change, exporting
+from tfgpu.training import config_change, exporting, results
 from tfgpu.training.history import PhaseTimer
 
 log = logging.getLogger("tfgpu")
@@ -159,7 +157,7 @@ def _check_batches(config: Config, num_replicas: int) -> None:
 
 
 def run(config: Config, startup: PhaseTimer | None = None) -> dict:
-    """Trains (or resumes) the run described by ``config``; returns the final metrics the chief writes.
+    """Trains (or resumes) the run described by ``config``; returns metrics.json's object (every worker).
     ``startup``: the entrypoint's timer, started when the process did (--target's time_to_target_s counts from
     there) with its ``imports`` marked before TensorFlow's; default a timer started now."""
     started = time.time()
@@ -172,7 +170,7 @@ def run(config: Config, startup: PhaseTimer | None = None) -> dict:
     built.trainer.started_at = startup.started_at
     config, placement, task = built.config, built.placement, built.task  # config: --precision=auto resolved
     try:
-        metrics = built.trainer.train()
+        result = built.trainer.train()
     except tf.errors.InvalidArgumentError as e:
         # An image that does not decode fails inside tf.data, whose error names neither shard nor record.
         found = find_undecodable_image(built.info) if "IteratorGetNext" in e.message else None
@@ -182,10 +180,9 @@ def run(config: Config, startup: PhaseTimer | None = None) -> dict:
                           f"{found[0]}: record {found[1]} holds an image that does not decode ({found[2]}); convert "
                           "the dataset again (--skip_corrupt_records skips unreadable records, not such images)"
                           ) from None
-    metrics.update({"task": config.task, "model": config.model, "precision": config.precision,
-                    "strategy": placement.kind, "num_replicas": placement.num_replicas,
-                    "num_workers": placement.num_workers, "global_batch_size": config.global_batch_size,
-                    "wall_time_s": round(time.time() - started, 1)})
+    result = dataclasses.replace(result, wall_time_s=round(time.time() - started, 1), facts=results.RunFacts(
+        config.task, config.model, config.precision, placement.kind, placement.num_replicas, placement.num_workers,
+        config.global_batch_size))
     if placement.is_chief:
         # After the last record: the trainer's teardown (its input pipeline), then the outputs, phase by phase.
         shutdown = PhaseTimer(built.trainer.history.last_time or time.time(), "shutdown", "the outputs written")
@@ -193,13 +190,12 @@ def run(config: Config, startup: PhaseTimer | None = None) -> dict:
         exported = exporting.export_model(task, os.path.join(config.model_dir, "export", "model.keras"))
         exporting.write_description(config, built.info, exported, task.model_facts())
         shutdown.mark("export")
-        atomic_write_bytes(os.path.join(config.model_dir, "metrics.json"),
-                           json.dumps(metrics, indent=2, sort_keys=True).encode())
+        results.write(config.model_dir, result)
         _write_report(config.model_dir)
         shutdown.mark("metrics_and_report")
-        built.trainer.history.write("shutdown", metrics["step"], shutdown.record())
+        built.trainer.history.write("shutdown", result.step, shutdown.record())
         log.info("%s", shutdown.describe())
-    return metrics
+    return result.to_dict()
 
 
 def find_undecodable_image(info):
