@@ -35,16 +35,31 @@ def register_task(name: str):
 
 
 def get_task(name: str):
-    from tfgpu.tasks import classification  # noqa: F401  (registers)
+    """The Task class registered as ``name``, after importing every module ``tfgpu.tasks.TASK_MODULES`` names (a
+    module missing from the installation is left out; an error inside one is raised)."""
+    from tfgpu.tasks import TASK_MODULES
 
-    try:
-        __import__("tfgpu.tasks.gan.task")
-    except ModuleNotFoundError as e:
-        if e.name != "tfgpu.tasks.gan.task":
-            raise
+    for module in TASK_MODULES:
+        try:
+            __import__(module)
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                raise
     if name not in _TASKS:
         raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(_TASKS))}")
     return _TASKS[name]
+
+
+def unpack_batch(batch):
+    """``(x, y, sample_weight)`` of a batch in Keras' contract (``x``, ``(x,)``, ``(x, y)`` or ``(x, y,
+    sample_weight)``, each of any structure); absent parts are None. Every task unpacks its batches here."""
+    if isinstance(batch, list):
+        batch = tuple(batch)
+    if not isinstance(batch, tuple):
+        return batch, None, None
+    if not 1 <= len(batch) <= 3:
+        raise ValueError(f"a batch is (x, y, sample_weight) at most, got a tuple of {len(batch)}")
+    return (*batch, *(None,) * (3 - len(batch)))
 
 
 class Task(abc.ABC):
@@ -72,6 +87,20 @@ class Task(abc.ABC):
         # The trainer's step counter (a tf.Variable), set before ``build``. It counts every step, skipped or
         # not, and learning-rate schedules follow it (optimizer.iterations counts only applied updates).
         self.global_step = None
+
+    def examples(self):
+        """What a record holds and how it becomes ``(x, y)``, for the input pipelines (``data.records.Examples``;
+        this default: an image and one class index)."""
+        from tfgpu.config import InputConfig
+        from tfgpu.data.records import Examples
+
+        return Examples(InputConfig.of(self.config), self.info)
+
+    def model_output(self) -> tuple:
+        """What the model must output, for ``models.create_model``'s check: (shape after the batch dimension,
+        what that is, as a phrase). This default: one logit per class."""
+        n = self.info.num_classes
+        return (n,), f"a classifier of {n} classes must give logits of shape (batch, {n})"
 
     @abc.abstractmethod
     def build(self) -> None:
@@ -141,7 +170,8 @@ class Task(abc.ABC):
 
     def model_facts(self) -> dict:
         """What metrics.json and the export's ``<name>.input.json`` state about what the models give, e.g.
-        {"model_output": "probabilities"}; strings only."""
+        {"model_output": "probabilities"}; strings only. ``"output_meaning"`` is the export's description of
+        its output (``training.exporting``: by default "logits, one per class ...")."""
         return {}
 
     def describe(self) -> str:
