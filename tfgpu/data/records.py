@@ -183,7 +183,8 @@ def explain_read_error(info: DatasetInfo, error: tf.errors.OpError):
     problem = re.search(rf"\[{RECORD_ERROR}\] \[(.*?)\] \[(\d+)\] \[([^\]]*)\]", error.message or "")
     if problem:
         split, key = problem.group(1), int(problem.group(2))
-        return f"{info.split_files[split][key >> 32][0]}: record {key & 0xFFFFFFFF} {problem.group(3)}"
+        said = re.sub(r"\\(['\"\\])", r"\1", problem.group(3))  # the Assert's message escapes quotes
+        return f"{info.split_files[split][key >> 32][0]}: record {key & 0xFFFFFFFF} {said}"
     match = re.search(rf"\[{LABEL_ERROR}\] \[(.*?)\] \[(\d+)\] \[(-?\d+)\]", error.message or "")
     if not match:
         return None
