@@ -5,4 +5,5 @@ list)."""
 TASK_MODULES = (
     "tfgpu.tasks.classification",
     "tfgpu.tasks.gan.task",
+    "tfgpu.tasks.multilabel",
 )
