@@ -249,7 +249,8 @@ def eval_dataset_fn(config: InputConfig, info: DatasetInfo, steps: int, examples
             records = records.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
 
         def parse(key, serialized):
-            return (*examples.example(serialized, info.eval_split, key), tf.constant(1.0))
+            x, y, *weight = examples.example(serialized, info.eval_split, key)
+            return x, y, tf.cast(weight[0], tf.float32) if weight else tf.constant(1.0)
 
         ds = records.map(_no_autograph(parse), num_parallel_calls=workers, deterministic=True)
         if config.cache:

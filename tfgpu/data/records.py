@@ -146,7 +146,8 @@ class Examples:
 
     def example(self, serialized, split: str, key, seed=None):
         """``(x, y)`` of one serialized record of ``split`` (``key``: its identity for errors); ``seed`` given:
-        augmented for training."""
+        augmented for training. A task may return ``(x, y, sample_weight)``: the weight of the example in the
+        loss and the metrics (evaluation's padding has weight 0)."""
         features = tf.io.parse_single_example(serialized, self.feature_spec())
         return self.image(features, seed), self.label(features, split, key)
 
