@@ -202,3 +202,20 @@ def test_it_trains_and_resumes_exactly_on_two_replicas(digits_multilabel, tmp_pa
     assert straight.keys() == resumed.keys()
     for name in straight:
         np.testing.assert_array_equal(resumed[name], straight[name], err_msg=name)
+
+
+@register_model("test_multilabel_three_logits")
+def _three_logits(input_shape, num_classes, **_):
+    inputs = keras.Input(input_shape)
+    return keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Flatten()(inputs)))
+
+
+def test_a_model_without_one_logit_per_label_is_one_line_naming_model(base):
+    from tfgpu.models import create_model
+
+    info = dataclasses.replace(_INFO, classes=("even", "at_least_5", "prime", "closed_loop"))
+    task = multilabel.MultiLabelTask(base, info, None, 1)
+    with pytest.raises(ConfigError) as error:
+        create_model("test_multilabel_three_logits", (8, 8, 1), 4, output=task.model_output())
+    assert str(error.value) == ("--model: test_multilabel_three_logits gives outputs of shape (None, 3); a multi-label "
+                                "model of 4 labels must give one logit per label, shape (batch, 4)")
