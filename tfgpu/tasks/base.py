@@ -12,6 +12,13 @@ which are plotted and how, which count skipped non-finite steps), what the
 report adds for it (``report_sections``, ``report_options``), how many batches a
 step reads and whether it evaluates without an eval split. The trainer and the
 report read these declarations, so they name no task and no task's metric.
+
+What differs per task has a hook whose default is classification's: what a record
+holds and how it becomes ``(x, y)`` (``examples``), what the model must output
+(``model_output``), how the export's output is described (``model_facts``'s
+``output_meaning``). Batches follow Keras' ``(x, y, sample_weight)`` contract,
+unpacked by ``unpack_batch``. A task registers itself with ``@register_task`` in
+its own module, named once in ``tfgpu.tasks.TASK_MODULES``.
 """
 import abc
 
