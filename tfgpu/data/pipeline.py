@@ -146,7 +146,7 @@ def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, re
             key, serialized = element
             if record_keys:
                 return key
-            features = tfrecord.parse_example(serialized, labelled=labelled)
+            features = tfrecord.parse_example(serialized, labelled=labelled, keys=info.record_keys)
             image = augment.preprocess_train(features, config.image_size, c, config.augment, index,
                                              config.input_range)
             label = features[tfrecord.LABEL]
@@ -254,7 +254,7 @@ def eval_dataset_fn(config: InputConfig, info: DatasetInfo, steps: int):
         labelled = info.num_classes > 0
 
         def parse(key, serialized):
-            features = tfrecord.parse_example(serialized, labelled=labelled)
+            features = tfrecord.parse_example(serialized, labelled=labelled, keys=info.record_keys)
             image = augment.preprocess_eval(features, config.image_size, c, config.augment, config.input_range)
             label = features[tfrecord.LABEL]
             if labelled:

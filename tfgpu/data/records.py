@@ -134,14 +134,18 @@ def explain_read_error(info: DatasetInfo, error: tf.errors.OpError):
     index = key & 0xFFFFFFFF
     if label == tfrecord.MISSING_LABEL:
         damaged = info.damaged.get(filename)
+        keys = info.record_keys
         problem = tfrecord.missing_feature(shards.read_record(filename, info.compression, index, damaged),
-                                           tfrecord.REQUIRED_WITH_CLASSES)
-        return (f"{filename}: record {index} {problem or 'has no ' + repr(tfrecord.LABEL)}; the {split!r} split needs "
-                f"a label in every record (under {tfrecord.LABEL!r}, as tensorflow/models writes ImageNet)")
-    return (f"{filename}: record {index} has label {label}, outside [0, {info.num_classes}) for the "
+                                           keys.required(labelled=True))
+        return (f"{filename}: record {index} {problem or 'has no ' + repr(keys.label)}; the {split!r} split needs "
+                f"a label in every record (under {keys.label!r}, {info.directory}/{tfrecord.MANIFEST}'s record "
+                "keys)")
+    offset = info.record_keys.label_offset
+    stored = f" (stored {label - offset}, label_offset {offset})" if offset else ""
+    return (f"{filename}: record {index} has label {label}{stored}, outside [0, {info.num_classes}) for the "
             f"{info.num_classes} classes of {info.directory}/{tfrecord.MANIFEST}; labels must be class indices from 0 "
-            "(1-based labels, as some ImageNet TFRecords have, need 1 subtracted), or the manifest must list every "
-            "class")
+            "(1-based labels, as some ImageNet TFRecords have, need 1 subtracted: tfgpu.convert "
+            "--source=tfrecord:GLOB --label_offset=-1), or the manifest must list every class")
 
 
 def train_records(info: DatasetInfo) -> int:

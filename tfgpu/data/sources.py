@@ -135,6 +135,7 @@ class Source:
     notices: list = dataclasses.field(default_factory=list)  # one line each, printed before converting
     not_converted: dict = dataclasses.field(default_factory=dict)  # reason (folders.REASONS) -> [paths]
     followed_outside: list = dataclasses.field(default_factory=list)  # images taken through links leaving their class
+    in_place: object = None  # foreign.InPlace: a tfrecord: source's own shards, for a manifest reading them in place
 
 
 def parse_split_spec(spec: str) -> list:
@@ -212,11 +213,16 @@ def _cut(pool, parts, seed):
 
 # -- opening sources ----------------------------------------------------------------------------------------------
 
-def open_source(source: str, tfds_data_dir: str = "", download: bool = False) -> Source:
-    """Resolves ``--source``: a folder, a .csv/.tsv, a .npz, ``tfds:NAME`` or a built-in dataset name."""
+def open_source(source: str, tfds_data_dir: str = "", download: bool = False, record_keys=None) -> Source:
+    """Resolves ``--source``: a folder, a .csv/.tsv, a .npz, ``tfds:NAME``, ``tfrecord:GLOB`` (read by
+    ``record_keys``, a tfrecord.RecordKeys) or a built-in dataset name."""
     if not source:
-        raise ConfigError("source", "is required: an image folder, a .csv/.tsv, a .npz, tfds:NAME or "
+        raise ConfigError("source", "is required: an image folder, a .csv/.tsv, a .npz, tfds:NAME, tfrecord:GLOB or "
                           f"{' | '.join(builtin.BUILTIN)}")
+    if source.startswith("tfrecord:"):
+        from tfgpu.data import foreign, tfrecord
+
+        return foreign.open_tfrecords(source[len("tfrecord:"):], record_keys or tfrecord.OWN_KEYS)
     if source.startswith("tfds:"):
         from tfgpu.data.tfds_source import open_tfds
 
@@ -233,7 +239,7 @@ def open_source(source: str, tfds_data_dir: str = "", download: bool = False) ->
     if source in builtin.BUILTIN:
         return open_builtin(source)
     raise ConfigError("source", f"{source} does not exist (expected an image folder, a .csv/.tsv, a .npz, "
-                      f"tfds:NAME or one of {', '.join(builtin.BUILTIN)})")
+                      f"tfds:NAME, tfrecord:GLOB or one of {', '.join(builtin.BUILTIN)})")
 
 
 def open_folder(root: str) -> Source:
