@@ -43,8 +43,13 @@ class TfdsPayload:
 
         builder = _tfds_builder(self.name, self.data_dir)
         decoders = {self.image_key: tfds.decode.SkipDecoding()} if self.encoded else None
-        ds = builder.as_dataset(split=f"{self.split}[{self.lo}:{self.hi}]", decoders=decoders, shuffle_files=False)
-        for i, example in enumerate(ds.as_numpy_iterator(), start=self.lo):
+        split = f"{self.split}[{self.lo}:{self.hi}]"
+        if _file_format(builder.info) == "tfrecord":
+            stored = builder.as_dataset(split=split, decoders=decoders, shuffle_files=False).as_numpy_iterator()
+        else:  # array_record (TFDS reads it as a random-access data source only)
+            source = builder.as_data_source(split=split, decoders=decoders)
+            stored = (source[i] for i in range(len(source)))
+        for i, example in enumerate(stored, start=self.lo):
             name = f"{self.split}/{i}"
             yield name, int(example[self.label_key]), example[self.image_key], f"tfds:{self.name}[{name}]"
 
@@ -140,6 +145,11 @@ def _image_and_label(builder, name: str):
     return image_key, label_key
 
 
+def _file_format(info) -> str:
+    """The builder's file format: tfrecord (TFDS's default), array_record, ..."""
+    return getattr(info.file_format, "value", info.file_format) or "tfrecord"
+
+
 def why_copied(builder, name: str) -> str:
     """Why a prepared builder's own files cannot be read in place by tfgpu's pipeline, or "": they must be
     TFRecords of tf.train.Example (TFDS's default file format) whose image is stored encoded (PNG/JPEG, 8-bit)
@@ -148,7 +158,7 @@ def why_copied(builder, name: str) -> str:
 
     info = builder.info
     image_key, _ = _image_and_label(builder, name)
-    file_format = getattr(info.file_format, "value", info.file_format) or "tfrecord"
+    file_format = _file_format(info)
     if file_format != "tfrecord":
         return f"its records are stored as {file_format} files, not TFRecords"
     image = info.features[image_key]
