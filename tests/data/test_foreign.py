@@ -7,12 +7,14 @@ import collections
 import glob
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.data.test_convert import convert, manifest, read_back
+from tests.data.test_convert import REPO, convert, manifest, read_back
 from tfgpu.config import Config, ConfigError
 from tfgpu.data import builtin, catalog, tfrecord
 
@@ -37,12 +39,13 @@ def model_garden_record(image, label, drop=(), **keys):
 
 
 def write_model_garden(directory, n_train=40, n_val=20, shards=2, offset=1, drop=None, **keys):
-    """train-0000i-of-0000N and validation-00000-of-00001 with the first digits, labels ``+ offset``; ``drop``:
-    (shard, record, keys) whose record leaves those keys out. Returns {split: [(image, 0-based label)]}."""
+    """train-0000i-of-0000N and validation-00000-of-00001 with the first digits of the built-in train and val
+    splits, labels ``+ offset``; ``drop``:
+    ((split, shard), record, keys) whose record leaves those keys out. Returns {split: [(image, 0-based label)]}."""
     os.makedirs(directory, exist_ok=True)
-    x, y = builtin.load_builtin("digits")["splits"]["train"]
-    data = {"train": list(zip(x[:n_train], y[:n_train])), "validation": list(zip(x[n_train:n_train + n_val],
-                                                                                  y[n_train:n_train + n_val]))}
+    splits = builtin.load_builtin("digits")["splits"]
+    data = {name: list(zip(splits[split][0][:n], splits[split][1][:n]))
+            for name, split, n in (("train", "train", n_train), ("validation", "val", n_val))}
     for split, examples in data.items():
         count = shards if split == "train" else 1
         bounds = np.linspace(0, len(examples), count + 1).astype(int)
@@ -194,16 +197,23 @@ def test_source_shards_of_one_name_in_two_folders_are_checked_apart(tmp_path):
     assert info.split_sizes == {"train": 12}
 
 
-def test_the_manifest_version(tmp_path):
-    """A manifest without format_version is version 1 and loads; a version this tfgpu does not know stops in one
-    line naming it."""
-    entry = tfrecord.write_arrays(str(tmp_path), "train", np.zeros((4, 2, 2, 1), np.uint8), np.arange(4) % 2, 1)
-    body = {"name": "v1", "classes": ["a", "b"], "compression": "none", "splits": {"train": entry},
-            "image_shape": {"height": 2, "width": 2, "channels": 1}}
-    (tmp_path / tfrecord.MANIFEST).write_text(json.dumps(body))
-    assert tfrecord.read_manifest(str(tmp_path))["name"] == "v1"
-    (tmp_path / tfrecord.MANIFEST).write_text(json.dumps({**body, "format_version": 3}))
-    with pytest.raises(ValueError) as error:
-        tfrecord.read_manifest(str(tmp_path))
-    assert str(error.value) == (f"{tmp_path}/dataset.json: format_version 3 is not one this tfgpu reads (1, 2): "
-                                "upgrade tfgpu, or convert the dataset with this one")
+@pytest.mark.slow
+def test_training_on_model_garden_records_reaches_the_accuracy_of_the_same_images_from_folders(tmp_path):
+    """The digits as Model Garden-style records with 1-based labels, read in place with --label_offset=-1, train
+    configs/quickstart.flags to the val_accuracy the same PNG images reach converted from class folders."""
+    data = write_model_garden(str(tmp_path / "src"), n_train=1438, n_val=359)
+    assert len(data["train"]) + len(data["validation"]) == 1797  # every digit
+    for split, examples in (("train", data["train"]), ("val", data["validation"])):
+        for i, (image, label) in enumerate(examples):
+            path = tmp_path / "folders" / split / str(label) / f"{i}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(tf.io.encode_png(image).numpy())
+    assert convert(f"--source=tfrecord:{tmp_path}/src/*", "--label_offset=-1", f"--output_dir={tmp_path / 'mg'}")[0] == 0
+    assert convert(f"--source={tmp_path}/folders", f"--output_dir={tmp_path / 'fo'}")[0] == 0
+    accuracy = {}
+    for name in ("mg", "fo"):
+        subprocess.run([sys.executable, "-m", "tfgpu.train", f"--flagfile={REPO}/configs/quickstart.flags",
+                        f"--data_dir={tmp_path / name}", f"--model_dir={tmp_path / ('run-' + name)}",
+                        "--precision=float32"], check=True, cwd=REPO, capture_output=True)
+        accuracy[name] = json.loads((tmp_path / f"run-{name}" / "metrics.json").read_text())["val_accuracy"]
+    assert accuracy["mg"] >= 0.97 and abs(accuracy["mg"] - accuracy["fo"]) <= 0.02, accuracy

@@ -61,8 +61,10 @@ class InPlace:
                     index, reason = scan.bad[0]
                     return f"record {index} of {scan.path} {reason}"
                 if scan.changed:
+                    from tfgpu.data.convert import ADJUSTED
+
                     index, how = scan.changed[0]
-                    return f"record {index} of {scan.path} would be stored changed ({how})"
+                    return f"record {index} of {scan.path} would be stored changed ({how}: {ADJUSTED[how]})"
         return ""
 
     def first_bad(self):
@@ -129,18 +131,13 @@ def scan_shard(path: str, keys: tfrecord.RecordKeys) -> ShardScan:
             else:
                 stats.add(found[0], shape)
                 if adjusted:
-                    changed.append((index, ADJUSTED[adjusted]))
+                    changed.append((index, adjusted))
         if isinstance(found, str):
             bad.append((index, found))
             labels.append(-1)
         else:
             labels.append(found[0])
     return ShardScan(path, walked.sha256, list(walked.offsets), np.asarray(labels, np.int64), bad, changed, stats)
-
-
-ADJUSTED = {encode.ADJUSTED_EXIF: "turned upright by its EXIF orientation",
-            encode.ADJUSTED_TIFF: "TIFF, which TensorFlow cannot decode, stored as PNG",
-            encode.ADJUSTED_CHANNELS: "not decodable at the dataset's channels, stored as PNG"}
 
 
 def split_of(path: str):
