@@ -77,7 +77,7 @@ def expected_images(seed):
     return collections.Counter((label, image.tobytes()) for image, label in tiny_tfds_examples(20, seed))
 
 
-def test_a_tfds_dataset_of_one_name_in_another_data_dir_or_prepared_again_is_converted_anew(tfds_dir, tmp_path):
+def test_a_tfds_dataset_of_one_name_in_another_data_dir_or_prepared_again_gets_its_own_cache_entry(tfds_dir, tmp_path):
     """--dataset=tfds:NAME trains on the data --tfds_data_dir holds now: another data dir holding a dataset of the
     same name, or the same data dir prepared again, gets its own cache entry (a dataset.json naming its shards)."""
     def prepare(data_dir):

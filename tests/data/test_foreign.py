@@ -208,7 +208,8 @@ def test_training_on_model_garden_records_reaches_the_accuracy_of_the_same_image
             path = tmp_path / "folders" / split / str(label) / f"{i}.png"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(tf.io.encode_png(image).numpy())
-    assert convert(f"--source=tfrecord:{tmp_path}/src/*", "--label_offset=-1", f"--output_dir={tmp_path / 'mg'}")[0] == 0
+    assert convert(f"--source=tfrecord:{tmp_path}/src/*", "--label_offset=-1",
+                   f"--output_dir={tmp_path / 'mg'}")[0] == 0
     assert convert(f"--source={tmp_path}/folders", f"--output_dir={tmp_path / 'fo'}")[0] == 0
     accuracy = {}
     for name in ("mg", "fo"):

@@ -253,7 +253,8 @@ class Cache:
 
     Under the data cache, not beside the data: a dataset directory may be read-only, shared, or a bucket, and a
     stray file there would make the converter take it for someone else's output. Entries are keyed by shard
-    name (path, for a shard outside the directory) and checked against size and modification time, so a changed shard is scanned again."""
+    name (path, for a shard outside the directory) and checked against size and modification time, so a changed
+    shard is scanned again."""
 
     def __init__(self, cache_dir: str, directory: str):
         key = hashlib.sha256(fileio.absolute(directory).encode()).hexdigest()[:20]
