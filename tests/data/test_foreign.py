@@ -218,3 +218,15 @@ def test_training_on_model_garden_records_reaches_the_accuracy_of_the_same_image
                         "--precision=float32"], check=True, cwd=REPO, capture_output=True)
         accuracy[name] = json.loads((tmp_path / f"run-{name}" / "metrics.json").read_text())["val_accuracy"]
     assert accuracy["mg"] >= 0.97 and abs(accuracy["mg"] - accuracy["fo"]) <= 0.02, accuracy
+
+
+def test_training_on_foreign_shards_without_a_manifest_names_the_converter_route(tmp_path):
+    """--data_dir at another tool's shards: the one line says how to read them in place."""
+    write_model_garden(str(tmp_path / "src"), n_train=4, n_val=2, shards=1)
+    with pytest.raises(ConfigError) as error:
+        catalog.prepare(Config(model_dir="unused", data_dir=str(tmp_path / "src")))
+    assert str(error.value) == (
+        f"--data_dir: {tmp_path}/src/dataset.json not found: '{tmp_path}/src' is not a converted tfgpu dataset (or "
+        "its conversion did not finish); its files look like TFRecords another tool wrote: `python -m tfgpu.convert "
+        f"--source='tfrecord:{tmp_path}/src/*' --output_dir=DIR` reads them in place (with --label_offset=-1 for "
+        "1-based labels)")

@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 
 import numpy as np
 import tensorflow as tf
@@ -150,7 +151,10 @@ def read_manifest(directory: str) -> dict:
     if not fileio.exists(path):
         raise FileNotFoundError(
             f"{path} not found: {directory!r} is not a converted tfgpu dataset (or its conversion did not finish); "
-            "run `python -m tfgpu.convert --source=... --output_dir=...` first")
+            + (f"its files look like TFRecords another tool wrote: `python -m tfgpu.convert "
+               f"--source='tfrecord:{directory.rstrip('/')}/*' --output_dir=DIR` reads them in place (with "
+               "--label_offset=-1 for 1-based labels)" if _holds_tfrecords(directory) else
+               "run `python -m tfgpu.convert --source=... --output_dir=...` first"))
     try:
         manifest = json.loads(fileio.read_text(path))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -158,6 +162,16 @@ def read_manifest(directory: str) -> dict:
                          "convert the dataset again") from None
     _check_manifest(path, manifest)
     return manifest
+
+
+def _holds_tfrecords(directory: str) -> bool:
+    """Whether ``directory`` holds files named as TFRecord shards are (``*.tfrecord``, ``train-00000-of-01024``);
+    one listing, on the way to an error only."""
+    try:
+        names = fileio.listdir(directory) if fileio.isdir(directory) else []
+    except OSError:
+        return False
+    return any(re.search(r"\.tfrecords?$|-\d+-of-\d+$", name) for name in names)
 
 
 def _check_manifest(path: str, manifest) -> None:
