@@ -161,3 +161,21 @@ def test_a_tfds_dataset_tfgpu_cannot_read_in_place_is_copied_saying_why(tmp_path
             "array_record files, not TFRecords") in caplog.messages
     assert info.directory.startswith(str(tmp_path / "cache")) and len(glob.glob(f"{info.directory}/*.tfrecord")) == 2
     assert train_images(info) == expected_images(0)
+
+
+@pytest.mark.slow
+def test_training_on_a_tfds_dataset_read_in_place(tfds_dir, tmp_path):
+    """tfgpu.train --dataset=tfds:NAME trains and evaluates on the builder's own shards: no shard in the cache."""
+    import subprocess
+    import sys
+
+    from tests.data.test_convert import REPO
+
+    cache, run = tmp_path / "cache", tmp_path / "run"
+    subprocess.run([sys.executable, "-m", "tfgpu.train", "--dataset=tfds:tfgpu_tiny_shapes",
+                    f"--tfds_data_dir={tfds_dir}", f"--data_cache_dir={cache}", f"--model_dir={run}",
+                    "--model=small_cnn", "--global_batch_size=4", "--train_steps=10", "--precision=float32"],
+                   check=True, cwd=REPO, capture_output=True)
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["step"] == 10 and metrics["val_examples"] == 6
+    assert not [f for f in glob.glob(f"{cache}/**", recursive=True) if "tfrecord" in os.path.basename(f)]
