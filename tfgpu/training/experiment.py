@@ -202,7 +202,8 @@ def find_undecodable_image(info):
     channels = info.image_shape[2]
 
     def decodes(serialized):
-        return tf.size(tfrecord.decode_image(tfrecord.parse_example(serialized, keys=info.record_keys), channels)) >= 0
+        features = tfrecord.parse_example(serialized, keys=info.record_keys)
+        return tf.size(tfrecord.decode_image(features, channels)) >= 0
 
     for split in dict.fromkeys((info.train_split, info.eval_split)):
         for filename, num_examples in info.split_files.get(split, ()):
