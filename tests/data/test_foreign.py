@@ -164,6 +164,10 @@ def test_other_keys_and_a_glob_matching_nothing(tmp_path, capsys):
                    capsys=capsys)[0] == 0
     info = catalog.prepare(Config(model_dir="unused", data_dir=str(out), data_cache_dir=str(tmp_path / "cache")))
     assert pipeline_examples(info, "train") == expected(data["train"])
+    code, _, err = convert(f"--source=tfrecord:{source}/*", "--image_key=jpg", "--label_key=cls", "--num_shards=1",
+                           f"--output_dir={tmp_path / 'one'}", capsys=capsys)
+    assert code == 0 and "--num_shards/--shard_size_mb re-shard them" in err
+    assert len(manifest(tmp_path / "one")["splits"]["train"]["shards"]) == 1
     code, _, err = convert(f"--source=tfrecord:{tmp_path}/nothing-*", f"--output_dir={tmp_path / 'o2'}",
                            capsys=capsys)
     assert code == 1 and err.strip() == f"error: --source: tfrecord:{tmp_path}/nothing-* matches no file"

@@ -240,6 +240,8 @@ def rewrites(o) -> str:
         return "--image_format/--resize re-encode the images"
     if o.compression != "none":
         return f"--compression={o.compression} compresses them"
+    if o.num_shards or o.shard_size_mb:
+        return "--num_shards/--shard_size_mb re-shard them"
     return ""
 
 
