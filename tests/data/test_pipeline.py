@@ -62,6 +62,21 @@ def test_each_epoch_is_a_fresh_permutation_of_the_split(digits, cache):
     assert first != second
 
 
+def test_a_global_seed_of_0_reads_every_epoch_as_a_permutation(digits):
+    """--seed=0 sets TensorFlow's global seed to 0, under which TF compared the epochs' tensor shuffle seeds with 0
+    in Python and failed before the first step (every run with --seed=0)."""
+    import tensorflow as tf
+
+    config, info = digits(global_batch_size=1)
+    tf.random.set_seed(0)
+    try:
+        batches = pipeline.train_dataset_fn(input_config(config), info, 0)(_ctx()).take(2 * 1438)
+        keys = [_key(x[0]) for x, _ in batches.as_numpy_iterator()]
+    finally:
+        tf.random.set_seed(None)
+    assert collections.Counter(keys[:1438]) == collections.Counter(keys[1438:]) and keys[:1438] != keys[1438:]
+
+
 def test_eval_sees_every_example_exactly_once_across_pipelines(digits):
     config, info = digits(global_batch_size=64, eval_batch_size=40)
     seen = collections.Counter()

@@ -88,9 +88,22 @@ def _pipeline_seed(config: InputConfig, pipeline_id: int) -> int:
     return config.seed * 1_000_003 + pipeline_id
 
 
+def _graph_seed_not_zero():
+    """TensorFlow compares an op seed with 0 in Python when the graph's seed is 0 (``--seed=0`` sets the global
+    seed), which fails for the tensor seeds an epoch is shuffled with (computed from the epoch number inside
+    ``flat_map``). So the traced epoch function's own graph, never the user's global seed, then gets another."""
+    graph = tf.compat.v1.get_default_graph()
+    if graph.seed == 0:
+        graph.seed = _SEED_FOR_GLOBAL_SEED_ZERO
+
+
+_SEED_FOR_GLOBAL_SEED_ZERO = 0x5EED
+
+
 def _ordinary_epoch(config: InputConfig, segment_ds, num_segments, read, share, epoch_size, pipeline_id, e,
                     cached=None):
     """Epoch ``e`` of one pipeline's share: its segments and records shuffled with seeds of (seed, e, pipeline)."""
+    _graph_seed_not_zero()
     seed = _pipeline_seed(config, pipeline_id)
     if cached is not None:
         records = cached
@@ -264,6 +277,17 @@ def eval_dataset_fn(config: InputConfig, info: DatasetInfo, steps: int, examples
         return _with_options(ds.prefetch(tf.data.AUTOTUNE), config, True)
 
     return dataset_fn
+
+
+def split_examples(examples: Examples, split: str):
+    """Every readable record of ``split`` once, in a fixed order, as the task's unbatched examples (``(x, y)`` or
+    ``(x, y, sample_weight)``; not augmented, labels checked, unreadable records read around): for a split read
+    on the host, as a GAN reads real images for FID."""
+    info = examples.info
+    reader = Segments(info, split, [(i, 0, n) for i, (_, n) in enumerate(readable_files(info, split))])
+    records = segment_records(reader, reader.dataset, tf.data.AUTOTUNE)
+    return records.map(_no_autograph(lambda key, serialized: examples.example(serialized, split, key)),
+                       num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
 def steps_per_epoch(config: InputConfig, info: DatasetInfo) -> float:

@@ -187,21 +187,15 @@ class GanEvaluation:
         return self._real_features
 
     def _read_split(self, split: str, limit: int):
-        """Up to ``limit`` (images in [-1, 1], labels) of ``split``, in file order (host memory)."""
-        from tfgpu.data import augment, tfrecord
+        """Up to ``limit`` (images in [-1, 1], labels) of ``split``, in a fixed order (host memory), read as the
+        input pipelines read it (the manifest's keys, labels checked, unreadable records read around)."""
+        from tfgpu.data import pipeline
 
-        h, w, c = self.info.image_shape
-        files = [f for f, _ in self.info.split_files[split]]
-        records = tf.data.TFRecordDataset(files, compression_type="GZIP" if self.info.compression == "gzip"
-                                          else None)
-
-        def parse(serialized):
-            features = tfrecord.parse_example(serialized, keys=self.info.record_keys)
-            return augment.preprocess_eval(features, h, c), features[tfrecord.LABEL]
-
+        examples = pipeline.split_examples(self.examples(), split).take(limit)
+        batches = examples.map(lambda x, y, *weight: (x, y), num_parallel_calls=tf.data.AUTOTUNE).batch(512)
         images, labels = [], []
         # Released off-thread: its destruction can wait up to the read's length (training/loop.py: Feed)
-        with loop.Feed(iter(records.take(limit).map(parse, num_parallel_calls=tf.data.AUTOTUNE).batch(512))) as feed:
+        with loop.Feed(iter(batches)) as feed:
             for x, y in feed.iterator:
                 images.append(x.numpy())
                 labels.append(y.numpy())
