@@ -147,6 +147,21 @@ def test_the_recorded_config_yaml_round_trips_to_no_change(resumable):
     assert config_change.check(config_change.read_recorded(str(resumable)), config) == []
 
 
+def test_a_gan_run_recorded_before_task_sections_resumes_and_its_options_are_compared(resumable):
+    """The GAN's options live in its section now; config.yaml an earlier tfgpu wrote (flat keys) still resumes
+    unchanged, and a changed --n_critic is named with its recorded and new value."""
+    import pathlib
+
+    fixture = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "gan_config_before_task_sections.yaml"
+    (resumable / "config.yaml").write_text(fixture.read_text())
+    recorded = config_change.read_recorded(str(resumable))
+    same = config_sources.resolve({"model_dir": str(resumable)}, str(fixture), references=False)
+    assert config_change.check(recorded, same) == []
+    with pytest.raises(ConfigError, match=r"n_critic 2 -> 5\. Pass --allow_config_change=n_critic "):
+        config_change.check(recorded, config_sources.resolve({"model_dir": str(resumable), "n_critic": 5}, str(fixture),
+                                                             references=False))
+
+
 @pytest.mark.parametrize("content, reason", [
     (b"global_batch_size: [32\n", "is not valid YAML"),
     (b"\xff\xfe binary", "is not a UTF-8 text file"),
