@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from tfgpu.training import experiment, metric_specs, trainer
 from tfgpu.config import Config
-from tfgpu.tasks.base import MetricSpec, Task, register_task
+from tfgpu.tasks.base import MetricSpec, Task, register_task, unpack_batch
 from tfgpu.tasks.registry import get_task, input_config
 
 
@@ -137,3 +137,32 @@ def test_metric_declarations_round_trip_and_reject_nonsense():
         metric_specs.Declarations((MetricSpec("b"),))  # a file from another version gives what it can
     with pytest.raises(ValueError, match="'x' is plotted in 'p' but names no panel"):
         MetricSpec("x", plot="p")
+
+
+def test_every_task_module_named_in_the_one_list_registers_and_the_list_imports_no_tensorflow():
+    import subprocess
+    import sys
+
+    from tfgpu.tasks import TASK_MODULES, base
+
+    light = subprocess.run([sys.executable, "-c", "import sys, tfgpu.tasks; assert 'tensorflow' not in sys.modules"],
+                           capture_output=True, text=True)
+    assert light.returncode == 0, light.stderr[-2000:]
+    with pytest.raises(ValueError, match="unknown task 'segmentation'; known tasks: ") as error:
+        get_task("segmentation")
+    named = {name: cls.__module__ for name, cls in base._TASKS.items() if cls.__module__ in TASK_MODULES}
+    assert set(TASK_MODULES) == set(named.values()) and {"classification", "gan"} <= named.keys()
+    assert all(name in str(error.value) for name in named)
+
+
+@pytest.mark.parametrize("batch, expected", [
+    ("x", ("x", None, None)), (("x",), ("x", None, None)), (("x", "y"), ("x", "y", None)),
+    (["x", "y", "w"], ("x", "y", "w")), ((("x1", "x2"), {"a": "y"}), (("x1", "x2"), {"a": "y"}, None)),
+])
+def test_a_batch_unpacks_as_keras_unpacks_it(batch, expected):
+    assert unpack_batch(batch) == expected == tuple(keras.utils.unpack_x_y_sample_weight(batch))
+
+
+def test_a_batch_of_four_parts_is_refused():
+    with pytest.raises(ValueError, match=r"a batch is \(x, y, sample_weight\) at most, got a tuple of 4"):
+        unpack_batch(("x", "y", "w", "z"))

@@ -50,22 +50,23 @@ REQUIRED_WITH_CLASSES = {**REQUIRED, LABEL: "int64_list"}
 # The input pipeline parses a record without a label as this, and stops on it (it is below every class index),
 # so the error can name the record (a required feature's own parse error names neither file nor record).
 MISSING_LABEL = -(1 << 63)
-_LABELLED_SPEC = {**FEATURE_SPEC, LABEL: tf.io.FixedLenFeature([], tf.int64, default_value=MISSING_LABEL)}
+LABELLED_SPEC = {**FEATURE_SPEC, LABEL: tf.io.FixedLenFeature([], tf.int64, default_value=MISSING_LABEL)}
 
 
 def shard_name(split: str, index: int, num_shards: int) -> str:
     return f"{split}-{index:05d}-of-{num_shards:05d}.tfrecord"
 
 
-def make_example(encoded: bytes, image_format: str, label: int, height: int, width: int, channels: int,
+def make_example(encoded: bytes, image_format: str, label, height: int, width: int, channels: int,
                  filename: str = "") -> bytes:
-    """Serializes one image record; ``encoded`` is PNG/JPEG bytes or raw uint8 HWC."""
+    """Serializes one image record; ``encoded`` is PNG/JPEG bytes or raw uint8 HWC; ``label`` one int (a class
+    index) or a sequence of ints (a task's label vector, e.g. multi-label's 0/1 per label)."""
 
     def b(v):
         return tf.train.Feature(bytes_list=tf.train.BytesList(value=[v]))
 
     def i(v):
-        return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v)]))
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(x) for x in np.ravel(v)]))
 
     features = {
         ENCODED: b(encoded), FORMAT: b(image_format.encode()), LABEL: i(label),
@@ -187,7 +188,7 @@ def write_arrays(directory: str, split: str, images: np.ndarray, labels: np.ndar
 def parse_example(serialized, labelled: bool = False):
     """Parses one serialized record into the feature dict of ``FEATURE_SPEC``; ``labelled``: a record without a
     label gets ``MISSING_LABEL`` (for the input pipeline's label check) instead of -1."""
-    return tf.io.parse_single_example(serialized, _LABELLED_SPEC if labelled else FEATURE_SPEC)
+    return tf.io.parse_single_example(serialized, LABELLED_SPEC if labelled else FEATURE_SPEC)
 
 
 def missing_feature(serialized: bytes, required: dict) -> str:

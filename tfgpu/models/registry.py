@@ -45,17 +45,19 @@ def get_spec(name: str) -> ModelSpec:
                      "MODULE:FUNCTION or path/to/file.py:FUNCTION")
 
 
-def create_model(name: str, input_shape, num_classes: int, **kwargs) -> keras.Model:
-    """Builds model ``name``; its output is cast to float32 whatever the policy. A user's model whose logits are
-    not ``(batch, num_classes)`` is ``ConfigError(model)``."""
+def create_model(name: str, input_shape, num_classes: int, output: tuple | None = None, **kwargs) -> keras.Model:
+    """Builds model ``name``; its output is cast to float32 whatever the policy. ``output``: what the task needs
+    the model to give (``Task.model_output``: shape after the batch dimension, the requirement as a phrase;
+    default one logit per class); a model that gives another shape is ``ConfigError(model)``."""
+    shape_needed, requirement = output or ((num_classes,), f"a classifier of {num_classes} classes must give "
+                                                           f"logits of shape (batch, {num_classes})")
     spec = get_spec(name)
     model = float32_outputs(spec.builder(tuple(input_shape), num_classes, **kwargs), input_shape)
     shape = tuple(model.outputs[0].shape)
-    if shape[1:] != (num_classes,):
+    if shape[1:] != tuple(shape_needed):
         from tfgpu.config import ConfigError
 
-        raise ConfigError("model", f"{name} gives outputs of shape {shape}; a classifier of {num_classes} classes "
-                          f"must give logits of shape (batch, {num_classes})")
+        raise ConfigError("model", f"{name} gives outputs of shape {shape}; {requirement}")
     return model
 
 

@@ -12,6 +12,13 @@ which are plotted and how, which count skipped non-finite steps), what the
 report adds for it (``report_sections``, ``report_options``), how many batches a
 step reads and whether it evaluates without an eval split. The trainer and the
 report read these declarations, so they name no task and no task's metric.
+
+What differs per task has a hook whose default is classification's: what a record
+holds and how it becomes ``(x, y)`` (``examples``), what the model must output
+(``model_output``), how the export's output is described (``model_facts``'s
+``output_meaning``). Batches follow Keras' ``(x, y, sample_weight)`` contract,
+unpacked by ``unpack_batch``. A task registers itself with ``@register_task`` in
+its own module, named once in ``tfgpu.tasks.TASK_MODULES`` (``tasks.registry`` imports what it names).
 """
 import abc
 import dataclasses
@@ -33,6 +40,18 @@ def register_task(name: str):
         return cls
 
     return decorator
+
+
+def unpack_batch(batch):
+    """``(x, y, sample_weight)`` of a batch in Keras' contract (``x``, ``(x,)``, ``(x, y)`` or ``(x, y,
+    sample_weight)``, each of any structure); absent parts are None. Every task unpacks its batches here."""
+    if isinstance(batch, list):
+        batch = tuple(batch)
+    if not isinstance(batch, tuple):
+        return batch, None, None
+    if not 1 <= len(batch) <= 3:
+        raise ValueError(f"a batch is (x, y, sample_weight) at most, got a tuple of {len(batch)}")
+    return (*batch, *(None,) * (3 - len(batch)))
 
 
 class Task(abc.ABC):
@@ -60,6 +79,20 @@ class Task(abc.ABC):
         # The trainer's step counter (a tf.Variable), set before ``build``. It counts every step, skipped or
         # not, and learning-rate schedules follow it (optimizer.iterations counts only applied updates).
         self.global_step = None
+
+    def examples(self):
+        """What a record holds and how it becomes ``(x, y)``, for the input pipelines (``data.records.Examples``;
+        this default: an image and one class index)."""
+        from tfgpu.config import InputConfig
+        from tfgpu.data.records import Examples
+
+        return Examples(InputConfig.of(self.config), self.info)
+
+    def model_output(self) -> tuple:
+        """What the model must output, for ``models.create_model``'s check: (shape after the batch dimension,
+        what that is, as a phrase). This default: one logit per class."""
+        n = self.info.num_classes
+        return (n,), f"a classifier of {n} classes must give logits of shape (batch, {n})"
 
     @abc.abstractmethod
     def build(self) -> None:
@@ -125,7 +158,8 @@ class Task(abc.ABC):
 
     def model_facts(self) -> dict:
         """What metrics.json and the export's ``<name>.input.json`` state about what the models give, e.g.
-        {"model_output": "probabilities"}; strings only."""
+        {"model_output": "probabilities"}; strings only. ``"output_meaning"`` is the export's description of
+        its output (``training.exporting``: by default "logits, one per class ...")."""
         return {}
 
     # -- what the task adds to the run's results (metrics.json: tfgpu.training.results) ----------------

@@ -1,15 +1,18 @@
 """Finding a task by ``--task`` name, and what its declarations give a run's other sections.
 
-Tasks register themselves with ``tasks.base.register_task``; this module imports the task modules, so the
+Tasks register themselves with ``tasks.base.register_task``; this module imports the task modules
+``tfgpu.tasks.TASK_MODULES`` names (one line per task), so the
 registrations have run before a name is looked up (the task modules import ``base``, never this module).
 """
+import importlib
+
 from tfgpu.config import Config, InputConfig
-from tfgpu.tasks import base
+from tfgpu.tasks import TASK_MODULES, base
 
 
 def _import_tasks():
-    from tfgpu.tasks import classification  # noqa: F401  (registers)
-    from tfgpu.tasks.gan import task  # noqa: F401  (registers)
+    for module in TASK_MODULES:  # each registers its task on import
+        importlib.import_module(module)
 
 
 def get_task(name: str):

@@ -143,7 +143,8 @@ class Trainer:
     def _profile_input(self, start_step: int) -> dict:
         return input_profile.measure(
             self.strategy, lambda dataset_fn: loop.input_iterator(self.strategy, self.placement, dataset_fn),
-            pipeline.train_dataset_fn(self.inputs, self.info, start_step, plan=self._plan), self._train_loop,
+            pipeline.train_dataset_fn(self.inputs, self.info, start_step, plan=self._plan,
+                                      examples=self.task.examples()), self._train_loop,
             {"step": self.step, **self.task.checkpoint_items()}, self.inputs.global_batch_size,
             self.inputs.examples_per_step, self.skipped_run.reset)
 
@@ -328,7 +329,8 @@ class Trainer:
             steps = pipeline.eval_steps(self.inputs, self.info, self.placement.num_workers,
                                         self.placement.num_replicas)
             with loop.Feed(loop.input_iterator(self.strategy, self.placement,
-                                               pipeline.eval_dataset_fn(self.inputs, self.info, steps))) as feed:
+                                               pipeline.eval_dataset_fn(self.inputs, self.info, steps,
+                                                                        self.task.examples()))) as feed:
                 sums, _ = self._eval_loop(feed.iterator, tf.constant(steps))
             return loop.as_floats(sums)
 
@@ -427,7 +429,8 @@ class Trainer:
             # Released on leaving the block, an error or a preemption included (loop.Feed: TF can block that)
             with loop.Feed(loop.input_iterator(self.strategy, self.placement,
                                                pipeline.train_dataset_fn(self.inputs, self.info, step,
-                                                                         plan=self._plan))) as feed:
+                                                                         plan=self._plan,
+                                                                         examples=self.task.examples()))) as feed:
                 profiled = self._profile_input(step) if config.profile_input else None
                 progress = Progress(config.verbose, self.total_steps, step, self.chief,
                                     [s.name for s in self.declarations.metrics if s.progress],
