@@ -86,7 +86,7 @@ class Task(abc.ABC):
         from tfgpu.config import InputConfig
         from tfgpu.data.records import Examples
 
-        return Examples(InputConfig.of(self.config), self.info)
+        return Examples(InputConfig.of(self.config, self.batches_per_step(self.config)), self.info)
 
     def model_output(self) -> tuple:
         """What the model must output, for ``models.create_model``'s check: (shape after the batch dimension,

@@ -81,7 +81,7 @@ class MultiLabelTask(ClassificationTask):
     )
 
     def examples(self):
-        return MultiLabelExamples(InputConfig.of(self.config), self.info)
+        return MultiLabelExamples(InputConfig.of(self.config, self.batches_per_step(self.config)), self.info)
 
     def model_output(self):
         n = self.info.num_classes
