@@ -148,8 +148,15 @@ class Examples:
         """``(x, y)`` of one serialized record of ``split`` (``key``: its identity for errors); ``seed`` given:
         augmented for training. A task may return ``(x, y, sample_weight)``: the weight of the example in the
         loss and the metrics (evaluation's padding has weight 0)."""
-        features = tf.io.parse_single_example(serialized, self.feature_spec())
+        features = self.parse(serialized)
         return self.image(features, seed), self.label(features, split, key)
+
+    def parse(self, serialized) -> dict:
+        """The record's features: by ``feature_spec``, or, for another writer's records read in place (the
+        manifest's ``record_keys``), its image and label under tfgpu's names, the label offset added."""
+        if self.info.record_keys != tfrecord.OWN_KEYS:
+            return tfrecord.parse_example(serialized, labelled=self.labelled, keys=self.info.record_keys)
+        return tf.io.parse_single_example(serialized, self.feature_spec())
 
     def synthetic_labels(self, rng: np.random.Generator, count: int) -> np.ndarray:
         """``count`` random targets for --dataset=synthetic."""
@@ -194,14 +201,18 @@ def explain_read_error(info: DatasetInfo, error: tf.errors.OpError):
     index = key & 0xFFFFFFFF
     if label == tfrecord.MISSING_LABEL:
         damaged = info.damaged.get(filename)
+        keys = info.record_keys
         problem = tfrecord.missing_feature(shards.read_record(filename, info.compression, index, damaged),
-                                           tfrecord.REQUIRED_WITH_CLASSES)
-        return (f"{filename}: record {index} {problem or 'has no ' + repr(tfrecord.LABEL)}; the {split!r} split needs "
-                f"a label in every record (under {tfrecord.LABEL!r}, as tensorflow/models writes ImageNet)")
-    return (f"{filename}: record {index} has label {label}, outside [0, {info.num_classes}) for the "
+                                           keys.required(labelled=True))
+        return (f"{filename}: record {index} {problem or 'has no ' + repr(keys.label)}; the {split!r} split needs "
+                f"a label in every record (under {keys.label!r}, {info.directory}/{tfrecord.MANIFEST}'s record "
+                "keys)")
+    offset = info.record_keys.label_offset
+    stored = f" (stored {label - offset}, label_offset {offset})" if offset else ""
+    return (f"{filename}: record {index} has label {label}{stored}, outside [0, {info.num_classes}) for the "
             f"{info.num_classes} classes of {info.directory}/{tfrecord.MANIFEST}; labels must be class indices from 0 "
-            "(1-based labels, as some ImageNet TFRecords have, need 1 subtracted), or the manifest must list every "
-            "class")
+            "(1-based labels, as some ImageNet TFRecords have, need 1 subtracted: tfgpu.convert "
+            "--source=tfrecord:GLOB --label_offset=-1), or the manifest must list every class")
 
 
 def train_records(info: DatasetInfo) -> int:

@@ -135,6 +135,7 @@ class Source:
     notices: list = dataclasses.field(default_factory=list)  # one line each, printed before converting
     not_converted: dict = dataclasses.field(default_factory=dict)  # reason (folders.REASONS) -> [paths]
     followed_outside: list = dataclasses.field(default_factory=list)  # images taken through links leaving their class
+    in_place: object = None  # foreign.InPlace: a tfrecord: source's own shards, for a manifest reading them in place
 
 
 def parse_split_spec(spec: str) -> list:

@@ -209,7 +209,8 @@ def find_undecodable_image(info):
     channels = info.image_shape[2]
 
     def decodes(serialized):
-        return tf.size(tfrecord.decode_image(tfrecord.parse_example(serialized), channels)) >= 0
+        features = tfrecord.parse_example(serialized, keys=info.record_keys)
+        return tf.size(tfrecord.decode_image(features, channels)) >= 0
 
     for split in dict.fromkeys((info.train_split, info.eval_split)):
         for filename, num_examples in info.split_files.get(split, ()):
@@ -221,7 +222,7 @@ def find_undecodable_image(info):
             try:
                 for index, serialized in enumerate(records):
                     try:
-                        tfrecord.decode_image(tfrecord.parse_example(serialized), channels)
+                        tfrecord.decode_image(tfrecord.parse_example(serialized, keys=info.record_keys), channels)
                     except tf.errors.InvalidArgumentError as e:
                         reason = re.sub(r"\{\{.*?\}\}", "", e.message).strip().split("\n")[0]
                         return filename, index, reason.split(" [Op:")[0]
