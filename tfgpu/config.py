@@ -1,10 +1,12 @@
-"""The one frozen run configuration: every option, its default, type, help and checks of its value.
+"""The one frozen run configuration: every shared option, its default, type, help and checks of its value, and
+the run's task's own options section (``TaskOptions``; e.g. the GAN's in ``tasks/gan/options.py``).
 
 Precedence, lowest to highest: field defaults < YAML file (``--config``) < flagfile and command line (command line
-last, so it wins); ``tfgpu.config_sources`` reads those sources and checks what the values name, because this
-module is a leaf that imports nothing from tfgpu. Every field becomes a flag of the same name, with the help text
-and group given here. The module is long (~450 lines) because it is the one declaration of every option; the
-sections below it only narrow that list, so they stay beside it.
+last, so it wins); ``tfgpu.config_sources`` reads those sources, builds the task's section from the flat values
+and checks what the values name, because this module is a leaf that imports nothing from tfgpu. Every option
+field (here or in a task's section) becomes a flag of the same name, with the help text and group given with it.
+The module is long (~450 lines) because it is the one declaration of every shared option; the sections below it
+only narrow that list, so they stay beside it.
 """
 import dataclasses
 import typing
@@ -220,7 +222,7 @@ class Config:
                         "-1 = bar on a terminal, lines otherwise.", "output", (-1, 0, 1, 2))
 
     # -- the task's own options (tasks/options.py), set as flat flags like the fields above ------------------
-    task_options: typing.Optional[TaskOptions] = dataclasses.field(default=None, metadata={"section": True})
+    task_options: typing.Optional[TaskOptions] = None
 
     # -- derived values -----------------------------------------------------
     @property
@@ -431,8 +433,8 @@ def fields() -> tuple:
     return tuple(f for f in dataclasses.fields(Config) if "group" in f.metadata)
 
 
-def field_type(f: dataclasses.Field, owner: type = Config):
-    hints = typing.get_type_hints(owner)
+def field_type(f: dataclasses.Field):
+    hints = typing.get_type_hints(Config)
     return hints[f.name]
 
 

@@ -25,10 +25,6 @@ class Option:
     kind: type
     task: str
 
-    @property
-    def name(self) -> str:
-        return self.field.name
-
 
 @functools.cache
 def options() -> dict:
