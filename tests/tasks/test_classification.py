@@ -61,8 +61,7 @@ class _ZeroTrainWeightsEvenEvalWeights(records.Examples):
 @register_task("test_weighted_classification")
 class _WeightedClassification(ClassificationTask):
     def examples(self):
-        inputs = InputConfig.of(self.config, self.batches_per_step(self.config))
-        return _ZeroTrainWeightsEvenEvalWeights(inputs, self.info)
+        return _ZeroTrainWeightsEvenEvalWeights(InputConfig.of(self.config, self.batches_per_step(self.config)), self.info)
 
 
 def test_sample_weights_from_a_tasks_records_weight_the_loss_and_the_evaluation(base, data_cache):
