@@ -81,12 +81,10 @@ def test_options_are_filed_and_described_for_the_tasks_that_read_them():
 
 
 def test_a_gan_refuses_an_input_range_other_than_its_tanh_range():
-    from tfgpu.config import Config
-
     with pytest.raises(ConfigError, match=r"^--input_range: GANs always use -1,1 \(the generator ends in tanh\)"):
-        Config(model_dir="d", dataset="digits", task="gan", input_range=(0.0, 1.0)).check_values()
-    Config(model_dir="d", dataset="digits", task="gan", input_range=(-1.0, 1.0)).check_values()
-    Config(model_dir="d", dataset="digits", input_range=(0.0, 1.0)).check_values()
+        config_sources.build(model_dir="d", dataset="digits", task="gan", input_range=(0.0, 1.0)).check_values()
+    config_sources.build(model_dir="d", dataset="digits", task="gan", input_range=(-1.0, 1.0)).check_values()
+    config_sources.build(model_dir="d", dataset="digits", input_range=(0.0, 1.0)).check_values()
 
 
 def test_an_input_range_float32_cannot_hold_is_refused_naming_the_flag():

@@ -254,6 +254,9 @@ FAKE_TENSORFLOW = "raise ImportError('tensorflow was imported')\n"
     (["--flagfile=missing.flags"], "error: --flagfile: file 'missing.flags' does not exist"),
     (["--recipe=quickstart", "--precision=fp8"], "error: --precision: 'fp8' is not one of"),
     (["--recipe=quickstart", "--eval_every=2days"], "error: --eval_every: '2days' is not a duration"),
+    (["--recipe=quickstart_gan", "--n_critic=0"], "error: --n_critic: must be positive, got 0"),
+    (["--recipe=quickstart", "--n_critic=2"], "error: --n_critic: is for --task=gan; this run is "
+                                              "--task=classification"),
 ])
 def test_a_bad_flag_or_value_is_one_line_before_tensorflow_is_imported(tmp_path, argv, error):
     """From an empty directory, with a `tensorflow` that fails on import first on the path: the error must be the

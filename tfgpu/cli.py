@@ -8,8 +8,9 @@ builds a ``cli.ArgumentParser``:
 - ``--flagfile=F`` (one ``--flag=value`` per line, ``#`` comments, nested flagfiles resolved next to the
   including file, an include cycle named by its files) is expanded before the command line, so the command
   line always wins;
-- ``add_config_flags`` declares ``Config`` fields as flags from ``config.py``'s own metadata (type, help,
-  choices, group), so a shared option is declared once: train takes all of them, evaluate/export/sample/
+- ``add_config_flags`` declares options as flags from their own metadata (type, help, choices, group): the
+  shared ``Config`` fields and each task's options section (``config_sources.options``), so an option is
+  declared once: train takes all of them, evaluate/export/sample/
   audit_input take them as overrides of a run's config, benchmark takes the model, data, precision and
   strategy ones. Booleans read ``--flag``, ``--noflag`` and ``--flag=true|false``; lists are comma separated.
 
@@ -30,7 +31,6 @@ from tfgpu.config import ConfigError
 __all__ = ["ArgumentParser", "ConfigError", "expand_flagfiles", "resolve", "wants_help"]
 
 HELP_FLAGS = ("-h", "--help", "--helpfull", "--helpshort", "-help")
-_FIELDS = {f.name: f for f in config_lib.fields()}
 # The recipes that ship with the package: the repository's configs/ (tfgpu/recipes links to it; a wheel holds
 # the files themselves).
 RECIPES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "recipes")
@@ -175,8 +175,8 @@ class _ConfigFlag(argparse.Action):
                 raise ConfigError(self.dest, f"{option_string} takes no value; use --{self.dest}={values}")
             value = False
         else:
-            value = config_lib.coerce(self.dest, "true" if values is None else values)
-        choices = _FIELDS[self.dest].metadata.get("choices")
+            value = config_sources.coerce(self.dest, "true" if values is None else values)
+        choices = config_sources.options()[self.dest].field.metadata.get("choices")
         if choices and value not in choices:
             raise ConfigError(self.dest, f"{value!r} is not one of {', '.join(map(str, choices))}")
         namespace.config_flags[self.dest] = value
@@ -261,11 +261,11 @@ class ArgumentParser(argparse.ArgumentParser):
                                    "the command line override it.")
         self.config_defaults.update(defaults or {})
         every = groups is None and not names
-        for f in config_lib.fields():
+        for option in config_sources.options().values():
+            f, kind = option.field, option.kind
             group = f.metadata["group"]
             if f.name in exclude or not (every or group in (groups or ()) or f.name in names):
                 continue
-            kind = config_lib.field_type(f)
             default = self.config_defaults.get(f.name, f.default)
             text = (helps or {}).get(f.name, f.metadata["help"])
             if f.metadata.get("choices"):

@@ -1,10 +1,12 @@
-"""The one frozen run configuration: every option, its default, type, help and checks of its value.
+"""The one frozen run configuration: every shared option, its default, type, help and checks of its value, and
+the run's task's own options section (``TaskOptions``; e.g. the GAN's in ``tasks/gan/options.py``).
 
 Precedence, lowest to highest: field defaults < YAML file (``--config``) < flagfile and command line (command line
-last, so it wins); ``tfgpu.config_sources`` reads those sources and checks what the values name, because this
-module is a leaf that imports nothing from tfgpu. Every field becomes a flag of the same name, with the help text
-and group given here. The module is long (~450 lines) because it is the one declaration of every option; the
-sections below it only narrow that list, so they stay beside it.
+last, so it wins); ``tfgpu.config_sources`` reads those sources, builds the task's section from the flat values
+and checks what the values name, because this module is a leaf that imports nothing from tfgpu. Every option
+field (here or in a task's section) becomes a flag of the same name, with the help text and group given with it.
+The module is long (~450 lines) because it is the one declaration of every shared option; the sections below it
+only narrow that list, so they stay beside it.
 """
 import dataclasses
 import typing
@@ -19,12 +21,45 @@ class ConfigError(ValueError):
         self.reason = message
 
 
-def _opt(default, help: str, group: str, choices: tuple | None = None):
+def option(default, help: str, group: str, choices: tuple | None = None):
+    """A field that is a flag of its own name: its default, help text, ``--help`` group and allowed values."""
     return dataclasses.field(default=default, metadata={"help": help, "group": group, "choices": choices})
+
+
+_opt = option
 
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")  # the policies; --precision also takes auto
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker_mirrored")
+
+
+def _check_choices(options) -> None:
+    """ConfigError naming the first field of ``options`` (a Config or a TaskOptions) outside its choices."""
+    for f in dataclasses.fields(options):
+        choices = f.metadata.get("choices")
+        if choices and getattr(options, f.name) not in choices:
+            raise ConfigError(f.name, f"{getattr(options, f.name)!r} is not one of {', '.join(map(str, choices))}")
+
+
+class TaskOptions:
+    """Base of a task's own options section: a frozen dataclass of ``option`` fields in the task's package
+    (``tasks/gan/options.py``), listed by task name in ``tasks/options.py``. Users set its fields as flat flags;
+    ``Config.task_options`` holds the run's instance and the task reads it as ``XOptions.of(config)``."""
+    task: typing.ClassVar[str]
+
+    @classmethod
+    def of(cls, config: "Config"):
+        """``config``'s section of this task: the one it holds, or the defaults when it was built without one."""
+        held = config.task_options
+        if held is None:
+            return cls()
+        if not isinstance(held, cls):
+            raise TypeError(f"the config of --task={config.task} holds {type(held).__name__}, not {cls.__name__}")
+        return held
+
+    def check(self, config: "Config") -> None:
+        """Checks the section's values (and rules tying them to the shared options); ConfigError naming the flag."""
+        _check_choices(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,36 +213,6 @@ class Config:
                                  "discriminator and generator updates separately); 0 = off.", "optimizer")
     grad_accum_steps: int = _opt(1, "Classification: split each per-replica batch into N micro-batches and sum "
                                  "their gradients (same step, 1/N activation memory).", "optimizer")
-    # -- gan ----------------------------------------------------------------
-    generator: str = _opt("", "GAN: your own generator builder, MODULE:FUNCTION or path/to/file.py:FUNCTION, with "
-                          "the GAN builders' signature; empty = the --model family's.", "gan")
-    discriminator: str = _opt("", "GAN: your own discriminator builder, MODULE:FUNCTION or path/to/file.py:FUNCTION; "
-                              "empty = the --model family's.", "gan")
-    latent_dim: int = _opt(128, "GAN: size of the generator's latent vector.", "gan")
-    conditional: bool = _opt(False, "GAN: class-conditional generator and discriminator.", "gan")
-    gan_loss: str = _opt("non_saturating", "GAN loss: non_saturating, minimax, wasserstein or hinge.", "gan",
-                         ("non_saturating", "minimax", "wasserstein", "hinge"))
-    gradient_penalty: float = _opt(0.0, "GAN: WGAN-GP gradient penalty weight (10 in the paper); 0 = off.", "gan")
-    r1_gamma: float = _opt(0.0, "GAN: R1 penalty weight on real images; 0 = off.", "gan")
-    n_critic: int = _opt(1, "GAN: discriminator steps per generator step.", "gan")
-    g_learning_rate: float = _opt(2e-4, "GAN: generator learning rate (not scaled with batch).", "gan")
-    d_learning_rate: float = _opt(2e-4, "GAN: discriminator learning rate; differs from the generator's for TTUR.",
-                                  "gan")
-    adam_beta1: float = _opt(0.5, "GAN: Adam beta_1 of both optimizers.", "gan")
-    adam_beta2: float = _opt(0.999, "GAN: Adam beta_2 of both optimizers.", "gan")
-    ema_decay: float = _opt(0.999, "GAN: decay of the generator weights' moving average used for evaluation "
-                            "and samples; 0 = off.", "gan")
-    diffaugment: str = _opt("", "GAN: DiffAugment policy, comma separated from color,translation,cutout; "
-                            "empty = off.", "gan")
-    fid_num_samples: int = _opt(2000, "GAN: generated and real images per FID/KID evaluation (up to the train "
-                                "split's size); FID is biased upward at small N, so compare FIDs at the same N.",
-                                "gan")
-    inception_weights: str = _opt("", "GAN: local weights file (.h5/.weights.h5) of Keras's ImageNet InceptionV3 "
-                                  "for FID/KID features (not the 2015 Inception graph behind published FIDs); "
-                                  "empty = --fid_feature_model_dir, or, when both are empty, a small classifier "
-                                  "trained automatically into <model_dir>/fid_features.", "gan")
-    fid_feature_model_dir: str = _opt("", "GAN: model_dir of a tfgpu classifier whose penultimate features "
-                                      "score FID/KID offline.", "gan")
     # -- output -------------------------------------------------------------
     tensorboard: bool = _opt(True, "Write TensorBoard scalars to <model_dir>/summaries.", "output")
     profile_input: bool = _opt(False, "Time the input pipeline alone against the train step and report the "
@@ -215,6 +220,9 @@ class Config:
     profile_steps: str = _opt("", "Capture a TensorBoard profile for steps A,B (e.g. 20,25).", "output")
     verbose: int = _opt(-1, "Progress output: 0 silent, 1 progress bar, 2 one line per loop; "
                         "-1 = bar on a terminal, lines otherwise.", "output", (-1, 0, 1, 2))
+
+    # -- the task's own options (tasks/options.py), set as flat flags like the fields above ------------------
+    task_options: typing.Optional[TaskOptions] = None
 
     # -- derived values -----------------------------------------------------
     @property
@@ -235,14 +243,14 @@ class Config:
         metric) is checked by ``tfgpu.config_sources.check_references``."""
         if not self.model_dir:
             raise ConfigError("model_dir", "is required (where checkpoints and metrics go)")
-        for name in ("global_batch_size", "steps_per_loop", "keep_checkpoints", "grad_accum_steps", "n_critic",
-                     "latent_dim", "fid_num_samples", "max_nonfinite_steps"):
+        for name in ("global_batch_size", "steps_per_loop", "keep_checkpoints", "grad_accum_steps",
+                     "max_nonfinite_steps"):
             if getattr(self, name) <= 0:
                 raise ConfigError(name, f"must be positive, got {getattr(self, name)}")
         for name in ("train_steps", "checkpoint_every_steps", "eval_every_steps", "eval_steps", "eval_batch_size",
                      "cpu_logical_devices", "image_size", "num_classes", "warmup_steps", "warmup_epochs",
-                     "weight_decay", "grad_clip_norm", "shuffle_buffer", "collective_timeout_s",
-                     "gradient_penalty", "r1_gamma", "ema_decay", "data_workers", "data_threadpool_size", "max_restarts"):
+                     "weight_decay", "grad_clip_norm", "shuffle_buffer", "collective_timeout_s", "data_workers",
+                     "data_threadpool_size", "max_restarts"):
             if getattr(self, name) < 0:
                 raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
         if self.train_steps == 0 and self.epochs <= 0:
@@ -266,9 +274,6 @@ class Config:
             # float32 flushes subnormal values to 0 and cannot tell 256 pixel levels apart in a sliver of a range
             raise ConfigError("input_range", f"{low:g},{high:g} is too narrow for float32 pixels: MAX - MIN must be at "
                               "least 1e-6 of the larger bound (and neither bound a subnormal number)")
-        if self.task == "gan" and tuple(self.input_range) != (-1.0, 1.0):
-            raise ConfigError("input_range", "GANs always use -1,1 (the generator ends in tanh); leave it unset "
-                              "with --task=gan")
         if self.unfreeze_at_step < 0:
             raise ConfigError("unfreeze_at_step", f"must be >= 0, got {self.unfreeze_at_step}")
         if self.unfreeze_at_step and not self.freeze:
@@ -283,15 +288,23 @@ class Config:
             raise ConfigError("init_skip_mismatch", "needs --init_weights=PATH")
         if self.data_service and not self.data_service.startswith(("grpc://", "grpc+local://")):
             raise ConfigError("data_service", f"{self.data_service!r} is not a grpc://host:port address")
-        for f in dataclasses.fields(self):
-            choices = f.metadata.get("choices")
-            if choices and getattr(self, f.name) not in choices:
-                raise ConfigError(f.name, f"{getattr(self, f.name)!r} is not one of {', '.join(map(str, choices))}")
+        _check_choices(self)
+        if self.task_options is not None:
+            if self.task_options.task != self.task:
+                raise ConfigError("task", f"this run is --task={self.task} but holds the options of "
+                                  f"--task={self.task_options.task}")
+            self.task_options.check(self)
         return self
 
+    def options(self) -> dict:
+        """Every option of this run by its flat (flag) name: the shared fields, then the task's section."""
+        held = (self, self.task_options) if self.task_options is not None else (self,)
+        return {f.name: getattr(source, f.name) for source in held for f in dataclasses.fields(source)
+                if "group" in f.metadata}
+
     def to_dict(self) -> dict:
-        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v)
-                for f in dataclasses.fields(self)}
+        """``options()`` as config.yaml records them (flat keys, lists for tuples)."""
+        return {name: list(value) if isinstance(value, tuple) else value for name, value in self.options().items()}
 
 
 class Section:
@@ -416,7 +429,8 @@ SECTIONS = (RuntimeConfig, PrecisionConfig, DatasetConfig, InputConfig, Optimiza
 
 
 def fields() -> tuple:
-    return dataclasses.fields(Config)
+    """The shared options (every task's); a task's own are its TaskOptions' (``config_sources.options``)."""
+    return tuple(f for f in dataclasses.fields(Config) if "group" in f.metadata)
 
 
 def field_type(f: dataclasses.Field):
@@ -424,14 +438,8 @@ def field_type(f: dataclasses.Field):
     return hints[f.name]
 
 
-def coerce(name: str, value):
-    """Converts a YAML/flag value to the field's type; raises ConfigError on a mismatch."""
-    by_name = {f.name: f for f in fields()}
-    if name not in by_name:
-        close = [n for n in by_name if n.split("_")[0] == name.split("_")[0]]
-        hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        raise ConfigError(name, f"unknown option{hint}")
-    kind = field_type(by_name[name])
+def coerce_to(name: str, kind: type, value):
+    """Converts a YAML/flag value of option ``name`` to ``kind``; raises ConfigError on a mismatch."""
     try:
         if kind is tuple:
             if isinstance(value, str):

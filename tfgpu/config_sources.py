@@ -3,12 +3,69 @@
 ``tfgpu.config`` holds and checks values and imports nothing from tfgpu; this module reads its sources (field
 defaults < a YAML file on any fileio scheme < flagfile and command line), writes the effective config.yaml, and
 checks the files, models, user code and --target metric the values name (``check_references``), the step that
-imports the model registry and with it Keras and TensorFlow.
+imports the model registry and with it Keras and TensorFlow. Options are flat everywhere a user sees them (flags,
+config.yaml); ``build`` puts a task's own options (``tasks/options.py``) into the run's section.
 """
+import dataclasses
+import functools
+import typing
+
 import yaml
 
+from tfgpu import config as config_lib
 from tfgpu import durations
-from tfgpu.config import Config, ConfigError, coerce
+from tfgpu.config import Config, ConfigError
+from tfgpu.tasks import options as task_options
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One flat option: its field (default, help, group, choices), its type, and the task it is for ("" = all)."""
+    field: dataclasses.Field
+    kind: type
+    task: str
+
+
+@functools.cache
+def options() -> dict:
+    """Every option by flat name: the shared ones (``Config``), then each task's section (``tasks/options.py``)."""
+    found = {f.name: Option(f, config_lib.field_type(f), "") for f in config_lib.fields()}
+    for task, section in task_options.SECTIONS.items():
+        hints = typing.get_type_hints(section)
+        found.update({f.name: Option(f, hints[f.name], task) for f in dataclasses.fields(section)})
+    return found
+
+
+def coerce(name: str, value):
+    """Converts a YAML/flag value to option ``name``'s type; ConfigError naming an unknown option or a mismatch."""
+    known = options()
+    if name not in known:
+        close = [n for n in known if n.split("_")[0] == name.split("_")[0]]
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise ConfigError(name, f"unknown option{hint}")
+    return config_lib.coerce_to(name, known[name].kind, value)
+
+
+def _other_task(name: str, task: str) -> ConfigError:
+    return ConfigError(name, f"is for --task={options()[name].task}; this run is --task={task}")
+
+
+def build(**values) -> Config:
+    """An unchecked Config from flat option values (as flags and config.yaml name them): the shared ones as its
+    fields, the run's task's own into its section (``task_options``). An option of another task is
+    ConfigError naming it and the task it is for. Tests build a GAN config this way:
+    ``build(task="gan", n_critic=2, ...)``."""
+    task = values.get("task", Config.task)
+    shared, own = {}, {}
+    for name, value in values.items():
+        if name not in options():
+            coerce(name, value)  # raises: unknown option, with the close names
+        owner = options()[name].task
+        if owner and owner != task:
+            raise _other_task(name, task)
+        (own if owner else shared)[name] = value
+    section = task_options.SECTIONS.get(task)
+    return Config(**shared, task_options=section(**own) if section else None)
 
 
 def load_yaml(path: str) -> dict:
@@ -52,13 +109,25 @@ def resolve(explicit: dict, yaml_path: str = "", references: bool = True) -> Con
                 raise ConfigError("config", f"{yaml_path}: {name}: {e.reason}") from None
     for name, value in explicit.items():
         values[name] = coerce(name, value)
+    if yaml_path:
+        _drop_other_tasks_defaults(values, explicit, yaml_path)
     from tfgpu.models import user  # a relative path/to/file.py:FUNCTION is saved absolute, to load from anywhere
 
     for name in user.FLAGS:
         if name in values:
             values[name] = user.absolute(values[name])
-    config = durations.check(Config(**values).check_values())
+    config = durations.check(build(**values).check_values())
     return check_references(config) if references else config
+
+
+def _drop_other_tasks_defaults(values: dict, explicit: dict, yaml_path: str) -> None:
+    """Removes the YAML's options of another task that hold their defaults (a config.yaml written before tasks had
+    sections records every option); one set to anything else is ConfigError naming the file and the option."""
+    task = values.get("task", Config.task)
+    for name in [n for n in values if n not in explicit and options()[n].task not in ("", task)]:
+        if values[name] != options()[name].field.default:
+            raise ConfigError("config", f"{yaml_path}: {name}: {_other_task(name, task).reason}")
+        del values[name]
 
 
 def check_references(config: Config) -> Config:
@@ -78,13 +147,12 @@ def check_references(config: Config) -> Config:
         raise
     except ValueError as e:
         raise ConfigError("model", str(e)) from None
-    for flag in ("generator", "discriminator"):
-        if getattr(config, flag):
-            if config.task != "gan":
-                raise ConfigError(flag, f"is for --task=gan; this run is --task={config.task}")
-            from tfgpu.models import user
+    from tfgpu.models import user
 
-            user.load(getattr(config, flag), flag)
+    named = config.options()
+    for flag in user.FLAGS:
+        if flag != "model" and named.get(flag):  # a task's own builders (the GAN's --generator, --discriminator)
+            user.load(named[flag], flag)
     return config
 
 

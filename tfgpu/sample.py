@@ -13,6 +13,7 @@ import sys
 from tfgpu import cli
 from tfgpu.config import ConfigError
 from tfgpu.runtime import fileio
+from tfgpu.tasks.gan.options import GanOptions
 from tfgpu.training import restore
 
 USAGE = ("python -m tfgpu.sample --model_dir=D [--num=64] [--out=PNG] [--checkpoint=PATH] [--raw] [--seed=N] "
@@ -50,7 +51,7 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    weights = "generator" if opts.raw or not config.ema_decay else "EMA generator"
+    weights = "generator" if opts.raw or not GanOptions.of(config).ema_decay else "EMA generator"
     print(f"wrote {opts.num} images from step {step} ({weights}) to {out}")
     return 0
 

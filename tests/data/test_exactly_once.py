@@ -22,6 +22,7 @@ import tensorflow as tf
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from tfgpu import config_sources
 from tfgpu.config import Config
 from tfgpu.data import pipeline, position, resume, tfrecord
 from tfgpu.tasks.registry import input_config
@@ -120,9 +121,10 @@ def check_exactly_once(sizes, pipelines, replicas, per_replica, batches_per_step
     info = pipeline.prepare(Config(model_dir="unused", data_dir=make_split(sizes)))
     total = sum(sizes)
     epoch = total // pipelines
-    config = Config(model_dir="unused", data_dir=info.directory, global_batch_size=per_replica * replicas * pipelines,
-                    task="gan" if batches_per_step > 1 else "classification", n_critic=batches_per_step,
-                    cache=cache, shuffle_buffer=shuffle_buffer, data_service=service_target, seed=7)
+    task = dict(task="gan", n_critic=batches_per_step) if batches_per_step > 1 else dict(task="classification")
+    config = config_sources.build(model_dir="unused", data_dir=info.directory, seed=7, cache=cache,
+                                  global_batch_size=per_replica * replicas * pipelines, shuffle_buffer=shuffle_buffer,
+                                  data_service=service_target, **task)
     consumed = resume_step * batches_per_step * replicas * per_replica
     epochs = [collections.Counter() for _ in range(num_epochs)]
     for p in range(pipelines):

@@ -5,6 +5,7 @@ import pytest
 from absl import flags
 
 from tfgpu import config_sources
+from tfgpu.tasks.gan.options import GanOptions
 
 _CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
 _RECIPES = ["imagenet_resnet50.flags", "cifar10_resnet56.flags", "cifar10_resnet20_bf16_cpu.flags",
@@ -67,7 +68,8 @@ def test_mnist5k_recipe_is_the_quickstarts_with_xla_and_its_own_data_sizes():
 def test_wgan_gp_recipe_keeps_the_papers_algorithm_1_defaults():
     """Gulrajani et al. 2017, Algorithm 1: lambda 10, n_critic 5, Adam(1e-4, beta_1=0, beta_2=0.9)."""
     resolved = config_sources.resolve({**_flags_in(_CONFIGS / "cifar10_wgan_gp.flags"), "model_dir": "/tmp/x"})
-    assert (resolved.task, resolved.model, resolved.gan_loss) == ("gan", "wgan_gp", "wasserstein")
-    assert (resolved.gradient_penalty, resolved.n_critic, resolved.global_batch_size) == (10.0, 5, 64)
-    assert (resolved.g_learning_rate, resolved.d_learning_rate) == (1e-4, 1e-4)
-    assert (resolved.adam_beta1, resolved.adam_beta2) == (0.0, 0.9)
+    gan = GanOptions.of(resolved)
+    assert (resolved.task, resolved.model, gan.gan_loss) == ("gan", "wgan_gp", "wasserstein")
+    assert (gan.gradient_penalty, gan.n_critic, resolved.global_batch_size) == (10.0, 5, 64)
+    assert (gan.g_learning_rate, gan.d_learning_rate) == (1e-4, 1e-4)
+    assert (gan.adam_beta1, gan.adam_beta2) == (0.0, 0.9)

@@ -261,7 +261,7 @@ def test_user_gan_networks_that_do_not_fit_the_task_are_one_line_naming_the_flag
 def test_gan_flags_are_checked_when_the_config_is_and_only_for_gans(gan_file, tmp_path):
     base = {"dataset": "digits", "model_dir": str(tmp_path), "task": "gan", "model": "dcgan"}
     config = config_sources.resolve({**base, "generator": f"{gan_file}:generator"})
-    assert config.generator == f"{gan_file}:generator"
+    assert config.options()["generator"] == f"{gan_file}:generator"
     with pytest.raises(ConfigError) as error:
         config_sources.resolve({**base, "discriminator": f"{gan_file}:critic"})
     assert "has no function 'critic'" in _one_line_naming(error.value, "discriminator")

@@ -8,23 +8,27 @@ import hypothesis.strategies as st
 import pytest
 import yaml
 
-from tfgpu import config as config_lib
 from tfgpu import config_sources
 from tfgpu.config import Config, ConfigError
 from tfgpu.training import config_change
 from tfgpu.training.history import History
 
 BASE = dict(model_dir="/runs/r", dataset="digits", model="small_cnn", global_batch_size=32)
-FIELDS = {f.name: f for f in config_lib.fields()}
+FIELDS = {name: option.field for name, option in config_sources.options().items()}
 
 
 def make(**values) -> Config:
-    return Config(**{**BASE, **values})
+    return config_sources.build(**{**BASE, **values})
+
+
+def value_of(config: Config, name: str):
+    """``name``'s value in ``config``; another task's option has its default there."""
+    return config.options().get(name, FIELDS[name].default)
 
 
 def recorded_from(config: Config, step: int = 40, **edits) -> config_change.Recorded:
     """What config.yaml would hold had ``config`` trained to ``step``, with ``edits`` as the recorded values."""
-    return config_change.Recorded("/runs/r/config.yaml", {**dataclasses.asdict(config), **edits}, step)
+    return config_change.Recorded("/runs/r/config.yaml", {**{name: value_of(config, name) for name in FIELDS}, **edits}, step)
 
 
 def other_value(name: str, value):
@@ -54,24 +58,24 @@ def test_every_option_is_either_compared_or_declared_safe_to_change_once():
 @hypothesis.given(name=st.sampled_from(config_change.TRAINED_FIELDS))
 def test_a_changed_field_that_changes_what_is_trained_stops_the_resume_naming_old_and_new(name):
     config = make()
-    old = other_value(name, getattr(config, name))
+    old = other_value(name, value_of(config, name))
     recorded = recorded_from(config, **{name: old})
     with pytest.raises(ConfigError) as e:
         config_change.check(recorded, config)
     message = str(e.value)
     assert "\n" not in message and e.value.flag == "allow_config_change"
-    assert config_change.Change(name, old, getattr(config, name)).describe() in message
+    assert config_change.Change(name, old, value_of(config, name)).describe() in message
     assert f"--allow_config_change={name} " in message and "step 40" in message
     # Allowed deliberately, the resume goes on with that one change.
     assert config_change.check(recorded, dataclasses.replace(config, allow_config_change=name)) == [
-        config_change.Change(name, old, getattr(config, name))]
+        config_change.Change(name, old, value_of(config, name))]
 
 
 @hypothesis.settings(max_examples=60, deadline=None)
 @hypothesis.given(name=st.sampled_from([n for names in config_change.SAFE.values() for n in names]))
 def test_a_field_that_does_not_change_what_is_trained_may_change_on_any_resume(name):
     config = make()
-    assert config_change.check(recorded_from(config, **{name: other_value(name, getattr(config, name))}),
+    assert config_change.check(recorded_from(config, **{name: other_value(name, value_of(config, name))}),
                                config) == []
 
 
@@ -141,6 +145,22 @@ def test_the_recorded_config_yaml_round_trips_to_no_change(resumable):
     config = make(model_dir=str(resumable), lr_decay_epochs=(30.0, 60.0), input_range=(0.0, 1.0))
     config_sources.save_yaml(config, str(resumable / "config.yaml"))
     assert config_change.check(config_change.read_recorded(str(resumable)), config) == []
+
+
+def test_a_gan_run_recorded_before_task_sections_resumes_and_its_options_are_compared(resumable):
+    """The GAN's options live in its section now; config.yaml an earlier tfgpu wrote (flat keys) still resumes
+    unchanged, and a changed --n_critic is named with its recorded and new value."""
+    import pathlib
+
+    fixture = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "gan_config_before_task_sections.yaml"
+    (resumable / "config.yaml").write_text(fixture.read_text())
+    recorded = config_change.read_recorded(str(resumable))
+    resume = {"model_dir": str(resumable)}
+    same = config_sources.resolve(resume, str(fixture), references=False)
+    assert config_change.check(recorded, same) == []
+    changed = config_sources.resolve({**resume, "n_critic": 5}, str(fixture), references=False)
+    with pytest.raises(ConfigError, match=r"n_critic 2 -> 5\. Pass --allow_config_change=n_critic "):
+        config_change.check(recorded, changed)
 
 
 @pytest.mark.parametrize("content, reason", [

@@ -2,6 +2,7 @@
 import dataclasses
 import json
 
+from tfgpu import config_sources
 from tfgpu.config import Config
 from tfgpu.training import exporting
 
@@ -32,8 +33,8 @@ def test_a_classifier_takes_pixels_and_its_bare_export_states_the_input_range(tm
 
 
 def test_a_gan_describes_its_latent_input_and_its_images_in_minus_one_to_one(tmp_path):
-    config = Config(model_dir=str(tmp_path), dataset="digits", task="gan", model="dcgan", latent_dim=16,
-                    conditional=True)
+    config = config_sources.build(model_dir=str(tmp_path), dataset="digits", task="gan", model="dcgan",
+                                  latent_dim=16, conditional=True)
     described = exporting.describe(config, _Info())
     assert described["input"] == {"latent": {"dtype": "float32", "shape": [None, 16]},
                                   "label": {"dtype": "int64", "shape": [None]}}

@@ -23,8 +23,9 @@ def source_record(config) -> dict:
     """For each of --model, --generator, --discriminator that names a user builder: the reference, the module's
     name, its absolute file and that file's sha256 (what code built the run)."""
     record = {}
+    named = config.options()
     for flag in user.FLAGS:
-        reference = getattr(config, flag)
+        reference = named.get(flag, "")
         if not reference or is_registered(reference) or not user.is_reference(reference):
             continue
         builder = user.load(reference, flag)

@@ -14,7 +14,6 @@ import logging
 import os
 import re
 
-from tfgpu import config as config_lib
 from tfgpu import config_sources
 from tfgpu.config import Config, ConfigError
 
@@ -105,10 +104,10 @@ def _json(value):
 
 
 def check_allowed_names(config: Config) -> None:
-    """Every name --allow_config_change lists is a Config field; ConfigError naming the first that is not."""
+    """Every name --allow_config_change lists is an option; ConfigError naming the first that is not."""
     import difflib
 
-    names = [f.name for f in config_lib.fields()]
+    names = list(config_sources.options())
     for name in sorted(config.allowed_config_changes):
         if name not in names:
             close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
@@ -147,7 +146,7 @@ def read_recorded(model_dir: str):
         data = config_sources.load_yaml(path)
     except ConfigError as e:
         raise ConfigError("model_dir", f"the run's recorded config: {e.reason}; {fix}") from None
-    fields = {f.name: f for f in config_lib.fields()}
+    fields = {name: option.field for name, option in config_sources.options().items()}
     known = [name for name in data if name in fields]
     if not known:
         raise ConfigError("model_dir", f"{path} is not a tfgpu config.yaml (none of its keys is a tfgpu option); "
@@ -158,7 +157,7 @@ def read_recorded(model_dir: str):
     values = {name: f.default for name, f in fields.items()}
     for name in known:
         try:
-            values[name] = config_lib.coerce(name, data[name])
+            values[name] = config_sources.coerce(name, data[name])
         except ConfigError as e:
             raise ConfigError("model_dir", f"{path}: {name}: {e.reason}; {fix}") from None
     return Recorded(path, values, step)
@@ -180,8 +179,10 @@ def changes(recorded: Recorded, config: Config) -> list:
     """The ``Change`` of each field that changes what is trained and differs from ``recorded``; ``--precision=
     auto`` is compared once resolved (config.yaml records the policy it chose), so not before."""
     found = []
+    current = {name: option.field.default for name, option in config_sources.options().items()}
+    current.update(config.options())  # another task's options are at their defaults in this run
     for name in TRAINED_FIELDS:
-        new = getattr(config, name)
+        new = current[name]
         if name == "precision" and new == "auto":
             continue
         if not _same(name, recorded.values[name], new):

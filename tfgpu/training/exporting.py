@@ -51,8 +51,11 @@ def describe(config, info, facts: dict | None = None) -> dict:
     h, w, c = info.image_shape
     images = {"dtype": "float32", "layout": "NHWC", "shape": [None, h, w, c]}
     if config.task == "gan":
-        inputs = {"latent": {"dtype": "float32", "shape": [None, config.latent_dim]}}
-        if config.conditional:
+        from tfgpu.tasks.gan.options import GanOptions
+
+        gan = GanOptions.of(config)
+        inputs = {"latent": {"dtype": "float32", "shape": [None, gan.latent_dim]}}
+        if gan.conditional:
             inputs["label"] = {"dtype": "int64", "shape": [None]}
         activation = facts.get("generator_output", "tanh")
         output = ({**images, "range": [-1.0, 1.0], "meaning": "generated images"} if activation == "tanh" else

@@ -46,7 +46,6 @@ tensors and datasets made before such a call may not be usable after it (build t
 import logging
 import os
 
-from tfgpu import config as config_lib
 from tfgpu import config_sources
 from tfgpu.config import ConfigError
 
@@ -118,7 +117,7 @@ def _fit(model_fn, train_data, model_dir, eval_data, options: dict) -> dict:
         raise FitError("model_dir", f"must be a directory path, got {model_dir!r}")
     model_dir = os.fspath(model_dir)
     options = {**_recipe_options(options.pop("recipe", "")), **options}
-    explicit = {name: config_lib.coerce(name, value) for name, value in options.items()}
+    explicit = {name: config_sources.coerce(name, value) for name, value in options.items()}
     for name, why in {**SET_BY_FIT, **ONLY_REGISTERED}.items():
         if name in options and (name in SET_BY_FIT or explicit[name]):
             raise FitError(name, f"is set by tfgpu.fit: {why}" if name in SET_BY_FIT else why)

@@ -10,8 +10,9 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import REPO, checkpoint_weights, read_history, read_metrics
+from tfgpu import config_sources
 from tfgpu.runtime import precision
-from tfgpu.config import Config, ConfigError
+from tfgpu.config import ConfigError
 from tfgpu.data import pipeline
 from tfgpu.runtime.distribute import Placement
 from tfgpu.tasks.gan import task as gan_task
@@ -31,7 +32,7 @@ def make_task(tmp_path, data_cache):
         values = dict(task="gan", model="dcgan", dataset="digits", model_dir=str(tmp_path / "run"),
                       data_cache_dir=data_cache, global_batch_size=8, latent_dim=8, seed=3)
         values.update(overrides)
-        config = Config(**values).check_values()
+        config = config_sources.build(**values).check_values()
         info = pipeline.prepare(config)
         strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
         placement = Placement(strategy, "one_device", 1, 1, 0, True, ("/cpu:0",), False)
@@ -56,7 +57,7 @@ def _batch(n=8, seed=0):
 
 def _step_batches(task, seed=0):
     """What the trainer hands one train step: a real batch per critic update."""
-    batches = tuple(_batch(seed=seed * 100 + k) for k in range(task.config.n_critic))
+    batches = tuple(_batch(seed=seed * 100 + k) for k in range(task.options.n_critic))
     return batches if len(batches) > 1 else batches[0]
 
 
@@ -430,6 +431,6 @@ def test_feature_model_flags_on_a_remote_file_system_pass_the_start_checks(make_
         f.write(b"stand-in: only its presence is checked at start")
     try:
         task, _ = make_task(fid_feature_model_dir=remote)
-        assert task.config.fid_feature_model_dir == remote
+        assert task.options.fid_feature_model_dir == remote
     finally:
         tf.io.gfile.rmtree("ram://gan-start-check")

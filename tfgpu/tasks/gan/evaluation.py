@@ -1,7 +1,8 @@
 """The GAN's evaluation: FID/KID of the (EMA) generator against the train split on the chief, sample grids, the
 EMA weights with BatchNorm statistics of their own, and the feature extractor FID is measured with.
 
-A mixin of ``GanTask`` (``tfgpu.tasks.gan.task``): it reads the task's config, placement, networks and state.
+A mixin of ``GanTask`` (``tfgpu.tasks.gan.task``): it reads the task's config, GAN options (``self.options``),
+placement, networks and state.
 Its files (the sample grids, the feature classifier in ``<model_dir>/fid_features``) go through
 ``tfgpu.runtime.fileio``, so ``model_dir`` may be on ``gs://`` or ``ram://``.
 """
@@ -63,7 +64,7 @@ class GanEvaluation:
         n = len(real)
         if float(self.state.fid_initial.numpy()) < 0:
             initial = self._initial_generator_weights
-            if self.config.ema_decay:  # scored as the EMA generator is (generator_weights)
+            if self.options.ema_decay:  # scored as the EMA generator is (generator_weights)
                 initial = self._with_standing_statistics(initial)
             self.state.fid_initial.assign(fid.fid_from_features(real, extractor(self._sample(n, initial, seed=1))))
         weights = self.generator_weights()
@@ -77,10 +78,10 @@ class GanEvaluation:
         result["fid_num_samples"] = n
         result["feature_extractor_trained"] = extractor.trained
         result["samples"] = grid_path
-        result["sampled_with"] = "ema" if self.config.ema_decay else "generator"
-        if n < self.config.fid_num_samples:
+        result["sampled_with"] = "ema" if self.options.ema_decay else "generator"
+        if n < self.options.fid_num_samples:
             log.warning("FID/KID used %d images, fewer than --fid_num_samples=%d: the train split has no more",
-                        n, self.config.fid_num_samples)
+                        n, self.options.fid_num_samples)
         return result
 
     def generator_weights(self, ema: bool = True) -> list:
@@ -88,7 +89,7 @@ class GanEvaluation:
 
         The EMA copy's BatchNorm statistics are recomputed for the EMA weights (``_with_standing_statistics``);
         the raw generator's moving averages were measured on other weights."""
-        if ema and self.config.ema_decay:
+        if ema and self.options.ema_decay:
             return self._with_standing_statistics([v.numpy() for v in self.state.ema])
         return [w.numpy() for w in self.generator.weights]
 
@@ -122,7 +123,7 @@ class GanEvaluation:
     def _evaluation_latents(self, size, start, seed):
         """Latents and labels (classes in turn) for evaluation draws, fixed by --seed and ``seed``."""
         draw_seed = tf.constant([self.config.seed + 7919 * seed, start], tf.int64)
-        z = tf.random.stateless_normal([size, self.config.latent_dim], draw_seed)
+        z = tf.random.stateless_normal([size, self.options.latent_dim], draw_seed)
         labels = tf.cast(tf.range(start, start + size) % max(self.info.num_classes, 1), tf.int32)
         return z, labels
 
@@ -155,19 +156,19 @@ class GanEvaluation:
             return self._extractor
         from tfgpu.tasks.gan import fid
 
-        config = self.config
-        if config.inception_weights:
+        config, options = self.config, self.options
+        if options.inception_weights:
             try:
-                self._extractor = fid.InceptionFeatures(config.inception_weights)
+                self._extractor = fid.InceptionFeatures(options.inception_weights)
             except ValueError as e:
                 raise ConfigError("inception_weights", str(e)) from None
-        elif config.fid_feature_model_dir:
-            self._extractor = fid.ClassifierFeatures(config.fid_feature_model_dir)
+        elif options.fid_feature_model_dir:
+            self._extractor = fid.ClassifierFeatures(options.fid_feature_model_dir)
         else:
             directory = os.path.join(model_dir, "fid_features")
             if not fileio.isfile(fid.classifier_model_path(directory)):
-                train = self._read_split(self.info.train_split, config.fid_num_samples)
-                val = self._read_split(self.info.eval_split, config.fid_num_samples) if self.info.eval_split else None
+                train = self._read_split(self.info.train_split, options.fid_num_samples)
+                val = self._read_split(self.info.eval_split, options.fid_num_samples) if self.info.eval_split else None
                 epochs = max(5, math.ceil(600 * 64 / len(train[0])))  # about 600 steps of batch 64
                 log.info("training a feature classifier for FID/KID on %d %s images (%d epochs) into %s; pass "
                          "--fid_feature_model_dir or --inception_weights to use another extractor", len(train[0]),
@@ -177,12 +178,12 @@ class GanEvaluation:
             self._extractor = fid.ClassifierFeatures(directory, label=f"auto-trained on {self.info.name}")
         log.info("FID/KID features: %s; %d real and %d generated images per evaluation (an FID compares only "
                  "with FIDs of the same extractor and sample count; raise it with --fid_num_samples)",
-                 self._extractor.name, self.config.fid_num_samples, self.config.fid_num_samples)
+                 self._extractor.name, self.options.fid_num_samples, self.options.fid_num_samples)
         return self._extractor
 
     def _real_feature_matrix(self, extractor):
         if self._real_features is None:
-            images, _ = self._read_split(self.info.train_split, self.config.fid_num_samples)
+            images, _ = self._read_split(self.info.train_split, self.options.fid_num_samples)
             self._real_features = extractor(images)
         return self._real_features
 

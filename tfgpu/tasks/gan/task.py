@@ -43,6 +43,7 @@ from tfgpu.models import get_spec
 from tfgpu.tasks.base import MetricSpec, Task, register_task, unpack_batch
 from tfgpu.tasks.gan.evaluation import GanEvaluation
 from tfgpu.tasks.gan.losses import Float32Forward, discriminator_loss, generator_loss
+from tfgpu.tasks.gan.options import GanOptions
 
 log = logging.getLogger("tfgpu")
 
@@ -92,8 +93,13 @@ class GanTask(GanEvaluation, Task):
     @classmethod
     def batches_per_step(cls, config):
         """A fresh real batch for each of the critic's --n_critic updates (as in WGAN-GP)."""
-        return config.n_critic
+        return GanOptions.of(config).n_critic
 
+
+    @property
+    def options(self) -> GanOptions:
+        """The GAN's own options section (--n_critic, --gan_loss, ...); the shared ones are ``self.config``'s."""
+        return GanOptions.of(self.config)
 
     def __init__(self, config, info, placement, total_steps):
         super().__init__(config, info, placement, total_steps)
@@ -108,42 +114,43 @@ class GanTask(GanEvaluation, Task):
     def _check_config(self):
         """Fails with the flag's name before any model is built."""
         config = self.config
+        options = self.options
         if get_spec(config.model).family != "gan":
             raise ConfigError("model", f"{config.model} is not a GAN (use dcgan, wgan_gp or sngan) or use "
                               "--task=classification")
         try:
-            diffaugment.parse_policy(config.diffaugment)
+            diffaugment.parse_policy(options.diffaugment)
         except ValueError as e:
             raise ConfigError("diffaugment", str(e)) from None
         from tfgpu.models.gan import stage_sizes
 
         try:
-            if not (config.generator and config.discriminator):  # the family builds one of the networks
+            if not (options.generator and options.discriminator):  # the family builds one of the networks
                 stage_sizes(self.info.image_shape)
         except ValueError as e:
             raise ConfigError("image_size", str(e)) from None
-        if config.conditional and self.info.num_classes < 2:
+        if options.conditional and self.info.num_classes < 2:
             raise ConfigError("conditional", f"needs labelled data; {self.info.name} has "
                               f"{self.info.num_classes} classes")
-        if (self.info.num_classes < 2 and config.eval_split != "none" and not config.inception_weights
-                and not config.fid_feature_model_dir):
+        if (self.info.num_classes < 2 and config.eval_split != "none" and not options.inception_weights
+                and not options.fid_feature_model_dir):
             log.warning("%s has %d class(es): no feature classifier can be trained on it, so FID/KID will use "
                         "an untrained (randomly initialised) network's features (metrics.json says so in "
                         "feature_extractor_trained). Pass --inception_weights or --fid_feature_model_dir for "
                         "trained features, or --eval_split=none to skip FID/KID.", self.info.name,
                         self.info.num_classes)
-        if config.inception_weights and not fileio.isfile(config.inception_weights):
-            raise ConfigError("inception_weights", f"file {config.inception_weights!r} does not exist (FID never "
+        if options.inception_weights and not fileio.isfile(options.inception_weights):
+            raise ConfigError("inception_weights", f"file {options.inception_weights!r} does not exist (FID never "
                               "downloads weights)")
-        if config.inception_weights:
+        if options.inception_weights:
             from tfgpu.tasks.gan.fid import weights_file_problem
 
-            if weights_file_problem(config.inception_weights):
-                raise ConfigError("inception_weights", weights_file_problem(config.inception_weights))
-        if config.fid_feature_model_dir and not config.inception_weights:
+            if weights_file_problem(options.inception_weights):
+                raise ConfigError("inception_weights", weights_file_problem(options.inception_weights))
+        if options.fid_feature_model_dir and not options.inception_weights:
             from tfgpu.tasks.gan.fid import classifier_model_path
 
-            path = classifier_model_path(config.fid_feature_model_dir)
+            path = classifier_model_path(options.fid_feature_model_dir)
             if not fileio.isfile(path):
                 raise ConfigError("fid_feature_model_dir", f"{path} does not exist; train the classifier first "
                                   "(python -m tfgpu.train --task=classification ...) or leave the flag empty to "
@@ -151,20 +158,21 @@ class GanTask(GanEvaluation, Task):
 
     def build(self):
         config = self.config
+        options = self.options
         self.generator, self.discriminator = self._networks(("generator", "discriminator"),
                                                             sync_batch_norm=config.sync_batch_norm)
-        named = {flag: (flag, getattr(config, flag)) if getattr(config, flag) else ("model", config.model)
+        named = {flag: (flag, getattr(options, flag)) if getattr(options, flag) else ("model", config.model)
                  for flag in ("generator", "discriminator")}
         self.generator_head = network_checks.check_generator(self.generator, *named["generator"])
-        network_checks.check_discriminator(self.discriminator, *named["discriminator"], config.gan_loss)
-        self.g_optimizer = self._optimizer(config.g_learning_rate, "generator_adam")
-        self.d_optimizer = self._optimizer(config.d_learning_rate, "discriminator_adam")
+        network_checks.check_discriminator(self.discriminator, *named["discriminator"], options.gan_loss)
+        self.g_optimizer = self._optimizer(options.g_learning_rate, "generator_adam")
+        self.d_optimizer = self._optimizer(options.d_learning_rate, "discriminator_adam")
         self.g_optimizer.build(self.generator.trainable_variables)
         self.d_optimizer.build(self.discriminator.trainable_variables)
         self.state = GanState(self.generator)
         self._initial_generator_weights = [w.numpy() for w in self.generator.weights]  # for fid_initial
         self._trainable_mask = [any(w is t for t in self.generator.trainable_weights) for w in self.generator.weights]
-        self._augment_policy = diffaugment.parse_policy(config.diffaugment)
+        self._augment_policy = diffaugment.parse_policy(options.diffaugment)
         # The penalties' gradient of a gradient needs float32's range (module docstring).
         self._penalty_precision = (Float32Forward(self.discriminator) if config.precision == "mixed_float16"
                                    else contextlib.nullcontext())
@@ -175,31 +183,33 @@ class GanTask(GanEvaluation, Task):
         from tfgpu.models import user
 
         config = self.config
+        options = self.options
         shape, classes = self.info.image_shape, max(self.info.num_classes, 1)
         family = None
         nets = []
         for name in which:
-            if getattr(config, name):
-                nets.append(user.build_gan_network(name, getattr(config, name), shape, classes, config.latent_dim,
-                                                   config.conditional, **kwargs))
+            if getattr(options, name):
+                nets.append(user.build_gan_network(name, getattr(options, name), shape, classes, options.latent_dim,
+                                                   options.conditional, **kwargs))
                 continue
             if family is None:
-                family = get_spec(config.model).builder(shape, classes, latent_dim=config.latent_dim,
-                                                        conditional=config.conditional, **kwargs)
+                family = get_spec(config.model).builder(shape, classes, latent_dim=options.latent_dim,
+                                                        conditional=options.conditional, **kwargs)
             nets.append(getattr(family, name))
         return nets
 
     def _optimizer(self, learning_rate, name):
         config = self.config
-        inner = keras.optimizers.Adam(learning_rate, beta_1=config.adam_beta1, beta_2=config.adam_beta2, name=name)
+        options = self.options
+        inner = keras.optimizers.Adam(learning_rate, beta_1=options.adam_beta1, beta_2=options.adam_beta2, name=name)
         return precision.wrap_optimizer(inner, PrecisionConfig.of(config))
 
     @property
     def train_metric_names(self):
         names = ["d_loss", "g_loss", "d_real", "d_fake"]
-        if self.config.gradient_penalty:
+        if self.options.gradient_penalty:
             names.append("gradient_penalty")
-        if self.config.r1_gamma:
+        if self.options.r1_gamma:
             names.append("r1_penalty")
         return tuple(names) + ("nonfinite_steps",)
 
@@ -219,7 +229,7 @@ class GanTask(GanEvaluation, Task):
         """This replica's rows of the global batch's latents and labels."""
         total = self.config.global_batch_size
         seeds = tf.random.experimental.stateless_split(seed, 2)
-        z = tf.random.stateless_normal([total, self.config.latent_dim], seeds[0])[offset:offset + batch]
+        z = tf.random.stateless_normal([total, self.options.latent_dim], seeds[0])[offset:offset + batch]
         labels = tf.random.stateless_uniform([total], seeds[1], minval=0, maxval=max(self.info.num_classes, 1),
                                              dtype=tf.int32)[offset:offset + batch]
         return z, labels
@@ -234,10 +244,10 @@ class GanTask(GanEvaluation, Task):
 
     # -- networks -------------------------------------------------------------------------
     def _generate(self, generator, z, labels, training):
-        return generator([z, labels] if self.config.conditional else z, training=training)
+        return generator([z, labels] if self.options.conditional else z, training=training)
 
     def _discriminate(self, images, labels, training=True):
-        return tf.reshape(self.discriminator([images, labels] if self.config.conditional else images,
+        return tf.reshape(self.discriminator([images, labels] if self.options.conditional else images,
                                              training=training), [-1])
 
     def _input_gradient_norms(self, images, labels):
@@ -258,11 +268,12 @@ class GanTask(GanEvaluation, Task):
 
     def _discriminator_step(self, images, labels, seed, offset):
         config = self.config
+        options = self.options
         global_batch = config.global_batch_size
         batch = self._per_replica_batch
         seeds = tf.random.experimental.stateless_split(seed, 4)
         z, fake_labels = self._latents(seeds[0], offset, batch)
-        if config.conditional and config.gradient_penalty:
+        if options.conditional and options.gradient_penalty:
             # WGAN-GP's reference code draws the critic's fakes with the real batch's labels, so each
             # interpolate mixes two images of one class and is scored with that class.
             fake_labels = labels
@@ -272,17 +283,17 @@ class GanTask(GanEvaluation, Task):
         with tf.GradientTape() as tape:
             real_logits = self._discriminate(self._augment(images, seeds[1], offset), labels)
             fake_logits = self._discriminate(self._augment(fake, seeds[2], offset), fake_labels)
-            loss = tf.reduce_sum(discriminator_loss(config.gan_loss, real_logits, fake_logits)) / global_batch
+            loss = tf.reduce_sum(discriminator_loss(options.gan_loss, real_logits, fake_logits)) / global_batch
             metrics["d_loss"] = loss
-            if config.gradient_penalty:
+            if options.gradient_penalty:
                 mix = tf.random.stateless_uniform([global_batch, 1, 1, 1], seeds[3])[offset:offset + batch]
                 mixed = mix * images + (1.0 - mix) * fake
                 penalty = tf.square(tf.sqrt(self._input_gradient_norms(mixed, labels) + 1e-12) - 1.0)
                 metrics["gradient_penalty"] = tf.reduce_sum(penalty) / global_batch
-                loss += config.gradient_penalty * metrics["gradient_penalty"]
-            if config.r1_gamma:
+                loss += options.gradient_penalty * metrics["gradient_penalty"]
+            if options.r1_gamma:
                 metrics["r1_penalty"] = tf.reduce_sum(self._input_gradient_norms(images, labels)) / global_batch
-                loss += 0.5 * config.r1_gamma * metrics["r1_penalty"]
+                loss += 0.5 * options.r1_gamma * metrics["r1_penalty"]
             scaled = precision.scale_loss(self.d_optimizer, loss)
         grads = tape.gradient(scaled, variables)
         finite = self._apply(self.d_optimizer, loss, grads, variables)
@@ -292,13 +303,14 @@ class GanTask(GanEvaluation, Task):
 
     def _generator_step(self, seed, offset, batch):
         config = self.config
+        options = self.options
         z, fake_labels = self._latents(seed, offset, batch)
         variables = self.generator.trainable_variables
         augment_seed = tf.random.experimental.stateless_fold_in(seed, 1)
         with tf.GradientTape() as tape:
             fake = self._generate(self.generator, z, fake_labels, training=True)
             fake_logits = self._discriminate(self._augment(fake, augment_seed, offset), fake_labels)
-            loss = tf.reduce_sum(generator_loss(config.gan_loss, fake_logits)) / config.global_batch_size
+            loss = tf.reduce_sum(generator_loss(options.gan_loss, fake_logits)) / config.global_batch_size
             scaled = precision.scale_loss(self.g_optimizer, loss)
         grads = tape.gradient(scaled, variables)
         return loss, self._apply(self.g_optimizer, loss, grads, variables)
@@ -307,13 +319,14 @@ class GanTask(GanEvaluation, Task):
         """EMA of the generator's weights with warm-up: decay min(d, (1 + t) / (10 + t)) at step t; unchanged
         when the generator's update was skipped (``applied`` false on every replica alike)."""
         t = tf.cast(self.state.step, tf.float32)
-        decay = tf.minimum(self.config.ema_decay, (1.0 + t) / (10.0 + t))
+        decay = tf.minimum(self.options.ema_decay, (1.0 + t) / (10.0 + t))
         for ema, weight, trainable in zip(self.state.ema, self.generator.weights, self._trainable_mask):
             value = tf.cast(weight.value, ema.dtype)
             ema.assign(tf.where(applied, decay * ema + (1.0 - decay) * value if trainable else value, ema))
 
     def train_step(self, batch):
         config = self.config
+        options = self.options
         real_batches = batch if self.batches_per_step(config) > 1 else (batch,)  # one per critic update (loop.build_loop)
         per_replica = self._per_replica_batch
         replica = tf.distribute.get_replica_context().replica_id_in_sync_group
@@ -331,12 +344,12 @@ class GanTask(GanEvaluation, Task):
             metrics, finite = self._discriminator_step(tf.cast(images, tf.float32), tf.cast(labels, tf.int32),
                                                        self._seed(1, k), offset)
             precision.restore_if_not_finite(finite, state, saved)
-            totals = {name: totals[name] + metrics[name] / config.n_critic for name in totals}
+            totals = {name: totals[name] + metrics[name] / options.n_critic for name in totals}
             d_finite = tf.logical_and(d_finite, finite)
         saved = [tf.identity(w.value) for w in state]
         g_loss, g_finite = self._generator_step(self._seed(2), offset, per_replica)
         precision.restore_if_not_finite(g_finite, state, saved)
-        if config.ema_decay:
+        if options.ema_decay:
             self._update_ema(g_finite)
         all_finite = tf.logical_and(d_finite, g_finite)
         self.state.step.assign_add(1)
@@ -350,7 +363,7 @@ class GanTask(GanEvaluation, Task):
 
 
     def learning_rates(self):
-        return {"learning_rate_g": self.config.g_learning_rate, "learning_rate_d": self.config.d_learning_rate}
+        return {"learning_rate_g": self.options.g_learning_rate, "learning_rate_d": self.options.d_learning_rate}
 
     def loss_scales(self):
         if self.config.precision != "mixed_float16":
@@ -366,7 +379,7 @@ class GanTask(GanEvaluation, Task):
 
         return (f"model={self.config.model} generator params={count_params(self.generator):,} discriminator "
                 f"params={count_params(self.discriminator):,} image={self.info.image_shape} "
-                f"latent={self.config.latent_dim} conditional={self.config.conditional} loss={self.config.gan_loss}")
+                f"latent={self.options.latent_dim} conditional={self.options.conditional} loss={self.options.gan_loss}")
 
     def deployable(self, variant=""):
         """The generator with the EMA weights (float32 images out)."""
