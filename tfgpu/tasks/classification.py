@@ -26,7 +26,7 @@ import tensorflow as tf
 from tfgpu.config import ConfigError, InputConfig, OptimizationConfig, PrecisionConfig
 from tfgpu.runtime import precision
 from tfgpu.training import optimizers, results
-from tfgpu.models import create_model, get_spec, heads
+from tfgpu.models import batch_norm, create_model, get_spec, heads
 from tfgpu.models.summary import count_params
 from tfgpu.tasks.base import MetricSpec, Task, register_task, unpack_batch
 
@@ -227,6 +227,9 @@ class ClassificationTask(Task):
                 "correct_top5": tf.reduce_sum(top5 * weights), "count": tf.reduce_sum(weights)}
 
     def evaluate(self, run_eval, step, model_dir):
+        if step == self.total_steps and (note := batch_norm.stale_statistics_note(
+                self.model, step * self.config.grad_accum_steps)):
+            log.warning("%s", note)
         sums = run_eval()
         count = max(sums["count"], 1.0)
         return {"val_loss": sums["loss_sum"] / count, "val_accuracy": sums["correct"] / count,
