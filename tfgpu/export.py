@@ -16,6 +16,7 @@ import sys
 
 from tfgpu import cli
 from tfgpu.config import ConfigError
+from tfgpu.training import failures
 from tfgpu.evaluate import restore, run_config, run_parser
 from tfgpu.runtime import fileio
 from tfgpu.training.exporting import read_description, save, summary, write_description
@@ -49,8 +50,7 @@ def main(argv=None) -> int:
         config = run_config(opts.model_dir, opts)
         built, step = restore(config, opts.checkpoint)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return failures.report(e)
     save(built.task, opts.format, output)
     facts = built.task.model_facts()
     path = write_description(config, built.info, output, facts)

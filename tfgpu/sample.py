@@ -12,6 +12,7 @@ import sys
 
 from tfgpu import cli
 from tfgpu.config import ConfigError
+from tfgpu.training import failures
 from tfgpu.evaluate import restore, run_config, run_parser
 from tfgpu.runtime import fileio
 
@@ -51,8 +52,7 @@ def main(argv=None) -> int:
         generated = built.task.sample(opts.num, ema=not opts.raw, seed=opts.seed)
         images.save_grid(generated, out, nrow=opts.nrow)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return failures.report(e)
     weights = "generator" if opts.raw or not config.ema_decay else "EMA generator"
     print(f"wrote {opts.num} images from step {step} ({weights}) to {out}")
     return 0

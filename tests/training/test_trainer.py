@@ -295,7 +295,7 @@ def test_a_kernel_error_fails_as_itself_not_as_a_lost_worker(tmp_path, data_cach
     import tensorflow as tf
 
     from tfgpu import train
-    from tfgpu.training import experiment, trainer
+    from tfgpu.training import experiment, failures, trainer
     from tfgpu.config import Config
 
     config = Config(model_dir=str(tmp_path), dataset="digits", data_cache_dir=data_cache, model="small_cnn",
@@ -318,7 +318,7 @@ def test_a_kernel_error_fails_as_itself_not_as_a_lost_worker(tmp_path, data_cach
         raise trainer.KernelFailed("worker 0: a TensorFlow kernel failed")
 
     monkeypatch.setattr(experiment, "run", fails)
-    assert train.main(["--dataset=digits", f"--model_dir={tmp_path}"]) == trainer.KERNEL_FAILED_EXIT_CODE == 3
+    assert train.main(["--dataset=digits", f"--model_dir={tmp_path}"]) == failures.KERNEL_FAILED == 3
 
 
 def _recorded_feeds(monkeypatch) -> list:

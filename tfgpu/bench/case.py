@@ -173,13 +173,14 @@ def baseline_placement(config, runner: str, one_device_strategy: bool):
     ``keras_fit_spe`` none (what users write: Keras places the model on the first GPU and copies each batch to
     it inside the step) or, with ``--keras_one_device_strategy``, a OneDeviceStrategy on that device, whose
     distributed dataset prefetches batches to the device as tfgpu's input does. ``configure_devices`` first."""
-    from tfgpu.runtime import distribute
+    from tfgpu.runtime import cluster, distribute
 
     if runner == "keras_fit_strategy":
-        return distribute.build_strategy(RuntimeConfig.of(config))
+        return distribute.build_strategy(RuntimeConfig.of(config),
+                                         cluster.resolve_for_run(config.cluster, config.distribution_strategy))
     if one_device_strategy:
         alone = dataclasses.replace(config, distribution_strategy="one_device")
-        return distribute.build_strategy(RuntimeConfig.of(alone))
+        return distribute.build_strategy(RuntimeConfig.of(alone), cluster.resolve_for_run(alone.cluster, "one_device"))
     return None
 
 
