@@ -110,7 +110,7 @@ def main(argv=None) -> int:
         return failures.report(e)
     print("final: " + " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
                                for k, v in metrics.items()), flush=True)
-    return 0
+    return failures.OK
 
 
 def run():

@@ -125,7 +125,7 @@ def setup(config: Config, write_config: bool = True, startup: PhaseTimer | None 
     on_restored = ([lambda step, history: _write_run_config(config, accepted, step, history)]
                    if placement.is_chief and accepted else [])
     trainer = Trainer(TrainerConfig.of(config), inputs, placement, task, info, total_steps, startup, on_restored)
-    startup.mark("task")
+    startup.mark("build")  # the task's models and optimizers, the trainer's loops and checkpointer
     return Setup(config, placement, info, task, trainer, total_steps)
 
 

@@ -11,6 +11,7 @@ logs is ``tfgpu.training.history``; --target's rule and metrics.json fields are 
 the pipeline its ``InputConfig``. It stays one module (~400 lines) because boundaries, preemption, evaluation,
 the target and the startup record all act on the same loop state between two compiled calls.
 """
+import contextlib
 import dataclasses
 import json
 import logging
@@ -82,7 +83,9 @@ class Trainer:
         # A run that will load --init_weights (no checkpoint to restore) checks their file before building anything.
         self._fresh = checkpoint_lib.latest(self.model_dir) is None
         task.check_fine_tuning(loads_initial_weights=self._fresh)
-        self._build()
+        self._steps_done = 0
+        with self._failures_named():  # creating variables under several workers broadcasts them: a collective
+            self._build()
 
     def _declared(self, train_names) -> tuple:
         """The train-step keys that count skipped steps; a ValueError for a key the task does not declare."""
@@ -409,15 +412,30 @@ class Trainer:
             log.info("%s", self.task.describe())
         return step
 
-    def train(self) -> dict:
-        """Trains to ``total_steps`` (resuming from the latest checkpoint) and returns the final metrics."""
-        self._steps_done = 0
+    @contextlib.contextmanager
+    def _failures_named(self):
+        """A TensorFlow error inside as the failure it is: WorkerLost when a collective lost a peer, KernelFailed
+        when a kernel failed here (each naming this worker, the last step done and the last checkpoint)."""
         try:
+            yield
+        except tf.errors.OpError as e:
+            last = tf.train.latest_checkpoint(checkpoint_lib.checkpoint_dir(self.model_dir))
+            if self.placement.num_workers > 1 and failures.lost_peer(e):
+                raise failures.worker_lost(e, self.placement.worker_index, self._steps_done, last) from None
+            if isinstance(e, failures.kernel_errors()):
+                raise failures.kernel_failed(e, self.placement.worker_index, self._steps_done, last) from e
+            raise
+
+    def train(self) -> dict:
+        """Trains to ``total_steps`` (resuming from the latest checkpoint) and returns the final metrics; raises
+        ``Preempted`` after the checkpoint a SIGTERM asks for."""
+        self._steps_done = 0
+        with self._failures_named():
             # Restoring broadcasts variables: a collective too.
             start_step = self._steps_done = self.restore(initial_weights=True)
             self._plan = self._resume_plan(start_step)
             if self.startup:
-                self.startup.mark("build_and_restore")
+                self.startup.mark("restore")
             self.write_metric_specs()
             for call in self.on_restored:
                 call(start_step, self.history)
@@ -427,13 +445,6 @@ class Trainer:
             finally:
                 signal.signal(signal.SIGTERM, previous_handler)
                 self.checkpointer.close()
-        except tf.errors.OpError as e:
-            last = tf.train.latest_checkpoint(checkpoint_lib.checkpoint_dir(self.model_dir))
-            if self.placement.num_workers > 1 and failures.lost_peer(e):
-                raise failures.worker_lost(e, self.placement.worker_index, self._steps_done, last) from None
-            if isinstance(e, failures.kernel_errors()):
-                raise failures.kernel_failed(e, self.placement.worker_index, self._steps_done, last) from e
-            raise
 
     def _train_from(self, start_step: int) -> dict:
         config = self.config
