@@ -285,6 +285,29 @@ def test_the_schedule_follows_the_trainer_step_through_skips_and_a_resume(tmp_pa
         keras.backend.clear_session(free_memory=False)
 
 
+def test_setup_returns_a_trainer_built_whole_around_one_step_counter(tmp_path, data_cache):
+    """The trainer is built by its constructor: the task built with the run's one step counter (the one the loop
+    advances and checkpoints save), the loops, the checkpointer; ``restore`` only restores (before: it built them,
+    and the trainer set ``task.global_step`` after the task was made)."""
+    import keras
+
+    from tfgpu.config import Config
+    from tfgpu.training import experiment
+
+    config = Config(model_dir=str(tmp_path), dataset="digits", data_cache_dir=data_cache, model="small_cnn",
+                    global_batch_size=16, train_steps=2, eval_split="none", tensorboard=False, verbose=0)
+    try:
+        built = experiment.setup(config)
+        run, task = built.trainer, built.task
+        assert task.global_step is run.step is run.checkpointer.step and task.model.built
+        parts = (run.checkpointer, run._train_loop, run._eval_loop, task.model, task.optimizer)
+        assert run.restore() == 0
+        assert all(now is before for now, before in zip(
+            (run.checkpointer, run._train_loop, run._eval_loop, task.model, task.optimizer), parts))
+    finally:
+        keras.backend.clear_session(free_memory=False)
+
+
 # -- a failing kernel is not a lost peer -------------------------------------------------------------
 def test_a_kernel_error_fails_as_itself_not_as_a_lost_worker(tmp_path, data_cache, monkeypatch):
     """A cuDNN/XLA InternalError on one of two workers ends in KernelFailed (exit 3, not retried), naming the
