@@ -12,6 +12,7 @@ from tests.conftest import REPO
 from tfgpu import audit_input, benchmark, cli, evaluate, export, sample, train
 from tfgpu import config as config_lib
 from tfgpu.models import registry  # noqa: F401 - imports TensorFlow (which raises the recursion limit) up front
+from tfgpu.training import restore
 
 COMMANDS = ("train", "evaluate", "export", "sample", "benchmark", "audit_input", "launch", "convert", "doctor",
             "report", "plan")
@@ -106,7 +107,7 @@ def test_run_commands_read_the_saved_config_under_their_flags(tmp_path):
     (tmp_path / "f.flags").write_text("--cpu_logical_devices=2\n--eval_split=test\n")
     opts = evaluate.parser().parse_args([f"--model_dir={run}", "--cpu_logical_devices=0",
                                          f"--flagfile={tmp_path / 'f.flags'}"])
-    config = evaluate.run_config(str(run), opts)
+    config = restore.run_config(str(run), opts)
     assert (config.seed, config.model) == (3, "small_cnn")  # the run's own
     assert config.eval_split == "test"  # the flagfile over the saved config
     assert config.cpu_logical_devices == 0  # the command line over the flagfile
@@ -274,3 +275,16 @@ def test_an_unknown_recipe_in_a_flagfile_names_the_file_and_line(tmp_path):
     (tmp_path / "job.flags").write_text("--seed=1\n--recipe=nope\n")
     with pytest.raises(cli.ConfigError, match=r"job.flags line 2: unknown recipe 'nope'"):
         cli.expand_flagfiles([f"--flagfile={tmp_path / 'job.flags'}"])
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_usage_and_errors_name_the_program_as_it_was_run(name, capsys, monkeypatch):
+    script = "tfgpu-" + name.replace("_", "-")
+    monkeypatch.setattr("sys.argv", [f"/venv/bin/{script}"])
+    code, out, _ = run_main(name, ["--help"], capsys)
+    assert code == 0 and out.startswith(f"usage: {script} ") and "python -m" not in out.split("\n\n")[0]
+    code, _, err = run_main(name, REQUIRED.get(name, []) + ["--no_such_flag=1"], capsys)
+    assert code == 1 and err == [f"error: --no_such_flag: unknown flag for {script}"]
+    monkeypatch.setattr("sys.argv", [os.path.join(REPO, "tfgpu", f"{name}.py")])  # what python -m sets
+    code, out, _ = run_main(name, ["--help"], capsys)
+    assert code == 0 and out.startswith(f"usage: python -m tfgpu.{name} ")

@@ -31,7 +31,8 @@ def _tool(name, args, env, check=True):
 
 def test_evaluate_reproduces_the_runs_final_eval_under_another_strategy(trained):
     """Also in the run's --input_range (0,1 here), read back from its config.yaml."""
-    from tfgpu.evaluate import parser, run_config
+    from tfgpu.evaluate import parser
+    from tfgpu.training.restore import run_config
 
     model_dir, env = trained
     assert run_config(str(model_dir), parser().parse_args([f"--model_dir={model_dir}"])).input_range == (0.0, 1.0)

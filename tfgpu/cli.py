@@ -226,6 +226,10 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def __init__(self, prog: str, usage: str | None = None, description: str | None = None, **kwargs):
         kwargs.setdefault("formatter_class", _HelpFormatter)
+        as_run = program_name(prog)
+        if usage and as_run != prog and usage.startswith(prog):
+            usage = as_run + usage[len(prog):]
+        prog = as_run
         super().__init__(prog=prog, usage=usage, description=description, allow_abbrev=False, add_help=False,
                          **kwargs)
         self.add_argument(*HELP_FLAGS, action="help", default=argparse.SUPPRESS, help="Show this help and exit.")
@@ -308,6 +312,16 @@ def resolve(namespace, yaml_path: str = "", references: bool = True, **fixed) ->
     """The validated Config of a parsed command line: defaults < YAML < flags given < ``fixed`` (``references``:
     as ``config.resolve``)."""
     return config_lib.resolve({**namespace.config_flags, **fixed}, yaml_path, references)
+
+
+def program_name(module_form: str) -> str:
+    """The command as it was run: its console script (``tfgpu-train``, named from ``python -m tfgpu.train``) when
+    ``sys.argv[0]`` is that script, else ``module_form`` itself."""
+    module = module_form.removeprefix("python -m ")
+    script = os.path.basename(sys.argv[0] if sys.argv else "").removesuffix(".exe")
+    if module != module_form and script == module.replace(".", "-").replace("_", "-"):
+        return script
+    return module_form
 
 
 def wants_help(argv) -> bool:

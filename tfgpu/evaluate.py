@@ -15,47 +15,18 @@ from tfgpu import cli
 from tfgpu.config import ConfigError
 from tfgpu.training import failures
 from tfgpu.runtime import fileio, process_exit
+from tfgpu.training import restore
 
 USAGE = "python -m tfgpu.evaluate --model_dir=D [--checkpoint=PATH] [--data=DIR|NAME] [--output_json=F] [train flags]"
 
 
-def run_parser(prog: str, usage: str, description: str, what: str, own: tuple = ()) -> cli.ArgumentParser:
-    """A parser for commands that act on a finished run: ``--model_dir`` and ``--checkpoint``, and every train
-    flag except ``own`` (the command's options of the same name) as an override of the run's saved config."""
-    parser = cli.ArgumentParser(prog=prog, usage=usage, description=description)
-    parser.add_argument("--model_dir", required=True, help=f"The run directory (with config.yaml) {what}.")
-    parser.add_argument("--checkpoint", default="", help="Checkpoint path; default: the run's latest.")
-    parser.add_config_flags(exclude=("model_dir", *own), overrides="the run's config.yaml")
-    return parser
-
-
 def parser() -> cli.ArgumentParser:
-    p = run_parser("python -m tfgpu.evaluate", USAGE, __doc__.split("\n\n")[1].replace("\n", " "), "to evaluate")
+    p = restore.parser("python -m tfgpu.evaluate", USAGE, __doc__.split("\n\n")[1].replace("\n", " "), "to evaluate")
     p.add_argument("--data", default="", help="A converted dataset directory (sets --data_dir) or a dataset name "
                    "(sets --dataset) to evaluate on instead of the run's.")
     p.add_argument("--output_json", default="", help="Where to write the metrics; default "
                    "<model_dir>/eval-<split>-step<N>.json.")
     return p
-
-
-def run_config(model_dir: str, namespace):
-    """The run's saved config with the train flags of ``namespace`` applied."""
-    fileio.check_scheme(model_dir, "model_dir")
-    saved = os.path.join(model_dir, "config.yaml")
-    if not fileio.exists(saved):
-        raise ConfigError("model_dir", f"{saved} not found: {model_dir!r} is not a tfgpu run directory")
-    return cli.resolve(namespace, saved, model_dir=model_dir)
-
-
-def restore(config, checkpoint: str):
-    """(built experiment, restored step) of a run, without rewriting its config.yaml."""
-    from tfgpu.training import experiment
-
-    built = experiment.setup(config, write_config=False)
-    step = built.trainer.restore(checkpoint)
-    if step == 0 and not checkpoint:
-        raise ConfigError("model_dir", f"no checkpoint in {config.model_dir}/checkpoints")
-    return built, step
 
 
 def main(argv=None) -> int:
@@ -68,8 +39,7 @@ def main(argv=None) -> int:
         fileio.check_schemes({"data": opts.data, "output_json": opts.output_json})
         if opts.data:
             opts.config_flags["data_dir" if fileio.isdir(opts.data) else "dataset"] = opts.data
-        config = run_config(opts.model_dir, opts)
-        built, step = restore(config, opts.checkpoint)
+        config, built, step = restore.restored(opts)
         if not built.info.eval_split and not built.task.evaluates_without_eval_split:
             raise ConfigError("eval_split", "the dataset has no eval split; name one with --eval_split")
         metrics = {"step": step, "split": built.info.eval_split, **built.trainer.evaluate(step, record=False)}

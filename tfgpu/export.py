@@ -16,9 +16,8 @@ import sys
 
 from tfgpu import cli
 from tfgpu.config import ConfigError
-from tfgpu.training import failures
-from tfgpu.evaluate import restore, run_config, run_parser
 from tfgpu.runtime import fileio
+from tfgpu.training import failures, restore
 from tfgpu.training.exporting import read_description, save, summary, write_description
 
 USAGE = ("python -m tfgpu.export --model_dir=D [--format=keras|saved_model] [--output=PATH] [--checkpoint=PATH] "
@@ -27,7 +26,7 @@ FORMATS = ("keras", "saved_model")
 
 
 def parser() -> cli.ArgumentParser:
-    p = run_parser("python -m tfgpu.export", USAGE, " ".join(__doc__.split("\n\n")[1].split()), "to export")
+    p = restore.parser("python -m tfgpu.export", USAGE, " ".join(__doc__.split("\n\n")[1].split()), "to export")
     p.add_argument("--format", default="keras", choices=FORMATS, help="keras: one .keras file; saved_model: a "
                    "TensorFlow SavedModel directory with a serve signature.")
     p.add_argument("--output", default="", help="Where to write; default <model_dir>/export/model.keras or "
@@ -47,8 +46,7 @@ def main(argv=None) -> int:
         fileio.check_scheme(output, "output")
         if opts.format == "keras" and not output.endswith(".keras"):
             raise ConfigError("output", f"{output!r}: a Keras model file must end in .keras")
-        config = run_config(opts.model_dir, opts)
-        built, step = restore(config, opts.checkpoint)
+        config, built, step = restore.restored(opts)
     except ConfigError as e:
         return failures.report(e)
     save(built.task, opts.format, output)

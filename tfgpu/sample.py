@@ -12,16 +12,15 @@ import sys
 
 from tfgpu import cli
 from tfgpu.config import ConfigError
-from tfgpu.training import failures
-from tfgpu.evaluate import restore, run_config, run_parser
 from tfgpu.runtime import fileio
+from tfgpu.training import failures, restore
 
 USAGE = ("python -m tfgpu.sample --model_dir=D [--num=64] [--out=PNG] [--checkpoint=PATH] [--raw] [--seed=N] "
          "[--nrow=N] [train flags]")
 
 
 def parser() -> cli.ArgumentParser:
-    p = run_parser("python -m tfgpu.sample", USAGE, " ".join(__doc__.split("\n\n")[1].split()), "of the GAN",
+    p = restore.parser("python -m tfgpu.sample", USAGE, " ".join(__doc__.split("\n\n")[1].split()), "of the GAN",
                    own=("seed",))
     p.add_argument("--num", type=int, default=64, help="Images to generate.")
     p.add_argument("--out", default="", help="PNG path; default <model_dir>/samples/sample_step<N>.png.")
@@ -41,10 +40,7 @@ def main(argv=None) -> int:
         if opts.num <= 0:
             raise ConfigError("num", f"must be positive, got {opts.num}")
         fileio.check_scheme(opts.out, "out")
-        config = run_config(opts.model_dir, opts)
-        if config.task != "gan":
-            raise ConfigError("model_dir", f"{opts.model_dir} is a {config.task} run, not a GAN run")
-        built, step = restore(config, opts.checkpoint)
+        config, built, step = restore.restored(opts, task="gan", task_name="GAN")
         from tfgpu.tasks.gan import images
 
         out = opts.out or os.path.join(config.model_dir, "samples", f"sample_step{step}.png")

@@ -9,7 +9,7 @@ import tensorflow as tf
 from hypothesis import given, settings, strategies as st
 
 from tfgpu.config import Config, ConfigError
-from tfgpu.data import builtin, from_dataset, pipeline, tfrecord
+from tfgpu.data import builtin, elements, from_dataset, pipeline, tfrecord
 
 ARGS = {"train": "train_data", "val": "eval_data"}
 
@@ -52,30 +52,43 @@ def test_unknown_cardinality_is_counted_and_num_classes_sets_the_classes(digits,
     assert manifest["classes"] == [str(c) for c in range(7)]
 
 
-def _spec_error(dataset) -> str:
-    with pytest.raises(ConfigError) as e:
-        from_dataset.check_spec(dataset, "train_data")
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2 ** 16), n=st.integers(1, 9), batch=st.integers(1, 4))
+def test_keras_batches_of_float_pixels_and_one_hot_labels_are_the_same_examples_as_uint8(seed, n, batch):
+    """What keras.utils.image_dataset_from_directory gives (batches of float32 pixels, int or one-hot labels) is
+    taken as the uint8 examples it holds: the same fingerprint, so the same records."""
+    rng = np.random.default_rng(seed)
+    images, labels = rng.integers(0, 256, (n, 3, 2, 3), dtype=np.uint8), rng.integers(0, 4, n)
+    plain = from_dataset.fingerprint({"train": _ds(images, labels)}, ARGS)["splits"]["train"]
+    one_hot = np.eye(4, dtype=np.float32)[labels]
+    for label_form in (labels.astype(np.int32), one_hot):
+        keras_like = _ds(images.astype(np.float32), label_form).batch(batch)
+        accepted, note = elements.accept(keras_like, "train_data")
+        assert note.startswith("train_data: elements are batches") and "float32 images: stored as uint8" in note
+        taken = from_dataset.fingerprint({"train": accepted}, ARGS)["splits"]["train"]
+        assert (taken["num_examples"], taken["content_hash"]) == (plain["num_examples"], plain["content_hash"])
+
+
+def test_float_pixels_are_rounded_and_refused_outside_0_255_naming_the_example(tmp_path):
+    images = np.full((3, 2, 2, 1), 100.0, np.float32)
+    images[0, 0, 0, 0], images[1, 0, 0, 0] = 12.4, 12.6  # what a bilinear resize leaves
+    from_dataset.materialize(str(tmp_path / "ok"), {"train": _ds(images, np.array([0, 1, 1]))}, ARGS)
+    records = tf.data.TFRecordDataset(tf.io.gfile.glob(str(tmp_path / "ok" / "train-*")))
+    written = [tf.io.decode_png(tf.train.Example.FromString(r.numpy()).features.feature["image/encoded"]
+                                .bytes_list.value[0]).numpy()[0, 0, 0] for r in records]
+    assert sorted(written) == [12, 13, 100]
+    bad = images.copy()
+    bad[2, 1, 1, 0] = 255.5
+    with pytest.raises(ConfigError, match=r"example 2: pixel values span \[100, 255.5\], not within \[0, 255\]"):
+        from_dataset.materialize(str(tmp_path / "bad"), {"train": _ds(bad, np.array([0, 1, 1]))}, ARGS)
+    with pytest.raises(ConfigError, match=r"float pixels all lie in \[0, 1\].*x \* 255"):
+        from_dataset.materialize(str(tmp_path / "unit"), {"train": _ds(images / 255, np.array([0, 1, 1]))}, ARGS)
+    one_hot = np.array([[0, 1, 0], [0.5, 0.5, 0], [1, 0, 0]], np.float32)
+    with pytest.raises(ConfigError, match=r"example 1: label \[0.5 0.5 0. \] is not one-hot") as e:
+        from_dataset.materialize(str(tmp_path / "hot"), {"train": _ds(images, one_hot)}, ARGS)
     assert e.value.flag == "train_data"
-    return str(e.value)
-
-
-def test_wrong_structures_are_one_error_naming_the_argument_and_the_fix():
-    images = np.zeros((4, 8, 8, 1), np.uint8)
-    labels = np.zeros(4, np.int64)
-    assert "ds.unbatch()" in _spec_error(_ds(images, labels).batch(2))
-    assert "ds.unbatch()" in _spec_error(_ds(images[..., 0], labels).batch(2))  # (N, H, W) grayscale batches
-    assert "no label" in _spec_error(tf.data.Dataset.from_tensor_slices(images))
-    assert "dicts (image, label)" in _spec_error(tf.data.Dataset.from_tensor_slices({"image": images,
-                                                                                     "label": labels}))
-    assert "uint8" in _spec_error(_ds(images.astype(np.float32), labels))
-    assert "HxWxC" in _spec_error(_ds(images[..., 0], labels))
-    assert "2 channels" in _spec_error(_ds(np.zeros((4, 8, 8, 2), np.uint8), labels))
-    assert "integer class indices" in _spec_error(_ds(images, labels.astype(np.float32)))
-    assert "scalars" in _spec_error(_ds(images, labels[:, None]))
-    assert "infinite" in _spec_error(_ds(images, labels).repeat())
-    assert "no examples" in _spec_error(_ds(images, labels).take(0))
-    assert "tf.data.Dataset" in _spec_error((images, labels))
-    from_dataset.check_spec(_ds(images, labels.astype(np.int32)), "train_data")  # any integer labels
+    for name in ("bad", "unit", "hot"):
+        assert not os.path.exists(tmp_path / name / tfrecord.MANIFEST)
 
 
 def test_bad_labels_stop_before_a_dataset_exists(tmp_path):

@@ -1,6 +1,7 @@
 """tfgpu.fit: the same run as python -m tfgpu.train on the same data converted, options checked as flags are, one
 clear error for wrong data or a wrong model before training, resume without writing the data again, and a cheap
 ``import tfgpu``. The example script and the multi-worker run are in tests/examples/test_fit_dataset.py."""
+import json
 import logging
 import os
 import signal
@@ -111,9 +112,9 @@ def test_a_bad_option_is_a_config_error_naming_it_before_anything_is_written(opt
 def test_wrong_data_is_one_error_before_training(digits, tmp_path):
     (xt, yt), (xv, yv) = digits
     cases = [
-        (dict(train_data=_ds((xt, yt)).batch(8)), "train_data", "look batched"),
+        (dict(train_data=_ds((xt, yt)).batch(8).batch(2)), "train_data", "look batched"),
         (dict(train_data=_ds(xt)), "train_data", "no label"),
-        (dict(train_data=_ds((xt.astype("float32") / 255, yt))), "train_data", "uint8 in [0, 255]"),
+        (dict(train_data=_ds((xt.astype("int32"), yt))), "train_data", "uint8 or float pixels in [0, 255]"),
         (dict(train_data=(xt, yt)), "train_data", "from_tensor_slices"),
         (dict(train_data=_ds((xt, yt)), eval_data=_ds((np.repeat(xv, 3, -1), yv))), "eval_data", "3 channels"),
         (dict(train_data=_ds((xt, yt)), eval_data=str(tmp_path)), "eval_data", "must be one too"),
@@ -126,6 +127,33 @@ def test_wrong_data_is_one_error_before_training(digits, tmp_path):
             tfgpu.fit(build_model, model_dir=str(tmp_path / "run"), **data)
         assert e.value.flag == flag and message in str(e.value), (data, str(e.value))
     assert not os.path.exists(tmp_path / "run")
+
+
+def test_image_dataset_from_directory_output_trains_unchanged_with_its_class_names(digits, tmp_path, run_state,
+                                                                                  capsys):
+    """A folder of PNGs read by keras.utils.image_dataset_from_directory (batches of float32 pixels, one-hot
+    labels, class_names) goes straight into tfgpu.fit: it trains, and the run's classes are the folder names."""
+    from PIL import Image
+
+    names = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    (xt, yt), _ = digits
+    for i, (image, label) in enumerate(zip(xt, yt)):
+        folder = tmp_path / "images" / names[label]
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(image[..., 0]).save(folder / f"{i}.png")
+    train, val = keras.utils.image_dataset_from_directory(
+        tmp_path / "images", label_mode="categorical", color_mode="grayscale", image_size=(8, 8), batch_size=16,
+        validation_split=0.25, subset="both", seed=3, verbose=False)
+    assert train.element_spec[0].shape.rank == 4 and train.element_spec[0].dtype == tf.float32
+    metrics = tfgpu.fit(build_model, train, eval_data=val, model_dir=str(tmp_path / "run"),
+                        **dict(SMALL, train_steps=60, checkpoint_every_steps=60))
+    assert metrics["val_examples"] == 64 and metrics["val_accuracy"] > 0.7, metrics
+    log = capsys.readouterr().err
+    assert "train_data: elements are batches" in log and "float32 images: stored as uint8" in log
+    manifest = tfrecord.read_manifest(str(tmp_path / "run" / "data"))
+    assert manifest["classes"] == sorted(names) == train.class_names
+    with open(tmp_path / "run" / "export" / "model.input.json") as f:
+        assert json.load(f)["classes"] == train.class_names
 
 
 def test_model_fn_is_built_in_the_scope_under_the_policy_and_checked_against_the_data(digits, tmp_path, run_state):

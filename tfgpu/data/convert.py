@@ -116,8 +116,6 @@ def check_options(o: Options) -> None:
         raise ConfigError("shard_size_mb", f"{o.shard_size_mb} is negative")
     if o.num_shards and o.shard_size_mb:
         raise ConfigError("num_shards", "give --num_shards or --shard_size_mb, not both")
-    if o.resize and o.image_format == "keep":
-        raise ConfigError("resize", "resizing re-encodes images; use it with --image_format=png, jpeg or raw")
     parse_resize(o.resize)
     parse_num_shards(o.num_shards)
     if o.split:
@@ -263,6 +261,9 @@ def convert(o: Options, stream=None, out=None) -> dict:
     Raises ConfigError (a bad flag or source) or BadImageError (a source image, without --skip_bad)."""
     stream, out = stream or sys.stderr, out or sys.stdout
     check_options(o)
+    if o.resize and o.image_format == "keep":
+        print(f"--resize re-encodes every image: JPEG sources as JPEG at --jpeg_quality={o.jpeg_quality}, the "
+              "others as PNG (--image_format=png stores every one losslessly)", file=stream, flush=True)
     source = sources.open_source(o.source, o.tfds_data_dir, o.download)
     parts = sources.parse_split_spec(o.split) if o.split else []
     splits = sources.apply_split(source, parts, o.seed)
@@ -295,11 +296,11 @@ def convert(o: Options, stream=None, out=None) -> dict:
             beside = " (beside the finished dataset there, swapped in when all are done)" if staged else ""
             print(f"converting {todo_images} images into {len(todo)} shard(s) in {display(directory)} with "
                   f"{num_workers} worker(s){beside}", file=stream, flush=True)
-            progress = workers.Progress(todo_images, stream)
+            progress = workers.conversion_progress(todo_images, stream)
             with outdir.reporting_no_space(directory, needed):
                 built = workers.run_in_pool(todo, num_workers, progress, directory) if num_workers > 1 else \
                     workers.run_in_process(todo, progress)
-            progress.finish()
+            progress.close()
             built = iter(built)
             results = [r if r is not None else next(built) for r in results]
         manifest = _manifest(o, source, splits, tasks, results, enc, key)

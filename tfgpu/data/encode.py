@@ -194,7 +194,7 @@ def example_to_record(name: str, label: int, data, enc: Encoding, origin: str = 
         orientation = exif_orientation(encoded, fmt)
         if orientation != 1:
             image, reason = orient(image, orientation), ADJUSTED_EXIF
-        if enc.image_format == "keep" and reason is None:
+        if enc.image_format == "keep" and reason is None and not enc.resize:
             if fmt == "tiff":
                 reason = ADJUSTED_TIFF
             elif fmt not in ("jpeg", "png") and (visible_channels(image.shape[-1]) != 3
@@ -218,8 +218,9 @@ def example_to_record(name: str, label: int, data, enc: Encoding, origin: str = 
         else:
             raise BadImageError(origin, f"has {image.shape[-1]} channels, the dataset {enc.channels}")
     out_format = enc.image_format
-    if out_format == "keep":
-        out_format = "jpeg" if reason == ADJUSTED_EXIF and encoded is not None and fmt == "jpeg" else "png"
+    if out_format == "keep":  # a JPEG turned or resized stays JPEG (at --jpeg_quality); anything else is PNG
+        turned_or_resized = reason == ADJUSTED_EXIF or bool(enc.resize)
+        out_format = "jpeg" if turned_or_resized and encoded is not None and fmt == "jpeg" else "png"
     if out_format == "jpeg" and image.shape[-1] not in (1, 3):
         raise BadImageError(origin, f"JPEG cannot store {image.shape[-1]} channels; use --image_format=png or raw")
     stored = tfrecord.encode_image(np.ascontiguousarray(image), out_format, enc.jpeg_quality)

@@ -9,10 +9,8 @@ records named ``<split>/<index>``, as ``tfrecord.write_arrays`` names them) and 
 converter's manifest (``convert._manifest``), published with ``outdir.publish`` so
 ``dataset.json`` comes last. Nothing here is a second format.
 
-What a dataset must hold: elements ``(image, label)``; images uint8 ``HxWxC`` with C 1
-or 3 (the converter's pixels: 0..255; ``input_range`` sets what the model sees); labels
-integer scalars >= 0. Anything else is one ``ConfigError`` naming the argument, found
-from ``element_spec`` before any example is read where the spec tells.
+What a dataset must hold, and how what Keras' loaders give is taken (batches unbatched, float pixels
+checked and rounded, one-hot labels, ``class_names``), is ``tfgpu.data.elements``.
 
 The manifest keeps a fingerprint of what was written (``from_dataset``): per split the
 element spec, the number of examples and a content hash computed while writing. The
@@ -37,7 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgpu.config import ConfigError
-from tfgpu.data import convert, outdir, sources, tfrecord, workers
+from tfgpu.data import convert, elements, outdir, sources, tfrecord, workers
 from tfgpu.data.encode import Encoding
 from tfgpu.runtime import fileio
 
@@ -45,79 +43,11 @@ log = logging.getLogger("tfgpu")
 
 KEY = "from_dataset"  # the manifest's fingerprint entry
 VERSION = 1
-CHANNELS = (1, 3)
 ENCODING = Encoding(image_format="png", jpeg_quality=95, resize=(), channels=0, skip_bad=False)
 SHARD_BYTES = convert.DEFAULT_SHARD_SIZE_MB * 2 ** 20  # raw pixels per shard (PNG records are smaller)
 WAIT_STALL_S = 1800.0  # a non-chief gives up when the chief's directory shows no progress this long
 _POLL_S = 1.0
 _MOD = 1 << 256
-
-_FIX = {
-    "batched": "pass unbatched examples (ds.unbatch(), or drop the .batch() call): tfgpu batches them itself",
-    "pair": "map it to (image, label) pairs, e.g. ds.map(lambda d: (d['image'], d['label'])) or TFDS's "
-            "as_supervised=True",
-    "dtype": "images must be uint8 in [0, 255], as the converter stores them (input_range sets the range the "
-             "model sees); for floats in [0, 1]: ds.map(lambda x, y: (tf.cast(tf.round(x * 255), tf.uint8), y))",
-}
-
-
-# -- what an element must be ----------------------------------------------------------------------------------------
-
-def check_spec(dataset, argument: str) -> None:
-    """Raises ConfigError(argument) when ``dataset`` is not a finite, non-empty Dataset of unbatched (image, label)
-    examples as far as its ``element_spec`` and cardinality tell; cheap (reads no example)."""
-    if not isinstance(dataset, tf.data.Dataset):
-        raise ConfigError(argument, f"expected a tf.data.Dataset, got {type(dataset).__name__}")
-    spec = dataset.element_spec
-    if isinstance(spec, dict):
-        raise ConfigError(argument, f"elements are dicts ({', '.join(map(str, spec))}), not (image, label) "
-                          f"pairs; {_FIX['pair']}")
-    if not isinstance(spec, tuple) or len(spec) != 2 or not all(isinstance(s, tf.TensorSpec) for s in spec):
-        raise ConfigError(argument, f"elements must be (image, label) pairs of tensors, got {_describe(spec)}; "
-                          f"{_FIX['pair']}")
-    image, label = spec
-    leading_match = image.shape.rank == 3 and label.shape.rank == 1 and image.shape[0] == label.shape[0]
-    if image.shape.rank == 4 or leading_match:  # (N, H, W) grayscale batches match their (N,) labels
-        raise ConfigError(argument, f"elements look batched (image {_shape(image)}, label {_shape(label)}); "
-                          f"{_FIX['batched']}")
-    if image.dtype != tf.uint8:
-        raise ConfigError(argument, f"images are {image.dtype.name}; {_FIX['dtype']}")
-    if image.shape.rank not in (None, 3):
-        raise ConfigError(argument, f"images must be HxWxC, got shape {_shape(image)} (for HxW grayscale: "
-                          "ds.map(lambda x, y: (x[..., None], y)))")
-    if image.shape.rank == 3 and image.shape[-1] is not None and image.shape[-1] not in CHANNELS:
-        raise ConfigError(argument, f"images have {image.shape[-1]} channels; tfgpu stores 1 (grayscale) or 3 "
-                          "(RGB)")
-    if not label.dtype.is_integer:
-        raise ConfigError(argument, f"labels must be integer class indices, got {label.dtype.name}")
-    if label.shape.rank not in (None, 0):
-        raise ConfigError(argument, f"labels must be scalars (one class index per image), got shape "
-                          f"{_shape(label)}")
-    cardinality = int(dataset.cardinality())
-    if cardinality == tf.data.INFINITE_CARDINALITY:
-        raise ConfigError(argument, "is infinite (a .repeat()?); pass one pass over the examples: tfgpu repeats "
-                          "them for epochs/train_steps")
-    if cardinality == 0:
-        raise ConfigError(argument, "has no examples")
-
-
-def _shape(spec) -> str:
-    return str(tuple(spec.shape.as_list())) if spec.shape.rank is not None else "(unknown rank)"
-
-
-def _describe(spec) -> str:
-    if isinstance(spec, tf.TensorSpec):
-        return f"a single tensor {_shape(spec)} {spec.dtype.name} (no label)"
-    if isinstance(spec, tuple):
-        return f"tuples of {len(spec)}"
-    return type(spec).__name__
-
-
-def describe_spec(dataset) -> str:
-    """The element spec as the fingerprint records it."""
-    image, label = dataset.element_spec
-    return f"image {image.shape} {image.dtype.name}, label {label.shape} {label.dtype.name}"
-
 
 class _Examples:
     """Walks one pass of a dataset as numpy, checking each example (what ``element_spec`` left open, labels
@@ -126,15 +56,12 @@ class _Examples:
     def __init__(self, dataset, argument: str, num_classes: int = 0):
         self.dataset, self.argument, self.num_classes = dataset, argument, num_classes
         self.count, self.digest_sum, self.max_label = 0, 0, -1
+        self.intake = elements.Intake(argument)
 
     def __iter__(self):
         for image, label in self.dataset.as_numpy_iterator():
             where = f"example {self.count}"
-            if image.ndim != 3 or image.shape[-1] not in CHANNELS:
-                raise ConfigError(self.argument, f"{where}: image shape {image.shape}; expected HxWxC with C 1 or 3")
-            if np.ndim(label) != 0:
-                raise ConfigError(self.argument, f"{where}: label shape {np.shape(label)}; expected a scalar")
-            label = int(label)
+            image, label = self.intake.example(image, label, where)
             if label < 0 or (self.num_classes and label >= self.num_classes):
                 bound = f" (num_classes={self.num_classes})" if self.num_classes else ""
                 raise ConfigError(self.argument, f"{where}: label {label} is not a class index 0..N-1{bound}")
@@ -144,9 +71,10 @@ class _Examples:
             self.count += 1
             self.max_label = max(self.max_label, label)
             yield image, label
+        self.intake.finish()
 
     def fingerprint(self) -> dict:
-        return {"element_spec": describe_spec(self.dataset), "num_examples": self.count,
+        return {"element_spec": elements.describe_spec(self.dataset), "num_examples": self.count,
                 "content_hash": f"{self.digest_sum:064x}"}
 
 
@@ -200,13 +128,22 @@ def _num_shards(dataset, num_examples: int) -> int:
     return max(1, min(num_examples, math.ceil(num_examples * image.size / SHARD_BYTES)))
 
 
-def materialize(directory: str, datasets: dict, arguments: dict, num_classes: int = 0, stream=None) -> dict:
+def _class_bound(num_classes: int, names: tuple) -> int:
+    """The number of classes labels must stay under (0: any): ``num_classes``, else the number of class names."""
+    if names and num_classes and num_classes != len(names):
+        raise ConfigError("num_classes", f"is {num_classes}, but train_data's class_names name {len(names)} classes")
+    return num_classes or len(names)
+
+
+def materialize(directory: str, datasets: dict, arguments: dict, num_classes: int = 0, stream=None,
+                class_names: tuple = ()) -> dict:
     """Writes ``datasets`` ({split: Dataset}) into ``directory`` as a converted dataset; returns its manifest.
 
-    ``arguments`` names each split's argument for errors; ``num_classes`` (0 = largest label + 1) bounds the
-    labels and sets the manifest's classes. Shards are written in place (each atomically) and ``dataset.json``
+    ``arguments`` names each split's argument for errors; ``num_classes`` (0 = largest label + 1, or the width of
+    one-hot labels) bounds the labels and sets the manifest's classes, named by ``class_names`` when given. Shards are written in place (each atomically) and ``dataset.json``
     last, so an interrupted write leaves no dataset; the next call writes it again."""
     stream = stream or sys.stderr
+    num_classes = _class_bound(num_classes, class_names)
     state = os.path.join(directory, convert.STATE_DIR)
     fileio.makedirs(state)
     tasks, walks, walking, plan = [], {}, {}, {}
@@ -226,15 +163,15 @@ def materialize(directory: str, datasets: dict, arguments: dict, num_classes: in
     total = sum(plan.values())
     print(f"tfgpu.fit: writing {total} examples ({', '.join(f'{s}: {n}' for s, n in plan.items())}) once into "
           f"{directory}", file=stream, flush=True)
-    progress = workers.Progress(total, stream)
+    progress = workers.conversion_progress(total, stream)
     results = workers.run_in_process(tasks, progress)
-    progress.finish()
+    progress.close()
     for split, walk in walking.items():
         if next(walk, None) is not None:
             raise ConfigError(arguments[split], f"yields more than the {plan[split]} examples it reported (or "
                               "counted on a first pass): its examples change from pass to pass")
-    largest = max(w.max_label for w in walks.values())
-    classes = [str(c) for c in range(num_classes or largest + 1)]
+    largest = max(max(w.max_label + 1, w.intake.one_hot_width) for w in walks.values())
+    classes = list(class_names) or [str(c) for c in range(num_classes or largest)]
     options = convert.Options(source="tf.data.Dataset", output_dir=directory, image_format="png")
     source = sources.Source("tf.data", "tf.data", classes, {}, presplit=True, encoded=False)
     found = {"version": VERSION, "splits": {split: walk.fingerprint() for split, walk in walks.items()}}
@@ -266,7 +203,7 @@ def difference(stored: dict, current: dict, arguments: dict):
 
 
 def ensure(directory: str, datasets: dict, arguments: dict, is_chief: bool, num_classes: int = 0,
-           worker: str = "", stream=None) -> dict:
+           worker: str = "", stream=None, class_names: tuple = ()) -> dict:
     """Makes ``directory`` hold ``datasets`` ({split: Dataset}) as a converted dataset, once; returns its manifest.
 
     The chief writes it, or, when it is there already (a resumed run), reuses it after checking this call's
@@ -275,8 +212,8 @@ def ensure(directory: str, datasets: dict, arguments: dict, is_chief: bool, num_
     a worker whose dataset differs (other files, an unseeded random map) stops with a ConfigError naming it."""
     path = os.path.join(directory, tfrecord.MANIFEST)
     if is_chief and not fileio.exists(path):
-        return materialize(directory, datasets, arguments, num_classes, stream)
-    current = fingerprint(datasets, arguments, num_classes)
+        return materialize(directory, datasets, arguments, num_classes, stream, class_names)
+    current = fingerprint(datasets, arguments, _class_bound(num_classes, class_names))
     if not is_chief:
         _wait_for(path, directory)
     try:

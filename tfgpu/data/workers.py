@@ -12,7 +12,6 @@ import concurrent.futures
 from concurrent.futures.process import BrokenProcessPool
 import contextlib
 import json
-import math
 import multiprocessing
 import os
 import sys
@@ -21,6 +20,7 @@ import time
 
 from tfgpu.data import outdir
 from tfgpu.runtime import fileio
+from tfgpu.runtime import progress as progress_lib
 from tfgpu.runtime.fileio import atomic_write_bytes
 
 
@@ -131,40 +131,11 @@ def verified_shard(task: dict):
         return None
 
 
-class Progress:
-    """Images done, images/sec and ETA on one line (redrawn on a tty; a plain line every ``interval`` s otherwise)."""
-
-    def __init__(self, total: int, stream=None, interval: float | None = None):
-        self.total, self.stream = total, stream or sys.stderr
-        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.interval = interval if interval is not None else (0.5 if self.tty else 10.0)
-        self.start = self.last = time.monotonic()
-        self.first = None
-        self.done = 0
-
-    def update(self, done: int, force: bool = False):
-        self.done = done
-        now = time.monotonic()
-        if self.first is None and done:
-            self.first = (now, done)
-        if not force and now - self.last < self.interval:
-            return
-        self.last = now
-        # The rate counts from the first images done: worker start-up is not conversion speed.
-        t0, d0 = self.first or (self.start, 0)
-        rate = (done - d0) / (now - t0) if now - t0 > 0.05 else done / max(now - self.start, 1e-9)
-        eta = (self.total - done) / rate if rate > 0 else float("nan")
-        eta_text = "%d:%02d:%02d" % (eta // 3600, eta % 3600 // 60, eta % 60) if math.isfinite(eta) else "-:--:--"
-        pct = 100.0 * done / self.total if self.total else 100.0
-        line = f"convert: {done}/{self.total} images ({pct:.1f}%)  {rate:.1f} images/s  ETA {eta_text}"
-        if self.tty:
-            self.stream.write("\r" + line + ("\n" if force else ""))
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
-
-    def finish(self):
-        self.update(self.done, force=True)
+def conversion_progress(total: int, stream=None) -> progress_lib.Progress:
+    """The converter's progress (``runtime.progress``, as training's): images done as a bar on a terminal, else a
+    line with images per second and the ETA every 10 s and at the end (``close``)."""
+    return progress_lib.Progress(total, stream or sys.stderr, label="convert: images ", unit="image",
+                                 interval=10.0, rate=True)
 
 
 def run_in_process(tasks, progress):

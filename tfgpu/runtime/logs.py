@@ -1,14 +1,25 @@
-"""Console logging for entrypoints: tfgpu's own lines, timestamped, on stderr (TensorFlow's stay apart)."""
+"""Console logging for entrypoints: tfgpu's own lines, timestamped, on stderr (TensorFlow's stay apart), each on a
+line of its own while a progress bar is drawn (``runtime.progress``)."""
 import contextlib
 import logging
 import os
 import sys
 import tempfile
 
+from tfgpu.runtime import progress
+
+
+class _LineHandler(logging.StreamHandler):
+    """A stream handler that ends an open progress bar's line before each record, so the record starts a line."""
+
+    def emit(self, record):
+        progress.break_line()
+        super().emit(record)
+
 
 def setup(level: int = logging.INFO) -> logging.Logger:
     """Routes the "tfgpu" logger to stderr as ``HH:MM:SS I tfgpu] message``; safe to call twice."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _LineHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname).1s tfgpu] %(message)s", datefmt="%H:%M:%S"))
     logger = logging.getLogger("tfgpu")
     logger.handlers[:] = [handler]

@@ -9,8 +9,11 @@
   builder: inside the strategy scope, under the run's dtype policy; tfgpu casts its
   logits to float32. Its input must take the data's images, its output one logit per class.
 - ``train_data`` / ``eval_data``: a converted data directory (``dataset.json``; its eval
-  split is found as for ``--data_dir``), or a ``tf.data.Dataset`` of unbatched ``(image,
-  label)`` examples (uint8 ``HxWxC`` images, C 1 or 3; integer labels). A Dataset is
+  split is found as for ``--data_dir``), or a ``tf.data.Dataset`` of ``(image, label)``
+  examples (``HxWxC`` images, C 1 or 3, uint8 or float pixels in [0, 255]; integer or
+  one-hot labels), batched or not: ``keras.utils.image_dataset_from_directory``'s output
+  trains as it is, its ``class_names`` become the run's classes (``tfgpu.data.elements``;
+  one log line says what is unbatched and rounded to uint8). A Dataset is
   written once into ``<model_dir>/data`` (``tfgpu.data.from_dataset``: the converter's
   shard writer and manifest), splits ``train`` and ``val``; the classes are 0..largest
   label (or ``num_classes``). A later call with the same ``model_dir`` (to resume or train
@@ -125,7 +128,7 @@ def _fit(model_fn, train_data, model_dir, eval_data, options: dict) -> dict:
     if explicit.get("max_restarts"):
         raise FitError("max_restarts", "restarts re-execute python -m tfgpu.train; run your script again instead "
                        "(tfgpu.fit resumes from the last checkpoint in model_dir)")
-    datasets = _datasets(train_data, eval_data)
+    datasets, notes = _datasets(train_data, eval_data)
     if datasets:
         for name in SET_FOR_DATASETS:
             if name in options:
@@ -141,22 +144,26 @@ def _fit(model_fn, train_data, model_dir, eval_data, options: dict) -> dict:
 
     if not logging.getLogger("tfgpu").handlers:
         logs.setup()
+    for note in notes:
+        log.info("%s", note)
     desc = cluster.resolve_for_run(config.cluster, config.distribution_strategy)
     from tfgpu.training import experiment
 
     if datasets:
         experiment.check_model_dir(model_dir)
-        from tfgpu.data import from_dataset
+        from tfgpu.data import elements, from_dataset
 
         arguments = {TRAIN_SPLIT: "train_data", EVAL_SPLIT: "eval_data"}
         from_dataset.ensure(data_dir, datasets, arguments, cluster.is_chief(desc), config.num_classes,
-                            worker=f"worker {desc['worker_index']}" if desc else "")
+                            worker=f"worker {desc['worker_index']}" if desc else "",
+                            class_names=elements.class_names(train_data, eval_data))
     _fresh_runtime_if_needed(config, multi_worker=desc is not None and desc["num_workers"] > 1)
     return experiment.run(config, cluster_desc=desc)
 
 
-def _datasets(train_data, eval_data) -> dict:
-    """{split: Dataset} to write, or {} when ``train_data`` is a converted directory; checks both arguments."""
+def _datasets(train_data, eval_data) -> tuple:
+    """({split: Dataset} to write, or {} when ``train_data`` is a converted directory; the lines to log about how
+    they are taken (``from_dataset.accept``)); checks both arguments."""
     if isinstance(train_data, (str, os.PathLike)):
         from tfgpu.runtime import fileio
 
@@ -173,27 +180,29 @@ def _datasets(train_data, eval_data) -> dict:
         if not converted:
             raise FitError("train_data", f"{directory!r} is not a converted dataset (no dataset.json in it): pass a "
                            "tf.data.Dataset, or convert the data with python -m tfgpu.convert")
-        return {}
+        return {}, []
     import tensorflow as tf
 
-    from tfgpu.data import from_dataset
+    from tfgpu.data import elements
 
     if not isinstance(train_data, tf.data.Dataset):
         raise FitError("train_data", f"expected a converted data directory (a path with dataset.json) or a "
                        f"tf.data.Dataset of (image, label) examples, got {type(train_data).__name__} (for arrays: "
                        "tf.data.Dataset.from_tensor_slices((images, labels)))")
-    from_dataset.check_spec(train_data, "train_data")
-    datasets = {TRAIN_SPLIT: train_data}
+    elements.class_names(train_data, eval_data)  # before unbatching drops them
+    train_data, note = elements.accept(train_data, "train_data")
+    datasets, notes = {TRAIN_SPLIT: train_data}, [note]
     if eval_data is not None:
         if not isinstance(eval_data, tf.data.Dataset):
             raise FitError("eval_data", f"with a tf.data.Dataset as train_data, eval_data must be one too (or None), "
                            f"got {type(eval_data).__name__}")
-        from_dataset.check_spec(eval_data, "eval_data")
+        eval_data, note = elements.accept(eval_data, "eval_data")
+        notes.append(note)
         channels = eval_data.element_spec[0].shape[-1], train_data.element_spec[0].shape[-1]
         if None not in channels and channels[0] != channels[1]:
             raise FitError("eval_data", f"images have {channels[0]} channels, train_data's {channels[1]}")
         datasets[EVAL_SPLIT] = eval_data
-    return datasets
+    return datasets, [note for note in notes if note]
 
 
 def register(model_fn) -> str:

@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-from tfgpu.runtime import fileio
+from tfgpu.runtime import fileio, progress
 
 
 class History:
@@ -67,7 +67,8 @@ class PhaseTimer:
 
 
 class Progress:
-    """A Keras-style progress bar on a terminal, one line per loop otherwise; chief only.
+    """The trainer's progress (``runtime.progress``: a Keras-style bar on a terminal, one line per loop
+    otherwise); chief only.
 
     A line reads ``step N/TOTAL <declared metrics> elapsed=T eta=T``: the time since training started and the
     time left to the end of the schedule at the recent rate (evaluations included). With --target it also shows
@@ -77,61 +78,26 @@ class Progress:
         """``verbose``: --verbose; ``keys``: the metrics declared ``progress``, in order; ``best_name``: the
         target's metric, when there is a target."""
         self.keys = tuple(keys)
-        self.total = total
         self.best_key = f"best_{best_name}" if best_name else ""
         self.best = None
-        self.started = time.monotonic()
-        self._start_step = start
-        self._first = None  # (step, time) of the first update: later rates leave tracing out
         verbose = verbose if verbose >= 0 else (1 if sys.stdout.isatty() else 2)
-        self.verbose = verbose if chief else 0
-        self.bar = None
-        if self.verbose == 1:
-            import keras
-
+        self.shown = None
+        if chief and verbose in (1, 2):
             stateful = self.keys + ((self.best_key,) if self.best_key else ())
-            self.bar = keras.utils.Progbar(total, stateful_metrics=stateful, unit_name="step")
-            self.bar.update(start)
+            self.shown = progress.Progress(total, sys.stdout, bar=verbose == 1, label="step ", start=start,
+                                           stateful=stateful)
 
     def set_best(self, value) -> None:
         """The best value of the target's metric so far (shown from the next update on)."""
         self.best = value
 
-    def eta(self, step: int, now: float) -> float:
-        """Seconds left to ``total`` at the rate since the first update (since the start until there is one)."""
-        since_step, since = self._first if self._first and step > self._first[0] else (self._start_step,
-                                                                                          self.started)
-        if step <= since_step:
-            return float("nan")
-        return (now - since) / (step - since_step) * max(0, self.total - step)
-
     def update(self, step: int, values: dict):
         shown = [(k, values[k]) for k in self.keys if k in values]
         if self.best_key and self.best is not None:
             shown.append((self.best_key, self.best))
-        now = time.monotonic()
-        eta = self.eta(step, now)
-        if self._first is None:
-            self._first = (step, now)
-        if self.bar is not None:
-            self.bar.update(step, shown)
-        elif self.verbose == 2:
-            times = f"elapsed={duration(now - self.started)} eta={duration(eta)}"
-            print(f"step {step}/{self.total} " + " ".join(f"{k}={v:.4g}" for k, v in shown)
-                  + (" " if shown else "") + times, flush=True)
+        if self.shown is not None:
+            self.shown.update(step, shown)
 
     def close(self):
-        if self.bar is not None:
-            print(flush=True)
-
-
-def duration(seconds: float) -> str:
-    """``42s``, ``3m05s``, ``2h01m``; ``?`` when unknown."""
-    if seconds != seconds or seconds < 0:
-        return "?"
-    seconds = int(round(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+        if self.shown is not None:
+            self.shown.close()

@@ -1,0 +1,48 @@
+"""A finished run restored for the commands that act on one (``evaluate``, ``export``, ``sample``): their shared
+flags, the run's saved config with the flags given as overrides, and its model at the latest or a given
+checkpoint, with the same one-line errors in all three."""
+import os
+
+from tfgpu import cli
+from tfgpu.config import ConfigError
+from tfgpu.runtime import fileio
+
+
+def parser(prog: str, usage: str, description: str, what: str, own: tuple = ()) -> cli.ArgumentParser:
+    """A parser for a command on a finished run: ``--model_dir`` and ``--checkpoint``, and every train flag except
+    ``own`` (the command's options of the same name) as an override of the run's saved config."""
+    p = cli.ArgumentParser(prog=prog, usage=usage, description=description)
+    p.add_argument("--model_dir", required=True, help=f"The run directory (with config.yaml) {what}.")
+    p.add_argument("--checkpoint", default="", help="Checkpoint path; default: the run's latest.")
+    p.add_config_flags(exclude=("model_dir", *own), overrides="the run's config.yaml")
+    return p
+
+
+def run_config(model_dir: str, namespace):
+    """The run's saved config with the train flags of ``namespace`` applied."""
+    fileio.check_scheme(model_dir, "model_dir")
+    saved = os.path.join(model_dir, "config.yaml")
+    if not fileio.exists(saved):
+        raise ConfigError("model_dir", f"{saved} not found: {model_dir!r} is not a tfgpu run directory")
+    return cli.resolve(namespace, saved, model_dir=model_dir)
+
+
+def restore(config, checkpoint: str):
+    """(built experiment, restored step) of a run, without rewriting its config.yaml."""
+    from tfgpu.training import experiment
+
+    built = experiment.setup(config, write_config=False)
+    step = built.trainer.restore(checkpoint)
+    if step == 0 and not checkpoint:
+        raise ConfigError("model_dir", f"no checkpoint in {config.model_dir}/checkpoints")
+    return built, step
+
+
+def restored(opts, task: str = "", task_name: str = ""):
+    """(config, built experiment, restored step) of the run ``opts`` (a ``parser`` namespace) names; ``task``,
+    when given, is the task the run must have trained (``task_name`` says it in the error)."""
+    config = run_config(opts.model_dir, opts)
+    if task and config.task != task:
+        raise ConfigError("model_dir", f"{opts.model_dir} is a {config.task} run, not a {task_name or task} run")
+    built, step = restore(config, opts.checkpoint)
+    return config, built, step
