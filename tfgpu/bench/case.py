@@ -114,8 +114,9 @@ def _macs(model, image_shape):
         return {"macs_per_example": None, "params": count_params(model)}
 
 
-def _timed_history(history):
-    """The trainer's history writer, also noting wall and CPU clocks when each train loop's line is written."""
+def _timed_history():
+    """The class of the trainer's history writer that also notes wall and CPU clocks when each train loop's line is
+    written (``marks``)."""
     from tfgpu.training.trainer import History
 
     class TimedHistory(History):
@@ -128,7 +129,7 @@ def _timed_history(history):
             if kind == "train":
                 self.marks[step] = (time.perf_counter(), time.process_time())
 
-    return TimedHistory(os.path.dirname(history.path), history.enabled)
+    return TimedHistory
 
 
 def _run_tfgpu(case: dict, config) -> dict:
@@ -138,8 +139,8 @@ def _run_tfgpu(case: dict, config) -> dict:
 
     if case.get("per_replica_batch_size"):
         config = dataclasses.replace(config, global_batch_size=case["per_replica_batch_size"] * _replica_count(config))
-    built = experiment.setup(config, write_config=False)
-    built.trainer.history = history = _timed_history(built.trainer.history)
+    built = experiment.setup(config, write_config=False, history_class=_timed_history())
+    history = built.trainer.history
     built.trainer.train()
     placement = built.placement
     out = {"batch_size": config.global_batch_size,

@@ -49,11 +49,12 @@ UNRESOLVED = object()  # ``setup``'s cluster_desc when the caller has not resolv
 
 
 def setup(config: Config, write_config: bool = True, startup: PhaseTimer | None = None,
-          cluster_desc=UNRESOLVED) -> Setup:
+          cluster_desc=UNRESOLVED, history_class=None) -> Setup:
     """Devices, strategy, data description, task and trainer for ``config``; raises ConfigError early.
     ``startup`` times each phase (the trainer goes on timing it to the end of its first loop). ``cluster_desc``:
     the cluster as ``cluster.resolve_for_run`` describes it (None: this process trains alone), when the caller
-    resolved it already; it is resolved here, once, otherwise, and the strategy is built from it."""
+    resolved it already; it is resolved here, once, otherwise, and the strategy is built from it.
+    ``history_class``: the trainer's history.jsonl writer (default ``History``; the benchmark's also times)."""
     from tfgpu.runtime import cluster
 
     startup = startup or PhaseTimer(time.time())
@@ -124,7 +125,8 @@ def setup(config: Config, write_config: bool = True, startup: PhaseTimer | None 
     # there leaves config.yaml describing the checkpoint, and no record of a change that never trained.
     on_restored = ([lambda step, history: _write_run_config(config, accepted, step, history)]
                    if placement.is_chief and accepted else [])
-    trainer = Trainer(TrainerConfig.of(config), inputs, placement, task, info, total_steps, startup, on_restored)
+    trainer = Trainer(TrainerConfig.of(config), inputs, placement, task, info, total_steps, startup, on_restored,
+                      history_class)
     startup.mark("build")  # the task's models and optimizers, the trainer's loops and checkpointer
     return Setup(config, placement, info, task, trainer, total_steps)
 

@@ -53,10 +53,11 @@ class Trainer:
     Built whole by its constructor: the task's models and optimizers (after ``Task.check_fine_tuning``), the
     compiled loops, the checkpointer and the TensorBoard writers; ``restore`` then only restores. ``startup``:
     the PhaseTimer ``experiment.setup`` began (the first loop finishes it; time_to_target_s counts from its
-    start); ``on_restored``: callables(step, history) run once the checkpoint, if any, is restored."""
+    start); ``on_restored``: callables(step, history) run once the checkpoint, if any, is restored;
+    ``history_class``: the history.jsonl writer (default ``History``)."""
 
     def __init__(self, config: TrainerConfig, inputs: InputConfig, placement: Placement, task, info,
-                 total_steps: int, startup=None, on_restored=()):
+                 total_steps: int, startup=None, on_restored=(), history_class=None):
         self.config = config
         self.inputs = inputs
         self.placement = placement
@@ -66,7 +67,7 @@ class Trainer:
         self.total_steps = total_steps
         self.model_dir = config.model_dir
         self.chief = placement.is_chief
-        self.history = History(self.model_dir, self.chief)
+        self.history = (history_class or History)(self.model_dir, self.chief)
         self._preempt_requested = False
         self.declarations = metric_specs.of_task(task)
         self.target = target_lib.resolve(config.target, self.declarations) if config.target else None
