@@ -2,7 +2,8 @@
 
 Default suite: the script's main() in this process on 320 of the digits for 2 steps (its data, its model, its
 tfgpu.fit call and the line it prints), and the launcher's command for ``-- python script.py``. Marked slow: the
-full default run (300 steps, val_accuracy >= 0.95; 50 s on 2 cores) and two workers through tfgpu.launch. The
+full default run (300 steps, val_accuracy >= 0.95; 50 s on 2 cores), two workers through tfgpu.launch, and a
+SIGTERM to the script (exit 143 after the checkpoint; 11 s). The
 equality of tfgpu.fit with python -m tfgpu.train, and its errors and resume, are tests/training/test_fit.py's.
 """
 import importlib.util
@@ -95,3 +96,28 @@ def test_two_workers_through_launch_train_one_model_on_the_chiefs_records(tmp_pa
     assert f"[worker 0] {line}" in out and f"[worker 1] {line}" in out
     manifest = json.loads((tmp_path / "data" / "dataset.json").read_text())
     assert manifest["splits"]["train"]["num_examples"] == 1438
+
+
+@pytest.mark.slow
+def test_a_sigterm_to_the_script_saves_a_checkpoint_and_exits_143(tmp_path):
+    """tfgpu.fit raises tfgpu.Preempted after the SIGTERM's checkpoint; the script ends with the table's 143, which
+    tfgpu.launch and clusters retry (before the script caught it: exit 1 and a traceback)."""
+    import signal
+    import time
+
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    proc = subprocess.Popen([sys.executable, SCRIPT, f"--model_dir={tmp_path}"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 300
+        history = tmp_path / "history.jsonl"
+        while not (history.exists() and '"train"' in history.read_text()):
+            assert proc.poll() is None and time.time() < deadline, "the script ended before it could be preempted"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, output[-3000:]
+    assert "stopped: preempted by SIGTERM: checkpoint saved at step" in output and "Traceback" not in output
+    assert any(name.endswith(".index") for name in os.listdir(tmp_path / "checkpoints"))
