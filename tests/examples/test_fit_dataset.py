@@ -16,7 +16,7 @@ import types
 
 import pytest
 
-from tests.conftest import REPO, read_metrics
+from tests.conftest import REPO, preempted, read_metrics
 
 SCRIPT = os.path.join(REPO, "examples", "fit_dataset.py")
 
@@ -102,22 +102,7 @@ def test_two_workers_through_launch_train_one_model_on_the_chiefs_records(tmp_pa
 def test_a_sigterm_to_the_script_saves_a_checkpoint_and_exits_143(tmp_path):
     """tfgpu.fit raises tfgpu.Preempted after the SIGTERM's checkpoint; the script ends with the table's 143, which
     tfgpu.launch and clusters retry (before the script caught it: exit 1 and a traceback)."""
-    import signal
-    import time
-
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    proc = subprocess.Popen([sys.executable, SCRIPT, f"--model_dir={tmp_path}"], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.time() + 300
-        history = tmp_path / "history.jsonl"
-        while not (history.exists() and '"train"' in history.read_text()):
-            assert proc.poll() is None and time.time() < deadline, "the script ended before it could be preempted"
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        output, _ = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode == 143, output[-3000:]
-    assert "stopped: preempted by SIGTERM: checkpoint saved at step" in output and "Traceback" not in output
+    proc = preempted([sys.executable, SCRIPT, f"--model_dir={tmp_path}"], tmp_path)
+    assert proc.returncode == 143, proc.stdout[-3000:]
+    assert "stopped: preempted by SIGTERM: checkpoint saved at step" in proc.stdout and "Traceback" not in proc.stdout
     assert any(name.endswith(".index") for name in os.listdir(tmp_path / "checkpoints"))

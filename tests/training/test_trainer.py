@@ -2,14 +2,12 @@
 skipped (non-finite) steps and the schedule, failing kernels, quickstart."""
 import os
 import signal
-import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, checkpoint_weights, read_history, read_metrics
+from tests.conftest import checkpoint_weights, preempted, read_history, read_metrics
 
 SMALL = ["--dataset=digits", "--model=resnet20", "--global_batch_size=64", "--eval_split=none", "--verbose=2"]
 
@@ -78,21 +76,10 @@ def test_sigterm_saves_exits_143_and_resume_is_exact(run_train, data_cache, tmp_
     common = SMALL + ["--train_steps=120", "--steps_per_loop=2", "--deterministic", "--checkpoint_every_steps=0"]
     run_train(*common, f"--model_dir={tmp_path / 'straight'}")
     model_dir = tmp_path / "preempted"
-    env = {**os.environ, "TFGPU_DATA_CACHE": data_cache, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    proc = subprocess.Popen([sys.executable, "-m", "tfgpu.train", *common, f"--model_dir={model_dir}"], cwd=REPO,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.time() + 120
-        history = model_dir / "history.jsonl"
-        while not (history.exists() and history.read_text().count("\n") >= 2):
-            assert proc.poll() is None and time.time() < deadline, "run ended before it could be preempted"
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        output, _ = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode == 143, output[-3000:]
-    assert "preempted: checkpoint saved at step" in output
+    proc = preempted([sys.executable, "-m", "tfgpu.train", *common, f"--model_dir={model_dir}"], model_dir,
+                     train_lines=2, env={"TFGPU_DATA_CACHE": data_cache}, timeout=120)
+    assert proc.returncode == 143, proc.stdout[-3000:]
+    assert "preempted: checkpoint saved at step" in proc.stdout
     stopped_at = read_history(model_dir)[-1]["step"]
     assert 0 < stopped_at < 120
     resumed = run_train(*common, f"--model_dir={model_dir}")
