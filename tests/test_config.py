@@ -5,6 +5,7 @@ import pytest
 import yaml
 
 from tfgpu import config as config_lib
+from tfgpu import config_sources
 from tfgpu.config import ConfigError
 
 BASE = {"dataset": "digits", "model": "small_cnn", "model_dir": "/tmp/unused"}
@@ -13,7 +14,7 @@ BASE = {"dataset": "digits", "model": "small_cnn", "model_dir": "/tmp/unused"}
 def _resolve_yaml(tmp_path, text: str, name="run.yaml"):
     path = tmp_path / name
     path.write_text(text) if isinstance(text, str) else path.write_bytes(text)
-    return config_lib.resolve({}, str(path)), str(path)
+    return config_sources.resolve({}, str(path)), str(path)
 
 
 @pytest.mark.parametrize("text, message", [
@@ -42,9 +43,9 @@ def test_malformed_yaml_config_is_one_line_naming_the_file(tmp_path, text, messa
 
 def test_unreadable_or_missing_yaml_config(tmp_path):
     with pytest.raises(ConfigError, match=f"^--config: cannot read {tmp_path}: Is a directory$"):
-        config_lib.resolve({}, str(tmp_path))
+        config_sources.resolve({}, str(tmp_path))
     with pytest.raises(ConfigError, match="^--config: file '/no/such.yaml' does not exist$"):
-        config_lib.resolve({}, "/no/such.yaml")
+        config_sources.resolve({}, "/no/such.yaml")
 
 
 def test_well_formed_yaml_still_loads_and_command_line_wins(tmp_path):
@@ -52,19 +53,19 @@ def test_well_formed_yaml_still_loads_and_command_line_wins(tmp_path):
                            "jit_compile": True})
     path = tmp_path / "ok.yaml"
     path.write_text(text)
-    config = config_lib.resolve({"seed": 5}, str(path))
+    config = config_sources.resolve({"seed": 5}, str(path))
     assert (config.seed, config.base_learning_rate, config.lr_decay_epochs, config.jit_compile) == (
         5, 1e-4, (30.0, 60.0), True)
     empty = tmp_path / "empty.yaml"
     empty.write_text("# nothing set\n")
-    assert config_lib.load_yaml(str(empty)) == {}
+    assert config_sources.load_yaml(str(empty)) == {}
 
 
 def test_a_saved_config_replays(tmp_path):
-    config = config_lib.resolve(BASE)
+    config = config_sources.resolve(BASE)
     path = os.path.join(tmp_path, "config.yaml")
-    config_lib.save_yaml(config, path)
-    assert config_lib.resolve({}, path) == config
+    config_sources.save_yaml(config, path)
+    assert config_sources.resolve({}, path) == config
 
 
 def test_options_are_filed_and_described_for_the_tasks_that_read_them():
@@ -83,9 +84,9 @@ def test_a_gan_refuses_an_input_range_other_than_its_tanh_range():
     from tfgpu.config import Config
 
     with pytest.raises(ConfigError, match=r"^--input_range: GANs always use -1,1 \(the generator ends in tanh\)"):
-        Config(model_dir="d", dataset="digits", task="gan", input_range=(0.0, 1.0)).validate()
-    Config(model_dir="d", dataset="digits", task="gan", input_range=(-1.0, 1.0)).validate()
-    Config(model_dir="d", dataset="digits", input_range=(0.0, 1.0)).validate()
+        Config(model_dir="d", dataset="digits", task="gan", input_range=(0.0, 1.0)).check_values()
+    Config(model_dir="d", dataset="digits", task="gan", input_range=(-1.0, 1.0)).check_values()
+    Config(model_dir="d", dataset="digits", input_range=(0.0, 1.0)).check_values()
 
 
 def test_an_input_range_float32_cannot_hold_is_refused_naming_the_flag():
@@ -95,5 +96,5 @@ def test_an_input_range_float32_cannot_hold_is_refused_naming_the_flag():
 
     for bad in ((0.0, 3.2e-40), (1.0, 1.0 + 1e-9), (1e-39, 1.0)):
         with pytest.raises(ConfigError, match="--input_range: .*too narrow for float32"):
-            Config(model_dir="unused", dataset="digits", input_range=bad).validate()
-    Config(model_dir="unused", dataset="digits", input_range=(0.0, 1e-3)).validate()
+            Config(model_dir="unused", dataset="digits", input_range=bad).check_values()
+    Config(model_dir="unused", dataset="digits", input_range=(0.0, 1e-3)).check_values()

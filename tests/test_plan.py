@@ -10,14 +10,14 @@ import pytest
 
 from tests.conftest import REPO
 from tfgpu import plan
+from tfgpu.training import results
 
 
 def write_run(model_dir, step_ms=(900.0, 40.0, 42.0, 41.0), batch=64, params=4_000_000):
     os.makedirs(model_dir)
     with open(os.path.join(model_dir, "config.yaml"), "w") as f:
         f.write(f"global_batch_size: {batch}\nallreduce_dtype: float32\n")
-    with open(os.path.join(model_dir, "metrics.json"), "w") as f:
-        json.dump({"trainable_parameters": params}, f)
+    results.write(model_dir, results.RunResult(parameters=results.ParameterCounts(trainable=params)))
     with open(os.path.join(model_dir, "history.jsonl"), "w") as f:
         for i, ms in enumerate(step_ms):
             f.write(json.dumps({"kind": "train", "step": 10 * (i + 1), "step_time_ms": ms}) + "\n")

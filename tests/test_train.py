@@ -253,6 +253,7 @@ FAKE_TENSORFLOW = "raise ImportError('tensorflow was imported')\n"
     (["--recipe=quickstart", "--epochs=-3"], "error: --epochs: must be positive when --train_steps is 0, got -3.0"),
     (["--flagfile=missing.flags"], "error: --flagfile: file 'missing.flags' does not exist"),
     (["--recipe=quickstart", "--precision=fp8"], "error: --precision: 'fp8' is not one of"),
+    (["--recipe=quickstart", "--eval_every=2days"], "error: --eval_every: '2days' is not a duration"),
 ])
 def test_a_bad_flag_or_value_is_one_line_before_tensorflow_is_imported(tmp_path, argv, error):
     """From an empty directory, with a `tensorflow` that fails on import first on the path: the error must be the

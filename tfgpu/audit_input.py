@@ -29,7 +29,7 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported anywhere
 
-from tfgpu.config import ConfigError, DatasetConfig, InputConfig  # noqa: E402
+from tfgpu.config import ConfigError, DatasetConfig  # noqa: E402
 from tfgpu.training import failures  # noqa: E402
 
 USAGE = ("python -m tfgpu.audit_input --data_dir=D [--dataset=NAME] --num_workers=N [--replicas_per_worker=R] "
@@ -78,8 +78,9 @@ def read_keys(config, info, num_workers: int, replicas_per_worker: int, records:
     import tensorflow as tf
 
     from tfgpu.data import pipeline
+    from tfgpu.tasks.registry import input_config
 
-    dataset_fn = pipeline.train_dataset_fn(InputConfig.of(config), info, start_step, record_keys=True, plan=plan)
+    dataset_fn = pipeline.train_dataset_fn(input_config(config), info, start_step, record_keys=True, plan=plan)
     per_worker = []
     for worker in range(num_workers):
         ctx = tf.distribute.InputContext(num_workers, worker, num_workers * replicas_per_worker)
@@ -129,11 +130,12 @@ def audit(config, num_workers: int, replicas_per_worker: int = 1, epochs: int = 
     import numpy as np
 
     from tfgpu.data import catalog, position, records, resume
+    from tfgpu.tasks.registry import input_config
 
     info = catalog.prepare(DatasetConfig.of(config))
     if info.name == "synthetic":
         raise ConfigError("dataset", "synthetic data repeats one random batch; there are no records to audit")
-    inputs = InputConfig.of(config)
+    inputs = input_config(config)
     split = info.train_split
     files = info.split_files[split]
     starts = position.first_of_file(files)
@@ -147,7 +149,7 @@ def audit(config, num_workers: int, replicas_per_worker: int = 1, epochs: int = 
     result = {"data": info.directory, "split": split, "records": total, "unreadable": int(unreadable.sum()),
               "num_workers": num_workers,
               "replicas_per_worker": replicas_per_worker, "records_per_worker_per_epoch": epoch_size,
-              "steps_per_epoch": num_workers * epoch_size / config.examples_per_step, "epochs": []}
+              "steps_per_epoch": num_workers * epoch_size / inputs.examples_per_step, "epochs": []}
     plan, stage_reads, first_epoch, before, ranges = None, 0, 0, (), shares
     if resume_from_step:
         recorded = position.from_step(resume_from_step, previous, records.train_records(info))
@@ -198,10 +200,12 @@ def format_report(result: dict) -> str:
 def _previous_topology(opts, config):
     """The interrupted run's topology from the --previous_* flags (each defaults to this run's value)."""
     from tfgpu.data import position
+    from tfgpu.tasks.registry import input_config
 
     return position.Topology(opts.previous_num_workers or opts.num_workers,
                              opts.previous_replicas_per_worker or opts.replicas_per_worker,
-                             opts.previous_global_batch_size or config.global_batch_size, config.batches_per_step)
+                             opts.previous_global_batch_size or config.global_batch_size,
+                             input_config(config).batches_per_step)
 
 
 def main(argv=None) -> int:

@@ -24,6 +24,7 @@ import re
 import sys
 
 from tfgpu import config as config_lib
+from tfgpu import config_sources
 from tfgpu.config import ConfigError
 
 __all__ = ["ArgumentParser", "ConfigError", "expand_flagfiles", "resolve", "wants_help"]
@@ -310,8 +311,8 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def resolve(namespace, yaml_path: str = "", references: bool = True, **fixed) -> config_lib.Config:
     """The validated Config of a parsed command line: defaults < YAML < flags given < ``fixed`` (``references``:
-    as ``config.resolve``)."""
-    return config_lib.resolve({**namespace.config_flags, **fixed}, yaml_path, references)
+    as ``config_sources.resolve``)."""
+    return config_sources.resolve({**namespace.config_flags, **fixed}, yaml_path, references)
 
 
 def program_name(module_form: str) -> str:

@@ -1,16 +1,13 @@
-"""The one frozen run configuration, and how it is resolved from its sources.
+"""The one frozen run configuration: every option, its default, type, help and checks of its value.
 
-Precedence, lowest to highest: field defaults < YAML file (``--config``) <
-flagfile and command line (command line last, so it wins). Only the
-entrypoint (``tfgpu.train``) talks to absl; it hands this module a dict of
-the flags the user set explicitly. Every field becomes a flag of the same
-name, with the help text and group given here. The module is long (~500 lines) because it is the one
-declaration of every option; the sections below it only narrow that list, so they stay beside it.
+Precedence, lowest to highest: field defaults < YAML file (``--config``) < flagfile and command line (command line
+last, so it wins); ``tfgpu.config_sources`` reads those sources and checks what the values name, because this
+module is a leaf that imports nothing from tfgpu. Every field becomes a flag of the same name, with the help text
+and group given here. The module is long (~450 lines) because it is the one declaration of every option; the
+sections below it only narrow that list, so they stay beside it.
 """
 import dataclasses
 import typing
-
-import yaml
 
 
 class ConfigError(ValueError):
@@ -38,12 +35,18 @@ class Config:
     seed: int = _opt(42, "Seed for weights, data order and augmentation.", "experiment")
     deterministic: bool = _opt(False, "Bit-reproducible run: op determinism and a deterministic input pipeline "
                                "(slower; same flags give the same weights).", "experiment")
+    train: str = _opt("", "How long to train: N (optimizer steps), Nep (epochs) or Nex (examples), e.g. 90ep; "
+                      "empty = --train_steps, else --epochs.", "experiment")
     train_steps: int = _opt(0, "Optimizer steps to train; wins over --epochs when > 0.", "experiment")
     epochs: float = _opt(1.0, "Passes over the train split, used when --train_steps is 0.", "experiment")
     steps_per_loop: int = _opt(100, "Train steps inside one tf.function call (one host round trip).", "experiment")
+    checkpoint_every: str = _opt("", "Save a checkpoint every N steps, Nep (epochs) or Nex (examples), and always at "
+                                 "the end; empty = --checkpoint_every_steps.", "experiment")
     checkpoint_every_steps: int = _opt(1000, "Save a checkpoint every N steps (and always at the end); 0 = end only.",
                                        "experiment")
     keep_checkpoints: int = _opt(3, "How many recent checkpoints to keep.", "experiment")
+    eval_every: str = _opt("", "Evaluate every N steps, Nep (epochs) or Nex (examples), and always at the end; "
+                           "empty = --eval_every_steps.", "experiment")
     eval_every_steps: int = _opt(0, "Evaluate every N steps (and always at the end); 0 = end only.", "experiment")
     eval_steps: int = _opt(0, "Eval batches per evaluation; 0 = the whole eval split exactly once.", "experiment")
     target: str = _opt("", "METRIC:VALUE (e.g. val_accuracy:0.97, fid:20): stop at the first evaluation that "
@@ -154,11 +157,16 @@ class Config:
                                      "--global_batch_size.", "optimizer")
     lr_schedule: str = _opt("cosine", "Classification: after warmup, cosine decay to 0, step decay, or constant.",
                             "optimizer", ("cosine", "step", "constant"))
+    warmup: str = _opt("", "Classification: linear warmup length, N (steps), Nep (epochs) or Nex (examples); "
+                       "empty = --warmup_steps, else --warmup_epochs.", "optimizer")
     warmup_epochs: float = _opt(0.0, "Classification: linear warmup length in epochs.", "optimizer")
     warmup_steps: int = _opt(0, "Classification: linear warmup length in steps; wins over --warmup_epochs when > 0.",
                              "optimizer")
     lr_decay_epochs: tuple = _opt((), "Classification: epochs at which the step schedule multiplies the LR by "
                                   "--lr_decay_factor (comma separated).", "optimizer")
+    lr_decay_at: str = _opt("", "Classification: where the step schedule multiplies the LR by --lr_decay_factor, "
+                            "durations comma separated (e.g. 30ep,60ep or 5000,8000); empty = --lr_decay_epochs.",
+                            "optimizer")
     lr_decay_factor: float = _opt(0.1, "Classification: step schedule decay factor.", "optimizer")
     momentum: float = _opt(0.9, "Classification: SGD momentum.", "optimizer")
     nesterov: bool = _opt(False, "Classification: Nesterov momentum for sgd.", "optimizer")
@@ -210,26 +218,9 @@ class Config:
 
     # -- derived values -----------------------------------------------------
     @property
-    def batches_per_step(self) -> int:
-        """Global batches of the train split one optimizer step reads, as the task declares it
-        (``Task.batches_per_step``). Imports the task registry (and TensorFlow) on first use."""
-        from tfgpu.tasks.base import get_task
-
-        try:
-            task = get_task(self.task)
-        except ValueError as e:
-            raise ConfigError("task", str(e)) from None
-        return task.batches_per_step(self)
-
-    @property
     def allowed_config_changes(self) -> frozenset:
         """The field names --allow_config_change lists."""
         return frozenset(name.strip() for name in self.allow_config_change.split(",") if name.strip())
-
-    @property
-    def examples_per_step(self) -> int:
-        """Train examples one optimizer step reads over all replicas."""
-        return self.global_batch_size * self.batches_per_step
 
     @property
     def compute_dtype(self) -> str:
@@ -238,13 +229,10 @@ class Config:
                              "turns it into a policy for this run's devices")
         return {"float32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}[self.precision]
 
-    def validate(self) -> "Config":
-        """``check_values``, then ``check_references``; raises ConfigError naming the flag."""
-        return self.check_values().check_references()
-
     def check_values(self) -> "Config":
         """Checks the values themselves, importing nothing (no TensorFlow): a mistake is one line in well under a
-        second; raises ConfigError naming the flag."""
+        second; raises ConfigError naming the flag. What the values name (files, models, user code, the --target
+        metric) is checked by ``tfgpu.config_sources.check_references``."""
         if not self.model_dir:
             raise ConfigError("model_dir", "is required (where checkpoints and metrics go)")
         for name in ("global_batch_size", "steps_per_loop", "keep_checkpoints", "grad_accum_steps", "n_critic",
@@ -301,32 +289,6 @@ class Config:
                 raise ConfigError(f.name, f"{getattr(self, f.name)!r} is not one of {', '.join(map(str, choices))}")
         return self
 
-    def check_references(self) -> "Config":
-        """Checks what the values name: file system schemes, the --target metric's form, the model (a user's
-        MODULE:FUNCTION is imported) and GAN builders. Imports TensorFlow; raises ConfigError naming the flag."""
-        from tfgpu.runtime import fileio  # a scheme the installed TensorFlow lacks fails here, in one line
-
-        fileio.check_schemes({f: getattr(self, f) for f in ("model_dir", "data_dir", "data_cache_dir")})
-        if self.target:  # the metric is checked against the task's declarations when the trainer is built
-            from tfgpu.training import target
-
-            target.parse(self.target)
-        from tfgpu.models.registry import get_spec  # cheap: no TensorFlow work
-        try:
-            get_spec(self.model)  # a user's MODULE:FUNCTION is imported here (tfgpu.models.user)
-        except ConfigError:
-            raise
-        except ValueError as e:
-            raise ConfigError("model", str(e)) from None
-        for flag in ("generator", "discriminator"):
-            if getattr(self, flag):
-                if self.task != "gan":
-                    raise ConfigError(flag, f"is for --task=gan; this run is --task={self.task}")
-                from tfgpu.models import user
-
-                user.load(getattr(self, flag), flag)
-        return self
-
     def to_dict(self) -> dict:
         return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v)
                 for f in dataclasses.fields(self)}
@@ -337,8 +299,10 @@ class Section:
     Users still set flat flags; ``XConfig.of(config)`` picks the slice (derived values included)."""
 
     @classmethod
-    def of(cls, config: "Config"):
-        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
+    def of(cls, config: "Config", **derived):
+        """The slice of ``config``; ``derived`` gives the fields that are not options (e.g. batches_per_step)."""
+        return cls(**{f.name: derived[f.name] if f.name in derived else getattr(config, f.name)
+                      for f in dataclasses.fields(cls)})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -380,11 +344,12 @@ class DatasetConfig(Section):
 @dataclasses.dataclass(frozen=True)
 class InputConfig(Section):
     """How the train and eval pipelines read a dataset, and how many steps make the schedule (data/pipeline.py).
-    ``batches_per_step`` is the task's declaration (Task.batches_per_step)."""
+    ``batches_per_step`` is the task's declaration (Task.batches_per_step): ``tasks.registry.input_config``."""
     seed: int
     global_batch_size: int
     eval_batch_size: int
     batches_per_step: int
+    train: str
     train_steps: int
     epochs: float
     eval_steps: int
@@ -399,8 +364,13 @@ class InputConfig(Section):
     skip_corrupt_records: bool
     cache: bool
 
+    @classmethod
+    def of(cls, config: "Config", batches_per_step: int):
+        return super().of(config, batches_per_step=batches_per_step)
+
     @property
     def examples_per_step(self) -> int:
+        """Train examples one optimizer step reads over all replicas."""
         return self.global_batch_size * self.batches_per_step
 
 
@@ -411,8 +381,10 @@ class OptimizationConfig(Section):
     base_learning_rate: float
     global_batch_size: int
     lr_schedule: str
+    warmup: str
     warmup_epochs: float
     warmup_steps: int
+    lr_decay_at: str
     lr_decay_epochs: tuple
     lr_decay_factor: float
     momentum: float
@@ -422,7 +394,8 @@ class OptimizationConfig(Section):
 
 @dataclasses.dataclass(frozen=True)
 class TrainerConfig(Section):
-    """The loop's own options (training/trainer.py); the pipeline's come as an InputConfig."""
+    """The loop's own options (training/trainer.py); the pipeline's come as an InputConfig. The intervals are in
+    steps: experiment.setup turns --eval_every and --checkpoint_every into them (tfgpu.durations)."""
     model_dir: str
     steps_per_loop: int
     checkpoint_every_steps: int
@@ -479,61 +452,3 @@ def coerce(name: str, value):
         return kind(value)
     except (TypeError, ValueError):
         raise ConfigError(name, f"expected {kind.__name__}, got {value!r}") from None
-
-
-def load_yaml(path: str) -> dict:
-    """The option: value mapping of a YAML config file; ConfigError(config) naming the file when it is missing,
-    unreadable, not YAML or not a mapping of option names."""
-    from tfgpu.runtime import fileio  # a run's config.yaml may be on gs://, ram://
-
-    if not fileio.exists(path):
-        raise ConfigError("config", f"file {path!r} does not exist")
-    try:
-        data = yaml.safe_load(fileio.read_text(path))
-    except OSError as e:
-        raise ConfigError("config", f"cannot read {path}: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise ConfigError("config", f"{path} is not a UTF-8 text file") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or type(e).__name__
-        raise ConfigError("config", f"{path} is not valid YAML: {problem}{where}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError("config", f"{path} must hold a mapping of option: value, got {type(data).__name__}")
-    for name in data:
-        if not isinstance(name, str):
-            raise ConfigError("config", f"{path}: option names must be strings, got {name!r}")
-    return data
-
-
-def resolve(explicit: dict, yaml_path: str = "", references: bool = True) -> Config:
-    """Builds the validated Config: defaults < YAML < ``explicit`` (flagfile + command line). ``references``
-    False checks the values alone (``Config.check_values``: nothing imported); call ``check_references`` after."""
-    values = {}
-    if yaml_path:
-        for name, value in load_yaml(yaml_path).items():
-            try:
-                values[name] = coerce(name, value)
-            except ConfigError as e:
-                raise ConfigError("config", f"{yaml_path}: {name}: {e.reason}") from None
-    for name, value in explicit.items():
-        values[name] = coerce(name, value)
-    from tfgpu.models import user  # a relative path/to/file.py:FUNCTION is saved absolute, to load from anywhere
-
-    for name in user.FLAGS:
-        if name in values:
-            values[name] = user.absolute(values[name])
-    config = Config(**values)
-    return config.validate() if references else config.check_values()
-
-
-def save_yaml(config: Config, path: str) -> None:
-    """Writes the effective config so ``--config=<model_dir>/config.yaml`` repeats the run."""
-    from tfgpu.runtime.fileio import atomic_write_bytes
-
-    text = "# Effective tfgpu config; rerun with --config=<this file>.\n" + yaml.safe_dump(
-        config.to_dict(), sort_keys=False)
-    atomic_write_bytes(path, text.encode())

@@ -24,7 +24,8 @@ def build_parser() -> cli.ArgumentParser:
     a("--source", default="", help="An image folder (root/<class>/*.jpg, optionally root/train/ and root/val/; "
       "JPEG, PNG, BMP, GIF, WebP, TIFF; OS debris ignored), a .csv/.tsv of path,label[,split] (paths relative to the "
       "file; integer labels are class ids), a .npz with x (N,H,W[,C]) uint8 and y (N,) (or x_<split>/y_<split>), "
-      "tfds:NAME[/CONFIG][:VERSION], or a built-in dataset (digits, mnist5k). See docs/datasets.md.")
+      "tfds:NAME[/CONFIG][:VERSION], tfrecord:GLOB (another tool's TFRecords: read in place when every record is "
+      "usable as stored), or a built-in dataset (digits, mnist5k). See docs/datasets.md.")
     a("--output_dir", default="", help="Where the shards and dataset.json go; must be empty or hold this same "
       "conversion (then complete shards are reused).")
     a("--split", default="", help="Split the examples, e.g. train:0.9,val:0.1 (stratified by class, seeded). "
@@ -44,6 +45,10 @@ def build_parser() -> cli.ArgumentParser:
     a("--skip_bad", action="store_true", help="Skip unreadable or undecodable images (counted and listed in "
       "dataset.json) instead of stopping at the first one.")
     a("--overwrite", action="store_true", help="Replace the dataset (or other conversion) in --output_dir.")
+    a("--image_key", default="image/encoded", help="tfrecord: sources: the feature holding the encoded image.")
+    a("--label_key", default="image/class/label", help="tfrecord: sources: the int64 feature holding the label.")
+    a("--label_offset", type=int, default=0, help="tfrecord: sources: added to every label so labels are class "
+      "indices from 0 (-1 for 1-based labels, as Model Garden's ImageNet records have).")
     a("--tfds_data_dir", default="", help="tensorflow_datasets data dir for tfds: sources.")
     a("--download", action="store_true", help="Let tensorflow_datasets download and prepare a tfds: source "
       "that is not prepared in --tfds_data_dir (otherwise the converter never touches the network).")

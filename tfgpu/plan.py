@@ -67,9 +67,12 @@ def _split(flag: str, text: str, parse) -> list:
 def read_run(model_dir: str, skip_loops: int = 1) -> dict:
     """Step time (median of the train loops after the first ``skip_loops``), per-replica batch and trainable
     parameters of a finished run in ``model_dir``."""
+    from tfgpu.training import results
+
+    result = results.read(model_dir, flag="from_model_dir")
     try:
-        with open(os.path.join(model_dir, "metrics.json")) as f:
-            metrics = json.load(f)
+        if result is None:
+            raise FileNotFoundError(f"no {results.FILE}")
         with open(os.path.join(model_dir, "history.jsonl")) as f:
             loops = [r for r in map(json.loads, f) if r.get("kind") == "train" and "step_time_ms" in r]
         with open(os.path.join(model_dir, "config.yaml")) as f:
@@ -79,11 +82,12 @@ def read_run(model_dir: str, skip_loops: int = 1) -> dict:
     except (OSError, ValueError) as e:
         raise ConfigError("from_model_dir", f"{model_dir} is not a finished tfgpu run: {e}") from None
     timed = loops[skip_loops:] or loops
-    if not timed or "trainable_parameters" not in metrics:
+    trainable = result.parameters.trainable if result.parameters else None
+    if not timed or trainable is None:
         raise ConfigError("from_model_dir", f"{model_dir} has no timed train loop or parameter count")
     return {"step_s": statistics.median(r["step_time_ms"] for r in timed) / 1000,
             "global_batch_size": int(config["global_batch_size"]),
-            "trainable_parameters": int(metrics["trainable_parameters"]),
+            "trainable": trainable,
             "allreduce_dtype": config.get("allreduce_dtype", "float32"), "loops": len(timed)}
 
 
@@ -162,7 +166,7 @@ def main(argv=None) -> int:
             one = read_run(opts.from_model_dir)
         else:
             one = measure_one(flags, config, opts.measure_steps, workdir)
-        measured = scaling.Measured(one["step_s"], one["global_batch_size"], one["trainable_parameters"],
+        measured = scaling.Measured(one["step_s"], one["global_batch_size"], one["trainable"],
                                     config.allreduce_dtype)
         print(f"one replica: {measured.step_s * 1000:.1f} ms/step at batch {measured.per_replica_batch}, "
               f"{measured.trainable_parameters:,} trainable parameters: {measured.wire_bytes / 1e6:.1f} MB of "

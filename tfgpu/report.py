@@ -12,6 +12,7 @@ from tfgpu.config import ConfigError
 from tfgpu.training import failures
 from tfgpu.reporting.report import write_report
 from tfgpu.runtime import fileio
+from tfgpu.training import results
 
 
 def main(argv=None) -> int:
@@ -23,8 +24,8 @@ def main(argv=None) -> int:
         fileio.check_scheme(opts.model_dir, "model_dir")
         if not fileio.isdir(opts.model_dir):
             raise ConfigError("model_dir", f"{opts.model_dir!r} is not a directory")
-        if not any(fileio.exists(os.path.join(opts.model_dir, f)) for f in ("history.jsonl", "metrics.json",
-                                                                               "config.yaml")):
+        if not any(fileio.exists(os.path.join(opts.model_dir, f)) for f in ("history.jsonl", "config.yaml")) \
+                and not fileio.exists(results.path(opts.model_dir)):
             raise ConfigError("model_dir", f"{opts.model_dir!r} has no history.jsonl, metrics.json or config.yaml: "
                               "not a tfgpu run directory")
     except ConfigError as e:

@@ -24,6 +24,7 @@ from tfgpu.runtime import logs, process_exit  # noqa: E402
 from tfgpu.training import failures  # noqa: E402
 from tfgpu.training.history import PhaseTimer  # noqa: E402
 from tfgpu import config as config_lib  # noqa: E402
+from tfgpu import config_sources  # noqa: E402
 from tfgpu.config import ConfigError  # noqa: E402
 
 USAGE = "python -m tfgpu.train --flagfile=configs/<job>.flags --model_dir=DIR [--flag=value ...]"
@@ -97,7 +98,7 @@ def main(argv=None) -> int:
 
     startup.mark("tensorflow_import")
     try:
-        config.check_references()
+        config_sources.check_references(config)
         from tfgpu.training import experiment
 
         startup.mark("flags")

@@ -53,13 +53,14 @@ def _rate(ds, batch_size: int, seconds: float, warmup_batches: int) -> float:
 def tfgpu_pipeline(data_dir, size, batch, deterministic):
     import tensorflow as tf
 
-    from tfgpu.config import Config, DatasetConfig, InputConfig
+    from tfgpu.config import Config, DatasetConfig
     from tfgpu.data import catalog, pipeline
+    from tfgpu.tasks.registry import input_config
 
     config = Config(model_dir="unused", data_dir=data_dir, image_size=size, augment="imagenet",
                     global_batch_size=batch, deterministic_input=deterministic)
     info = catalog.prepare(DatasetConfig.of(config))
-    return pipeline.train_dataset_fn(InputConfig.of(config), info, 0)(tf.distribute.InputContext())
+    return pipeline.train_dataset_fn(input_config(config), info, 0)(tf.distribute.InputContext())
 
 
 def _full_decode_crop(serialized, size, seed):

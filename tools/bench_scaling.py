@@ -18,6 +18,8 @@ import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)  # tfgpu from this checkout
+from tfgpu.training import results  # noqa: E402 (after the checkout is on the path)
 
 
 def _train_flags(args, global_batch: int, model_dir: str) -> list:
@@ -28,9 +30,11 @@ def _train_flags(args, global_batch: int, model_dir: str) -> list:
 
 
 def _rate(model_dir: str) -> float:
-    """examples/sec of a finished run: median over its loops after the first (tfgpu's metrics.json)."""
-    with open(os.path.join(model_dir, "metrics.json")) as f:
-        return json.load(f)["examples_per_sec"]
+    """examples/sec of a finished run: median over its loops after the first (tfgpu's results, metrics.json)."""
+    result = results.read(model_dir)
+    if result is None or result.examples_per_sec is None:
+        sys.exit(f"{model_dir} has no examples/sec in its results (metrics.json)")
+    return result.examples_per_sec
 
 
 def run_case(num_workers: int, args) -> float:

@@ -35,6 +35,8 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)  # tfgpu from this checkout
+from tfgpu.training import results  # noqa: E402 (after the checkout is on the path)
+
 SIDES = ("tfgpu", "fit")
 
 
@@ -141,7 +143,7 @@ def commands(args: argparse.Namespace, workdir: str, repeat: int) -> dict:
         "tfgpu": ([sys.executable, "-m", "tfgpu.train", f"--flagfile={flagfile_path(args.flagfile)}",
                    f"--target={args.target}", f"--model_dir={model_dir}",
                    *([f"--dataset={args.dataset}"] if args.dataset else []), *args.tfgpu_flag],
-                  os.path.join(model_dir, "metrics.json")),
+                  results.path(model_dir)),
         "fit": ([sys.executable, os.path.join(REPO, "tools", "keras_fit_to_target.py"), f"--target={args.target}",
                  f"--dataset={race_dataset(args)}", *fit_script.recipe_args(args, prefix="fit_"),
                  f"--output_json={fit_json}"], fit_json),
@@ -149,14 +151,18 @@ def commands(args: argparse.Namespace, workdir: str, repeat: int) -> dict:
 
 
 def read_outcome(side: str, path: str) -> dict:
-    """The fields both sides share from a finished run's result file (tfgpu: metrics.json)."""
+    """The fields both sides share, under this tool's names, from a finished run's result file (tfgpu: its
+    metrics.json, read through ``tfgpu.training.results``; fit: keras_fit_to_target.py's JSON, in these names)."""
+    if side == "tfgpu":
+        result = results.read(os.path.dirname(path))
+        outcome = result.target or results.TargetOutcome("", False)
+        return {"target": outcome.target, "target_reached": outcome.reached, "time_to_target_s": outcome.seconds,
+                "epochs_at_target": outcome.epochs, "step_at_target": outcome.step,
+                "precision": result.facts.precision if result.facts else None}
     with open(path) as f:
         result = json.load(f)
-    out = {k: result.get(k) for k in ("target", "target_reached", "time_to_target_s", "epochs_at_target",
-                                      "precision")}
-    if side == "tfgpu":
-        out["step_at_target"] = result.get("step_at_target")
-    return out
+    return {k: result.get(k) for k in ("target", "target_reached", "time_to_target_s", "epochs_at_target",
+                                       "precision")}
 
 
 def run_side(side: str, cmd: list, result_path: str, timeout_s: float, log_path: str) -> dict:

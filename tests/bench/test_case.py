@@ -4,12 +4,12 @@ import dataclasses
 
 import tensorflow as tf
 
-from tfgpu import config as config_lib
+from tfgpu import config_sources
 from tfgpu.bench import case
 
 
 def _config():
-    return config_lib.resolve({"model": "small_cnn", "dataset": "synthetic", "image_size": 8, "model_dir": "unused",
+    return config_sources.resolve({"model": "small_cnn", "dataset": "synthetic", "image_size": 8, "model_dir": "unused",
                                "distribution_strategy": "one_device", "cpu_logical_devices": 0})
 
 

@@ -148,7 +148,7 @@ def test_any_range_maps_pixel_0_to_min_and_255_to_max_in_order(a, b):
 
     low, high = min(a, b), max(a, b)
     try:
-        Config(model_dir="unused", dataset="digits", input_range=(low, high)).validate()
+        Config(model_dir="unused", dataset="digits", input_range=(low, high)).check_values()
     except ConfigError as e:
         assert e.flag == "input_range"
         return

@@ -35,12 +35,13 @@ def manifest(directory):
 
 
 def read_back(directory, split):
-    """[(filename, label, uint8 image, features)] of a converted split, read with tf.data + parse_example."""
+    """[(filename, label, uint8 image, features)] of a converted split (or one read in place), read with tf.data +
+    parse_example by the manifest's record keys."""
     m = manifest(directory)
     files = [os.path.join(directory, s["file"]) for s in m["splits"][split]["shards"]]
     ds = tf.data.TFRecordDataset(files, compression_type="GZIP" if m["compression"] == "gzip" else None)
     out = []
-    for serialized in ds.map(tfrecord.parse_example):
+    for serialized in ds.map(lambda r: tfrecord.parse_example(r, keys=tfrecord.record_keys(m))):
         image = tfrecord.decode_image(serialized, m["image_shape"]["channels"]).numpy()
         name = serialized[tfrecord.FILENAME].numpy().decode("utf-8", "surrogateescape")  # names need not be UTF-8
         out.append((name, int(serialized[tfrecord.LABEL]), image,

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from tfgpu.config import Config
 from tfgpu.data import pipeline, position, resume, tfrecord
+from tfgpu.tasks.registry import input_config
 
 _DATASETS = {}
 
@@ -109,7 +110,7 @@ def stream(config, info, start_step, pipelines, pipeline_id, replicas, num_recor
     """The labels one input pipeline yields, in order, ``num_records`` of them (whole batches)."""
     ctx = tf.distribute.InputContext(pipelines, pipeline_id, pipelines * replicas)
     per_replica = ctx.get_per_replica_batch_size(config.global_batch_size)
-    ds = pipeline.train_dataset_fn(config, info, start_step)(ctx)
+    ds = pipeline.train_dataset_fn(input_config(config), info, start_step)(ctx)
     batches = ds.take(-(-num_records // per_replica))
     return [int(label) for _, labels in batches.as_numpy_iterator() for label in labels][:num_records]
 
@@ -204,7 +205,7 @@ def test_issue_layouts_train_every_record_once(sizes, pipelines):
 def _labels(config, info, start_step, plan, pipeline_id, num_records):
     """The labels pipeline ``pipeline_id`` of ``plan.num_pipelines`` feeds from a resume by ``plan``."""
     ctx = tf.distribute.InputContext(plan.num_pipelines, pipeline_id, plan.num_pipelines)
-    ds = pipeline.train_dataset_fn(config, info, start_step, plan=plan)(ctx).unbatch()
+    ds = pipeline.train_dataset_fn(input_config(config), info, start_step, plan=plan)(ctx).unbatch()
     return [int(label) for _, label in ds.take(num_records).as_numpy_iterator()]
 
 
@@ -221,12 +222,13 @@ def check_transition(sizes, topologies, steps, per_replica, cache, shuffle_buffe
     pos = position.from_step(steps[0], position.Topology(topologies[0], 1, config.global_batch_size, 1), total)
     for pipelines, run_steps in zip(topologies[1:-1], steps[1:]):
         pos = position.resume(pos, pipelines)
-        _, layouts = resume.consumed_records(config, info, pos)
+        _, layouts = resume.consumed_records(input_config(config), info, pos)
         pos = position.advance(pos, layouts[-1][1], total // pipelines,
                                run_steps * config.global_batch_size // pipelines)
     last = topologies[-1]
-    plan = resume.plan_resume(config, info, last, 11, pos)
-    before = plan.consumed if plan.in_later_stage else resume.consumed_records(config, info, plan.position)[0]
+    inputs = input_config(config)
+    plan = resume.plan_resume(inputs, info, last, 11, pos)
+    before = plan.consumed if plan.in_later_stage else resume.consumed_records(inputs, info, plan.position)[0]
     rest = plan.stage_length - plan.position.stages[-1].consumed
     epoch = total // last
     seen, following = collections.Counter(before.tolist()), collections.Counter()

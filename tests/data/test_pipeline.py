@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from tfgpu.config import Config, ConfigError
 from tfgpu.data import builtin, pipeline
+from tfgpu.tasks.registry import input_config
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +45,8 @@ def test_resumed_pipeline_yields_the_batches_of_an_uninterrupted_one(digits, cac
     for pipelines, replicas in ((1, 1), (2, 2)):
         for pid in range(pipelines):
             ctx = _ctx(pipelines, pid, replicas)
-            full = list(pipeline.train_dataset_fn(config, info, 0)(ctx).take(30).as_numpy_iterator())
-            resumed = list(pipeline.train_dataset_fn(config, info, 24)(ctx).take(6).as_numpy_iterator())
+            full = list(pipeline.train_dataset_fn(input_config(config), info, 0)(ctx).take(30).as_numpy_iterator())
+            resumed = list(pipeline.train_dataset_fn(input_config(config), info, 24)(ctx).take(6).as_numpy_iterator())
             for (xa, ya), (xb, yb) in zip(full[24:], resumed):  # crosses the epoch boundary at step ~22
                 np.testing.assert_array_equal(xa, xb)
                 np.testing.assert_array_equal(ya, yb)
@@ -54,7 +55,8 @@ def test_resumed_pipeline_yields_the_batches_of_an_uninterrupted_one(digits, cac
 @pytest.mark.parametrize("cache", [False, True])
 def test_each_epoch_is_a_fresh_permutation_of_the_split(digits, cache):
     config, info = digits(global_batch_size=1, cache=cache)
-    images = [x[0] for x, _ in pipeline.train_dataset_fn(config, info, 0)(_ctx()).take(2 * 1438).as_numpy_iterator()]
+    batches = pipeline.train_dataset_fn(input_config(config), info, 0)(_ctx()).take(2 * 1438)
+    images = [x[0] for x, _ in batches.as_numpy_iterator()]
     first, second = [_key(x) for x in images[:1438]], [_key(x) for x in images[1438:]]
     assert collections.Counter(first) == collections.Counter(second)
     assert first != second
@@ -101,7 +103,7 @@ def test_a_glob_trains_on_the_matching_shards_only(digits):
 
 
 def _labels(config, info, start_step, num_records, pipelines=1, pipeline_id=0):
-    ds = pipeline.train_dataset_fn(config, info, start_step)(_ctx(pipelines, pipeline_id, pipelines))
+    ds = pipeline.train_dataset_fn(input_config(config), info, start_step)(_ctx(pipelines, pipeline_id, pipelines))
     per_replica = config.global_batch_size // pipelines
     batches = ds.take(-(-num_records // per_replica)).as_numpy_iterator()
     return [int(y) for _, labels in batches for y in labels][:num_records]
@@ -177,18 +179,18 @@ def test_images_reach_the_model_spanning_exactly_the_input_range(digits, a, b):
     low, high = min(a, b), max(a, b)
     overrides = dict(eval_batch_size=128, global_batch_size=128, augment="cifar", input_range=(low, high))
     try:
-        Config(model_dir="unused", dataset="digits", **overrides).validate()
+        Config(model_dir="unused", dataset="digits", **overrides).check_values()
     except ConfigError as e:  # an empty, subnormal or too narrow range never reaches the pipeline: the run stops
         assert e.flag == "input_range", e
         return
     config, info = digits(**overrides)
     images = _eval_images(config, info)
     assert images.min() == np.float32(low) and images.max() == np.float32(high)
-    train = np.concatenate([x for x, _ in pipeline.train_dataset_fn(config, info, 0)(_ctx()).take(2)])
+    train = np.concatenate([x for x, _ in pipeline.train_dataset_fn(input_config(config), info, 0)(_ctx()).take(2)])
     assert train.min() == np.float32(low) and train.max() == np.float32(high)
 
 
 def test_synthetic_data_is_drawn_in_the_input_range():
     config = Config(model_dir="unused", dataset="synthetic", global_batch_size=16, input_range=(0.0, 255.0))
-    images, _ = next(iter(pipeline.train_dataset_fn(config, pipeline.prepare(config), 0)(_ctx())))
+    images, _ = next(iter(pipeline.train_dataset_fn(input_config(config), pipeline.prepare(config), 0)(_ctx())))
     assert 0 <= float(tf.reduce_min(images)) and 1 < float(tf.reduce_max(images)) <= 255

@@ -7,6 +7,7 @@ import tensorflow as tf
 from tests.data.test_exactly_once import make_split
 from tfgpu.config import Config, ConfigError
 from tfgpu.data import pipeline, position, resume
+from tfgpu.tasks.registry import input_config
 
 
 def test_a_data_service_run_changes_topology_only_at_an_epoch_boundary():
@@ -15,17 +16,17 @@ def test_a_data_service_run_changes_topology_only_at_an_epoch_boundary():
     info = pipeline.prepare(Config(model_dir="unused", data_dir=make_split((9, 9, 5))))
     config = Config(model_dir="unused", data_dir=info.directory, global_batch_size=6, data_service="grpc://x:1")
     with pytest.raises(ConfigError) as refused:
-        resume.plan_resume(config, info, 1, 2, position.from_step(2, position.Topology(2, 1, 6, 1), 23))
+        resume.plan_resume(input_config(config), info, 1, 2, position.from_step(2, position.Topology(2, 1, 6, 1), 23))
     assert str(refused.value).startswith("--data_service: a tf.data service's order is not reproducible, so the 12 "
                                          "records epoch 1 fed before the interruption are not known; finish that "
                                          "epoch on 2 worker(s)")
-    at_boundary = resume.plan_resume(config, info, 1, 0, position.Position(3, (position.Stage(2, 0),)))
+    at_boundary = resume.plan_resume(input_config(config), info, 1, 0, position.Position(3, (position.Stage(2, 0),)))
     assert at_boundary.position == position.Position(3, (position.Stage(1, 0),)) and not at_boundary.in_later_stage
 
 
 def _real_keys(config, info, plan, pipeline_id, num_records):
     ctx = tf.distribute.InputContext(plan.num_pipelines, pipeline_id, plan.num_pipelines)
-    ds = pipeline.train_dataset_fn(config, info, 0, record_keys=True, plan=plan)(ctx).unbatch()
+    ds = pipeline.train_dataset_fn(input_config(config), info, 0, record_keys=True, plan=plan)(ctx).unbatch()
     return [int(key) for key in ds.take(num_records).as_numpy_iterator()]
 
 
@@ -36,11 +37,11 @@ def test_the_consumed_records_are_computed_in_the_order_the_real_pipelines_read_
     info = pipeline.prepare(Config(model_dir="unused", data_dir=make_split((7, 9, 8, 8))))
     config = Config(model_dir="unused", data_dir=info.directory, global_batch_size=6, seed=3, cache=cache,
                     shuffle_buffer=shuffle_buffer)
-    ordinary = resume.plan_resume(config, info, 2, 0, position.Position(1, (position.Stage(2, 0),)))
+    ordinary = resume.plan_resume(input_config(config), info, 2, 0, position.Position(1, (position.Stage(2, 0),)))
     for p in range(2):
         assert resume.stage_keys(config, info, 1, 0, 2, p, records=16).tolist() == \
             _real_keys(config, info, ordinary, p, 16)
-    later = resume.plan_resume(config, info, 3, 0, position.Position(1, (position.Stage(2, 5),)))
+    later = resume.plan_resume(input_config(config), info, 3, 0, position.Position(1, (position.Stage(2, 5),)))
     assert later.in_later_stage and later.stage_length == (32 - 10) // 3
     for p in range(3):
         assert resume.stage_keys(config, info, 1, 1, 3, p, later.ranges[p], later.stage_length,

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from tfgpu.config import Config, ConfigError
 from tfgpu.data import pipeline, records, shards, tfrecord
+from tfgpu.tasks.registry import input_config
 
 PNG = tf.io.encode_png(np.zeros((2, 2, 1), np.uint8)).numpy()
 
@@ -132,7 +133,7 @@ def test_a_corrupt_record_of_a_converted_dataset_is_named_before_training(tmp_pa
 
 def first_error(cfg, info):
     """The one line explain_read_error gives for the train pipeline's failure."""
-    ds = pipeline.train_dataset_fn(cfg, info, 0)(tf.distribute.InputContext())
+    ds = pipeline.train_dataset_fn(input_config(cfg), info, 0)(tf.distribute.InputContext())
     with pytest.raises(tf.errors.InvalidArgumentError) as e:
         for _ in ds.take(2 * info.num_train_examples):  # two epochs: every record parsed
             pass
@@ -175,7 +176,7 @@ def test_unlabelled_data_without_classes_is_read_as_before(tmp_path):
     directory, _ = write_dataset(tmp_path / "d", [[example() for _ in range(4)]], 0)
     cfg = config(directory, tmp_path / "cache")
     info = pipeline.prepare(cfg)
-    batch = next(iter(pipeline.train_dataset_fn(cfg, info, 0)(tf.distribute.InputContext())))
+    batch = next(iter(pipeline.train_dataset_fn(input_config(cfg), info, 0)(tf.distribute.InputContext())))
     assert batch[1].numpy().tolist() == [-1]
 
 
@@ -187,7 +188,7 @@ def epochs_seen(cfg, info, pipelines, num_epochs):
     epoch = sum(n for _, n in records.readable_files(info, "train")) // pipelines
     seen = [collections.Counter() for _ in range(num_epochs)]
     for p in range(pipelines):
-        ds = pipeline.train_dataset_fn(cfg, info, 0)(tf.distribute.InputContext(pipelines, p, pipelines))
+        ds = pipeline.train_dataset_fn(input_config(cfg), info, 0)(tf.distribute.InputContext(pipelines, p, pipelines))
         labels = [int(y) for _, batch in ds.take(num_epochs * epoch).as_numpy_iterator() for y in batch]
         for e in range(num_epochs):
             seen[e].update(labels[e * epoch:(e + 1) * epoch])

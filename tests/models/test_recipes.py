@@ -4,7 +4,7 @@ import pathlib
 import pytest
 from absl import flags
 
-from tfgpu import config
+from tfgpu import config_sources
 
 _CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
 _RECIPES = ["imagenet_resnet50.flags", "cifar10_resnet56.flags", "cifar10_resnet20_bf16_cpu.flags",
@@ -26,7 +26,7 @@ def _flags_in(path) -> dict:
 @pytest.mark.parametrize("recipe", _RECIPES)
 def test_recipe_resolves_to_a_valid_config(recipe, tmp_path):
     values = _flags_in(_CONFIGS / recipe)
-    resolved = config.resolve({**values, "model_dir": str(tmp_path)})
+    resolved = config_sources.resolve({**values, "model_dir": str(tmp_path)})
     assert resolved.model == values["model"]
     assert "model_dir" not in values  # every run names its own directory
 
@@ -40,7 +40,7 @@ def test_recipe_header_says_how_to_run_it_and_what_to_expect(recipe):
 
 
 def test_imagenet_recipe_keeps_the_reference_hyperparameters():
-    resolved = config.resolve({**_flags_in(_CONFIGS / "imagenet_resnet50.flags"), "model_dir": "/tmp/x"})
+    resolved = config_sources.resolve({**_flags_in(_CONFIGS / "imagenet_resnet50.flags"), "model_dir": "/tmp/x"})
     assert (resolved.global_batch_size, resolved.base_learning_rate, resolved.epochs) == (1024, 0.1, 90)
     assert (resolved.precision, resolved.jit_compile, resolved.image_size) == ("auto", True, 224)
 
@@ -66,7 +66,7 @@ def test_mnist5k_recipe_is_the_quickstarts_with_xla_and_its_own_data_sizes():
 
 def test_wgan_gp_recipe_keeps_the_papers_algorithm_1_defaults():
     """Gulrajani et al. 2017, Algorithm 1: lambda 10, n_critic 5, Adam(1e-4, beta_1=0, beta_2=0.9)."""
-    resolved = config.resolve({**_flags_in(_CONFIGS / "cifar10_wgan_gp.flags"), "model_dir": "/tmp/x"})
+    resolved = config_sources.resolve({**_flags_in(_CONFIGS / "cifar10_wgan_gp.flags"), "model_dir": "/tmp/x"})
     assert (resolved.task, resolved.model, resolved.gan_loss) == ("gan", "wgan_gp", "wasserstein")
     assert (resolved.gradient_penalty, resolved.n_critic, resolved.global_batch_size) == (10.0, 5, 64)
     assert (resolved.g_learning_rate, resolved.d_learning_rate) == (1e-4, 1e-4)

@@ -1,7 +1,6 @@
 """A user's own builder by flag (tfgpu.models.user): --model=MODULE:FUNCTION or path/to/file.py:FUNCTION, and
 --generator / --discriminator for GANs. Resolution, each refusal as one line naming the flag, float32 logits and
 kwargs. Training runs with a user model are in tests/examples/test_own_model.py."""
-import json
 import logging
 import os
 import sys
@@ -12,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfgpu import config as config_lib
+from tfgpu import config_sources
 from tfgpu.config import ConfigError
 from tfgpu.models import create_model, get_spec, user
 from tfgpu.models import registry
@@ -107,7 +106,7 @@ def test_a_module_path_resolves_and_builds_a_classifier_with_float32_logits(net_
 def test_a_relative_file_resolves_against_the_cwd_and_the_config_keeps_it_absolute(net_file, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     relative = f"models/{net_file.name}:build"
-    config = config_lib.resolve({"model": relative, "dataset": "digits", "model_dir": str(tmp_path / "run")})
+    config = config_sources.resolve({"model": relative, "dataset": "digits", "model_dir": str(tmp_path / "run")})
     assert config.model == f"{net_file}:build"
     assert get_spec(relative).builder.function is get_spec(config.model).builder.function  # imported once
     monkeypatch.chdir(net_file.parent.parent.parent)  # the absolute name works from anywhere
@@ -153,7 +152,7 @@ def test_a_function_gets_only_the_keywords_it_declares_and_a_warning_for_a_true_
 def test_a_reference_that_does_not_resolve_is_one_line_naming_model(reference, expected, net_file, tmp_path):
     values = {"file": str(net_file), "dir": str(tmp_path)}
     with pytest.raises(ConfigError) as error:
-        config_lib.resolve({"model": reference.format(**values), "dataset": "digits", "model_dir": str(tmp_path)})
+        config_sources.resolve({"model": reference.format(**values), "dataset": "digits", "model_dir": str(tmp_path)})
     assert expected.format(**values) in _one_line_naming(error.value, "model")
 
 
@@ -261,38 +260,15 @@ def test_user_gan_networks_that_do_not_fit_the_task_are_one_line_naming_the_flag
 
 def test_gan_flags_are_checked_when_the_config_is_and_only_for_gans(gan_file, tmp_path):
     base = {"dataset": "digits", "model_dir": str(tmp_path), "task": "gan", "model": "dcgan"}
-    config = config_lib.resolve({**base, "generator": f"{gan_file}:generator"})
+    config = config_sources.resolve({**base, "generator": f"{gan_file}:generator"})
     assert config.generator == f"{gan_file}:generator"
     with pytest.raises(ConfigError) as error:
-        config_lib.resolve({**base, "discriminator": f"{gan_file}:critic"})
+        config_sources.resolve({**base, "discriminator": f"{gan_file}:critic"})
     assert "has no function 'critic'" in _one_line_naming(error.value, "discriminator")
     with pytest.raises(ConfigError) as error:
-        config_lib.resolve({**base, "task": "classification", "generator": f"{gan_file}:generator"})
+        config_sources.resolve({**base, "task": "classification", "generator": f"{gan_file}:generator"})
     assert _one_line_naming(error.value, "generator") == "--generator: is for --task=gan; this run is " \
                                                          "--task=classification"
-
-
-# -- what was imported ------------------------------------------------------------------------------------------
-def test_the_source_record_names_module_file_and_hash_and_a_changed_file_is_a_warning(net_file, tmp_path, caplog):
-    config = config_lib.Config(model=f"{net_file}:build", dataset="digits", model_dir=str(tmp_path))
-    user.write_source_record(config, str(tmp_path))
-    record = json.loads((tmp_path / user.SOURCE_FILE).read_text())["model"]
-    assert record["file"] == str(net_file) and record["module"].startswith(f"tfgpu_user_{net_file.stem}_")
-    import hashlib
-
-    assert record["sha256"] == hashlib.sha256(net_file.read_bytes()).hexdigest()
-    with caplog.at_level(logging.WARNING, logger="tfgpu"):
-        user.warn_if_changed(config, str(tmp_path))
-        assert "changed since" not in caplog.text
-        net_file.write_text(NET + "\n# edited\n")
-        user.warn_if_changed(config, str(tmp_path))
-    assert f"--model: {net_file} changed since this run recorded it" in caplog.text
-
-
-def test_a_registered_model_writes_no_source_record(tmp_path):
-    user.write_source_record(config_lib.Config(model="small_cnn", dataset="digits", model_dir=str(tmp_path)),
-                             str(tmp_path))
-    assert not os.listdir(tmp_path)
 
 
 @pytest.mark.parametrize("reference,expected", [

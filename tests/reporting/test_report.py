@@ -12,7 +12,7 @@ import yaml
 from PIL import Image
 
 from tfgpu.reporting import report
-from tfgpu.training import metric_specs
+from tfgpu.training import metric_specs, results
 
 from tests.conftest import REPO
 
@@ -25,7 +25,7 @@ def write_lines(path, records):
 
 def declare(model_dir, task):
     """metric_specs.json as the trainer writes it for a run of ``task`` (the registered task's declarations)."""
-    from tfgpu.tasks.base import get_task
+    from tfgpu.tasks.registry import get_task
 
     metric_specs.write(str(model_dir), metric_specs.of_task(get_task(task)))
 
@@ -295,22 +295,31 @@ def test_verdict_when_the_pipeline_outruns_the_step():
 
 
 def test_the_report_says_in_one_line_whether_the_target_was_reached(tmp_path):
-    reached = {"step": 440, "target": "val_accuracy:0.97", "target_reached": True, "time_to_target_s": 62.04,
-               "step_at_target": 440, "epochs_at_target": 19.57}
+    reached = results.RunResult(step=440, target=results.TargetOutcome("val_accuracy:0.97", True, 62.04, 440, 19.57))
     text = report.render(str(tmp_path), {}, 0, reached, {"train_steps": 675}, None, [])
     assert "Target val_accuracy >= 0.97 reached at step 440 (19.57 epochs) in 62.0 s." in text.splitlines()
-    missed = dict(reached, step=675, target="val_loss:0.01", target_reached=False, time_to_target_s=None,
-                  step_at_target=None, epochs_at_target=None)
+    missed = results.RunResult(step=675, target=results.TargetOutcome("val_loss:0.01", False))
     text = report.render(str(tmp_path), {}, 0, missed, {"train_steps": 675}, None, [])
     assert "Target val_loss <= 0.01 not reached in 675 steps." in text.splitlines()
-    assert "arget" not in report.render(str(tmp_path), {}, 0, {"step": 3}, {}, None, [])
+    assert "arget" not in report.render(str(tmp_path), {}, 0, results.RunResult(step=3), {}, None, [])
 
 
 def test_a_resume_on_another_topology_is_one_line_of_the_report(tmp_path):
     change = {"kind": "topology", "step": 30, "epoch": 1, "records_consumed_in_epoch": 720, "records": 1438,
               "before": {"num_workers": 2, "replicas_per_worker": 1, "global_batch_size": 24, "batches_per_step": 1},
               "after": {"num_workers": 1, "replicas_per_worker": 2, "global_batch_size": 24, "batches_per_step": 1}}
-    text = report.render(str(tmp_path), {"topology": [change]}, 0, {"step": 60}, {}, None, [])
+    text = report.render(str(tmp_path), {"topology": [change]}, 0, results.RunResult(step=60), {}, None, [])
     assert ("## Topology changes\n\n- step 30: 2 worker(s) x 1 replica(s), global batch 24 -> 1 worker(s) x 2 "
             "replica(s), global batch 24; epoch 1 resumed at record 720 of 1,438, the rest of it read once\n") in text
-    assert "Topology" not in report.render(str(tmp_path), {}, 0, {"step": 60}, {}, None, [])
+    assert "Topology" not in report.render(str(tmp_path), {}, 0, results.RunResult(step=60), {}, None, [])
+
+
+def test_a_metrics_json_that_is_not_tfgpus_is_a_note_naming_it_not_a_run_still_going(tmp_path):
+    """A metrics.json the run did not write (a list, here) is named in the report's notes; before, the report
+    said the run had none yet, as if it were still going."""
+    (tmp_path / "config.yaml").write_text("task: classification\nmodel: resnet20\n")
+    (tmp_path / "metrics.json").write_text("[0.97]")
+    report.write_report(str(tmp_path))
+    text = (tmp_path / "report.md").read_text()
+    assert f"- {tmp_path / 'metrics.json'} is not a tfgpu metrics.json: it holds a list, not an object." in text
+    assert "No metrics.json yet" not in text

@@ -10,7 +10,8 @@ import tensorflow as tf
 
 from tfgpu.training import experiment, metric_specs, trainer
 from tfgpu.config import Config
-from tfgpu.tasks.base import MetricSpec, Task, get_task, register_task
+from tfgpu.tasks.base import MetricSpec, Task, register_task, unpack_batch
+from tfgpu.tasks.registry import get_task, input_config
 
 
 def toy_section(metrics, evals):
@@ -86,7 +87,7 @@ def _records(model_dir, kind):
 
 
 def test_a_third_task_trains_logs_and_reports_its_declared_metrics(toy, capsys):
-    assert toy.batches_per_step == 2 and toy.examples_per_step == 32  # the task's declaration, not Config's
+    assert input_config(toy).batches_per_step == 2 and input_config(toy).examples_per_step == 32  # the task's declaration
     final = experiment.run(toy)
     train, evals = _records(toy.model_dir, "train"), _records(toy.model_dir, "eval")
     assert [r["step"] for r in train] == [2, 4, 6]
@@ -129,12 +130,6 @@ def test_an_undeclared_train_metric_is_refused(toy):
         experiment.run(dataclasses.replace(toy, task="test_toy_undeclared"))
 
 
-def test_batches_per_step_is_the_tasks_declaration():
-    config = Config(model_dir="x", dataset="digits", task="gan", n_critic=3, global_batch_size=8)
-    assert config.batches_per_step == 3 and config.examples_per_step == 24
-    assert dataclasses.replace(config, task="classification").batches_per_step == 1
-
-
 def test_metric_declarations_round_trip_and_reject_nonsense():
     declared = metric_specs.of_task(get_task("classification"))
     assert metric_specs.from_json(json.loads(json.dumps(metric_specs.to_json(declared)))) == declared
@@ -142,3 +137,32 @@ def test_metric_declarations_round_trip_and_reject_nonsense():
         metric_specs.Declarations((MetricSpec("b"),))  # a file from another version gives what it can
     with pytest.raises(ValueError, match="'x' is plotted in 'p' but names no panel"):
         MetricSpec("x", plot="p")
+
+
+def test_every_task_module_named_in_the_one_list_registers_and_the_list_imports_no_tensorflow():
+    import subprocess
+    import sys
+
+    from tfgpu.tasks import TASK_MODULES, base
+
+    light = subprocess.run([sys.executable, "-c", "import sys, tfgpu.tasks; assert 'tensorflow' not in sys.modules"],
+                           capture_output=True, text=True)
+    assert light.returncode == 0, light.stderr[-2000:]
+    with pytest.raises(ValueError, match="unknown task 'segmentation'; known tasks: ") as error:
+        get_task("segmentation")
+    named = {name: cls.__module__ for name, cls in base._TASKS.items() if cls.__module__ in TASK_MODULES}
+    assert set(TASK_MODULES) == set(named.values()) and {"classification", "gan"} <= named.keys()
+    assert all(name in str(error.value) for name in named)
+
+
+@pytest.mark.parametrize("batch, expected", [
+    ("x", ("x", None, None)), (("x",), ("x", None, None)), (("x", "y"), ("x", "y", None)),
+    (["x", "y", "w"], ("x", "y", "w")), ((("x1", "x2"), {"a": "y"}), (("x1", "x2"), {"a": "y"}, None)),
+])
+def test_a_batch_unpacks_as_keras_unpacks_it(batch, expected):
+    assert unpack_batch(batch) == expected == tuple(keras.utils.unpack_x_y_sample_weight(batch))
+
+
+def test_a_batch_of_four_parts_is_refused():
+    with pytest.raises(ValueError, match=r"a batch is \(x, y, sample_weight\) at most, got a tuple of 4"):
+        unpack_batch(("x", "y", "w", "z"))

@@ -7,12 +7,15 @@ import os
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tests.conftest import checkpoint_weights
 from tfgpu.training import experiment
-from tfgpu.config import Config, ConfigError
+from tfgpu.config import Config, ConfigError, InputConfig
+from tfgpu.data import records
 from tfgpu.models import register_model
-from tfgpu.tasks.classification import check_model
+from tfgpu.tasks.base import register_task
+from tfgpu.tasks.classification import ClassificationTask, check_model
 
 
 @register_model("test_mlp_without_bn")
@@ -45,6 +48,31 @@ def test_gradient_accumulation_equals_the_full_batch_step(base, tmp_path):
     assert accum_metrics["train_loss"] == pytest.approx(full_metrics["train_loss"], rel=1e-5)
     for name in full:
         np.testing.assert_allclose(accum[name], full[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+class _ZeroTrainWeightsEvenEvalWeights(records.Examples):
+    """Train examples of weight 0; eval examples of weight 1 for an even digit, 0 for an odd one."""
+
+    def example(self, serialized, split, key, seed=None):
+        x, y = super().example(serialized, split, key, seed)
+        return x, y, tf.zeros([]) if seed is not None else tf.cast(y % 2 == 0, tf.float32)
+
+
+@register_task("test_weighted_classification")
+class _WeightedClassification(ClassificationTask):
+    def examples(self):
+        return _ZeroTrainWeightsEvenEvalWeights(InputConfig.of(self.config, self.batches_per_step(self.config)), self.info)
+
+
+def test_sample_weights_from_a_tasks_records_weight_the_loss_and_the_evaluation(base, data_cache):
+    """Keras' (x, y, sample_weight): examples of weight 0 add nothing to the loss, evaluation counts the weighted."""
+    from tfgpu.data import builtin
+
+    metrics, _ = _train(dataclasses.replace(base, task="test_weighted_classification", eval_split="val",
+                                            train_steps=2, steps_per_loop=2))
+    assert metrics["train_loss"] == 0 and metrics["train_accuracy"] == 0
+    val_digits = builtin.load_builtin("digits")["splits"]["val"][1]
+    assert metrics["val_examples"] == int(np.sum(val_digits % 2 == 0)) < len(val_digits)
 
 
 @pytest.mark.parametrize("grad_accum_steps", [1, 4])
@@ -143,7 +171,7 @@ def _train_in_process(config):
     """Trains like python -m tfgpu.train (without export and report); returns (final metrics, layer weights)."""
     try:
         built = experiment.setup(config)
-        metrics = built.trainer.train()
+        metrics = built.trainer.train().to_dict()  # as metrics.json holds them
         return metrics, {layer.name: layer.get_weights() for layer in built.task.model.layers if layer.weights}
     finally:
         keras.backend.clear_session(free_memory=False)

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from tfgpu.training import results
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -113,11 +115,10 @@ def test_the_flagfiles_dataset_is_read_as_tfgpu_train_reads_it(tmp_path):
 
 
 def test_both_sides_results_are_read_the_same_way(tmp_path):
-    path = tmp_path / "metrics.json"
-    path.write_text(json.dumps({"target": "val_accuracy:0.97", "target_reached": True, "time_to_target_s": 57.0,
-                                "step_at_target": 225, "epochs_at_target": 10.01, "val_loss": 0.1,
-                                "precision": "mixed_bfloat16"}))
-    outcome = ttt.read_outcome("tfgpu", str(path))
+    results.write(str(tmp_path), results.RunResult(
+        values={"val_loss": 0.1}, target=results.TargetOutcome("val_accuracy:0.97", True, 57.0, 225, 10.01),
+        facts=results.RunFacts(precision="mixed_bfloat16")))
+    outcome = ttt.read_outcome("tfgpu", results.path(str(tmp_path)))
     assert outcome == {"target": "val_accuracy:0.97", "target_reached": True, "time_to_target_s": 57.0,
                        "epochs_at_target": 10.01, "step_at_target": 225, "precision": "mixed_bfloat16"}
     line = ttt.describe_run({**outcome, "side": "tfgpu", "repeat": 0, "process_wall_s": 60.0, "load_before": 1.0})

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from tfgpu import config as config_lib
+from tfgpu import config_sources
 from tfgpu.config import Config, ConfigError
 from tfgpu.training import config_change
 from tfgpu.training.history import History
@@ -125,7 +126,7 @@ def resumable(tmp_path):
 
 
 def test_a_run_without_a_checkpoint_is_fresh_and_compares_nothing(tmp_path):
-    config_lib.save_yaml(make(global_batch_size=64), str(tmp_path / "config.yaml"))
+    config_sources.save_yaml(make(global_batch_size=64), str(tmp_path / "config.yaml"))
     assert config_change.read_recorded(str(tmp_path)) is None
 
 
@@ -138,7 +139,7 @@ def test_an_older_config_yaml_without_newer_fields_reads_them_as_their_defaults(
 
 def test_the_recorded_config_yaml_round_trips_to_no_change(resumable):
     config = make(model_dir=str(resumable), lr_decay_epochs=(30.0, 60.0), input_range=(0.0, 1.0))
-    config_lib.save_yaml(config, str(resumable / "config.yaml"))
+    config_sources.save_yaml(config, str(resumable / "config.yaml"))
     assert config_change.check(config_change.read_recorded(str(resumable)), config) == []
 
 

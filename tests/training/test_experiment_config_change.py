@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from tfgpu import config as config_lib
+from tfgpu import config_sources
 from tfgpu.config import ConfigError
 from tests.conftest import read_history
 
@@ -21,7 +22,7 @@ def test_a_refused_resume_stops_before_the_strategy_and_keeps_the_recorded_confi
     from tfgpu.training import experiment
 
     recorded = config_lib.Config(model_dir=str(tmp_path), dataset="digits", model="small_cnn", global_batch_size=32)
-    config_lib.save_yaml(recorded, str(tmp_path / "config.yaml"))
+    config_sources.save_yaml(recorded, str(tmp_path / "config.yaml"))
     before = (tmp_path / "config.yaml").read_text()
     step = tf.Variable(40, dtype=tf.int64)
     tf.train.CheckpointManager(tf.train.Checkpoint(step=step), str(tmp_path / "checkpoints"), 1).save(40)

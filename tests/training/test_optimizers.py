@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from tfgpu.training import optimizers
-from tfgpu.config import Config
+from tfgpu.config import Config, ConfigError
 
 BASE = Config(model_dir="unused", dataset="digits", global_batch_size=1024, base_learning_rate=0.1)
 
@@ -18,7 +18,7 @@ def test_peak_learning_rate_scales_linearly_with_global_batch():
 
 
 def test_warmup_then_cosine_to_zero():
-    schedule = optimizers.learning_rate_schedule(dataclasses.replace(BASE, warmup_epochs=5), 1000, 10.0)
+    schedule = optimizers.learning_rate_schedule(dataclasses.replace(BASE, warmup_epochs=5), 1000, 10.0, 1024)
     lrs = [float(schedule(s)) for s in (0, 24, 49, 50, 525, 999)]
     assert lrs[0] == pytest.approx(0.4 / 50) and lrs[1] == pytest.approx(0.4 * 25 / 50)
     assert lrs[2] == pytest.approx(0.4) and lrs[3] == pytest.approx(0.4)
@@ -27,8 +27,32 @@ def test_warmup_then_cosine_to_zero():
 
 def test_step_schedule_decays_at_epoch_boundaries():
     config = dataclasses.replace(BASE, lr_schedule="step", lr_decay_epochs=(30.0, 60.0), lr_decay_factor=0.1)
-    schedule = optimizers.learning_rate_schedule(config, 900, 10.0)
+    schedule = optimizers.learning_rate_schedule(config, 900, 10.0, 1024)
     assert [round(float(schedule(s)), 6) for s in (0, 299, 300, 599, 600)] == [0.4, 0.4, 0.04, 0.04, 0.004]
+
+
+@pytest.mark.parametrize("warmup,decay_points", [("50", "300,600"), ("5ep", "30ep,60ep"),
+                                                 ("51200ex", "307200examples,614400ex")])
+def test_warmup_and_decay_points_in_steps_epochs_or_examples_give_the_older_flags_schedule(warmup, decay_points):
+    """10 steps of 1024 examples per epoch: 5 epochs of warmup are 50 steps, decay at 30 and 60 epochs."""
+    older = dataclasses.replace(BASE, lr_schedule="step", warmup_epochs=5, lr_decay_epochs=(30.0, 60.0))
+    newer = dataclasses.replace(BASE, lr_schedule="step", warmup=warmup, lr_decay_at=decay_points)
+    expected = optimizers.learning_rate_schedule(older, 900, 10.0, 1024).get_config()
+    assert optimizers.learning_rate_schedule(newer, 900, 10.0, 1024).get_config() == expected
+    assert expected["warmup_steps"] == 50 and expected["boundaries"] == [300, 600]
+
+
+def test_an_unknown_schedule_name_raises_naming_the_flag_instead_of_a_constant_rate():
+    with pytest.raises(ConfigError, match="^--lr_schedule: unknown schedule 'cosin'; known: cosine, step, constant$"):
+        optimizers.WarmupSchedule(0.1, 100, kind="cosin")
+    saved = optimizers.WarmupSchedule(0.1, 100).get_config()
+    with pytest.raises(ConfigError, match="--lr_schedule: unknown schedule 'linear'"):
+        optimizers.WarmupSchedule.from_config({**saved, "kind": "linear"})
+
+
+def test_every_schedule_the_flag_offers_is_registered():
+    choices = {f.name: f.metadata["choices"] for f in dataclasses.fields(Config)}["lr_schedule"]
+    assert set(choices) == set(optimizers.SCHEDULES)
 
 
 def test_l2_penalty_adds_wd_times_w_to_kernels_only():

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from tests.conftest import REPO, read_history, read_metrics
 from tfgpu.config import ConfigError
-from tfgpu.training import metric_specs, target
+from tfgpu.training import metric_specs, results, target
 from tfgpu.training.metric_specs import Declarations, MetricSpec
 
 TINY = ["--dataset=digits", "--model=small_cnn", "--global_batch_size=64", "--steps_per_loop=2",
@@ -65,7 +65,7 @@ def test_the_metric_is_an_eval_metric_with_or_without_its_prefix():
 
 
 def test_the_registered_tasks_declare_their_targets():
-    from tfgpu.tasks.base import get_task
+    from tfgpu.tasks.registry import get_task
 
     gan = metric_specs.of_task(get_task("gan"))
     assert target.eval_metrics(gan) == ["fid", "kid"]  # not the sample grid
@@ -76,15 +76,15 @@ def test_the_registered_tasks_declare_their_targets():
 
 def test_the_outcome_in_one_sentence():
     high = target.Target("val_accuracy", 0.97, False)
-    reached = {"step": 450, **target.fields(high, {"step": 440, "seconds": 61.97, "epochs": 19.5666})}
-    assert reached["time_to_target_s"] == 62.0 and reached["epochs_at_target"] == 19.57
+    reached = results.RunResult(step=450, target=results.TargetOutcome.of(
+        high, {"step": 440, "seconds": 61.97, "epochs": 19.5666}))
+    assert (reached.target.seconds, reached.target.epochs) == (62.0, 19.57)  # rounded as the file records them
     assert target.sentence(reached, CLASSIFIER) == \
         "target val_accuracy >= 0.97 reached at step 440 (19.57 epochs) in 62.0 s"
-    missed = {"step": 675, **target.fields(target.Target("fid", 20.0, True), None)}
-    assert missed == {"step": 675, "target": "fid:20", "target_reached": False, "time_to_target_s": None,
-                      "step_at_target": None, "epochs_at_target": None}
+    missed = results.RunResult(step=675, target=results.TargetOutcome.of(target.Target("fid", 20.0, True), None))
+    assert missed.target == results.TargetOutcome("fid:20", False, None, None, None)
     assert target.sentence(missed, best=23.25) == "target fid <= 20 not reached in 675 steps (best 23.25)"
-    assert target.sentence({"step": 3}) == ""
+    assert target.sentence(results.RunResult(step=3)) == ""
 
 
 # -- runs ----------------------------------------------------------------------------------------------------------
@@ -145,7 +145,7 @@ def test_a_target_reached_at_the_last_step_keeps_its_record_when_the_run_is_run_
     (tmp_path / "metrics.json").write_text(json.dumps(first))
     again = train_here(*args)
     resumed = read_metrics(tmp_path)
-    assert {k: resumed[k] for k in target.FIELDS} == {k: first[k] for k in target.FIELDS}
+    assert results.read(str(tmp_path)).target == results.parse(first).target
     assert resumed["val_accuracy"] == first["val_accuracy"]  # the checkpoint evaluated again, not recorded again
     assert [e["step"] for e in read_history(tmp_path, "eval")] == [2]
     assert "target val_accuracy >= 0 already reached at step 2" in again.output

@@ -218,13 +218,11 @@ def test_scattered_skips_do_not_stop_the_run(tmp_path, data_cache):
     --max_nonfinite_steps=3 finishes (it stopped with exit 2 when skips of consecutive loops were added up)."""
     import keras
 
-    from tfgpu.training import target
-
     run, _ = _trainer_skipping(tmp_path, data_cache, lambda s: s % 8 in (3, 4), max_nonfinite_steps=3)
     try:
         final = run.train()
-        assert final["step"] == 24
-        assert not set(target.FIELDS) & final.keys()  # no --target: metrics.json gains nothing of it
+        assert final.step == 24
+        assert final.target is None  # no --target: metrics.json gains nothing of it
     finally:
         keras.backend.clear_session(free_memory=False)
     assert [r["nonfinite_steps"] for r in read_history(tmp_path)] == [1, 1, 1, 1, 1, 1]
@@ -256,7 +254,7 @@ def test_the_schedule_follows_the_trainer_step_through_skips_and_a_resume(tmp_pa
     expected = lambda s: 0.016 * (s + 1) / 20  # noqa: E731
     run, task = _trainer_skipping(tmp_path, data_cache, skip, train_steps=8, **warmup)
     try:
-        assert run.train()["step"] == 8
+        assert run.train().step == 8
     finally:
         keras.backend.clear_session(free_memory=False)
     history = read_history(tmp_path)
@@ -367,7 +365,7 @@ def test_the_train_pipeline_is_released_before_the_final_evaluation(tmp_path, da
 
     run.evaluate = noting
     try:
-        assert run.train()["step"] == 4
+        assert run.train().step == 4
     finally:
         keras.backend.clear_session(free_memory=False)
     assert train_input_alive == [False]

@@ -11,7 +11,7 @@ import resource
 import time
 
 from tfgpu.bench.stats import XLA_SCOPES, peak_tflops, window_stats
-from tfgpu.config import ConfigError, DatasetConfig, InputConfig, RuntimeConfig
+from tfgpu.config import ConfigError, DatasetConfig, RuntimeConfig
 
 
 def _environment() -> dict:
@@ -209,6 +209,7 @@ def _run_keras_fit(case: dict, config, runner: str) -> dict:
     from tfgpu.data import catalog, pipeline
     from tfgpu.models import create_model
     from tfgpu.runtime import distribute, precision
+    from tfgpu.tasks.registry import input_config
 
     if runner != "keras_fit_strategy":  # what a user's own script does: one device, no CPU splitting
         config = one_device(config)
@@ -224,7 +225,7 @@ def _run_keras_fit(case: dict, config, runner: str) -> dict:
     keras.utils.set_random_seed(config.seed)
     precision.set_policy(config.precision)
     info = catalog.prepare(DatasetConfig.of(config))
-    dataset = pipeline.train_dataset_fn(InputConfig.of(config), info, 0)(tf.distribute.InputContext())  # global batches
+    dataset = pipeline.train_dataset_fn(input_config(config), info, 0)(tf.distribute.InputContext())  # global batches
     with placement.strategy.scope() if placement else contextlib.nullcontext():
         model = create_model(config.model, info.image_shape, info.num_classes)
         model.compile(optimizer=keras.optimizers.SGD(config.base_learning_rate * config.global_batch_size / 256,
@@ -271,11 +272,11 @@ def _epoch_timer():
 
 def run_case(case: dict) -> dict:
     """Child entry: one measurement described by ``case``; never raises (the reason is returned)."""
-    from tfgpu import config as config_lib
+    from tfgpu import config_sources
 
     result = {"name": case["runner"], "status": "ok"}
     try:
-        config = config_lib.resolve(case["config"])
+        config = config_sources.resolve(case["config"])
         if case["runner"] == "tfgpu_one_device":
             config = one_device(config)
         result.update(_run_tfgpu(case, config) if case["runner"] in ("tfgpu", "tfgpu_one_device", "synthetic") else

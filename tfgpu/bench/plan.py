@@ -66,6 +66,7 @@ def plan(opts: argparse.Namespace, shared: dict) -> Plan:
 
     ``shared`` holds the Config options given through the shared flags, over the benchmark's defaults."""
     from tfgpu import config as config_lib
+    from tfgpu import config_sources
 
     base = config_lib.Config(**shared)  # typed values with the field defaults; validated per measurement below
     steps = {"untimed_steps": opts.untimed_steps, "steps_per_window": opts.steps_per_window, "windows": opts.windows,
@@ -114,7 +115,7 @@ def plan(opts: argparse.Namespace, shared: dict) -> Plan:
     image_size = base.image_size or (spec.default_image_size or 32 if not base.data_dir and
                                      base.dataset == "synthetic" else 0)
     p = Plan(opts, dict(shared), batches, precisions, jits, baselines, image_size, (), 0, auto)
-    first = config_lib.resolve(case_config(p, batches[0] if batches else opts.batch_granularity, precisions[0],
+    first = config_sources.resolve(case_config(p, batches[0] if batches else opts.batch_granularity, precisions[0],
                                            jits[0], "unused"))
     from tfgpu.data import catalog
 

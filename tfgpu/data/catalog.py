@@ -1,11 +1,12 @@
 """Which dataset a run names, and what it looks like: ``prepare(config) -> DatasetInfo``.
 
 ``--data_dir`` is a dataset converted by ``tfgpu.convert``; a built-in dataset (``--dataset=digits``) or
-``--dataset=tfds:NAME`` is converted once into the data cache by the same converter (processes of one host
-that start together wait for the first), in a directory named after what the data is and how it was converted,
-and used only while its manifest records that same conversion. The manifest (``dataset.json``) gives classes,
-image shape, splits and their shards; ``DatasetInfo`` carries what the model, the loop and the input pipeline
-need of it.
+``--dataset=tfds:NAME`` whose files tfgpu cannot read where they are, is converted once into the data cache by the
+same converter (processes of one host that start together wait for the first), in a directory named after what the
+data is and how it was converted, and used only while its manifest records that same conversion. A prepared TFDS
+image-classification dataset is read in place: the cache holds only a ``dataset.json`` naming its shards. The
+manifest (``dataset.json``) gives classes, image shape, splits and their shards; ``DatasetInfo`` carries what the
+model, the loop and the input pipeline need of it.
 ``--data_dir`` and ``--data_cache_dir`` may be any path TensorFlow opens (``gs://``, ``ram://``:
 ``tfgpu.runtime.fileio``); only a local cache is locked against a second converter.
 """
@@ -35,6 +36,7 @@ class DatasetInfo:
     train_split: str
     eval_split: str  # "" when there is no evaluation
     damaged: dict = dataclasses.field(default_factory=dict)  # shard -> shards.Damaged (--skip_corrupt_records)
+    record_keys: tfrecord.RecordKeys = tfrecord.OWN_KEYS  # the features records are read by (dataset.json)
 
     @property
     def num_classes(self) -> int:
@@ -57,8 +59,11 @@ def _builtin_dir(config: DatasetConfig, name: str) -> str:
 
 
 def _tfds_dir(config: DatasetConfig) -> str:
-    """A tfds:NAME dataset converted once into the data cache by tfgpu's converter (same shards and manifest as
-    ``python -m tfgpu.convert --source=tfds:NAME``), keyed by what its data is (``tfds_source.data_identity``)."""
+    """A tfds:NAME dataset read where TFDS prepared it: a ``dataset.json`` in the data cache names the builder's
+    own TFRecord shards (``tfds_source.reference_manifest``), keyed by what its data is
+    (``tfds_source.data_identity``). A builder whose files tfgpu cannot read as they are (``tfds_source.why_copied``)
+    is converted once into the cache instead (the shards and manifest of ``python -m tfgpu.convert
+    --source=tfds:NAME``), and the log says why."""
     from tfgpu.data import tfds_source
 
     name = config.dataset[len("tfds:"):]
@@ -67,11 +72,36 @@ def _tfds_dir(config: DatasetConfig) -> str:
     try:
         with _cache_lock(os.path.join(config.data_cache_dir or default_cache_dir(), label)):
             # Under the lock: with --download, the processes of one host prepare it once.
-            identity = tfds_source.data_identity(tfds_source.prepared_builder(name, data_dir, config.download))
+            builder = tfds_source.prepared_builder(name, data_dir, config.download)
+            identity = tfds_source.data_identity(builder)
+            why = tfds_source.why_copied(builder, name)
     except ConfigError as e:
         raise _dataset_error(config, e) from None
+    if not why:
+        return _tfds_references(config, label, identity, builder, name)
+    log.info("tfds:%s is copied into the data cache, not read in place: %s", name, why)
     return _cached_conversion(config, label, identity, source=config.dataset, tfds_data_dir=data_dir,
                               download=config.download)
+
+
+def _tfds_references(config: DatasetConfig, label: str, identity: str, builder, name: str) -> str:
+    """The cache directory whose ``dataset.json`` alone names the builder's shards where they are (written once,
+    under the cache lock); named ``<label>-in-place-<fingerprint of identity>``."""
+    import hashlib
+
+    from tfgpu.data import tfds_source
+
+    key = hashlib.sha256(f"in place\0{identity}".encode()).hexdigest()
+    directory = os.path.join(config.data_cache_dir or default_cache_dir(), f"{label}-in-place-{key[:16]}")
+    path = os.path.join(directory, tfrecord.MANIFEST)
+    with _cache_lock(directory):
+        if not fileio.exists(path):
+            fileio.makedirs(directory)
+            tfrecord.write_manifest(directory, tfds_source.reference_manifest(builder, name, key))
+            log.info("tfds:%s is read in place from %s (%s names its shards; nothing copied)", name,
+                     builder.data_dir, path)
+    _check_recorded(config, directory, key)
+    return directory
 
 
 def _cached_conversion(config: DatasetConfig, label: str, identity: str, **options) -> str:
@@ -84,12 +114,19 @@ def _cached_conversion(config: DatasetConfig, label: str, identity: str, **optio
     key = outdir.fingerprint(dataclasses.asdict(options), identity)
     directory = os.path.join(config.data_cache_dir or default_cache_dir(), f"{label}-{key[:16]}")
     _convert_once(config, dataclasses.replace(options, output_dir=directory))
+    _check_recorded(config, directory, key)
+    return directory
+
+
+def _check_recorded(config: DatasetConfig, directory: str, key: str) -> None:
+    """Refuses a cache directory whose ``dataset.json`` records another fingerprint than ``key``."""
+    from tfgpu.data import outdir
+
     recorded, _ = outdir.existing_fingerprint(directory)
     if recorded != key:
         raise ConfigError("data_cache_dir", f"{directory} is not the conversion --dataset={config.dataset} names "
                           "now: its dataset.json records other data or options (copied there, or made by another "
                           "converter); remove it to convert again")
-    return directory
 
 
 @contextlib.contextmanager
@@ -209,7 +246,9 @@ def prepare(config: DatasetConfig) -> DatasetInfo:
         files[split] = tuple((os.path.join(directory, s["file"]), int(s["num_examples"])) for s in entry["shards"])
         missing = [f for f, _ in files[split] if not fileio.exists(f)]
         if missing:
-            raise ConfigError(flag, f"{directory} is incomplete: {missing[0]} is missing")
+            raise ConfigError(flag, f"{directory} is incomplete: {missing[0]} is missing" + (
+                f" (a shard {tfrecord.MANIFEST} reads where another tool wrote it: it was moved or deleted; "
+                "convert the source again)" if _outside(directory, missing[0]) else ""))
     sizes = {s: int(e["num_examples"]) for s, e in splits.items()}
     if pattern:
         matched = {fileio.absolute(f) for f in fileio.glob(pattern)}
@@ -228,7 +267,13 @@ def prepare(config: DatasetConfig) -> DatasetInfo:
     read_splits = {split: files[split] for split in dict.fromkeys((config.train_split, eval_split)) if split}
     damaged = _verify_shards(config, flag, directory, manifest, read_splits, compression, bool(classes))
     return DatasetInfo(manifest.get("name", os.path.basename(directory.rstrip("/"))), directory, classes,
-                       (int(h), int(w), int(c)), sizes, files, compression, config.train_split, eval_split, damaged)
+                       (int(h), int(w), int(c)), sizes, files, compression, config.train_split, eval_split, damaged,
+                       tfrecord.record_keys(manifest))
+
+
+def _outside(directory: str, path: str) -> bool:
+    """Whether ``path`` (a shard the manifest lists) lies outside the manifest's ``directory``."""
+    return os.path.dirname(os.path.normpath(path)) != os.path.normpath(directory)
 
 
 def _verify_shards(config: DatasetConfig, flag: str, directory: str, manifest: dict, split_files: dict,
@@ -243,7 +288,8 @@ def _verify_shards(config: DatasetConfig, flag: str, directory: str, manifest: d
                                 config.data_cache_dir or default_cache_dir())
     except shards.ShardError as e:
         raise ConfigError(flag, str(e)) from None
-    required = tfrecord.REQUIRED_WITH_CLASSES if labelled else tfrecord.REQUIRED
+    keys = tfrecord.record_keys(manifest)
+    required = keys.required(labelled)
     for files in split_files.values():
         for path, count in files:
             readable = damaged[path].readable() if path in damaged else [(0,)] * bool(count)
@@ -253,8 +299,9 @@ def _verify_shards(config: DatasetConfig, flag: str, directory: str, manifest: d
             problem = tfrecord.missing_feature(shards.read_record(path, compression, index, damaged.get(path)),
                                                required)
             if problem:
-                raise ConfigError(flag, f"{path}: record {index} {problem}; tfgpu reads the keys tensorflow/models "
-                                  f"uses for ImageNet ({', '.join(required)}; docs/datasets.md): write the records "
-                                  "with them, or convert the images with python -m tfgpu.convert")
+                raise ConfigError(flag, f"{path}: record {index} {problem}; {directory}/{tfrecord.MANIFEST} reads "
+                                  f"records by the keys {', '.join(required)} (docs/datasets.md): convert them "
+                                  "with python -m tfgpu.convert --source=tfrecord:GLOB --image_key=... "
+                                  "--label_key=...")
     return damaged
 

@@ -1,15 +1,12 @@
 """Converts a source (tfgpu.data.sources) into sharded TFRecords plus ``dataset.json``, safely and resumably.
 
-The steps, each in its own module: open the source and say what of it will not be
-converted (``sources``, ``folders``, ``csvlist``); validate every split name and the
-classes; claim the output directory (``outdir``); plan one task per shard; reuse the
-shards a previous run finished and verified, write the rest (``workers``, each record
-made by ``encode``); then ``outdir.publish`` puts them in place and writes
-``dataset.json`` last. Nothing a reader uses is touched before every shard is done,
-so a run that stops leaves what was there.
+The steps, each in its own module: open the source (``open_source`` picks ``sources``, ``folders``, ``csvlist`` or
+``tfds_source``) and say what will not be converted; check split names and classes; claim the output directory
+(``outdir``); plan one task per shard; reuse the shards a previous run finished and verified, write the rest
+(``workers``; records by ``encode``); ``outdir.publish`` puts them in place and writes ``dataset.json`` last.
+Nothing a reader uses is touched before every shard is done: a stopped run leaves what was there.
 
-``--output_dir`` may be any path TensorFlow opens (``gs://``, ``ram://``); the source is read from the
-local disk (or TFDS).
+``--output_dir`` may be any path TensorFlow opens (``gs://``, ``ram://``); the source is read from local disk or TFDS.
 """
 import concurrent.futures
 import contextlib
@@ -25,7 +22,7 @@ import sys
 import numpy as np
 
 from tfgpu.config import ConfigError
-from tfgpu.data import csvlist, folders, outdir, sources, tfrecord, workers
+from tfgpu.data import builtin, csvlist, folders, foreign, outdir, sources, tfds_source, tfrecord, workers
 from tfgpu.data.encode import BadImageError, Encoding, example_to_record, visible_channels  # noqa: F401 (API)
 from tfgpu.data.folders import display
 from tfgpu.data.workers import WorkerDiedError  # noqa: F401 (API: tfgpu.convert catches it)
@@ -56,6 +53,9 @@ class Options:
     overwrite: bool = False
     tfds_data_dir: str = ""
     download: bool = False
+    image_key: str = tfrecord.ENCODED  # tfrecord: sources: the features holding the image and the label,
+    label_key: str = tfrecord.LABEL
+    label_offset: int = 0  # and what makes a label a class index from 0 (-1 for 1-based labels)
 
 
 # -- option checks ------------------------------------------------------------------------------------------------
@@ -120,6 +120,13 @@ def check_options(o: Options) -> None:
     parse_num_shards(o.num_shards)
     if o.split:
         sources.parse_split_spec(o.split)
+    for flag in ("image_key", "label_key"):
+        if not getattr(o, flag):
+            raise ConfigError(flag, "is empty: name the feature key of the records (e.g. image/encoded)")
+    if (o.image_key, o.label_key, o.label_offset) != (tfrecord.ENCODED, tfrecord.LABEL, 0) and \
+            not o.source.startswith("tfrecord:"):
+        raise ConfigError("image_key" if o.image_key != tfrecord.ENCODED else "label_key" if
+                          o.label_key != tfrecord.LABEL else "label_offset", "applies to --source=tfrecord:GLOB only")
 
 
 # -- planning -------------------------------------------------------------------------------------------------------
@@ -233,6 +240,14 @@ def _check_source(o: Options, source: sources.Source, splits: dict, stream) -> N
     stream.flush()
 
 
+def _check_records(o: Options, source: sources.Source) -> None:
+    """Stops at the first foreign record that cannot be used at all (no image or label under the keys, a label
+    below 0, an image that does not decode), unless --skip_bad leaves such records out of new shards."""
+    bad = source.in_place.first_bad()
+    if bad and not o.skip_bad:
+        raise BadImageError(*bad)
+
+
 def _check_examples(manifest: dict) -> None:
     """Refuses to publish a split left without examples (every image skipped as bad)."""
     for split, entry in manifest["splits"].items():
@@ -255,6 +270,30 @@ def _auto_workers(o: Options, num_tasks: int, num_examples: int) -> int:
     return max(1, min(os.cpu_count() or 1, num_tasks))
 
 
+def open_source(source: str, tfds_data_dir: str = "", download: bool = False, record_keys=None) -> sources.Source:
+    """Resolves ``--source``: a folder, a .csv/.tsv, a .npz, ``tfds:NAME``, ``tfrecord:GLOB`` (read by
+    ``record_keys``, a tfrecord.RecordKeys) or a built-in dataset name."""
+    if not source:
+        raise ConfigError("source", "is required: an image folder, a .csv/.tsv, a .npz, tfds:NAME, tfrecord:GLOB or "
+                          f"{' | '.join(builtin.BUILTIN)}")
+    if source.startswith("tfrecord:"):
+        return foreign.open_tfrecords(source[len("tfrecord:"):], record_keys or tfrecord.OWN_KEYS)
+    if source.startswith("tfds:"):
+        return tfds_source.open_tfds(source[len("tfds:"):], tfds_data_dir, download)
+    if os.path.isdir(source):
+        return sources.open_folder(source)
+    if os.path.isfile(source):
+        if source.lower().endswith((".csv", ".tsv")):
+            return sources.open_csv(source)
+        if source.lower().endswith(".npz"):
+            return sources.open_npz(source)
+        raise ConfigError("source", f"{source}: not a folder, .csv, .tsv or .npz file")
+    if source in builtin.BUILTIN:
+        return sources.open_builtin(source)
+    raise ConfigError("source", f"{source} does not exist (expected an image folder, a .csv/.tsv, a .npz, "
+                      f"tfds:NAME, tfrecord:GLOB or one of {', '.join(builtin.BUILTIN)})")
+
+
 def convert(o: Options, stream=None, out=None) -> dict:
     """Runs one conversion; returns the manifest written to ``<output_dir>/dataset.json``.
 
@@ -264,12 +303,20 @@ def convert(o: Options, stream=None, out=None) -> dict:
     if o.resize and o.image_format == "keep":
         print(f"--resize re-encodes every image: JPEG sources as JPEG at --jpeg_quality={o.jpeg_quality}, the "
               "others as PNG (--image_format=png stores every one losslessly)", file=stream, flush=True)
-    source = sources.open_source(o.source, o.tfds_data_dir, o.download)
+    source = open_source(o.source, o.tfds_data_dir, o.download,
+                         tfrecord.RecordKeys(o.image_key, o.label_key, o.label_offset))
     parts = sources.parse_split_spec(o.split) if o.split else []
     splits = sources.apply_split(source, parts, o.seed)
     _check_num_shards(splits, o)
     _check_source(o, source, splits, stream)
     key = outdir.fingerprint(dataclasses.asdict(o), source.identity)
+    if source.in_place is not None:
+        _check_records(o, source)
+        why = foreign.rewrites(o) or source.in_place.why_not()
+        if not why:
+            return foreign.write_references(o, source, key, out)
+        print(f"writing new shards (the source's cannot be read in place): {why}", file=stream, flush=True)
+        foreign.check_apart(o.output_dir, source)
     with outdir.claim(o, source.kind, o.source, key) as directory:
         staged = fileio.exists(os.path.join(directory, tfrecord.MANIFEST))
         channels = 0

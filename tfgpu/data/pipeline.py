@@ -25,10 +25,10 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from tfgpu import durations
 from tfgpu.config import ConfigError, InputConfig
-from tfgpu.data import augment, position, tfrecord
-from tfgpu.data.records import (Segments, _no_autograph, checked_label, readable_files, segment_records,
-                                train_records)
+from tfgpu.data import augment, position
+from tfgpu.data.records import Examples, Segments, _no_autograph, readable_files, segment_records, train_records
 from tfgpu.data.catalog import EVAL_SPLITS, DatasetInfo, default_cache_dir, prepare  # noqa: F401 (API)
 
 log = logging.getLogger("tfgpu")
@@ -102,8 +102,10 @@ def _ordinary_epoch(config: InputConfig, segment_ds, num_segments, read, share, 
 
 
 def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, record_keys: bool = False,
-                     plan=None):
-    """Returns ``fn(input_context) -> Dataset`` of per-replica (image, label) batches, resumed at ``start_step``.
+                     plan=None, examples: Examples | None = None):
+    """Returns ``fn(input_context) -> Dataset`` of per-replica ``(x, y)`` batches, resumed at ``start_step``;
+    ``examples`` (the task's ``Task.examples()``, default classification's ``records.Examples``) turns a record
+    into ``(x, y)``.
 
     Each input pipeline trains on its share of the split (``train_share``); an epoch is ``total //
     num_input_pipelines`` records of every pipeline, batches run on across epoch boundaries. ``plan``
@@ -111,12 +113,13 @@ def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, re
     one, where an uninterrupted run on this topology is at ``start_step``. ``record_keys`` yields batches of record
     identities instead of decoded examples (same records, same order; for tfgpu.audit_input)."""
     workers = config.data_workers or tf.data.AUTOTUNE
+    examples = examples or Examples(config, info)
 
     def dataset_fn(ctx: tf.distribute.InputContext):
         per_replica = ctx.get_per_replica_batch_size(config.global_batch_size)
         replicas_here = ctx.num_replicas_in_sync // ctx.num_input_pipelines
         if info.name == "synthetic":
-            return _synthetic(info, per_replica, config.seed + ctx.input_pipeline_id, config.input_range)
+            return _synthetic(info, examples, per_replica, config.seed + ctx.input_pipeline_id, config.input_range)
         split_files = readable_files(info, info.train_split)
         segments, epoch_size = train_share(split_files, ctx.num_input_pipelines, ctx.input_pipeline_id)
         share = sum(n for _, _, n in segments)
@@ -146,16 +149,8 @@ def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, re
             key, serialized = element
             if record_keys:
                 return key
-            features = tfrecord.parse_example(serialized, labelled=labelled)
-            image = augment.preprocess_train(features, config.image_size, c, config.augment, index,
-                                             config.input_range)
-            label = features[tfrecord.LABEL]
-            if labelled:
-                label = checked_label(info.train_split, key, label, info.num_classes)
-            return tf.ensure_shape(image, [h, w, c]), label
+            return examples.example(serialized, info.train_split, key, seed=index)
 
-        h, w, c = info.image_shape
-        labelled = info.num_classes > 0
         if config.data_service:
             ds = _service_epochs(config, segment_ds, read, parse, per_replica, share, epoch_size)
             # Two epochs open at a time, read one after the other: the next epoch's job starts while this one
@@ -214,13 +209,14 @@ def _service_epochs(config, segment_ds, read, parse, per_replica, share, epoch_s
     return _exact_epoch(produced.unbatch(), share, epoch_size)
 
 
-def _synthetic(info: DatasetInfo, per_replica: int, seed: int, input_range=augment.DEFAULT_RANGE):
-    """One random batch (pixels uniform in ``input_range``) repeated forever: measures the model, not the input
-    pipeline."""
+def _synthetic(info: DatasetInfo, examples: Examples, per_replica: int, seed: int,
+               input_range=augment.DEFAULT_RANGE):
+    """One random batch (pixels uniform in ``input_range``, the task's random targets) repeated forever: measures
+    the model, not the input pipeline."""
     h, w, c = info.image_shape
     rng = np.random.default_rng(seed)
     images = rng.uniform(*input_range, (per_replica, h, w, c)).astype(np.float32)
-    labels = rng.integers(0, info.num_classes, per_replica).astype(np.int64)
+    labels = examples.synthetic_labels(rng, per_replica)
     return tf.data.Dataset.from_tensors((images, labels)).repeat()
 
 
@@ -235,15 +231,16 @@ def eval_steps(config: InputConfig, info: DatasetInfo, num_pipelines: int, num_r
     return max(1, math.ceil(most / (per_replica * replicas_here)))
 
 
-def eval_dataset_fn(config: InputConfig, info: DatasetInfo, steps: int):
-    """Returns ``fn(input_context)`` of per-replica (image, label, weight) batches; padding has weight 0."""
+def eval_dataset_fn(config: InputConfig, info: DatasetInfo, steps: int, examples: Examples | None = None):
+    """Returns ``fn(input_context)`` of per-replica ``(x, y, sample_weight)`` batches (Keras' batch contract);
+    padding is zeros of weight 0. ``examples`` as for ``train_dataset_fn``."""
     workers = config.data_workers or tf.data.AUTOTUNE
+    examples = examples or Examples(config, info)
     global_batch = config.eval_batch_size or config.global_batch_size
 
     def dataset_fn(ctx: tf.distribute.InputContext):
         per_replica = ctx.get_per_replica_batch_size(global_batch)
         replicas_here = ctx.num_replicas_in_sync // ctx.num_input_pipelines
-        h, w, c = info.image_shape
         indices, _, element_shard = _eval_files(
             info, info.eval_split, ctx.num_input_pipelines, ctx.input_pipeline_id)
         readable = readable_files(info, info.eval_split)
@@ -251,15 +248,10 @@ def eval_dataset_fn(config: InputConfig, info: DatasetInfo, steps: int):
         records = segment_records(reader, reader.dataset, workers)
         if element_shard:
             records = records.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
-        labelled = info.num_classes > 0
 
         def parse(key, serialized):
-            features = tfrecord.parse_example(serialized, labelled=labelled)
-            image = augment.preprocess_eval(features, config.image_size, c, config.augment, config.input_range)
-            label = features[tfrecord.LABEL]
-            if labelled:
-                label = checked_label(info.eval_split, key, label, info.num_classes)
-            return tf.ensure_shape(image, [h, w, c]), label, tf.constant(1.0)
+            x, y, *weight = examples.example(serialized, info.eval_split, key)
+            return x, y, tf.cast(weight[0], tf.float32) if weight else tf.constant(1.0)
 
         ds = records.map(_no_autograph(parse), num_parallel_calls=workers, deterministic=True)
         if config.cache:
@@ -267,7 +259,7 @@ def eval_dataset_fn(config: InputConfig, info: DatasetInfo, steps: int):
         needed = steps * replicas_here * per_replica
         # Endless weight-0 padding: every pipeline yields exactly `needed` examples (unreadable records skipped).
         padding = tf.data.Dataset.from_tensors(
-            (tf.zeros([h, w, c]), tf.constant(0, tf.int64), tf.constant(0.0))).repeat()
+            tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), ds.element_spec)).repeat()
         ds = ds.concatenate(padding).take(needed).batch(per_replica, drop_remainder=True)
         return _with_options(ds.prefetch(tf.data.AUTOTUNE), config, True)
 
@@ -279,8 +271,7 @@ def steps_per_epoch(config: InputConfig, info: DatasetInfo) -> float:
 
 
 def resolve_train_steps(config: InputConfig, info: DatasetInfo) -> int:
-    """--train_steps, or --epochs converted to optimizer steps."""
-    if config.train_steps:
-        return config.train_steps
-    return max(1, math.ceil(config.epochs * steps_per_epoch(config, info)))
+    """--train (else --train_steps, else --epochs) in optimizer steps, covering a last partial epoch."""
+    length = durations.of(config, "train")
+    return max(1, durations.to_steps(length, steps_per_epoch(config, info), config.examples_per_step, round_up=True))
 

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import tensorflow as tf
 
-from tfgpu.data import shards, tfrecord
+from tfgpu.data import augment, shards, tfrecord
 from tfgpu.data.catalog import DatasetInfo
 
 # tf.data traces every function given to map/interleave/flat_map below. None branches on a tensor in Python, so
@@ -101,6 +101,66 @@ def checked_label(split: str, key, label, num_classes: int):
 
 
 LABEL_ERROR = "tfgpu: bad label in split"
+RECORD_ERROR = "tfgpu: bad record in split"
+
+
+def checked(value, ok, split: str, key, problem):
+    """``value`` once ``ok``; else the step fails with an error ``explain_read_error`` turns into one line
+    "<shard>: record <index> <problem>" (``problem``: a string tensor without brackets). A task's own check of
+    what its records hold (``Examples.example``) goes through here."""
+    with tf.control_dependencies([tf.debugging.Assert(ok, [RECORD_ERROR, split, key, problem])]):
+        return tf.identity(value)
+
+
+class Examples:
+    """What a record holds and how it becomes one example ``(x, y)``: the hook a task gives the input pipelines
+    (``Task.examples``), which keep the shares, epochs, segments and resume. This default is classification's:
+    the image under ``tfrecord.ENCODED``, decoded, augmented (--augment) and scaled to --input_range; one class
+    index under ``tfrecord.LABEL``, checked as it is parsed (``checked_label``) when the dataset has classes.
+    A task with other labels overrides ``feature_spec``, ``label`` and ``synthetic_labels``."""
+
+    def __init__(self, config, info: DatasetInfo):
+        self.config = config  # tfgpu.config.InputConfig
+        self.info = info
+        self.labelled = info.num_classes > 0
+
+    def feature_spec(self) -> dict:
+        """The ``tf.io`` feature spec a record is parsed with."""
+        return tfrecord.LABELLED_SPEC if self.labelled else tfrecord.FEATURE_SPEC
+
+    def image(self, features, seed=None):
+        """The model's input: decoded, augmented when ``seed`` is given (training), in --input_range."""
+        config = self.config
+        h, w, c = self.info.image_shape
+        if seed is None:
+            image = augment.preprocess_eval(features, config.image_size, c, config.augment, config.input_range)
+        else:
+            image = augment.preprocess_train(features, config.image_size, c, config.augment, seed,
+                                             config.input_range)
+        return tf.ensure_shape(image, [h, w, c])
+
+    def label(self, features, split: str, key):
+        """The target, checked as it is parsed."""
+        label = features[tfrecord.LABEL]
+        return checked_label(split, key, label, self.info.num_classes) if self.labelled else label
+
+    def example(self, serialized, split: str, key, seed=None):
+        """``(x, y)`` of one serialized record of ``split`` (``key``: its identity for errors); ``seed`` given:
+        augmented for training. A task may return ``(x, y, sample_weight)``: the weight of the example in the
+        loss and the metrics (evaluation's padding has weight 0)."""
+        features = self.parse(serialized)
+        return self.image(features, seed), self.label(features, split, key)
+
+    def parse(self, serialized) -> dict:
+        """The record's features: by ``feature_spec``, or, for another writer's records read in place (the
+        manifest's ``record_keys``), its image and label under tfgpu's names, the label offset added."""
+        if self.info.record_keys != tfrecord.OWN_KEYS:
+            return tfrecord.parse_example(serialized, labelled=self.labelled, keys=self.info.record_keys)
+        return tf.io.parse_single_example(serialized, self.feature_spec())
+
+    def synthetic_labels(self, rng: np.random.Generator, count: int) -> np.ndarray:
+        """``count`` random targets for --dataset=synthetic."""
+        return rng.integers(0, self.info.num_classes, count).astype(np.int64)
 
 
 def find_corrupt_record(info: DatasetInfo):
@@ -126,22 +186,33 @@ def explain_read_error(info: DatasetInfo, error: tf.errors.OpError):
         found = find_corrupt_record(info)
         where = f"{found[0]}: record {found[1]} is unreadable ({found[2]})" if found else "a record is unreadable"
         return f"{where}; convert the dataset again, or pass --skip_corrupt_records to train on the other records"
+    if not isinstance(error, tf.errors.InvalidArgumentError):
+        return None
+    problem = re.search(rf"\[{RECORD_ERROR}\] \[(.*?)\] \[(\d+)\] \[([^\]]*)\]", error.message or "")
+    if problem:
+        split, key = problem.group(1), int(problem.group(2))
+        said = re.sub(r"\\(['\"\\])", r"\1", problem.group(3))  # the Assert's message escapes quotes
+        return f"{info.split_files[split][key >> 32][0]}: record {key & 0xFFFFFFFF} {said}"
     match = re.search(rf"\[{LABEL_ERROR}\] \[(.*?)\] \[(\d+)\] \[(-?\d+)\]", error.message or "")
-    if not isinstance(error, tf.errors.InvalidArgumentError) or not match:
+    if not match:
         return None
     split, key, label = match.group(1), int(match.group(2)), int(match.group(3))
     filename = info.split_files[split][key >> 32][0]
     index = key & 0xFFFFFFFF
     if label == tfrecord.MISSING_LABEL:
         damaged = info.damaged.get(filename)
+        keys = info.record_keys
         problem = tfrecord.missing_feature(shards.read_record(filename, info.compression, index, damaged),
-                                           tfrecord.REQUIRED_WITH_CLASSES)
-        return (f"{filename}: record {index} {problem or 'has no ' + repr(tfrecord.LABEL)}; the {split!r} split needs "
-                f"a label in every record (under {tfrecord.LABEL!r}, as tensorflow/models writes ImageNet)")
-    return (f"{filename}: record {index} has label {label}, outside [0, {info.num_classes}) for the "
+                                           keys.required(labelled=True))
+        return (f"{filename}: record {index} {problem or 'has no ' + repr(keys.label)}; the {split!r} split needs "
+                f"a label in every record (under {keys.label!r}, {info.directory}/{tfrecord.MANIFEST}'s record "
+                "keys)")
+    offset = info.record_keys.label_offset
+    stored = f" (stored {label - offset}, label_offset {offset})" if offset else ""
+    return (f"{filename}: record {index} has label {label}{stored}, outside [0, {info.num_classes}) for the "
             f"{info.num_classes} classes of {info.directory}/{tfrecord.MANIFEST}; labels must be class indices from 0 "
-            "(1-based labels, as some ImageNet TFRecords have, need 1 subtracted), or the manifest must list every "
-            "class")
+            "(1-based labels, as some ImageNet TFRecords have, need 1 subtracted: tfgpu.convert "
+            "--source=tfrecord:GLOB --label_offset=-1), or the manifest must list every class")
 
 
 def train_records(info: DatasetInfo) -> int:

@@ -253,7 +253,8 @@ class Cache:
 
     Under the data cache, not beside the data: a dataset directory may be read-only, shared, or a bucket, and a
     stray file there would make the converter take it for someone else's output. Entries are keyed by shard
-    name and checked against size and modification time, so a changed shard is scanned again."""
+    name (path, for a shard outside the directory) and checked against size and modification time, so a changed
+    shard is scanned again."""
 
     def __init__(self, cache_dir: str, directory: str):
         key = hashlib.sha256(fileio.absolute(directory).encode()).hexdigest()[:20]
@@ -268,11 +269,17 @@ class Cache:
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             self.scans = {}  # no cache yet, or one this version cannot read: scanned again and rewritten
 
+    def _key(self, path: str) -> str:
+        """The shard's name, or its whole path when it lies outside the dataset directory (a shard the manifest
+        reads where another tool wrote it: two such may share a name)."""
+        inside = os.path.dirname(os.path.normpath(path)) == os.path.normpath(self.directory)
+        return os.path.basename(path) if inside else path
+
     def get(self, path: str):
-        return self.scans.get(os.path.basename(path))
+        return self.scans.get(self._key(path))
 
     def put(self, path: str, result: Scan):
-        name, result = os.path.basename(path), result.cached()
+        name, result = self._key(path), result.cached()
         if self.scans.get(name) != result:
             self.scans[name], self.changed = result, True
 

@@ -1,6 +1,6 @@
 """Where a conversion's examples come from: image folders, CSV/TSV lists, .npz arrays, TFDS, built-in data.
 
-``open_source`` turns ``--source`` into a ``Source``: class names in label order and,
+A ``Source`` (which ``tfgpu.data.convert.open_source`` picks for ``--source``) holds class names in label order and,
 per split, a ``SplitData`` that can be re-split (stratified by class when labels
 are known up front), shuffled, and cut into picklable shard payloads. A payload's
 ``examples()`` yields ``(filename, label, data, origin)``: the record's filename, the
@@ -8,7 +8,7 @@ image's encoded bytes, a uint8 HxWxC array or an ``Unreadable`` reason, and wher
 a user finds it (a full path). Nothing here decodes images or writes files.
 
 Finding a folder's images is ``tfgpu.data.folders``; reading a CSV list,
-``tfgpu.data.csvlist``; TFDS builders, ``tfgpu.data.tfds_source``.
+``tfgpu.data.csvlist``; TFDS builders, ``tfgpu.data.tfds_source`` (which builds on this module's ``Source``).
 """
 import dataclasses
 import hashlib
@@ -135,6 +135,7 @@ class Source:
     notices: list = dataclasses.field(default_factory=list)  # one line each, printed before converting
     not_converted: dict = dataclasses.field(default_factory=dict)  # reason (folders.REASONS) -> [paths]
     followed_outside: list = dataclasses.field(default_factory=list)  # images taken through links leaving their class
+    in_place: object = None  # foreign.InPlace: a tfrecord: source's own shards, for a manifest reading them in place
 
 
 def parse_split_spec(spec: str) -> list:
@@ -211,30 +212,6 @@ def _cut(pool, parts, seed):
 
 
 # -- opening sources ----------------------------------------------------------------------------------------------
-
-def open_source(source: str, tfds_data_dir: str = "", download: bool = False) -> Source:
-    """Resolves ``--source``: a folder, a .csv/.tsv, a .npz, ``tfds:NAME`` or a built-in dataset name."""
-    if not source:
-        raise ConfigError("source", "is required: an image folder, a .csv/.tsv, a .npz, tfds:NAME or "
-                          f"{' | '.join(builtin.BUILTIN)}")
-    if source.startswith("tfds:"):
-        from tfgpu.data.tfds_source import open_tfds
-
-        return open_tfds(source[len("tfds:"):], tfds_data_dir, download)
-    if os.path.isdir(source):
-        return open_folder(source)
-    lower = source.lower()
-    if os.path.isfile(source):
-        if lower.endswith((".csv", ".tsv")):
-            return open_csv(source)
-        if lower.endswith(".npz"):
-            return open_npz(source)
-        raise ConfigError("source", f"{source}: not a folder, .csv, .tsv or .npz file")
-    if source in builtin.BUILTIN:
-        return open_builtin(source)
-    raise ConfigError("source", f"{source} does not exist (expected an image folder, a .csv/.tsv, a .npz, "
-                      f"tfds:NAME or one of {', '.join(builtin.BUILTIN)})")
-
 
 def open_folder(root: str) -> Source:
     """An image folder (``root/<class>/...`` or ``root/<split>/<class>/...``; see tfgpu.data.folders)."""

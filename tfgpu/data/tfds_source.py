@@ -43,8 +43,13 @@ class TfdsPayload:
 
         builder = _tfds_builder(self.name, self.data_dir)
         decoders = {self.image_key: tfds.decode.SkipDecoding()} if self.encoded else None
-        ds = builder.as_dataset(split=f"{self.split}[{self.lo}:{self.hi}]", decoders=decoders, shuffle_files=False)
-        for i, example in enumerate(ds.as_numpy_iterator(), start=self.lo):
+        split = f"{self.split}[{self.lo}:{self.hi}]"
+        if _file_format(builder.info) == "tfrecord":
+            stored = builder.as_dataset(split=split, decoders=decoders, shuffle_files=False).as_numpy_iterator()
+        else:  # array_record (TFDS reads it as a random-access data source only)
+            source = builder.as_data_source(split=split, decoders=decoders)
+            stored = (source[i] for i in range(len(source)))
+        for i, example in enumerate(stored, start=self.lo):
             name = f"{self.split}/{i}"
             yield name, int(example[self.label_key]), example[self.image_key], f"tfds:{self.name}[{name}]"
 
@@ -122,11 +127,11 @@ def data_identity(builder) -> str:
     return f"tfds:{builder.info.full_name}:{resolved}:{digest.hexdigest()}"
 
 
-def open_tfds(name: str, data_dir: str = "", download: bool = False) -> Source:
-    """A tensorflow_datasets image-classification builder prepared in ``data_dir`` (downloads only if allowed)."""
+def _image_and_label(builder, name: str):
+    """(image key, label key) of an image-classification builder: its supervised keys, else image and label;
+    ConfigError naming --source when it has no such features."""
     import tensorflow_datasets as tfds
 
-    builder = prepared_builder(name, data_dir, download)
     info = builder.info
     keys = info.supervised_keys
     image_key, label_key = keys if isinstance(keys, tuple) and len(keys) == 2 and all(
@@ -137,6 +142,63 @@ def open_tfds(name: str, data_dir: str = "", download: bool = False) -> Source:
                           f"{', '.join(features.keys())})")
     if label_key not in features or not isinstance(features[label_key], tfds.features.ClassLabel):
         raise ConfigError("source", f"tfds:{name} has no class label feature {label_key!r}")
+    return image_key, label_key
+
+
+def _file_format(info) -> str:
+    """The builder's file format: tfrecord (TFDS's default), array_record, ..."""
+    return getattr(info.file_format, "value", info.file_format) or "tfrecord"
+
+
+def why_copied(builder, name: str) -> str:
+    """Why a prepared builder's own files cannot be read in place by tfgpu's pipeline, or "": they must be
+    TFRecords of tf.train.Example (TFDS's default file format) whose image is stored encoded (PNG/JPEG, 8-bit)
+    under its own key, with a per-shard record count for every split. Costs reading ``dataset_info.json``."""
+    import numpy as np
+
+    info = builder.info
+    image_key, _ = _image_and_label(builder, name)
+    file_format = _file_format(info)
+    if file_format != "tfrecord":
+        return f"its records are stored as {file_format} files, not TFRecords"
+    image = info.features[image_key]
+    if np.dtype(image.np_dtype) != np.uint8:
+        return f"its image {image_key!r} holds {np.dtype(image.np_dtype).name} pixels, not 8-bit encoded images"
+    for split, split_info in info.splits.items():
+        if not list(split_info.shard_lengths):
+            return f"dataset_info.json gives no per-shard record counts for split {split!r}"
+    return ""
+
+
+def reference_manifest(builder, name: str, fingerprint: str) -> dict:
+    """``dataset.json`` naming a prepared builder's own TFRecord shards where they are (``why_copied`` is ""):
+    their absolute paths and record counts from ``dataset_info.json``, read by the builder's image and label keys.
+    The shards' sha256s are not recorded: the cache directory's name holds ``data_identity`` (each file's size,
+    modification time and inode), and every run counts the records of each shard (shards.verify)."""
+    info = builder.info
+    image_key, label_key = _image_and_label(builder, name)
+    splits = {}
+    for split, split_info in sorted(info.splits.items()):
+        paths = [str(p) for p in split_info.filepaths]
+        shards = [{"file": path, "num_examples": int(n)} for path, n in zip(paths, split_info.shard_lengths)]
+        splits[split] = {"num_examples": int(split_info.num_examples), "shards": shards}
+    height, width, channels = info.features[image_key].shape
+    shape = {"channels": int(channels or 3)}
+    if height and width:
+        shape.update(height=int(height), width=int(width))
+    return {"name": name.replace("/", "-"), "source": f"tfds:{name}", "source_kind": "tfds", "in_place": True,
+            "classes": list(info.features[label_key].names), "splits": splits, "compression": "none",
+            "image_format": "keep", "image_shape": shape,
+            "record_keys": {"image": image_key, "label": label_key, "label_offset": 0},
+            "converter": {"fingerprint": fingerprint}}
+
+
+def open_tfds(name: str, data_dir: str = "", download: bool = False) -> Source:
+    """A tensorflow_datasets image-classification builder prepared in ``data_dir`` (downloads only if allowed)."""
+    builder = prepared_builder(name, data_dir, download)
+    info = builder.info
+    image_key, label_key = _image_and_label(builder, name)
+    features = info.features
     spec = dict(name=name, data_dir=data_dir, version=str(info.version), image_key=image_key, label_key=label_key,
                 encoded=True)
     splits = {s: TfdsSplit({**spec, "split": s}, 0, info.splits[s].num_examples) for s in sorted(info.splits)}

@@ -3,15 +3,20 @@
 Records are ``tf.train.Example`` with the keys tensorflow/models uses for
 ImageNet. A dataset directory holds ``<split>-SSSSS-of-NNNNN.tfrecord`` shards
 and ``dataset.json`` (the manifest), which is written last: a directory
-without a manifest is an unfinished conversion, never a dataset.
+without a manifest is an unfinished conversion, never a dataset. A manifest may
+instead name another writer's shards where they are (a path relative to it, or
+absolute) with the keys they are read by (``RecordKeys``); docs/datasets.md
+documents every key of the manifest.
 
 Every file is written under a temporary name and renamed when complete, so an
 interrupted writer leaves nothing that looks finished. The directory may be any path
 TensorFlow opens (``gs://``, ``ram://``): files go through ``tfgpu.runtime.fileio``.
 """
+import dataclasses
 import hashlib
 import json
 import os
+import re
 
 import numpy as np
 import tensorflow as tf
@@ -20,7 +25,10 @@ from tfgpu.runtime import fileio
 from tfgpu.runtime.fileio import atomic_path, atomic_write_bytes
 
 MANIFEST = "dataset.json"
-FORMAT_VERSION = 1
+# 2: shards may be outside the manifest's directory and read by other keys ("record_keys"). A manifest without
+# format_version is version 1 (the same schema without those).
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 # Feature keys (tensorflow/models ImageNet convention).
 ENCODED = "image/encoded"
@@ -43,29 +51,52 @@ FEATURE_SPEC = {
 
 COMPRESSIONS = {"none": "", "gzip": "GZIP"}
 
-# What a record must hold, by the kind of tf.train.Feature list: the image always, the label when the dataset
-# has classes (an unconditional GAN's data may have none). Other keys have defaults.
-REQUIRED = {ENCODED: "bytes_list"}
-REQUIRED_WITH_CLASSES = {**REQUIRED, LABEL: "int64_list"}
 # The input pipeline parses a record without a label as this, and stops on it (it is below every class index),
 # so the error can name the record (a required feature's own parse error names neither file nor record).
 MISSING_LABEL = -(1 << 63)
-_LABELLED_SPEC = {**FEATURE_SPEC, LABEL: tf.io.FixedLenFeature([], tf.int64, default_value=MISSING_LABEL)}
+LABELLED_SPEC = {**FEATURE_SPEC, LABEL: tf.io.FixedLenFeature([], tf.int64, default_value=MISSING_LABEL)}
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordKeys:
+    """Which features of a record hold the image bytes and the label, and what to add to the label (-1 for the
+    1-based labels of Model Garden's ImageNet) so that labels are class indices from 0."""
+    image: str = ENCODED
+    label: str = LABEL
+    label_offset: int = 0
+
+    def required(self, labelled: bool) -> dict:
+        """Key -> tf.train.Feature list kind a record must hold: the image always, the label when the dataset has
+        classes (an unconditional GAN's data may have none). Other keys have defaults."""
+        return {self.image: "bytes_list", **({self.label: "int64_list"} if labelled else {})}
+
+    def to_manifest(self) -> dict:
+        return {"image": self.image, "label": self.label, "label_offset": self.label_offset}
+
+
+OWN_KEYS = RecordKeys()
+
+
+def record_keys(manifest: dict) -> RecordKeys:
+    """The manifest's ``record_keys`` (tfgpu's own when absent); ``_check_manifest`` has checked their types."""
+    keys = manifest.get("record_keys")
+    return RecordKeys(keys["image"], keys["label"], keys.get("label_offset", 0)) if keys else OWN_KEYS
 
 
 def shard_name(split: str, index: int, num_shards: int) -> str:
     return f"{split}-{index:05d}-of-{num_shards:05d}.tfrecord"
 
 
-def make_example(encoded: bytes, image_format: str, label: int, height: int, width: int, channels: int,
+def make_example(encoded: bytes, image_format: str, label, height: int, width: int, channels: int,
                  filename: str = "") -> bytes:
-    """Serializes one image record; ``encoded`` is PNG/JPEG bytes or raw uint8 HWC."""
+    """Serializes one image record; ``encoded`` is PNG/JPEG bytes or raw uint8 HWC; ``label`` one int (a class
+    index) or a sequence of ints (a task's label vector, e.g. multi-label's 0/1 per label)."""
 
     def b(v):
         return tf.train.Feature(bytes_list=tf.train.BytesList(value=[v]))
 
     def i(v):
-        return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v)]))
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(x) for x in np.ravel(v)]))
 
     features = {
         ENCODED: b(encoded), FORMAT: b(image_format.encode()), LABEL: i(label),
@@ -121,7 +152,10 @@ def read_manifest(directory: str) -> dict:
     if not fileio.exists(path):
         raise FileNotFoundError(
             f"{path} not found: {directory!r} is not a converted tfgpu dataset (or its conversion did not finish); "
-            "run `python -m tfgpu.convert --source=... --output_dir=...` first")
+            + (f"its files look like TFRecords another tool wrote: `python -m tfgpu.convert "
+               f"--source='tfrecord:{directory.rstrip('/')}/*' --output_dir=DIR` reads them in place (with "
+               "--label_offset=-1 for 1-based labels)" if _holds_tfrecords(directory) else
+               "run `python -m tfgpu.convert --source=... --output_dir=...` first"))
     try:
         manifest = json.loads(fileio.read_text(path))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -131,6 +165,16 @@ def read_manifest(directory: str) -> dict:
     return manifest
 
 
+def _holds_tfrecords(directory: str) -> bool:
+    """Whether ``directory`` holds files named as TFRecord shards are (``*.tfrecord``, ``train-00000-of-01024``);
+    one listing, on the way to an error only."""
+    try:
+        names = fileio.listdir(directory) if fileio.isdir(directory) else []
+    except OSError:
+        return False
+    return any(re.search(r"\.tfrecords?$|-\d+-of-\d+$", name) for name in names)
+
+
 def _check_manifest(path: str, manifest) -> None:
     """Raises ValueError naming ``path`` when the manifest lacks a field the reader uses, or has the wrong type."""
     def bad(what):
@@ -138,8 +182,11 @@ def _check_manifest(path: str, manifest) -> None:
 
     if not isinstance(manifest, dict):
         bad(f"expected a JSON object, got {type(manifest).__name__}")
-    if manifest.get("format_version") != FORMAT_VERSION:
-        bad(f"format_version {manifest.get('format_version')} is not {FORMAT_VERSION}")
+    version = manifest.get("format_version", 1)
+    if version not in READABLE_VERSIONS:
+        raise ValueError(f"{path}: format_version {version!r} is not one this tfgpu reads "
+                         f"({', '.join(map(str, READABLE_VERSIONS))}): upgrade tfgpu, or convert the dataset with "
+                         "this one")
     splits = manifest.get("splits")
     if not isinstance(splits, dict) or not splits:
         bad("'splits' must map each split name to its shards")
@@ -155,6 +202,11 @@ def _check_manifest(path: str, manifest) -> None:
         bad("'image_shape' needs integer 'channels' (and 'height', 'width' for a fixed size)")
     if not isinstance(manifest.get("classes", []), list):
         bad("'classes' must be a list of class names")
+    keys = manifest.get("record_keys")
+    if keys is not None and not (isinstance(keys, dict) and all(isinstance(keys.get(k), str) and keys[k]
+                                                                  for k in ("image", "label"))
+                                 and type(keys.get("label_offset", 0)) is int):
+        bad("'record_keys' needs the feature keys 'image' and 'label' (strings) and an integer 'label_offset'")
 
 
 def write_arrays(directory: str, split: str, images: np.ndarray, labels: np.ndarray, num_shards: int,
@@ -184,10 +236,22 @@ def write_arrays(directory: str, split: str, images: np.ndarray, labels: np.ndar
     }
 
 
-def parse_example(serialized, labelled: bool = False):
+def parse_example(serialized, labelled: bool = False, keys: RecordKeys = OWN_KEYS):
     """Parses one serialized record into the feature dict of ``FEATURE_SPEC``; ``labelled``: a record without a
-    label gets ``MISSING_LABEL`` (for the input pipeline's label check) instead of -1."""
-    return tf.io.parse_single_example(serialized, _LABELLED_SPEC if labelled else FEATURE_SPEC)
+    label gets ``MISSING_LABEL`` (for the input pipeline's label check) instead of -1. ``keys``: another writer's
+    image and label keys (the manifest's ``record_keys``); the image is then decoded as PNG/JPEG/GIF/BMP and the
+    label offset added."""
+    if keys == OWN_KEYS:
+        return tf.io.parse_single_example(serialized, LABELLED_SPEC if labelled else FEATURE_SPEC)
+    missing = MISSING_LABEL if labelled else -1
+    parsed = tf.io.parse_single_example(serialized, {
+        keys.image: tf.io.FixedLenFeature([], tf.string),
+        keys.label: tf.io.FixedLenFeature([], tf.int64, default_value=missing)})
+    label = parsed[keys.label]
+    label = tf.where(tf.equal(label, missing), label, label + keys.label_offset)
+    zero = tf.constant(0, tf.int64)
+    return {ENCODED: parsed[keys.image], FORMAT: tf.constant("encoded"), LABEL: label, HEIGHT: zero, WIDTH: zero,
+            CHANNELS: zero, FILENAME: tf.constant("")}
 
 
 def missing_feature(serialized: bytes, required: dict) -> str:

@@ -24,7 +24,7 @@ from typing import Callable
 import keras
 from keras import layers
 
-from tfgpu.models.registry import register_model
+from tfgpu.models.registration import register_model
 
 MIN_IMAGE_SIZE = 32  # keras.applications refuses smaller inputs
 

@@ -6,7 +6,7 @@ change shape use a 1x1 projection (option B); inputs of any size work.
 import keras
 from keras import layers
 
-from tfgpu.models.registry import register_model
+from tfgpu.models.registration import register_model
 
 _BN = dict(momentum=0.9, epsilon=1e-5)
 

@@ -10,44 +10,14 @@ A name that is not registered but has the form ``MODULE:FUNCTION`` or
 ``get_spec`` imports it as a classifier. Registered names always win, even one
 that contains a colon.
 """
-import dataclasses
-from typing import Callable
-
 import keras
 
-_MODELS: dict[str, "ModelSpec"] = {}
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSpec:
-    name: str
-    builder: Callable[..., keras.Model]
-    family: str  # "classifier" or "gan"; tasks check it.
-    default_image_size: int | None
-
-
-def register_model(name: str, family: str = "classifier", default_image_size: int | None = None):
-    """Registers ``builder`` under ``name``; duplicate names are an error."""
-
-    def decorator(builder):
-        if name in _MODELS:
-            raise ValueError(f"model {name!r} is registered twice ({_MODELS[name].builder.__module__} and {builder.__module__})")
-        _MODELS[name] = ModelSpec(name, builder, family, default_image_size)
-        return builder
-
-    return decorator
+from tfgpu.models.registration import _MODELS, ModelSpec, register_model  # noqa: F401  (re-exported)
 
 
 def _import_families():
-    # Importing the family modules runs their @register_model decorators.
-    from tfgpu.models import cifar_resnet, small_cnn  # noqa: F401
-
-    for optional in ("resnet", "applications", "gan"):
-        try:
-            __import__(f"tfgpu.models.{optional}")
-        except ModuleNotFoundError as e:
-            if e.name != f"tfgpu.models.{optional}":
-                raise
+    # Importing the family modules runs their @register_model decorators (tfgpu.models.registration).
+    from tfgpu.models import applications, cifar_resnet, gan, resnet, small_cnn  # noqa: F401
 
 
 def list_models(family: str | None = None) -> list[str]:
@@ -75,17 +45,19 @@ def get_spec(name: str) -> ModelSpec:
                      "MODULE:FUNCTION or path/to/file.py:FUNCTION")
 
 
-def create_model(name: str, input_shape, num_classes: int, **kwargs) -> keras.Model:
-    """Builds model ``name``; its output is cast to float32 whatever the policy. A user's model whose logits are
-    not ``(batch, num_classes)`` is ``ConfigError(model)``."""
+def create_model(name: str, input_shape, num_classes: int, output: tuple | None = None, **kwargs) -> keras.Model:
+    """Builds model ``name``; its output is cast to float32 whatever the policy. ``output``: what the task needs
+    the model to give (``Task.model_output``: shape after the batch dimension, the requirement as a phrase;
+    default one logit per class); a model that gives another shape is ``ConfigError(model)``."""
+    shape_needed, requirement = output or ((num_classes,), f"a classifier of {num_classes} classes must give "
+                                                           f"logits of shape (batch, {num_classes})")
     spec = get_spec(name)
     model = float32_outputs(spec.builder(tuple(input_shape), num_classes, **kwargs), input_shape)
     shape = tuple(model.outputs[0].shape)
-    if shape[1:] != (num_classes,):
+    if shape[1:] != tuple(shape_needed):
         from tfgpu.config import ConfigError
 
-        raise ConfigError("model", f"{name} gives outputs of shape {shape}; a classifier of {num_classes} classes "
-                          f"must give logits of shape (batch, {num_classes})")
+        raise ConfigError("model", f"{name} gives outputs of shape {shape}; {requirement}")
     return model
 
 

@@ -9,7 +9,7 @@ Trainable parameters at 1000 classes: 11.69M, 21.80M, 25.56M, 44.55M, 60.19M.
 import keras
 from keras import layers
 
-from tfgpu.models.registry import register_model
+from tfgpu.models.registration import register_model
 
 # torchvision's BN defaults (momentum 0.1 there is 1 - 0.9 here).
 _BN = dict(momentum=0.9, epsilon=1e-5)

@@ -2,7 +2,7 @@
 import keras
 from keras import layers
 
-from tfgpu.models.registry import register_model
+from tfgpu.models.registration import register_model
 
 
 @register_model("small_cnn", default_image_size=32)

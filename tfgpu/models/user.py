@@ -13,7 +13,7 @@ it cannot receive (e.g. --sync_batch_norm) is named in a warning. What it return
 
 A file is imported under a name of its own (``tfgpu_user_<stem>_<hash of its absolute path>``), registered in
 ``sys.modules`` so Keras and pickling find its classes, with its directory on ``sys.path`` while it executes so
-it can import the files beside it. ``source_record`` says what was imported (module, file, sha256) for
+it can import the files beside it. ``tfgpu.models.provenance`` records what was imported (module, file, sha256) in
 ``<model_dir>/model_source.json``.
 """
 import dataclasses
@@ -21,7 +21,6 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
-import json
 import logging
 import os
 import sys
@@ -206,53 +205,6 @@ def _check_signature(reference: str, flag: str, function) -> None:
     except TypeError:
         raise ConfigError(flag, f"{reference} must take (input_shape, num_classes, **kwargs); its signature is "
                           f"{signature}") from None
-
-
-def _sha256(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
-def source_record(config) -> dict:
-    """For each of --model, --generator, --discriminator that names a user builder: the reference, the module's
-    name, its absolute file and that file's sha256 (what code built the run)."""
-    from tfgpu.models.registry import is_registered
-
-    record = {}
-    for flag in FLAGS:
-        reference = getattr(config, flag)
-        if not reference or is_registered(reference) or not is_reference(reference):
-            continue
-        builder = load(reference, flag)
-        record[flag] = {"reference": reference, "module": builder.module.__name__, "file": builder.file,
-                        "sha256": _sha256(builder.file) if builder.file else ""}
-    return record
-
-
-def write_source_record(config, model_dir: str) -> None:
-    """Writes ``model_dir/model_source.json`` when the run uses a user builder (nothing otherwise)."""
-    from tfgpu.runtime.fileio import atomic_write_bytes
-
-    record = source_record(config)
-    if record:
-        atomic_write_bytes(os.path.join(model_dir, SOURCE_FILE), json.dumps(record, indent=2).encode())
-
-
-def warn_if_changed(config, model_dir: str) -> None:
-    """Logs a warning for each user file whose content differs from the one the run recorded (a rebuilt model,
-    e.g. for evaluate or export, may then not match its checkpoint)."""
-    path = os.path.join(model_dir, SOURCE_FILE)
-    from tfgpu.runtime import fileio
-
-    if not fileio.isfile(path):
-        return
-    recorded = json.loads(fileio.read_text(path))
-    for flag, now in source_record(config).items():
-        then = recorded.get(flag, {})
-        if then.get("sha256") and now["sha256"] and then["sha256"] != now["sha256"]:
-            log.warning("--%s: %s changed since this run recorded it in %s (sha256 %s..., now %s...); the model "
-                        "it builds may not match the checkpoint", flag, now["file"], path, then["sha256"][:12],
-                        now["sha256"][:12])
 
 
 def build_gan_network(flag: str, reference: str, image_shape, num_classes: int, latent_dim: int, conditional: bool,

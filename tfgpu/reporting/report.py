@@ -2,7 +2,7 @@
 
 The command ``python -m tfgpu.report`` (``tfgpu/report.py``) calls ``write_report``.
 
-Reads ``history.jsonl``, ``metrics.json``, ``config.yaml``,
+Reads ``history.jsonl``, ``metrics.json`` (through ``tfgpu.training.results``), ``config.yaml``,
 ``metric_specs.json`` and, after ``--profile_input``, ``input_profile.json``;
 any of them may be missing or partial (a run still going, a crashed one). The
 report names no task and no metric: its plots, image links, best scores, task
@@ -22,7 +22,7 @@ from tfgpu.config import ConfigError
 from tfgpu.reporting.plots import series, write_plots
 from tfgpu.runtime import fileio
 from tfgpu.runtime.fileio import atomic_write_bytes
-from tfgpu.training import config_change, metric_specs
+from tfgpu.training import config_change, metric_specs, results
 from tfgpu.training import target as target_lib
 
 INPUT_BOUND_FRACTION = 0.1  # share of step time waiting for data above which a run is input-bound
@@ -206,7 +206,7 @@ def declarations(model_dir: str, config, needed: bool = True):
         return declared
     if needed and config and isinstance(config.get("task"), str):
         try:
-            from tfgpu.tasks.base import get_task
+            from tfgpu.tasks.registry import get_task
 
             return metric_specs.of_task(get_task(config["task"]))
         except (ImportError, ValueError):
@@ -245,41 +245,40 @@ def _table(rows: list, header=("", "")) -> list:
     return lines
 
 
-_IN_SUMMARY = ("step", "num_replicas", "num_workers", "global_batch_size", "wall_time_s")
-
-
-def render(model_dir: str, history: dict, bad_lines: int, metrics, config, profile, plots: list,
-           declared=None) -> str:
-    """The report's markdown from what was read and the run's Declarations (no file access but the task's
-    declared sections)."""
-    config, metrics = config or {}, metrics or {}
+def render(model_dir: str, history: dict, bad_lines: int, result, config, profile, plots: list,
+           declared=None, unreadable: str = "") -> str:
+    """The report's markdown from what was read (``result``: the run's ``results.RunResult``, or None) and the
+    run's Declarations (no file access but the task's declared sections). ``unreadable``: why metrics.json
+    could not be read, for the notes."""
+    config = config or {}
     declared = declared or metric_specs.Declarations(metric_specs.LOOP_METRICS)
     notes = []
     train, evals = history.get("train", []), history.get("eval", [])
     name = os.path.basename(os.path.normpath(model_dir)) or model_dir
     lines = [f"# Run report: {name}", ""]
-    what = [config.get("task") or metrics.get("task"), config.get("model") or metrics.get("model")]
+    ran = result.facts if result is not None and result.facts else results.RunFacts()
+    what = [config.get("task") or ran.task, config.get("model") or ran.model]
     data = config.get("data_dir") or config.get("dataset")
     summary = " ".join(str(w) for w in what if w)
     if data:
         summary += f" on {data}"
     facts = []
-    for key in ("precision", "strategy", "num_replicas", "num_workers", "global_batch_size"):
-        value = metrics.get(key, config.get(key))
+    for key, option, value in results.placement_facts(result):
+        value = config.get(option) if value is None else value
         if value is not None:
             facts.append(f"{key}={_fmt(value)}")
     lines.append(f"{summary or 'tfgpu run'}{' (' + ', '.join(facts) + ')' if facts else ''}.")
-    last_step = max([r["step"] for r in train + evals] + ([metrics["step"]] if _finite(metrics.get("step")) else []),
+    last_step = max([r["step"] for r in train + evals] + ([result.step] if result and _finite(result.step) else []),
                     default=None)
     target = config.get("train_steps") or None
     progress = [f"last step {last_step}" + (f" of {target}" if target else "")] if last_step is not None else []
-    if _finite(metrics.get("wall_time_s")):
-        progress.append(f"wall time {metrics['wall_time_s']:.0f} s")
-    if not metrics:
+    if result is not None and _finite(result.wall_time_s):
+        progress.append(f"wall time {result.wall_time_s:.0f} s")
+    if result is None and not unreadable:
         progress.append("no metrics.json yet (the run is still going, or it stopped before the end)")
     sentence = "; ".join(progress)
     lines += ["", sentence[:1].upper() + sentence[1:] + "." if progress else "No steps recorded.", ""]
-    reached = target_lib.sentence(metrics, declared)  # --target: reached at which step and time, or not
+    reached = target_lib.sentence(result, declared)  # --target: reached at which step and time, or not
     if reached:
         lines += [reached[:1].upper() + reached[1:] + ".", ""]
 
@@ -305,7 +304,7 @@ def render(model_dir: str, history: dict, bad_lines: int, metrics, config, profi
                   + (" (the first loop, which may include tracing and compilation, excluded)." if len(train) > 1
                      else "."), ""]
 
-    final = [(k, v) for k, v in sorted(metrics.items()) if _finite(v) and k not in _IN_SUMMARY]
+    final = [(k, v) for k, v in sorted(results.final_metrics(result).items()) if _finite(v)]
     if not final and (train or evals):  # no metrics.json: the latest logged values stand in
         latest = {**(train[-1] if train else {}), **(evals[-1] if evals else {})}
         final = [(k, v) for k, v in sorted(latest.items()) if k not in ("kind", "time") and _finite(v)]
@@ -316,7 +315,7 @@ def render(model_dir: str, history: dict, bad_lines: int, metrics, config, profi
         lines += _table(final, ("metric", "value")) + [""]
 
     lines += _best(declared.metrics, evals)
-    lines += _sections(declared.report_sections, metrics, evals, notes)
+    lines += _sections(declared.report_sections, result.values if result is not None else {}, evals, notes)
     if plots:
         lines += ["## Plots", ""]
         for path, title in plots:
@@ -337,6 +336,8 @@ def render(model_dir: str, history: dict, bad_lines: int, metrics, config, profi
         notes.append(f"history.jsonl has {bad_lines} unreadable line(s), skipped (a run killed mid-write)")
     if not config:
         notes.append("config.yaml is missing or unreadable")
+    if unreadable:
+        notes.append(unreadable)
     if notes:
         lines += ["## Notes", ""] + [f"- {n}." for n in notes] + [""]
     lines.append("Regenerate with `python -m tfgpu.report --model_dir=" + model_dir + "`.")
@@ -346,12 +347,16 @@ def render(model_dir: str, history: dict, bad_lines: int, metrics, config, profi
 def write_report(model_dir: str) -> str:
     """Writes ``<model_dir>/report.md`` and its plots from whatever the run has left; returns report.md's path."""
     history, bad = read_history(os.path.join(model_dir, "history.jsonl"))
-    metrics = _read_json(os.path.join(model_dir, "metrics.json"))
+    result, unreadable = None, ""
+    try:
+        result = results.read(model_dir)
+    except ConfigError as e:  # the report is made of whatever the run left: the note names the file instead
+        unreadable = e.reason
     config = _read_yaml(os.path.join(model_dir, "config.yaml"))
     profile = _read_json(os.path.join(model_dir, "input_profile.json"))
-    declared = declarations(model_dir, config, needed=bool(history or metrics))
+    declared = declarations(model_dir, config, needed=bool(history or result))
     plots = write_plots(model_dir, history, declared.metrics)
-    text = render(model_dir, history, bad, metrics, config, profile, plots, declared)
+    text = render(model_dir, history, bad, result, config, profile, plots, declared, unreadable)
     path = os.path.join(model_dir, "report.md")
     atomic_write_bytes(path, text.encode())
     return path

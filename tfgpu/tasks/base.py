@@ -12,8 +12,16 @@ which are plotted and how, which count skipped non-finite steps), what the
 report adds for it (``report_sections``, ``report_options``), how many batches a
 step reads and whether it evaluates without an eval split. The trainer and the
 report read these declarations, so they name no task and no task's metric.
+
+What differs per task has a hook whose default is classification's: what a record
+holds and how it becomes ``(x, y)`` (``examples``), what the model must output
+(``model_output``), how the export's output is described (``model_facts``'s
+``output_meaning``). Batches follow Keras' ``(x, y, sample_weight)`` contract,
+unpacked by ``unpack_batch``. A task registers itself with ``@register_task`` in
+its own module, named once in ``tfgpu.tasks.TASK_MODULES`` (``tasks.registry`` imports what it names).
 """
 import abc
+import dataclasses
 
 from tfgpu.config import Config, ConfigError
 from tfgpu.training.metric_specs import MetricSpec  # noqa: F401  (re-exported: tasks declare their metrics with it)
@@ -34,17 +42,16 @@ def register_task(name: str):
     return decorator
 
 
-def get_task(name: str):
-    from tfgpu.tasks import classification  # noqa: F401  (registers)
-
-    try:
-        __import__("tfgpu.tasks.gan.task")
-    except ModuleNotFoundError as e:
-        if e.name != "tfgpu.tasks.gan.task":
-            raise
-    if name not in _TASKS:
-        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(_TASKS))}")
-    return _TASKS[name]
+def unpack_batch(batch):
+    """``(x, y, sample_weight)`` of a batch in Keras' contract (``x``, ``(x,)``, ``(x, y)`` or ``(x, y,
+    sample_weight)``, each of any structure); absent parts are None. Every task unpacks its batches here."""
+    if isinstance(batch, list):
+        batch = tuple(batch)
+    if not isinstance(batch, tuple):
+        return batch, None, None
+    if not 1 <= len(batch) <= 3:
+        raise ValueError(f"a batch is (x, y, sample_weight) at most, got a tuple of {len(batch)}")
+    return (*batch, *(None,) * (3 - len(batch)))
 
 
 class Task(abc.ABC):
@@ -73,6 +80,20 @@ class Task(abc.ABC):
         # advances it after each step, skipped or not. Learning-rate schedules and random draws follow it
         # (optimizer.iterations counts only applied updates).
         self.global_step = global_step
+
+    def examples(self):
+        """What a record holds and how it becomes ``(x, y)``, for the input pipelines (``data.records.Examples``;
+        this default: an image and one class index)."""
+        from tfgpu.config import InputConfig
+        from tfgpu.data.records import Examples
+
+        return Examples(InputConfig.of(self.config, self.batches_per_step(self.config)), self.info)
+
+    def model_output(self) -> tuple:
+        """What the model must output, for ``models.create_model``'s check: (shape after the batch dimension,
+        what that is, as a phrase). This default: one logit per class."""
+        n = self.info.num_classes
+        return (n,), f"a classifier of {n} classes must give logits of shape (batch, {n})"
 
     @abc.abstractmethod
     def build(self) -> None:
@@ -136,14 +157,17 @@ class Task(abc.ABC):
         so the trainer traces its step again."""
         return False
 
-    def parameter_counts(self) -> dict:
-        """Parameter counts for metrics.json and the report, e.g. {"parameters": n, "trainable_parameters": m}."""
-        return {}
-
     def model_facts(self) -> dict:
         """What metrics.json and the export's ``<name>.input.json`` state about what the models give, e.g.
-        {"model_output": "probabilities"}; strings only."""
+        {"model_output": "probabilities"}; strings only. ``"output_meaning"`` is the export's description of
+        its output (``training.exporting``: by default "logits, one per class ...")."""
         return {}
+
+    # -- what the task adds to the run's results (metrics.json: tfgpu.training.results) ----------------
+    def extend_result(self, result):
+        """The run's ``results.RunResult`` with what the task adds: by default its ``model_facts`` among the values
+        (a task that counts its parameters sets ``parameters`` too)."""
+        return dataclasses.replace(result, values={**result.values, **self.model_facts()})
 
     def describe(self) -> str:
         """One line about the models (parameters, FLOPs) for the start-of-run log."""

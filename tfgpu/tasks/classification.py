@@ -17,6 +17,7 @@ its layer (a subclassed model), from the probabilities in float32, clipped at ``
 head is refused: it scores each class on its own, which one softmax over the classes does not train. A model whose
 first layer is ``Rescaling(1/255)`` (it expects 0..255 pixels) is refused unless --input_range=0,255.
 """
+import dataclasses
 import logging
 
 import keras
@@ -24,10 +25,10 @@ import tensorflow as tf
 
 from tfgpu.config import ConfigError, InputConfig, OptimizationConfig, PrecisionConfig
 from tfgpu.runtime import precision
-from tfgpu.training import optimizers
+from tfgpu.training import optimizers, results
 from tfgpu.models import create_model, get_spec, heads
 from tfgpu.models.summary import count_params
-from tfgpu.tasks.base import MetricSpec, Task, register_task
+from tfgpu.tasks.base import MetricSpec, Task, register_task, unpack_batch
 
 log = logging.getLogger("tfgpu")
 PROBABILITY_FLOOR = 1e-7  # log(0) guard for a softmax that cannot be separated (Keras' epsilon)
@@ -62,9 +63,9 @@ class ClassificationTask(Task):
         if get_spec(config.model).family != "classifier":
             raise ValueError(f"--model={config.model} is not a classifier; use --task=gan")
         self.model = create_model(config.model, self.info.image_shape, self.info.num_classes,
-                                  sync_batch_norm=config.sync_batch_norm,
+                                  output=self.model_output(), sync_batch_norm=config.sync_batch_norm,
                                   zero_init_residual=config.zero_init_residual)
-        self.head = check_model(self.model, config.model, self.info.num_classes, config.input_range)
+        self.head = self.check_head(self.model)
         # What the loss is computed from: the model's logits, or the logits its softmax takes, or its probabilities.
         self._forward = self.head.logits if self.head.logits is not None else self.model
         self._from_probabilities = self.head.gives_probabilities and self.head.logits is None
@@ -74,8 +75,9 @@ class ClassificationTask(Task):
         self.num_parameters = count_params(self.model)
 
         optimization = self.optimization = OptimizationConfig.of(config)
+        inputs = InputConfig.of(config, self.batches_per_step(config))
         self.schedule = optimizers.learning_rate_schedule(optimization, self.total_steps,
-                                                          steps_per_epoch(InputConfig.of(config), self.info))
+                                                          steps_per_epoch(inputs, self.info), inputs.examples_per_step)
         learning_rate = (optimizers.ScheduleAtStep(self.schedule, self.global_step)
                          if self.global_step is not None else self.schedule)
         self.optimizer = precision.wrap_optimizer(optimizers.create_optimizer(optimization, learning_rate),
@@ -90,6 +92,10 @@ class ClassificationTask(Task):
             self.freezer.freeze()
         self.num_trainable_while_frozen = count_params(self.model)
         self._trace_gradients()
+
+    def check_head(self, model) -> heads.Head:
+        """The head of the built model, once this task can train it (``check_model``); ConfigError otherwise."""
+        return check_model(model, self.config.model, self.info.num_classes, self.config.input_range)
 
     def _trace_gradients(self):
         """A fresh gradient function: a traced one keeps the trainable variables it was traced with."""
@@ -131,11 +137,11 @@ class ClassificationTask(Task):
                  f"{count_params(self.model):,}")
         return True
 
-    def parameter_counts(self):
-        counts = {"parameters": self.num_parameters, "trainable_parameters": count_params(self.model)}
-        if self.freezer and self.config.unfreeze_at_step:
-            counts["trainable_parameters_before_unfreeze"] = self.num_trainable_while_frozen
-        return counts
+    def extend_result(self, result):
+        counts = results.ParameterCounts(self.num_parameters, count_params(self.model),
+                                         self.num_trainable_while_frozen if self.freezer and
+                                         self.config.unfreeze_at_step else None)
+        return super().extend_result(dataclasses.replace(result, parameters=counts))
 
     @property
     def jit_compile(self) -> bool:
@@ -151,7 +157,7 @@ class ClassificationTask(Task):
     def checkpoint_items(self):
         return {"model": self.model, "optimizer": self.optimizer}
 
-    def _per_example_loss(self, labels, outputs):
+    def per_example_loss(self, labels, outputs):
         """Cross-entropy in float32 of ``outputs``: logits, or probabilities when the softmax is not separable."""
         outputs = tf.cast(outputs, tf.float32)
         num_classes = self.info.num_classes
@@ -162,34 +168,41 @@ class ClassificationTask(Task):
             return -tf.reduce_sum(targets * tf.math.log(tf.clip_by_value(outputs, PROBABILITY_FLOOR, 1.0)), -1)
         return tf.nn.softmax_cross_entropy_with_logits(targets, outputs)
 
-    def _gradients(self, images, labels):
-        """Gradients of the (loss-scaled) global-batch loss share, summed over micro-batches."""
+    def per_example_accuracy(self, labels, outputs):
+        """The train "accuracy" of each example, 0..1: top-1 correct."""
+        return tf.cast(tf.equal(tf.argmax(outputs, -1), labels), tf.float32)
+
+    def _gradients(self, images, labels, weights=None):
+        """Gradients of the (loss-scaled) global-batch loss share, summed over micro-batches; ``weights``: the
+        batch's sample weights (None: each example counts once)."""
         config = self.config
         variables = self.model.trainable_variables
         num_replicas = self.placement.num_replicas
         k = config.grad_accum_steps
+        if weights is None:
+            weights = tf.ones(tf.shape(labels)[:1], tf.float32)
         # One micro-batch: the batch itself, no split nor zero-initialized sums (fewer kernels per step).
-        micro_images, micro_labels = (tf.split(images, k), tf.split(labels, k)) if k > 1 else ([images], [labels])
+        micro = zip(*(tf.split(t, k) for t in (images, labels, weights))) if k > 1 else [(images, labels, weights)]
         grads = loss_sum = correct = None
-        for i, (x, y) in enumerate(zip(micro_images, micro_labels)):
+        for i, (x, y, sample_weight) in enumerate(micro):
             with tf.GradientTape() as tape:
                 outputs = self._forward(x, training=True)
-                summed = tf.reduce_sum(self._per_example_loss(y, outputs))
+                summed = tf.reduce_sum(self.per_example_loss(y, outputs) * sample_weight)
                 loss = summed / config.global_batch_size
                 if i == 0:  # the L2 term counts once per step
                     loss += optimizers.l2_penalty(self.optimization, variables, num_replicas)
                 scaled = precision.scale_loss(self.optimizer, loss)
             micro_grads = [tf.cast(m, v.dtype) for m, v in zip(tape.gradient(scaled, variables), variables)]
             grads = micro_grads if grads is None else [g + m for g, m in zip(grads, micro_grads)]
-            hits = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(outputs, -1), y), tf.float32))
+            hits = tf.reduce_sum(self.per_example_accuracy(y, tf.cast(outputs, tf.float32)) * sample_weight)
             loss_sum, correct = (summed, hits) if i == 0 else (loss_sum + summed, correct + hits)
         return grads, loss_sum / config.global_batch_size, correct / config.global_batch_size
 
     def train_step(self, batch):
-        images, labels = batch
+        images, labels, weights = unpack_batch(batch)
         state = self.model.non_trainable_variables  # BatchNorm statistics: a skipped step puts them back
         saved = [tf.identity(v.value) for v in state]
-        grads, loss, accuracy = self._grads_fn(images, labels)
+        grads, loss, accuracy = self._grads_fn(images, labels, weights)
         num_replicas = self.placement.num_replicas
         finite, norm = precision.apply_if_finite(self.optimizer, loss, grads, self.model.trainable_variables,
                                                  self.config.grad_clip_norm, num_replicas)
@@ -204,9 +217,9 @@ class ClassificationTask(Task):
         return ("loss_sum", "correct", "correct_top5", "count")
 
     def eval_step(self, batch):
-        images, labels, weights = batch
+        images, labels, weights = unpack_batch(batch)
         outputs = tf.cast(self._forward(images, training=False), tf.float32)
-        loss = self._per_example_loss(labels, outputs)
+        loss = self.per_example_loss(labels, outputs)
         k = min(5, self.info.num_classes)
         top5 = tf.cast(tf.nn.in_top_k(labels, outputs, k), tf.float32)
         top1 = tf.cast(tf.equal(tf.argmax(outputs, -1), labels), tf.float32)
@@ -263,7 +276,7 @@ class ClassificationTask(Task):
         if all(layer.compute_dtype == "float32" for layer in self.model._flatten_layers()):
             return self.model
         twin = create_model(self.config.model, self.info.image_shape, self.info.num_classes,
-                            sync_batch_norm=self.config.sync_batch_norm,
+                            output=self.model_output(), sync_batch_norm=self.config.sync_batch_norm,
                             zero_init_residual=self.config.zero_init_residual)
         twin.set_weights(self.model.get_weights())
         return twin
@@ -285,6 +298,13 @@ def check_model(model, name: str, num_classes: int, input_range) -> heads.Head:
                "separated from the layer)")
         log.info("model %s ends in a softmax %s: it gives probabilities (as its export does); the loss is computed "
                  "%s (metrics.json: model_output=probabilities)", name, where, how)
+    check_input_range(model, name, input_range)
+    return head
+
+
+def check_input_range(model, name: str, input_range) -> None:
+    """``ConfigError(input_range)`` when ``model`` begins with a Rescaling that expects 0..255 pixels and
+    --input_range is not 0,255."""
     rescaling = heads.leading_rescaling(model)
     low, high = (float(v) for v in input_range)
     if rescaling and heads.expects_pixels(*rescaling[1:]) and (low, high) != (0.0, 255.0):
@@ -292,4 +312,3 @@ def check_model(model, name: str, num_classes: int, input_range) -> heads.Head:
         raise ConfigError("input_range", f"{name} begins with Rescaling(scale={scale:.6g}, offset={offset:g}) "
                           f"(layer {layer!r}), so it expects pixels in 0..255, but --input_range={low:g},{high:g} "
                           f"feeds it {low:g}..{high:g}: set --input_range=0,255")
-    return head

@@ -15,6 +15,7 @@ import os
 import re
 
 from tfgpu import config as config_lib
+from tfgpu import config_sources
 from tfgpu.config import Config, ConfigError
 
 log = logging.getLogger("tfgpu")
@@ -34,8 +35,8 @@ TRAINED = {
         ("precision", "label_smoothing", "sync_batch_norm", "freeze", "unfreeze_at_step", "gan_loss",
          "gradient_penalty", "r1_gamma", "n_critic", "diffaugment"),
     "the optimizer, its state and its learning-rate schedule":
-        ("optimizer", "base_learning_rate", "lr_schedule", "warmup_epochs", "warmup_steps", "lr_decay_epochs",
-         "lr_decay_factor", "momentum", "nesterov", "weight_decay", "grad_clip_norm", "g_learning_rate",
+        ("optimizer", "base_learning_rate", "lr_schedule", "warmup", "warmup_epochs", "warmup_steps", "lr_decay_at",
+         "lr_decay_epochs", "lr_decay_factor", "momentum", "nesterov", "weight_decay", "grad_clip_norm", "g_learning_rate",
          "d_learning_rate", "adam_beta1", "adam_beta2", "ema_decay"),
 }
 
@@ -43,9 +44,10 @@ TRAINED = {
 SAFE = {
     "how long to train: extending a run is what resuming is for (a cosine or step schedule is laid over the "
     "new length from the restored step on)":
-        ("train_steps", "epochs"),
+        ("train", "train_steps", "epochs"),
     "when to checkpoint, evaluate or stop, and what is logged":
-        ("steps_per_loop", "checkpoint_every_steps", "keep_checkpoints", "eval_every_steps", "target",
+        ("steps_per_loop", "checkpoint_every", "checkpoint_every_steps", "keep_checkpoints", "eval_every",
+         "eval_every_steps", "target",
          "max_nonfinite_steps", "max_restarts", "tensorboard", "profile_input", "profile_steps", "verbose",
          "allow_config_change"),
     "how evaluation measures the model, not what it learns (curves across the change compare with care)":
@@ -142,7 +144,7 @@ def read_recorded(model_dir: str):
         return None
     fix = "fix or remove it, or train into a new --model_dir"
     try:
-        data = config_lib.load_yaml(path)
+        data = config_sources.load_yaml(path)
     except ConfigError as e:
         raise ConfigError("model_dir", f"the run's recorded config: {e.reason}; {fix}") from None
     fields = {f.name: f for f in config_lib.fields()}

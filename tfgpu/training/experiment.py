@@ -4,16 +4,14 @@ Everything that can be checked cheaply is checked before the first heavy step,
 so a bad option costs seconds, not a compiled model.
 """
 import dataclasses
-import json
 import logging
 import os
 import re
 import time
 
-from tfgpu.config import (Config, ConfigError, DatasetConfig, InputConfig, RuntimeConfig, TrainerConfig,
-                          save_yaml)
-from tfgpu.runtime.fileio import atomic_write_bytes
-from tfgpu.training import config_change, exporting
+from tfgpu.config import Config, ConfigError, DatasetConfig, RuntimeConfig, TrainerConfig
+from tfgpu.config_sources import save_yaml
+from tfgpu.training import config_change, exporting, results
 from tfgpu.training.history import PhaseTimer
 
 log = logging.getLogger("tfgpu")
@@ -78,7 +76,7 @@ def setup(config: Config, write_config: bool = True, startup: PhaseTimer | None 
     from tfgpu.runtime import distribute, precision
     from tfgpu.data import catalog, pipeline
     from tfgpu.models import list_models
-    from tfgpu.tasks.base import get_task
+    from tfgpu.tasks.registry import get_task, input_config
     from tfgpu.training.trainer import Trainer, step_counter
 
     startup.mark("tensorflow_import")
@@ -106,27 +104,27 @@ def setup(config: Config, write_config: bool = True, startup: PhaseTimer | None 
         log.warning("--jit_compile is off for this run: --sync_batch_norm all-reduces inside the forward pass, "
                     "which XLA cannot compile")
     info = catalog.prepare(DatasetConfig.of(config))
-    inputs = InputConfig.of(config)
+    inputs = input_config(config)
     total_steps = pipeline.resolve_train_steps(inputs, info)
     startup.mark("dataset")
     log.info("data: %s %s train=%d eval=%s(%d) classes=%d; %d steps of %d examples (%.2f epochs)", info.name,
              info.image_shape, info.num_train_examples, info.eval_split or "none",
              info.split_sizes.get(info.eval_split, 0), info.num_classes, total_steps,
-             config.examples_per_step, total_steps / pipeline.steps_per_epoch(inputs, info))
-    from tfgpu.models import user
+             inputs.examples_per_step, total_steps / pipeline.steps_per_epoch(inputs, info))
+    from tfgpu.models import provenance
 
     if placement.is_chief and write_config and not accepted:
         _write_run_config(config)
     elif not write_config:
-        user.warn_if_changed(config, config.model_dir)
+        provenance.warn_if_changed(config, config.model_dir)
     precision.set_policy(config.precision)
     task = task_class(config, info, placement, total_steps, step_counter(placement.strategy))
     # An allowed change is recorded once the checkpoint restored into this run's model: a resume that fails
     # there leaves config.yaml describing the checkpoint, and no record of a change that never trained.
     on_restored = ([lambda step, history: _write_run_config(config, accepted, step, history)]
                    if placement.is_chief and accepted else [])
-    trainer = Trainer(TrainerConfig.of(config), inputs, placement, task, info, total_steps, startup, on_restored,
-                      history_class)
+    trainer = Trainer(_trainer_config(config, inputs, info), inputs, placement, task, info, total_steps, startup,
+                      on_restored, history_class)
     startup.mark("build")  # the task's models and optimizers, the trainer's loops and checkpointer
     return Setup(config, placement, info, task, trainer, total_steps)
 
@@ -134,12 +132,23 @@ def setup(config: Config, write_config: bool = True, startup: PhaseTimer | None 
 def _write_run_config(config: Config, changes=(), step: int = 0, history=None) -> None:
     """The chief's config.yaml and model_source.json (which file built a user model); first, for a resume with
     allowed changes, their log lines and history.jsonl records."""
-    from tfgpu.models import user
+    from tfgpu.models import provenance
 
     if changes:
         config_change.record(changes, step, history)
     save_yaml(config, os.path.join(config.model_dir, "config.yaml"))
-    user.write_source_record(config, config.model_dir)
+    provenance.write_source_record(config, config.model_dir)
+
+
+def _trainer_config(config: Config, inputs, info) -> TrainerConfig:
+    """The loop's section, its evaluation and checkpoint intervals in steps (--eval_every, --checkpoint_every)."""
+    from tfgpu import durations
+    from tfgpu.data import pipeline
+
+    per_epoch = pipeline.steps_per_epoch(inputs, info)
+    every = {f"{name}_steps": durations.to_steps(durations.of(config, name), per_epoch, inputs.examples_per_step)
+             for name in ("eval_every", "checkpoint_every")}
+    return TrainerConfig.of(config, **every)
 
 
 def _check_batches(config: Config, num_replicas: int) -> None:
@@ -156,7 +165,7 @@ def _check_batches(config: Config, num_replicas: int) -> None:
 
 
 def run(config: Config, startup: PhaseTimer | None = None, cluster_desc=UNRESOLVED) -> dict:
-    """Trains (or resumes) the run described by ``config``; returns the final metrics the chief writes.
+    """Trains (or resumes) the run described by ``config``; returns metrics.json's object (every worker).
     ``startup``: the entrypoint's timer, started when the process did (--target's time_to_target_s counts from
     there) with its ``imports`` marked before TensorFlow's; default a timer started now. ``cluster_desc``: as
     ``setup`` takes it. A SIGTERM ends it with ``failures.Preempted`` once the checkpoint is saved."""
@@ -169,7 +178,7 @@ def run(config: Config, startup: PhaseTimer | None = None, cluster_desc=UNRESOLV
     built = setup(config, startup=startup, cluster_desc=cluster_desc)
     config, placement, task = built.config, built.placement, built.task  # config: --precision=auto resolved
     try:
-        metrics = built.trainer.train()
+        result = built.trainer.train()
     except tf.errors.InvalidArgumentError as e:
         # An image that does not decode fails inside tf.data, whose error names neither shard nor record.
         found = find_undecodable_image(built.info) if "IteratorGetNext" in e.message else None
@@ -179,10 +188,9 @@ def run(config: Config, startup: PhaseTimer | None = None, cluster_desc=UNRESOLV
                           f"{found[0]}: record {found[1]} holds an image that does not decode ({found[2]}); convert "
                           "the dataset again (--skip_corrupt_records skips unreadable records, not such images)"
                           ) from None
-    metrics.update({"task": config.task, "model": config.model, "precision": config.precision,
-                    "strategy": placement.kind, "num_replicas": placement.num_replicas,
-                    "num_workers": placement.num_workers, "global_batch_size": config.global_batch_size,
-                    "wall_time_s": round(time.time() - started, 1)})
+    result = dataclasses.replace(result, wall_time_s=round(time.time() - started, 1), facts=results.RunFacts(
+        config.task, config.model, config.precision, placement.kind, placement.num_replicas, placement.num_workers,
+        config.global_batch_size))
     if placement.is_chief:
         # After the last record: the trainer's teardown (its input pipeline), then the outputs, phase by phase.
         shutdown = PhaseTimer(built.trainer.history.last_time or time.time(), "shutdown", "the outputs written")
@@ -190,13 +198,12 @@ def run(config: Config, startup: PhaseTimer | None = None, cluster_desc=UNRESOLV
         exported = exporting.export_model(task, os.path.join(config.model_dir, "export", "model.keras"))
         exporting.write_description(config, built.info, exported, task.model_facts())
         shutdown.mark("export")
-        atomic_write_bytes(os.path.join(config.model_dir, "metrics.json"),
-                           json.dumps(metrics, indent=2, sort_keys=True).encode())
+        results.write(config.model_dir, result)
         _write_report(config.model_dir)
         shutdown.mark("metrics_and_report")
-        built.trainer.history.write("shutdown", metrics["step"], shutdown.record())
+        built.trainer.history.write("shutdown", result.step, shutdown.record())
         log.info("%s", shutdown.describe())
-    return metrics
+    return result.to_dict()
 
 
 def find_undecodable_image(info):
@@ -210,7 +217,8 @@ def find_undecodable_image(info):
     channels = info.image_shape[2]
 
     def decodes(serialized):
-        return tf.size(tfrecord.decode_image(tfrecord.parse_example(serialized), channels)) >= 0
+        features = tfrecord.parse_example(serialized, keys=info.record_keys)
+        return tf.size(tfrecord.decode_image(features, channels)) >= 0
 
     for split in dict.fromkeys((info.train_split, info.eval_split)):
         for filename, num_examples in info.split_files.get(split, ()):
@@ -222,7 +230,7 @@ def find_undecodable_image(info):
             try:
                 for index, serialized in enumerate(records):
                     try:
-                        tfrecord.decode_image(tfrecord.parse_example(serialized), channels)
+                        tfrecord.decode_image(tfrecord.parse_example(serialized, keys=info.record_keys), channels)
                     except tf.errors.InvalidArgumentError as e:
                         reason = re.sub(r"\{\{.*?\}\}", "", e.message).strip().split("\n")[0]
                         return filename, index, reason.split(" [Op:")[0]

@@ -45,7 +45,8 @@ def describe(config, info, facts: dict | None = None) -> dict:
     """What an exported model takes and returns, for its user: a classifier's input range (--input_range, checked
     against a leading Rescaling when the model was built) and whether it gives logits or probabilities; a GAN
     generator's image range, which only a final tanh bounds. ``facts``: the task's ``model_facts()`` (None: a
-    classifier that gives logits, a generator that ends in tanh)."""
+    classifier that gives logits, a generator that ends in tanh); its ``output_meaning`` describes the output
+    (default ``OUTPUT_MEANINGS``: one per class)."""
     facts = facts or {}
     h, w, c = info.image_shape
     images = {"dtype": "float32", "layout": "NHWC", "shape": [None, h, w, c]}
@@ -66,7 +67,7 @@ def describe(config, info, facts: dict | None = None) -> dict:
                       "meaning": f"pixels 0..255 as uint8 or float32, of size {h}x{w} with {c} channel(s): the run's "
                                  f"--input_range mapping ({low:g}..{high:g}) is inside the model"},
             "output": {"dtype": "float32", "shape": [None, info.num_classes], "kind": kind,
-                       "meaning": OUTPUT_MEANINGS[kind]},
+                       "meaning": facts.get("output_meaning") or OUTPUT_MEANINGS[kind]},
             "bare": {"meaning": "the same network without the pixel mapping",
                      "input": {**images, "range": [low, high],
                                "from_uint8": f"pixels 0..255 map linearly to {low:g}..{high:g}: "

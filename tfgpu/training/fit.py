@@ -47,6 +47,7 @@ import logging
 import os
 
 from tfgpu import config as config_lib
+from tfgpu import config_sources
 from tfgpu.config import ConfigError
 
 log = logging.getLogger("tfgpu")
@@ -138,7 +139,7 @@ def _fit(model_fn, train_data, model_dir, eval_data, options: dict) -> dict:
     else:
         data_dir = os.fspath(train_data)
     explicit.update(model_dir=model_dir, data_dir=data_dir, model=register(model_fn))
-    config = config_lib.resolve(explicit)
+    config = config_sources.resolve(explicit)
 
     from tfgpu.runtime import cluster, logs
 

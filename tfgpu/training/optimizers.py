@@ -2,25 +2,53 @@
 
 The peak learning rate is ``base_learning_rate * global_batch_size / 256``
 (linear scaling, Goyal et al. 2017), reached by a linear warmup and followed by
-cosine decay to zero, step decay, or a constant.
+one of ``SCHEDULES``: cosine decay to zero, step decay, or a constant. Warmup and
+decay points are durations (steps, epochs or examples: ``tfgpu.durations``).
 """
 import math
 
 import keras
 import tensorflow as tf
 
-from tfgpu.config import OptimizationConfig
+from tfgpu import durations
+from tfgpu.config import ConfigError, OptimizationConfig
 
 
 def peak_learning_rate(config: OptimizationConfig) -> float:
     return config.base_learning_rate * config.global_batch_size / 256.0
 
 
+def _cosine(schedule, step):
+    """Half a cosine from the peak at the end of warmup to 0 at the last step."""
+    span = float(max(schedule.total_steps - schedule.warmup_steps, 1))
+    progress = tf.clip_by_value((step - schedule.warmup_steps) / span, 0.0, 1.0)
+    return schedule.peak * 0.5 * (1.0 + tf.cos(math.pi * progress))
+
+
+def _step(schedule, step):
+    """The peak times ``decay_factor`` once per boundary passed."""
+    if not schedule.boundaries:
+        return tf.constant(schedule.peak)
+    drops = tf.add_n([tf.cast(step >= b, tf.float32) for b in schedule.boundaries])
+    return schedule.peak * tf.pow(schedule.decay_factor, drops)
+
+
+def _constant(schedule, step):
+    return tf.constant(schedule.peak)
+
+
+# --lr_schedule: the rate after warmup, by name (Config's lr_schedule choices list the same names).
+SCHEDULES = {"cosine": _cosine, "step": _step, "constant": _constant}
+
+
 @keras.saving.register_keras_serializable("tfgpu")
 class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
-    """Linear warmup from 0 to ``peak`` over ``warmup_steps``, then cosine, step or constant."""
+    """Linear warmup from 0 to ``peak`` over ``warmup_steps``, then the ``SCHEDULES`` entry ``kind``; an unknown
+    kind is ConfigError(lr_schedule), never a silent constant rate."""
 
     def __init__(self, peak, total_steps, warmup_steps=0, kind="cosine", boundaries=(), decay_factor=0.1):
+        if kind not in SCHEDULES:
+            raise ConfigError("lr_schedule", f"unknown schedule {kind!r}; known: {', '.join(SCHEDULES)}")
         self.peak = float(peak)
         self.total_steps = int(total_steps)
         self.warmup_steps = int(warmup_steps)
@@ -32,16 +60,7 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         step = tf.cast(step, tf.float32)
         warm = float(max(self.warmup_steps, 1))
         warmup = self.peak * tf.minimum(1.0, (step + 1.0) / warm) if self.warmup_steps else self.peak
-        if self.kind == "cosine":
-            span = float(max(self.total_steps - self.warmup_steps, 1))
-            progress = tf.clip_by_value((step - self.warmup_steps) / span, 0.0, 1.0)
-            after = self.peak * 0.5 * (1.0 + tf.cos(math.pi * progress))
-        elif self.kind == "step":
-            drops = tf.add_n([tf.cast(step >= b, tf.float32) for b in self.boundaries]) if self.boundaries else 0.0
-            after = self.peak * tf.pow(self.decay_factor, drops)
-        else:
-            after = tf.constant(self.peak)
-        return tf.where(step < self.warmup_steps, warmup, after)
+        return tf.where(step < self.warmup_steps, warmup, SCHEDULES[self.kind](self, step))
 
     def get_config(self):
         return {"peak": self.peak, "total_steps": self.total_steps, "warmup_steps": self.warmup_steps,
@@ -66,9 +85,12 @@ class ScheduleAtStep:
         return self.schedule(self.step)
 
 
-def learning_rate_schedule(config: OptimizationConfig, total_steps: int, steps_per_epoch: float) -> WarmupSchedule:
-    warmup = config.warmup_steps or int(round(config.warmup_epochs * steps_per_epoch))
-    boundaries = [int(round(e * steps_per_epoch)) for e in config.lr_decay_epochs]
+def learning_rate_schedule(config: OptimizationConfig, total_steps: int, steps_per_epoch: float,
+                           examples_per_step: int) -> WarmupSchedule:
+    """The run's schedule, with --warmup and --lr_decay_at (or their older flags) turned into steps."""
+    warmup = durations.to_steps(durations.of(config, "warmup"), steps_per_epoch, examples_per_step)
+    boundaries = [durations.to_steps(point, steps_per_epoch, examples_per_step)
+                  for point in durations.points(config, "lr_decay_at")]
     return WarmupSchedule(peak_learning_rate(config), total_steps, warmup, config.lr_schedule, boundaries,
                           config.lr_decay_factor)
 

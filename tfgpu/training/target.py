@@ -5,9 +5,9 @@ prefix ``val_`` (``accuracy`` means ``val_accuracy`` when the task evaluates no 
 declaration decides the direction: lower-is-better metrics must fall to VALUE (``<=``), others rise to it
 (``>=``); a metric declared neither way is lower-is-better when its name ends in ``loss``, ``fid`` or ``kid``.
 The trainer stops at the first evaluation that reaches it; ``metrics.json`` records the outcome
-(``fields``), and the console and the report say it in one line (``sentence``).
+(``results.TargetOutcome``), and the console and the report say it in one line (``sentence``).
 
-No TensorFlow here: ``Config.validate`` parses with it and the report reads it in a light process.
+No TensorFlow here: ``config_sources.check_references`` parses with it and the report reads it in a light process.
 """
 import dataclasses
 import math
@@ -16,7 +16,6 @@ from tfgpu.config import ConfigError
 
 LOWER_IS_BETTER_SUFFIXES = ("loss", "fid", "kid")
 EVAL_PREFIX = "val_"
-FIELDS = ("target", "target_reached", "time_to_target_s", "step_at_target", "epochs_at_target")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,36 +102,25 @@ def resolve(text: str, declarations) -> Target:
     return Target(metric, value, lower_is_better(metric, declarations))
 
 
-def fields(target: Target, hit: dict | None) -> dict:
-    """metrics.json's target fields. ``hit``: None, or the ``step``, ``epochs`` and ``seconds`` (wall time from
-    the process's start) of the evaluation that reached the target."""
-    hit = hit or {}
-    return {"target": str(target), "target_reached": bool(hit),
-            "time_to_target_s": round(hit["seconds"], 1) if hit.get("seconds") is not None else None,
-            "step_at_target": hit.get("step"),
-            "epochs_at_target": round(hit["epochs"], 2) if hit.get("epochs") is not None else None}
-
-
-def sentence(metrics: dict, declarations=None, best=None) -> str:
-    """One line on the target from metrics.json's fields (``declarations`` give the direction; without them the
-    name's suffix does); "" when the run had no target. ``best``: the best value evaluated, for a target not
+def sentence(result, declarations=None, best=None) -> str:
+    """One line on the target from a run's ``results.RunResult`` (``declarations`` give the direction; without them
+    the name's suffix does); "" when the run had no target. ``best``: the best value evaluated, for a target not
     reached."""
-    text = metrics.get("target")
-    if not isinstance(text, str) or not text:
+    outcome = result.target if result is not None else None
+    if outcome is None or not outcome.target:
         return ""
     try:
-        metric, value = parse(text)
+        metric, value = parse(outcome.target)
     except ConfigError:
-        return f"target {text}: unreadable"
+        return f"target {outcome.target}: unreadable"
     from tfgpu.training.metric_specs import Declarations
 
     shown = Target(metric, value, lower_is_better(metric, declarations or Declarations())).describe()
-    if metrics.get("target_reached"):
-        epochs, seconds = metrics.get("epochs_at_target"), metrics.get("time_to_target_s")
-        where = f"reached at step {metrics.get('step_at_target')}"
-        if is_number(epochs):
-            where += f" ({epochs:g} epochs)"
-        return f"target {shown} {where}" + (f" in {seconds:.1f} s" if is_number(seconds) else "")
-    steps = metrics.get("step")
+    if outcome.reached:
+        where = f"reached at step {outcome.step}"
+        if is_number(outcome.epochs):
+            where += f" ({outcome.epochs:g} epochs)"
+        return f"target {shown} {where}" + (f" in {outcome.seconds:.1f} s" if is_number(outcome.seconds) else "")
+    steps = result.step
     line = f"target {shown} not reached" + (f" in {steps} steps" if isinstance(steps, int) else "")
     return line + (f" (best {best:.4g})" if is_number(best) else "")

@@ -6,14 +6,14 @@ boundaries, so those happen at exact steps. The loop names no task and no task's
 counts as skipped (non-finite) steps and shows in the progress bar comes from the task's metric
 declarations (``Task.metrics``), written with the loop's own (``metric_specs.LOOP_METRICS``) to
 ``<model_dir>/metric_specs.json`` for the report. How a run fails is ``tfgpu.training.failures``; what it
-logs is ``tfgpu.training.history``; --target's rule and metrics.json fields are ``tfgpu.training.target``;
---profile_input is ``tfgpu.training.input_profile``. The Trainer reads only its ``TrainerConfig`` and hands
-the pipeline its ``InputConfig``. It stays one module (~400 lines) because boundaries, preemption, evaluation,
-the target and the startup record all act on the same loop state between two compiled calls.
+logs is ``tfgpu.training.history``; --target's rule is ``tfgpu.training.target``; the results it returns
+(metrics.json) are ``tfgpu.training.results``; --profile_input is ``tfgpu.training.input_profile``. The
+Trainer reads only its ``TrainerConfig`` and hands the pipeline its ``InputConfig``. It stays one module
+(~400 lines) because boundaries, preemption, evaluation, the target and the startup record all act on the
+same loop state between two compiled calls.
 """
 import contextlib
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -29,7 +29,7 @@ from tfgpu.data import position as data_position
 from tfgpu.data import resume
 from tfgpu.runtime.distribute import Placement
 from tfgpu.training import checkpoint as checkpoint_lib
-from tfgpu.training import failures, input_profile, loop, metric_specs
+from tfgpu.training import failures, input_profile, loop, metric_specs, results
 from tfgpu.training import target as target_lib
 from tfgpu.training.failures import KernelFailed, NonFiniteError, Preempted, WorkerLost  # noqa: F401 (re-exported)
 from tfgpu.training.history import History, Progress
@@ -167,7 +167,8 @@ class Trainer:
     def _profile_input(self, start_step: int) -> dict:
         return input_profile.measure(
             self.strategy, lambda dataset_fn: loop.input_iterator(self.strategy, self.placement, dataset_fn),
-            pipeline.train_dataset_fn(self.inputs, self.info, start_step, plan=self._plan), self._train_loop,
+            pipeline.train_dataset_fn(self.inputs, self.info, start_step, plan=self._plan,
+                                      examples=self.task.examples()), self._train_loop,
             {"step": self.step, **self.task.checkpoint_items()}, self.inputs.global_batch_size,
             self.inputs.examples_per_step, self.skipped_run.reset)
 
@@ -324,28 +325,24 @@ class Trainer:
 
     def _recorded_target(self, step: int) -> dict | None:
         """The target's hit (step, epochs, seconds) as metrics.json records it, when it records this --target as
-        reached at ``step``; the chief's file decides for every worker. A metrics.json that does not parse
+        reached at ``step``; the chief's file decides for every worker. A metrics.json that does not read
         records nothing (said in the log): the evaluation of the checkpoint then decides."""
         if self.target is None:
             return None
-        before = {}
+        outcome = None
         if self.chief:
-            from tfgpu.runtime import fileio
-
-            path = os.path.join(self.model_dir, "metrics.json")
             try:
-                before = json.loads(fileio.read_bytes(path)) if fileio.exists(path) else {}
-            except (OSError, ValueError) as e:
-                log.warning("%s is unreadable (%s): whether the target was reached is decided by evaluating the "
-                            "checkpoint", path, e)
-            before = before if isinstance(before, dict) else {}
-        reached = (before.get("target") == str(self.target) and before.get("target_reached") is True
-                   and before.get("step_at_target") == step)
+                before = results.read(self.model_dir)
+            except ConfigError as e:
+                log.warning("%s: whether the target was reached is decided by evaluating the checkpoint", e.reason)
+                before = None
+            outcome = before.target if before is not None else None
+        reached = (outcome is not None and outcome.target == str(self.target) and outcome.reached
+                   and outcome.step == step)
         if not self._any_worker(reached):
             return None
-        kept = {key: before.get(key) if target_lib.is_number(before.get(key)) else None
-                for key in ("time_to_target_s", "epochs_at_target")}
-        return {"step": step, "seconds": kept["time_to_target_s"], "epochs": kept["epochs_at_target"]}
+        return {"step": step, "seconds": outcome.seconds if outcome else None,
+                "epochs": outcome.epochs if outcome else None}
 
     # -- evaluation ------------------------------------------------------------
     def evaluate(self, step: int, record: bool = True) -> dict:
@@ -357,7 +354,8 @@ class Trainer:
             steps = pipeline.eval_steps(self.inputs, self.info, self.placement.num_workers,
                                         self.placement.num_replicas)
             with loop.Feed(loop.input_iterator(self.strategy, self.placement,
-                                               pipeline.eval_dataset_fn(self.inputs, self.info, steps))) as feed:
+                                               pipeline.eval_dataset_fn(self.inputs, self.info, steps,
+                                                                        self.task.examples()))) as feed:
                 sums, _ = self._eval_loop(feed.iterator, tf.constant(steps))
             return loop.as_floats(sums)
 
@@ -427,8 +425,8 @@ class Trainer:
                 raise failures.kernel_failed(e, self.placement.worker_index, self._steps_done, last) from e
             raise
 
-    def train(self) -> dict:
-        """Trains to ``total_steps`` (resuming from the latest checkpoint) and returns the final metrics; raises
+    def train(self) -> "results.RunResult":
+        """Trains to ``total_steps`` (resuming from the latest checkpoint) and returns the run's results; raises
         ``Preempted`` after the checkpoint a SIGTERM asks for."""
         self._steps_done = 0
         with self._failures_named():
@@ -447,7 +445,7 @@ class Trainer:
                 signal.signal(signal.SIGTERM, previous_handler)
                 self.checkpointer.close()
 
-    def _train_from(self, start_step: int) -> dict:
+    def _train_from(self, start_step: int) -> "results.RunResult":
         config = self.config
         step = start_step
         last, last_eval, rates = {}, {}, []
@@ -457,7 +455,8 @@ class Trainer:
             # Released on leaving the block, an error or a preemption included (loop.Feed: TF can block that)
             with loop.Feed(loop.input_iterator(self.strategy, self.placement,
                                                pipeline.train_dataset_fn(self.inputs, self.info, step,
-                                                                         plan=self._plan))) as feed:
+                                                                         plan=self._plan,
+                                                                         examples=self.task.examples()))) as feed:
                 profiled = self._profile_input(step) if config.profile_input else None
                 progress = Progress(config.verbose, self.total_steps, step, self.chief,
                                     [s.name for s in self.declarations.metrics if s.progress],
@@ -521,21 +520,21 @@ class Trainer:
             self._reaches_target(step, last_eval, timed=owed)
         elif not last_eval:  # resumed at the target: the evaluation of the checkpoint, not recorded again
             last_eval = self._resumed_eval
-        final = {"step": step}
+        values = {}
         if last:  # the train step's metrics as train_<name>; learning rates and loss scales as they are
-            final.update({f"train_{k}": v for k, v in last["step_metrics"].items()})
-            final.update(last["task_state"])
-        final["examples_per_sec"] = (float(np.median(rates)) if rates else
-                                     last["record"]["examples_per_sec"] if last else 0.0)
-        final.update(self.task.parameter_counts())
-        final.update(self.task.model_facts())
-        final.update(last_eval)
-        if self.inputs.skip_corrupt_records:  # the unreadable records read around, every epoch / evaluation
-            final["skipped_records"] = records.skipped_records(self.info)
+            values.update({f"train_{k}": v for k, v in last["step_metrics"].items()})
+            values.update(last["task_state"])
+        values.update(last_eval)
+        result = self.task.extend_result(results.RunResult(
+            step=step, values=values,
+            examples_per_sec=(float(np.median(rates)) if rates else last["record"]["examples_per_sec"] if last
+                              else 0.0),
+            # the unreadable records read around, every epoch / evaluation
+            skipped_records=records.skipped_records(self.info) if self.inputs.skip_corrupt_records else None,
+            target=results.TargetOutcome.of(self.target, self._target_hit) if self.target else None))
         if self.target:
-            final.update(target_lib.fields(self.target, self._target_hit))
-            log.info("%s", target_lib.sentence(final, self.declarations, self._target_best))
-        return final
+            log.info("%s", target_lib.sentence(result, self.declarations, self._target_best))
+        return result
 
     def _end_startup(self, step: int) -> None:
         self.startup.mark("first_loop")

@@ -30,12 +30,13 @@ def test_fid_evaluations_keep_their_steps_without_an_eval_split(make_task):
     split (the trainer dropped those boundaries, and the GAN's evaluations silently never ran)."""
     import dataclasses
 
-    from tfgpu.config import InputConfig, TrainerConfig
+    from tfgpu.config import TrainerConfig
+    from tfgpu.tasks.registry import input_config
     from tfgpu.training.trainer import Trainer
 
     task, _ = make_task(eval_every_steps=4, checkpoint_every_steps=0)
     info = dataclasses.replace(task.info, eval_split="")
-    trainer = Trainer(TrainerConfig.of(task.config), InputConfig.of(task.config), task.placement, task, info,
+    trainer = Trainer(TrainerConfig.of(task.config), input_config(task.config), task.placement, task, info,
                       total_steps=10)
     assert trainer._boundaries() == [4, 8, 10]
 

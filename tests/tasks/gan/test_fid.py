@@ -167,6 +167,20 @@ def test_one_class_gives_an_untrained_extractor_that_says_so(tmp_path):
     assert extractor(images).shape == (64, extractor.feature_size)
 
 
+def test_a_feature_classifiers_record_that_is_not_tfgpus_is_one_line_naming_it(tmp_path):
+    """--fid_feature_model_dir=D: D/metrics.json says whether D/export/model.keras was trained; one that is not a
+    tfgpu metrics.json stops in one line naming it (before: read as "trained", an untrained network's FIDs then
+    passed for a trained one's). A .keras file outside an export directory has no record to read."""
+    from tfgpu.config import ConfigError
+
+    (tmp_path / "export").mkdir()
+    (tmp_path / "metrics.json").write_text('{"trained": "no"}')
+    with pytest.raises(ConfigError, match=r"^--fid_feature_model_dir: \S+/metrics.json is not a tfgpu metrics.json: "
+                                          r"'trained' is 'no', not true or false$"):
+        fid._classifier_trained(str(tmp_path / "export" / "model.keras"))
+    assert fid._classifier_trained(str(tmp_path / "model.keras")) == (True, "")
+
+
 @pytest.fixture
 def ram_dir():
     """A fresh ``ram://`` directory (TensorFlow's in-memory file system, standing in for gs://), removed after."""

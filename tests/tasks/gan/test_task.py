@@ -15,6 +15,7 @@ from tfgpu.config import Config, ConfigError
 from tfgpu.data import pipeline
 from tfgpu.runtime.distribute import Placement
 from tfgpu.tasks.gan import task as gan_task
+from tfgpu.tasks.registry import input_config
 from tfgpu.tasks.gan.task import GanTask
 from tfgpu.training.trainer import step_counter
 
@@ -31,7 +32,7 @@ def make_task(tmp_path, data_cache):
         values = dict(task="gan", model="dcgan", dataset="digits", model_dir=str(tmp_path / "run"),
                       data_cache_dir=data_cache, global_batch_size=8, latent_dim=8, seed=3)
         values.update(overrides)
-        config = Config(**values).validate()
+        config = Config(**values).check_values()
         info = pipeline.prepare(config)
         strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
         placement = Placement(strategy, "one_device", 1, 1, 0, True, ("/cpu:0",), False)
@@ -187,8 +188,8 @@ def test_each_critic_update_learns_from_its_own_real_batch(make_task):
     critics = []
     for second in (1, 0):
         task, step = make_task(model="wgan_gp", gan_loss="wasserstein", gradient_penalty=10.0, n_critic=2)
-        assert task.config.batches_per_step == 2
-        assert pipeline.steps_per_epoch(task.config, task.info) == task.info.num_train_examples / (2 * 8)
+        assert input_config(task.config).batches_per_step == 2
+        assert pipeline.steps_per_epoch(input_config(task.config), task.info) == task.info.num_train_examples / (2 * 8)
         step((_batch(seed=0), _batch(seed=second)))
         critics.append(_values(task.discriminator.trainable_weights))
     assert any(not np.allclose(a, b) for a, b in zip(*critics))

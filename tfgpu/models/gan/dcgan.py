@@ -11,7 +11,7 @@ from keras import layers
 
 from tfgpu.models.gan.base import (GanModels, build_generator, discriminator_head, label_input, stage_channels,
                                    stage_sizes)
-from tfgpu.models.registry import register_model
+from tfgpu.models.registration import register_model
 
 
 def conv_discriminator(image_shape, num_classes, conditional, width, norm, sync_batch_norm=False,

@@ -196,7 +196,7 @@ class GanEvaluation:
                                           else None)
 
         def parse(serialized):
-            features = tfrecord.parse_example(serialized)
+            features = tfrecord.parse_example(serialized, keys=self.info.record_keys)
             return augment.preprocess_eval(features, h, c), features[tfrecord.LABEL]
 
         images, labels = [], []

@@ -217,17 +217,17 @@ def _compute_in_float32(model) -> None:
 
 
 def _classifier_trained(model_path: str) -> tuple:
-    """(trained, reason) from the ``metrics.json`` next to ``<dir>/export/model.keras``; a run without that
-    record (any tfgpu classification run) was trained."""
-    import json
+    """(trained, reason) from the results (metrics.json) of the run that exported ``<dir>/export/<name>.keras``;
+    a classifier without them (a .keras file from elsewhere) or a run that does not say otherwise (any tfgpu
+    classification run) was trained. Results that are not tfgpu's stop in one line naming them."""
+    from tfgpu.training import results
 
-    record = os.path.join(os.path.dirname(os.path.dirname(fileio.absolute(model_path))), "metrics.json")
-    try:
-        metrics = json.loads(fileio.read_bytes(record))
-    except (OSError, ValueError):
+    export_dir = os.path.dirname(fileio.absolute(model_path))
+    if os.path.basename(export_dir) != "export":
         return True, ""
-    if isinstance(metrics, dict) and metrics.get("trained") is False:
-        return False, str(metrics.get("reason", "not trained"))
+    record = results.read(os.path.dirname(export_dir), flag="fid_feature_model_dir")
+    if record is not None and record.trained is False:
+        return False, record.untrained_reason or "not trained"
     return True, ""
 
 
@@ -296,15 +296,15 @@ def train_feature_classifier(train, val, out_dir: str, seed: int, epochs: int = 
     """Trains ``feature_classifier`` on (images in [-1, 1], labels) and exports it to
     ``<out_dir>/export/model.keras`` (atomically: ``fileio.atomic_local_path``; ``out_dir`` may be remote), the
     layout ``ClassifierFeatures`` reads. Returns
-    {"trained": True, "val_accuracy": ...} (also in ``<out_dir>/metrics.json``). Used when a GAN run names no
-    extractor.
+    the record it writes to ``<out_dir>/metrics.json`` (``tfgpu.training.results``): e.g. {"trained": True,
+    "val_accuracy": ...}. Used when a GAN run names no extractor.
 
     With fewer than two classes among ``labels`` there is nothing to learn (one logit: the loss is 0 for
     any weights), so the network is exported as initialised (seeded) and the record says
     {"trained": False, "reason": ...}; ``ClassifierFeatures`` then names it untrained."""
-    import json
-
     import keras
+
+    from tfgpu.training import results
 
     images, labels = train
     num_classes = int(max(labels.max(), val[1].max() if val is not None and len(val[1]) else 0)) + 1
@@ -312,23 +312,25 @@ def train_feature_classifier(train, val, out_dir: str, seed: int, epochs: int = 
     keras.utils.set_random_seed(seed)
     with float32_policy():
         model = feature_classifier(images.shape[1:], max(num_classes, 2))
+        untrained_reason, values = None, {}
         if present < 2:
             epochs = 0
-            metrics = {"trained": False, "reason": f"the {len(images)} training images have {present} class; "
-                       "a classifier cannot learn from one class, so its features are a random network's"}
-            log.warning("FID/KID features: %s", metrics["reason"])
+            untrained_reason = (f"the {len(images)} training images have {present} class; a classifier cannot "
+                                "learn from one class, so its features are a random network's")
+            log.warning("FID/KID features: %s", untrained_reason)
         else:
             model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=keras.losses.SparseCategoricalCrossentropy(
                 from_logits=True), metrics=["accuracy"])
             model.fit(images, labels, batch_size=batch_size, epochs=epochs, verbose=0, shuffle=True)
-            metrics = {"trained": True}
             if val is not None and len(val[0]):
-                metrics["val_accuracy"] = float(model.evaluate(val[0], val[1], verbose=0,
-                                                               return_dict=True)["accuracy"])
+                values["val_accuracy"] = float(model.evaluate(val[0], val[1], verbose=0,
+                                                              return_dict=True)["accuracy"])
     export = os.path.join(out_dir, "export")
     fileio.makedirs(export)
     with fileio.atomic_local_path(os.path.join(export, "model.keras"), suffix=".keras") as tmp:
         model.save(tmp)
-    fileio.atomic_write_bytes(os.path.join(out_dir, "metrics.json"), json.dumps(
-        {"model": model.name, "epochs": epochs, "train_examples": len(images), **metrics}, indent=2).encode())
-    return metrics
+    record = results.RunResult(values={"epochs": epochs, "train_examples": len(images), **values},
+                               facts=results.RunFacts(model=model.name), trained=untrained_reason is None,
+                               untrained_reason=untrained_reason)
+    results.write(out_dir, record)
+    return record.to_dict()

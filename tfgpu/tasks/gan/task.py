@@ -40,7 +40,7 @@ from tfgpu.runtime import fileio, precision
 from tfgpu.tasks.gan import diffaugment, network_checks
 from tfgpu.config import ConfigError, PrecisionConfig
 from tfgpu.models import get_spec
-from tfgpu.tasks.base import MetricSpec, Task, register_task
+from tfgpu.tasks.base import MetricSpec, Task, register_task, unpack_batch
 from tfgpu.tasks.gan.evaluation import GanEvaluation
 from tfgpu.tasks.gan.losses import Float32Forward, discriminator_loss, generator_loss
 
@@ -314,7 +314,7 @@ class GanTask(GanEvaluation, Task):
 
     def train_step(self, batch):
         config = self.config
-        real_batches = batch if config.batches_per_step > 1 else (batch,)  # one per critic update (loop.build_loop)
+        real_batches = batch if self.batches_per_step(config) > 1 else (batch,)  # one per critic update (loop.build_loop)
         per_replica = self._per_replica_batch
         replica = tf.distribute.get_replica_context().replica_id_in_sync_group
         offset = tf.cast(replica, tf.int32) * per_replica
@@ -325,7 +325,8 @@ class GanTask(GanEvaluation, Task):
         # its EMA. Forward passes change both networks' state, so each phase puts back what it changed.
         state = self.generator.non_trainable_weights + self.discriminator.non_trainable_weights
         d_finite = tf.constant(True)
-        for k, (images, labels) in enumerate(real_batches):  # unrolled: each update is its own optimizer.apply
+        for k, real in enumerate(real_batches):  # unrolled: each update is its own optimizer.apply
+            images, labels, _ = unpack_batch(real)
             saved = [tf.identity(w.value) for w in state]
             metrics, finite = self._discriminator_step(tf.cast(images, tf.float32), tf.cast(labels, tf.int32),
                                                        self._seed(1, k), offset)

@@ -1,0 +1,74 @@
+"""Durations (tfgpu.durations): steps, epochs or examples through one helper, the older flags keep their meaning."""
+import dataclasses
+import math
+
+import pytest
+from hypothesis import given, strategies as st
+
+from tfgpu import config_sources, durations
+from tfgpu.config import Config, ConfigError
+from tfgpu.durations import EPOCHS, EXAMPLES, STEPS, Duration
+
+BASE = {"model_dir": "unused", "dataset": "digits"}
+
+
+@pytest.mark.parametrize("text,expected", [("500", Duration(500, STEPS)), ("500steps", Duration(500, STEPS)),
+                                           ("2ep", Duration(2, EPOCHS)), ("0.5 epochs", Duration(0.5, EPOCHS)),
+                                           ("50000ex", Duration(50000, EXAMPLES)), (" 3EP ", Duration(3, EPOCHS))])
+def test_each_form_parses(text, expected):
+    assert durations.parse(text, "warmup") == expected
+
+
+@pytest.mark.parametrize("text", ["2days", "ep", "-3", "1e3", "2.5", "2,5ep"])
+def test_anything_else_is_one_line_naming_the_flag(text):
+    with pytest.raises(ConfigError) as error:
+        durations.parse(text, "eval_every")
+    assert str(error.value).startswith("--eval_every: ") and "\n" not in str(error.value)
+
+
+@given(epochs=st.floats(0.01, 50), steps_per_epoch=st.floats(0.5, 5000))
+def test_epochs_give_the_steps_the_older_flags_gave(epochs, steps_per_epoch):
+    """--train=Nep rounds up as --epochs did; --warmup=Nep rounds to nearest as --warmup_epochs did."""
+    length = durations.parse(f"{epochs!r}ep", "train")
+    assert durations.to_steps(length, steps_per_epoch, 64, round_up=True) == max(1, math.ceil(epochs * steps_per_epoch))
+    warmup = durations.of(Config(**BASE, warmup_epochs=epochs), "warmup")
+    assert durations.to_steps(warmup, steps_per_epoch, 64) == max(1, int(round(epochs * steps_per_epoch)))
+
+
+@given(steps=st.integers(1, 10**6), examples_per_step=st.integers(1, 4096))
+def test_examples_are_steps_of_examples_per_step(steps, examples_per_step):
+    assert durations.to_steps(Duration(steps * examples_per_step, EXAMPLES), 10.0, examples_per_step) == steps
+    assert durations.to_steps(durations.parse(str(steps), "train"), 10.0, examples_per_step) == steps
+
+
+def test_a_few_examples_are_one_step_not_the_end_only():
+    assert durations.to_steps(durations.parse("10ex", "eval_every"), 10.0, 128) == 1
+    assert durations.to_steps(Duration(0, EXAMPLES), 10.0, 128) == 0
+
+
+def test_an_empty_flag_falls_back_to_its_older_flags_in_order():
+    config = Config(**BASE)
+    assert durations.of(config, "train") == Duration(1.0, EPOCHS)  # --epochs' default
+    assert durations.of(dataclasses.replace(config, train_steps=7, epochs=3.0), "train") == Duration(7, STEPS)
+    assert durations.of(config, "checkpoint_every") == Duration(1000, STEPS)
+    assert durations.of(config, "eval_every") == Duration(0, STEPS)
+    assert durations.points(dataclasses.replace(config, lr_decay_epochs=(3.0,)), "lr_decay_at") == (
+        Duration(3.0, EPOCHS),)
+
+
+@pytest.mark.parametrize("flags,message", [
+    ({"eval_every": "2ep", "eval_every_steps": 100}, "--eval_every: and --eval_every_steps both say the same thing"),
+    ({"train": "0ep"}, "--train: must be positive, got '0ep'"),
+    ({"lr_decay_at": "30ep,soon"}, "--lr_decay_at: 'soon' is not a duration"),
+    ({"warmup": "1.5"}, "--warmup: '1.5': steps are whole numbers"),
+])
+def test_resolving_flags_checks_durations_in_one_line(flags, message):
+    """Checked with the other values, before TensorFlow is imported (config_sources.resolve, references=False)."""
+    with pytest.raises(ConfigError) as error:
+        config_sources.resolve({**BASE, **flags}, references=False)
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+def test_a_duration_flag_alone_resolves():
+    config = config_sources.resolve({**BASE, "eval_every": "2ep", "warmup": "500ex"}, references=False)
+    assert (config.eval_every, config.warmup) == ("2ep", "500ex")

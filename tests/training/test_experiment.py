@@ -1,0 +1,17 @@
+"""experiment.setup's own decisions, in-process; whole runs are tests/test_train.py."""
+import types
+
+from tfgpu.config import Config, InputConfig
+from tfgpu.training import experiment
+
+
+def test_eval_and_checkpoint_intervals_in_epochs_or_examples_become_the_trainers_steps():
+    """1000 examples, 10 per step: 100 steps per epoch."""
+    config = Config(model_dir="unused", dataset="digits", global_batch_size=10, eval_every="2ep",
+                    checkpoint_every="300ex")
+    info = types.SimpleNamespace(num_train_examples=1000)
+    section = experiment._trainer_config(config, InputConfig.of(config, batches_per_step=1), info)
+    assert (section.eval_every_steps, section.checkpoint_every_steps) == (200, 30)
+    older = Config(model_dir="unused", dataset="digits", eval_every_steps=7)
+    section = experiment._trainer_config(older, InputConfig.of(older, batches_per_step=1), info)
+    assert (section.eval_every_steps, section.checkpoint_every_steps) == (7, 1000)

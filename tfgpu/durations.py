@@ -1,0 +1,100 @@
+"""Durations like big_vision's: a length of training given in optimizer steps, epochs or examples, turned into
+steps in one place.
+
+A duration flag (--train, --warmup, --eval_every, --checkpoint_every, and each point of --lr_decay_at) takes
+``N`` or ``Nsteps`` (steps), ``Nep``/``Nepochs`` or ``Nex``/``Nexamples``. Left empty, the older flags that spell the
+same duration in one unit (--train_steps, else --epochs; --warmup_steps, else --warmup_epochs; ...) keep their
+meaning. Parsing is pure Python, so a bad value is one line before TensorFlow is imported.
+"""
+import dataclasses
+import math
+import re
+
+from tfgpu.config import Config, ConfigError
+
+STEPS, EPOCHS, EXAMPLES = "steps", "epochs", "examples"
+UNITS = {"": STEPS, "steps": STEPS, "ep": EPOCHS, "epochs": EPOCHS, "ex": EXAMPLES, "examples": EXAMPLES}
+
+# Each duration flag and the older flags that give it in one unit, in the order they win (a flag counts when > 0).
+OLDER_FLAGS = {
+    "train": (("train_steps", STEPS), ("epochs", EPOCHS)),
+    "warmup": (("warmup_steps", STEPS), ("warmup_epochs", EPOCHS)),
+    "eval_every": (("eval_every_steps", STEPS),),
+    "checkpoint_every": (("checkpoint_every_steps", STEPS),),
+    "lr_decay_at": (("lr_decay_epochs", EPOCHS),),
+}
+_FORM = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)$")
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Config)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Duration:
+    amount: float
+    unit: str  # steps | epochs | examples
+
+    def __str__(self):
+        return f"{self.amount:g}{'' if self.unit == STEPS else ' ' + self.unit}"
+
+
+def parse(text: str, flag: str) -> Duration:
+    """``N``/``Nsteps``, ``Nep``/``Nepochs`` or ``Nex``/``Nexamples``; ConfigError(flag) for anything else."""
+    match = _FORM.match(text.strip().lower())
+    unit = UNITS.get(match.group(2)) if match else None
+    if unit is None:
+        raise ConfigError(flag, f"{text!r} is not a duration: N or Nsteps (optimizer steps), Nep (epochs) or Nex "
+                          "(examples), e.g. 500, 2ep, 50000ex")
+    amount = float(match.group(1))
+    if unit == STEPS and not amount.is_integer():
+        raise ConfigError(flag, f"{text!r}: steps are whole numbers (use Nep for a fraction of an epoch)")
+    return Duration(amount, unit)
+
+
+def parse_points(text: str, flag: str) -> tuple:
+    """A comma-separated list of durations (e.g. ``30ep,60ep``)."""
+    return tuple(parse(part, flag) for part in text.split(",") if part.strip())
+
+
+def of(options, name: str) -> Duration:
+    """The duration ``--name`` gives, else the first of its older flags that is > 0, else 0 steps. ``options`` is
+    the Config or the section that holds these flags."""
+    if getattr(options, name):
+        return parse(getattr(options, name), name)
+    for flag, unit in OLDER_FLAGS[name]:
+        if getattr(options, flag):
+            return Duration(float(getattr(options, flag)), unit)
+    return Duration(0.0, STEPS)
+
+
+def points(options, name: str) -> tuple:
+    """The durations a list flag (--lr_decay_at) gives, else its older flag's values in that flag's unit."""
+    if getattr(options, name):
+        return parse_points(getattr(options, name), name)
+    (flag, unit), = OLDER_FLAGS[name]
+    return tuple(Duration(float(v), unit) for v in getattr(options, flag))
+
+
+def to_steps(duration: Duration, steps_per_epoch: float, examples_per_step: int, round_up: bool = False) -> int:
+    """Optimizer steps in ``duration``: epochs and examples are rounded to the nearest step, or up with
+    ``round_up`` (a training length then covers its last partial epoch); a positive duration is at least one step
+    (an interval of a few examples must not become 0, which means "at the end only")."""
+    if duration.unit == STEPS:
+        return int(duration.amount)
+    steps = duration.amount * steps_per_epoch if duration.unit == EPOCHS else duration.amount / examples_per_step
+    steps = math.ceil(steps) if round_up else int(round(steps))
+    return max(steps, 1) if duration.amount > 0 else 0
+
+
+def check(config: Config) -> Config:
+    """Each duration flag parses, and is not given together with an older flag that spells it (which one would
+    win is not obvious); ConfigError naming the flag. Costs microseconds, imports nothing heavy."""
+    for name, older in OLDER_FLAGS.items():
+        if not getattr(config, name):
+            continue
+        given = parse_points(getattr(config, name), name) if name == "lr_decay_at" else (of(config, name),)
+        if name == "train" and given[0].amount <= 0:
+            raise ConfigError(name, f"must be positive, got {getattr(config, name)!r}")
+        for flag, _ in older:
+            if getattr(config, flag) != _DEFAULTS[flag]:
+                raise ConfigError(name, f"and --{flag} both say the same thing; set one of them (--{flag} is the "
+                                  "older spelling)")
+    return config
