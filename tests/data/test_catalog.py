@@ -122,8 +122,9 @@ def test_a_cache_copy_recording_other_data_is_refused_in_one_line(tfds_dir, tmp_
 def _keys_of_pipeline(info, start_step, pipelines, pipeline_id, num_records, batch=2):
     """The record keys (file, index) one training input pipeline yields, in order."""
     from tfgpu.data import pipeline
+    from tfgpu.tasks.registry import input_config
 
-    config = Config(model_dir="unused", dataset=info.name, global_batch_size=batch * pipelines, seed=3)
+    config = input_config(Config(model_dir="unused", dataset=info.name, global_batch_size=batch * pipelines, seed=3))
     ctx = tf.distribute.InputContext(pipelines, pipeline_id, pipelines)
     ds = pipeline.train_dataset_fn(config, info, start_step, record_keys=True)(ctx)
     return [int(k) for keys in ds.take(-(-num_records // batch)).as_numpy_iterator() for k in keys][:num_records]

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from tfgpu.config import ConfigError
 from tfgpu.data import encode, outdir, shards, sources, tfrecord
+from tfgpu.data import manifest as manifest_lib
 from tfgpu.runtime import fileio
 
 PREFIX = "tfrecord:"
@@ -61,10 +62,8 @@ class InPlace:
                     index, reason = scan.bad[0]
                     return f"record {index} of {scan.path} {reason}"
                 if scan.changed:
-                    from tfgpu.data.convert import ADJUSTED
-
                     index, how = scan.changed[0]
-                    return f"record {index} of {scan.path} would be stored changed ({how}: {ADJUSTED[how]})"
+                    return f"record {index} of {scan.path} would be stored changed ({how}: {manifest_lib.ADJUSTED[how]})"
         return ""
 
     def first_bad(self):
@@ -258,15 +257,13 @@ def check_apart(directory: str, source) -> None:
 def write_references(o, source, key: str, out) -> dict:
     """Writes ``<output_dir>/dataset.json`` naming the source's shards where they are (absolute paths, their
     record counts and sha256s) with the keys and label offset they are read by; no shard is written or moved."""
-    from tfgpu.data import convert
-
     with outdir.claim(o, source.kind, o.source, key) as directory:
         tasks, results = [], []
         for split, scans in source.in_place.splits.items():
             for scan in scans:
                 tasks.append({"split": split, "num_sources": len(scan.offsets)})
                 results.append({"entry": scan.entry(), "stats": scan.stats.to_json()})
-        manifest = convert._manifest(o, source, source.splits, tasks, results, _KEEP, key)
+        manifest = manifest_lib.build(o, source, source.splits, tasks, results, _KEEP, key)
         manifest.update(record_keys=source.in_place.keys.to_manifest(), in_place=True)
         fileio.remove(os.path.join(directory, tfrecord.MANIFEST), missing_ok=True)
         tfrecord.write_manifest(directory, manifest)

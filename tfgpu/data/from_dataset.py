@@ -6,7 +6,7 @@ where exactly-once epochs, sharding over workers and exact resume come from. So 
 dataset is materialized once, by the converter's own shard writer
 (``workers.build_shard``: ``encode.example_to_record`` -> ``tfrecord.write_shard``, PNG
 records named ``<split>/<index>``, as ``tfrecord.write_arrays`` names them) and the
-converter's manifest (``convert._manifest``), published with ``outdir.publish`` so
+converter's manifest (``manifest.build``), published with ``outdir.publish`` so
 ``dataset.json`` comes last. Nothing here is a second format.
 
 What a dataset must hold, and how what Keras' loaders give is taken (batches unbatched, float pixels
@@ -36,6 +36,7 @@ import tensorflow as tf
 
 from tfgpu.config import ConfigError
 from tfgpu.data import convert, elements, outdir, sources, tfrecord, workers
+from tfgpu.data import manifest as manifest_lib
 from tfgpu.data.encode import Encoding
 from tfgpu.runtime import fileio
 
@@ -176,7 +177,7 @@ def materialize(directory: str, datasets: dict, arguments: dict, num_classes: in
     source = sources.Source("tf.data", "tf.data", classes, {}, presplit=True, encoded=False)
     found = {"version": VERSION, "splits": {split: walk.fingerprint() for split, walk in walks.items()}}
     key = hashlib.sha256(json.dumps(found, sort_keys=True).encode()).hexdigest()
-    manifest = convert._manifest(options, source, {s: range(n) for s, n in plan.items()}, tasks, results, ENCODING,
+    manifest = manifest_lib.build(options, source, {s: range(n) for s, n in plan.items()}, tasks, results, ENCODING,
                                  key)
     manifest[KEY] = found
     outdir.publish(directory, tasks, results, lambda: tfrecord.write_manifest(directory, manifest))
