@@ -8,10 +8,12 @@ Run (from the repository root):
     python examples/fit_dataset.py --model_dir=/tmp/fit-digits
 Two workers on this host (every worker runs this same script; the chief writes the data):
     python -m tfgpu.launch --num_workers=2 -- python examples/fit_dataset.py --model_dir=/tmp/fit-digits-2w
-Run it again with a larger --train_steps to train on from the last checkpoint.
+Run it again with a larger --train_steps to train on from the last checkpoint. A SIGTERM (tfgpu.launch, Slurm,
+Kubernetes) saves a checkpoint and raises tfgpu.Preempted; this script then exits 143, which clusters retry.
 Expected: val_accuracy about 0.97 after the default 300 steps (0.9694 measured on a 2-core CPU, 50 s).
 """
 import argparse
+import sys
 
 import keras
 import numpy as np
@@ -19,6 +21,7 @@ import tensorflow as tf
 from sklearn.datasets import load_digits
 
 import tfgpu
+from tfgpu.training import failures
 
 
 def digits(val_fraction: float = 0.2, seed: int = 0):
@@ -60,4 +63,8 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except tfgpu.Preempted as stopped:  # the checkpoint is saved: running the script again resumes from it
+        print(f"stopped: {stopped}", file=sys.stderr, flush=True)
+        sys.exit(failures.exit_code(stopped))

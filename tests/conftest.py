@@ -126,3 +126,26 @@ def checkpoint_weights(model_dir):
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints")))
     return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
             if not name.startswith(("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter", "data_position/"))}
+
+
+def preempted(args, model_dir, train_lines: int = 1, env=None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Runs ``args`` (a training command) from the repository, sends it a real SIGTERM once ``model_dir``'s
+    history.jsonl holds ``train_lines`` lines, and returns the CompletedProcess (stdout+stderr in .output)."""
+    import signal
+    import time
+
+    full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+    full_env.pop("TF_CONFIG", None)
+    proc = subprocess.Popen(args, cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        deadline = time.time() + timeout
+        history = os.path.join(model_dir, "history.jsonl")
+        while not (os.path.exists(history) and open(history).read().count("\n") >= train_lines):
+            assert proc.poll() is None and time.time() < deadline, "the run ended before it could be preempted"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    return subprocess.CompletedProcess(args, proc.returncode, output)

@@ -238,7 +238,7 @@ def test_a_lost_worker_exits_129_and_max_restarts_reexecutes_the_same_command(mo
     import time
 
     from tfgpu import train
-    from tfgpu.training import experiment, trainer
+    from tfgpu.training import experiment, failures, trainer
 
     def lost(config, **kwargs):
         raise trainer.WorkerLost("worker 0: a collective failed after step 10; rerun the same launch")
@@ -248,7 +248,7 @@ def test_a_lost_worker_exits_129_and_max_restarts_reexecutes_the_same_command(mo
     for name, value in (("handlers", []), ("propagate", False)):  # main() points tfgpu's logger at captured stderr
         monkeypatch.setattr(logging.getLogger("tfgpu"), name, value)
     args = ["--dataset=digits", "--model=small_cnn", f"--model_dir={tmp_path}"]
-    assert train.main(args) == trainer.WORKER_LOST_EXIT_CODE == 129
+    assert train.main(args) == failures.WORKER_LOST == 129
     assert "error: worker 0: a collective failed after step 10" in capsys.readouterr().err
     execs = []
     monkeypatch.setattr(os, "execv", lambda path, argv: execs.append([path, *argv[1:]]))

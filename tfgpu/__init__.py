@@ -5,6 +5,7 @@ Importing ``tfgpu`` is cheap: the attributes below load TensorFlow only when fir
 - ``tfgpu.fit(model_fn, train_data, *, model_dir, eval_data=None, **options)``: the run of
   ``python -m tfgpu.train`` for your own model and data (``tfgpu.training.fit``).
 - ``tfgpu.ConfigError``: what a bad option or argument raises; ``.flag`` names it.
+- ``tfgpu.Preempted``: what ``fit`` raises after a SIGTERM, once the checkpoint is saved (``.step``).
 - ``tfgpu.keras_fit``: stock ``model.fit`` under multi-worker strategies (``tfgpu.training.keras_fit``).
 """
 
@@ -14,6 +15,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "fit": ("tfgpu.training.fit", "fit"),
     "ConfigError": ("tfgpu.config", "ConfigError"),
+    "Preempted": ("tfgpu.training.failures", "Preempted"),
     "keras_fit": ("tfgpu.training.keras_fit", None),
 }
 

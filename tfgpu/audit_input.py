@@ -30,11 +30,11 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported anywhere
 
 from tfgpu.config import ConfigError, DatasetConfig  # noqa: E402
+from tfgpu.training import failures  # noqa: E402
 
 USAGE = ("python -m tfgpu.audit_input --data_dir=D [--dataset=NAME] --num_workers=N [--replicas_per_worker=R] "
          "[--data_service_workers=K] [--epochs=E] [--resume_from_step=S --previous_num_workers=N "
          "--previous_replicas_per_worker=R --previous_global_batch_size=B] [--output_json=F] [train flags]")
-FOUND_PROBLEMS_EXIT_CODE = 2
 
 
 def parser():
@@ -247,8 +247,7 @@ def main(argv=None) -> int:
                        opts.resume_from_step)
         result["data_service_workers"] = service_workers
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return failures.report(e)
     finally:
         for server in servers:
             server._stop()
@@ -258,7 +257,7 @@ def main(argv=None) -> int:
 
         atomic_write_bytes(opts.output_json, json.dumps(result, indent=2).encode())
     bad = any(e["missing"] or e["duplicated"] for e in result["epochs"])
-    return FOUND_PROBLEMS_EXIT_CODE if bad else 0
+    return failures.CHECK_FAILED if bad else failures.OK
 
 
 if __name__ == "__main__":

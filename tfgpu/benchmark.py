@@ -44,6 +44,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is impor
 
 from tfgpu import cli  # noqa: E402
 from tfgpu.config import PRECISIONS, ConfigError  # noqa: E402
+from tfgpu.training import failures  # noqa: E402
 from tfgpu.runtime import process_exit  # noqa: E402
 
 USAGE = ("python -m tfgpu.benchmark --model=NAME [--image_size=N] [--batch_size=B,...|auto] [--precision=P,...] "
@@ -170,11 +171,10 @@ def main(argv=None) -> int:
                 raise ConfigError("output_json", f"directory {directory!r} does not exist or is not writable")
         report = runner.run_benchmark(measured)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return failures.report(e)
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return failures.CHECK_FAILED
     from tfgpu.bench.report import format_report
 
     print(format_report(report), flush=True)
@@ -183,7 +183,7 @@ def main(argv=None) -> int:
 
         atomic_write_bytes(opts.output_json, (json.dumps(report, indent=2) + "\n").encode())
     failed = [r for r in report["results"] if r["name"] == "tfgpu" and r["status"] != "ok"]
-    return 2 if failed else 0
+    return failures.CHECK_FAILED if failed else failures.OK
 
 
 def run():

@@ -77,15 +77,16 @@ def main(argv=None) -> int:
     logs.setup()
     from tfgpu.config import ConfigError
     from tfgpu.data import convert
+    from tfgpu.training import failures
 
     try:
         convert.convert(parse_args(argv))
     except (ConfigError, convert.BadImageError, convert.WorkerDiedError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
-        return 1
+        return failures.BAD_INPUT
     except KeyboardInterrupt:
         print("error: interrupted; rerun the same command to finish (complete shards are kept)", file=sys.stderr)
-        return 130
+        return failures.INTERRUPTED
     return 0
 
 

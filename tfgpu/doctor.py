@@ -15,6 +15,7 @@ import sys
 
 from tfgpu import cli
 from tfgpu.config import ConfigError
+from tfgpu.training import failures
 from tfgpu.runtime.advice import format_report, recommend
 from tfgpu.runtime.host import collect
 
@@ -37,8 +38,7 @@ def main(argv=None) -> int:
             if not os.path.isdir(directory) or not os.access(directory, os.W_OK):
                 raise ConfigError("output_json", f"directory {directory!r} does not exist or is not writable")
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return failures.report(e)
     # TensorFlow's reasons for a missing GPU are INFO lines; they are captured, not shown.
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0"
     report = collect(opts.model_dir)

@@ -13,6 +13,7 @@ import sys
 
 from tfgpu import cli
 from tfgpu.config import ConfigError
+from tfgpu.training import failures
 from tfgpu.runtime import fileio, process_exit
 from tfgpu.training import restore
 
@@ -43,8 +44,7 @@ def main(argv=None) -> int:
             raise ConfigError("eval_split", "the dataset has no eval split; name one with --eval_split")
         metrics = {"step": step, "split": built.info.eval_split, **built.trainer.evaluate(step, record=False)}
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return failures.report(e)
     text = json.dumps(metrics, indent=2, sort_keys=True)
     print(text)
     if built.placement.is_chief:

@@ -17,7 +17,7 @@ import sys
 from tfgpu import cli
 from tfgpu.config import ConfigError
 from tfgpu.runtime import fileio
-from tfgpu.training import restore
+from tfgpu.training import failures, restore
 from tfgpu.training.exporting import read_description, save, summary, write_description
 
 USAGE = ("python -m tfgpu.export --model_dir=D [--format=keras|saved_model] [--output=PATH] [--checkpoint=PATH] "
@@ -48,8 +48,7 @@ def main(argv=None) -> int:
             raise ConfigError("output", f"{output!r}: a Keras model file must end in .keras")
         config, built, step = restore.restored(opts)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return failures.report(e)
     save(built.task, opts.format, output)
     facts = built.task.model_facts()
     path = write_description(config, built.info, output, facts)

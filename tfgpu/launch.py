@@ -17,7 +17,8 @@ Workers run in their own process groups and die with the launcher (PR_SET_PDEATH
 """
 import sys
 
-from tfgpu.runtime.launcher import CONFIG_ERROR_EXIT_CODE, Launcher, LaunchError
+from tfgpu.runtime.launcher import Launcher, LaunchError
+from tfgpu.training import failures
 
 USAGE = ("python -m tfgpu.launch --num_workers=N [--gpus_per_worker=G] [--cpu_cores_per_worker=K] "
          "[launcher flags] -- <train flags>")
@@ -85,7 +86,7 @@ def main(argv=None) -> int:
         return launcher.run()
     except (LaunchError, cli.ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return CONFIG_ERROR_EXIT_CODE
+        return failures.BAD_INPUT
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from tfgpu import cli  # noqa: E402
 from tfgpu.bench import scaling  # noqa: E402
 from tfgpu.config import ConfigError  # noqa: E402
+from tfgpu.training import failures  # noqa: E402
 
 USAGE = ("python -m tfgpu.plan --flagfile=F [train flags] --num_workers=2,4,8 --bandwidth=100mbit,1gbit "
          "[--latency_ms=0.5] [--output_json=F] [--validate]")
@@ -158,8 +159,7 @@ def main(argv=None) -> int:
             raise ConfigError("link_efficiency", f"must be in (0, 1], got {opts.link_efficiency}")
         config = cli.resolve(opts, "", model_dir="plan")
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return failures.report(e)
     flags = [a for a in cli.expand_flagfiles(argv) if a.split("=")[0].lstrip("-") in opts.config_flags]
     with tempfile.TemporaryDirectory(prefix="tfgpu-plan-") as workdir:
         if opts.from_model_dir:

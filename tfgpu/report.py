@@ -9,6 +9,7 @@ import sys
 
 from tfgpu import cli
 from tfgpu.config import ConfigError
+from tfgpu.training import failures
 from tfgpu.reporting.report import write_report
 from tfgpu.runtime import fileio
 from tfgpu.training import results
@@ -28,8 +29,7 @@ def main(argv=None) -> int:
             raise ConfigError("model_dir", f"{opts.model_dir!r} has no history.jsonl, metrics.json or config.yaml: "
                               "not a tfgpu run directory")
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return failures.report(e)
     path = write_report(opts.model_dir)
     print(path)
     return 0

@@ -14,7 +14,7 @@ from tfgpu import cli
 from tfgpu.config import ConfigError
 from tfgpu.runtime import fileio
 from tfgpu.tasks.gan.options import GanOptions
-from tfgpu.training import restore
+from tfgpu.training import failures, restore
 
 USAGE = ("python -m tfgpu.sample --model_dir=D [--num=64] [--out=PNG] [--checkpoint=PATH] [--raw] [--seed=N] "
          "[--nrow=N] [train flags]")
@@ -49,8 +49,7 @@ def main(argv=None) -> int:
         generated = built.task.sample(opts.num, ema=not opts.raw, seed=opts.seed)
         images.save_grid(generated, out, nrow=opts.nrow)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return failures.report(e)
     weights = "generator" if opts.raw or not GanOptions.of(config).ema_decay else "EMA generator"
     print(f"wrote {opts.num} images from step {step} ({weights}) to {out}")
     return 0

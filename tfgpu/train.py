@@ -3,9 +3,10 @@
 Every ``Config`` field is a flag of the same name (declared by ``tfgpu.cli`` from
 ``config.py``). Sources, lowest precedence first: field defaults, ``--config`` YAML,
 flagfiles, the command line. Flagfiles may nest (a relative path inside a
-flagfile is resolved against that file's directory first). Exit codes: 0 done,
-1 bad flag or input, 2 too many non-finite steps, 3 a GPU kernel failed, 129 a
-worker was lost (after ``--max_restarts`` re-executions).
+flagfile is resolved against that file's directory first). Exit codes
+(``tfgpu.training.failures.EXIT_CODES``): 0 done, 1 bad flag or input, 2 too many
+non-finite steps, 3 a GPU kernel failed, 129 a worker was lost (after
+``--max_restarts`` re-executions), 143 preempted by SIGTERM (checkpoint saved).
 """
 import time
 
@@ -20,6 +21,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from tfgpu import cli  # noqa: E402
 from tfgpu.runtime import logs, process_exit  # noqa: E402
+from tfgpu.training import failures  # noqa: E402
 from tfgpu.training.history import PhaseTimer  # noqa: E402
 from tfgpu import config as config_lib  # noqa: E402
 from tfgpu import config_sources  # noqa: E402
@@ -88,8 +90,7 @@ def main(argv=None) -> int:
         namespace = parser().parse_args(argv)
         config = cli.resolve(namespace, namespace.config, references=False)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return failures.report(e)
     # Checking what the values name imports the model registry, and with it Keras and TensorFlow: their own phase
     # of the startup record (seconds), not hidden in the check's.
     with logs.quiet_native_startup(show=USER_TF_LOG_LEVEL is not None):
@@ -98,31 +99,19 @@ def main(argv=None) -> int:
     startup.mark("tensorflow_import")
     try:
         config_sources.check_references(config)
-        from tfgpu.runtime import cluster
-
-        cluster.resolve_for_run(config.cluster, config.distribution_strategy)  # before model_dir is touched
-        from tfgpu.training import experiment, trainer
+        from tfgpu.training import experiment
 
         startup.mark("flags")
-
-        try:
-            metrics = experiment.run(config, startup=startup)
-        except trainer.NonFiniteError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        except trainer.WorkerLost as e:
-            print(f"error: {e}", file=sys.stderr)
-            _restart_if_allowed(config.max_restarts, argv)
-            return trainer.WORKER_LOST_EXIT_CODE
-        except trainer.KernelFailed as e:
-            print(f"error: {e}", file=sys.stderr)
-            return trainer.KERNEL_FAILED_EXIT_CODE
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        metrics = experiment.run(config, startup=startup)  # resolves the cluster before model_dir is touched
+    except failures.WorkerLost as e:
+        code = failures.report(e)
+        _restart_if_allowed(config.max_restarts, argv)
+        return code
+    except failures.FAILURES as e:
+        return failures.report(e)
     print("final: " + " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
                                for k, v in metrics.items()), flush=True)
-    return 0
+    return failures.OK
 
 
 def run():

@@ -2,7 +2,8 @@
 
 Default suite: the script's main() in this process on 320 of the digits for 2 steps (its data, its model, its
 tfgpu.fit call and the line it prints), and the launcher's command for ``-- python script.py``. Marked slow: the
-full default run (300 steps, val_accuracy >= 0.95; 50 s on 2 cores) and two workers through tfgpu.launch. The
+full default run (300 steps, val_accuracy >= 0.95; 50 s on 2 cores), two workers through tfgpu.launch, and a
+SIGTERM to the script (exit 143 after the checkpoint; 11 s). The
 equality of tfgpu.fit with python -m tfgpu.train, and its errors and resume, are tests/training/test_fit.py's.
 """
 import importlib.util
@@ -15,7 +16,7 @@ import types
 
 import pytest
 
-from tests.conftest import REPO, read_metrics
+from tests.conftest import REPO, preempted, read_metrics
 
 SCRIPT = os.path.join(REPO, "examples", "fit_dataset.py")
 
@@ -95,3 +96,13 @@ def test_two_workers_through_launch_train_one_model_on_the_chiefs_records(tmp_pa
     assert f"[worker 0] {line}" in out and f"[worker 1] {line}" in out
     manifest = json.loads((tmp_path / "data" / "dataset.json").read_text())
     assert manifest["splits"]["train"]["num_examples"] == 1438
+
+
+@pytest.mark.slow
+def test_a_sigterm_to_the_script_saves_a_checkpoint_and_exits_143(tmp_path):
+    """tfgpu.fit raises tfgpu.Preempted after the SIGTERM's checkpoint; the script ends with the table's 143, which
+    tfgpu.launch and clusters retry (before the script caught it: exit 1 and a traceback)."""
+    proc = preempted([sys.executable, SCRIPT, f"--model_dir={tmp_path}"], tmp_path)
+    assert proc.returncode == 143, proc.stdout[-3000:]
+    assert "stopped: preempted by SIGTERM: checkpoint saved at step" in proc.stdout and "Traceback" not in proc.stdout
+    assert any(name.endswith(".index") for name in os.listdir(tmp_path / "checkpoints"))

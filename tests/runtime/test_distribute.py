@@ -22,6 +22,9 @@ def test_auto_picks_the_strategy_from_gpus_and_workers(strategy, gpus, workers, 
 
 @pytest.mark.parametrize("strategy", ["mirrored", "one_device"])
 def test_single_worker_strategy_in_a_cluster_is_refused_before_any_strategy_exists(strategy, monkeypatch):
+    """experiment.setup resolves the cluster once, before it touches model_dir or builds a strategy from it."""
+    from tfgpu.training import experiment
+
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["localhost:1", "localhost:2"]},
                                                 "task": {"type": "worker", "index": 1}}))
 
@@ -32,7 +35,7 @@ def test_single_worker_strategy_in_a_cluster_is_refused_before_any_strategy_exis
         monkeypatch.setattr(distribute.tf.distribute, name, must_not_run)
     config = Config(model_dir="/unused", dataset="digits", distribution_strategy=strategy)
     with pytest.raises(ConfigError) as e:
-        distribute.build_strategy(config)
+        experiment.setup(config)
     assert e.value.flag == "distribution_strategy"
     assert "TF_CONFIG describes 2 workers (this is worker 1)" in str(e.value)
     assert "--distribution_strategy=multi_worker_mirrored" in str(e.value)

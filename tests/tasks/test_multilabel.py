@@ -149,7 +149,7 @@ def test_a_softmax_head_is_one_line_naming_model(base, activation, refused):
     inputs = keras.Input((8, 8, 1))
     model = keras.Model(inputs, keras.layers.Dense(4, activation=activation, name="head")(
         keras.layers.Flatten()(inputs)))
-    task = multilabel.MultiLabelTask(base, _INFO, None, 1)
+    task = multilabel.MultiLabelTask(base, _INFO, None, 1, None)
     if not refused:
         assert task.check_head(model).gives_probabilities == bool(activation)
         return
@@ -214,7 +214,7 @@ def test_a_model_without_one_logit_per_label_is_one_line_naming_model(base):
     from tfgpu.models import create_model
 
     info = dataclasses.replace(_INFO, classes=("even", "at_least_5", "prime", "closed_loop"))
-    task = multilabel.MultiLabelTask(base, info, None, 1)
+    task = multilabel.MultiLabelTask(base, info, None, 1, None)
     with pytest.raises(ConfigError) as error:
         create_model("test_multilabel_three_logits", (8, 8, 1), 4, output=task.model_output())
     assert str(error.value) == ("--model: test_multilabel_three_logits gives outputs of shape (None, 3); a multi-label "

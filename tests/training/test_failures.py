@@ -15,3 +15,33 @@ def test_only_collective_failures_count_as_a_lost_peer():
                tf.errors.UnknownError(None, None, "CUDNN_STATUS_EXECUTION_FAILED"),
                tf.errors.InternalError(None, None, "XLA compilation failed: ptxas exited with non-zero code")]
     assert all(failures.lost_peer(e) for e in lost) and not any(failures.lost_peer(e) for e in kernels)
+
+
+def test_every_failure_has_its_exit_code_in_one_table_and_the_values_clusters_rely_on():
+    """One table from failure to exit code (the launcher, every command's main and the Slurm/Kubernetes templates
+    read the same values); a subclass (tfgpu.fit's FitError) takes its parent's row; anything else is no failure."""
+    import pytest
+
+    from tfgpu.config import ConfigError
+    from tfgpu.training import failures
+    from tfgpu.training.fit import FitError
+
+    cases = [(ConfigError("model_dir", "x"), 1), (FitError("train_data", "x"), 1), (failures.NonFiniteError("x"), 2),
+             (failures.KernelFailed("x"), 3), (failures.WorkerLost("x"), 129), (failures.Preempted(4, "ckpt-4"), 143)]
+    assert [failures.exit_code(error) for error, _ in cases] == [code for _, code in cases]
+    assert not isinstance(failures.Preempted(4, "ckpt-4"), SystemExit)  # tfgpu.fit's caller decides whether to exit
+    with pytest.raises(ValueError, match="KeyError is not a failure of the exit-code table"):
+        failures.exit_code(KeyError("x"))
+
+
+def test_the_launcher_and_the_table_load_no_tensorflow():
+    """The launcher reads the table without importing TensorFlow (it must not initialise a runtime its workers
+    need); subprocess: what a fresh interpreter imports is what is tested."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    probe = "import sys, tfgpu.launch, tfgpu.training.failures; print('tensorflow' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True,
+                          check=True).stdout.strip() == "False"

@@ -4,6 +4,7 @@ clear error for wrong data or a wrong model before training, resume without writ
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 
@@ -200,6 +201,35 @@ def test_fitting_again_resumes_without_writing_the_data_again(digits, tmp_path, 
     assert capsys.readouterr().err.count("tfgpu.fit: writing 256 examples") == 1
     with pytest.raises(tfgpu.ConfigError, match="train_data: its content differs .*use a new model_dir"):
         tfgpu.fit(build_model, _ds((xt, (yt + 1) % 10)), model_dir=str(tmp_path), train_steps=3, **SMALL)
+
+
+def test_a_sigterm_under_fit_raises_preempted_to_the_caller_after_the_checkpoint(digits, tmp_path, run_state,
+                                                                                   monkeypatch):
+    """A real SIGTERM mid-run under tfgpu.fit: the checkpoint is saved, then tfgpu.Preempted reaches the caller
+    (before: SystemExit(143), which ended the user's Python process) with the caller's own SIGTERM handler back in
+    place; calling fit again resumes from that checkpoint and trains each remaining step once."""
+    from tfgpu.training import history
+
+    write = history.History.write
+
+    def sigterm_after_step_1(self, kind, step, values):
+        write(self, kind, step, values)
+        if kind == "train" and step == 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # the trainer's handler: save at the end of this loop, stop
+
+    (xt, yt), _ = digits
+    options = dict(SMALL, checkpoint_every_steps=0)  # the preemption's checkpoint is the only one
+    monkeypatch.setattr(history.History, "write", sigterm_after_step_1)
+    callers_handler = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(tfgpu.Preempted) as stopped:
+        tfgpu.fit(build_model, _ds((xt, yt)), model_dir=str(tmp_path), train_steps=3, **options)
+    monkeypatch.setattr(history.History, "write", write)
+    assert signal.getsignal(signal.SIGTERM) is callers_handler
+    saved = tf.train.latest_checkpoint(str(tmp_path / "checkpoints"))
+    assert stopped.value.step == 1 and stopped.value.checkpoint == saved and saved.endswith("ckpt-1")
+    assert "checkpoint saved at step 1" in str(stopped.value) and not (tmp_path / "metrics.json").exists()
+    metrics = tfgpu.fit(build_model, _ds((xt, yt)), model_dir=str(tmp_path), train_steps=3, **options)
+    assert metrics["step"] == 3 and [r["step"] for r in read_history(tmp_path)] == [1, 2, 3]
 
 
 @pytest.mark.slow

@@ -2,14 +2,12 @@
 skipped (non-finite) steps and the schedule, failing kernels, quickstart."""
 import os
 import signal
-import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, checkpoint_weights, read_history, read_metrics
+from tests.conftest import checkpoint_weights, preempted, read_history, read_metrics
 
 SMALL = ["--dataset=digits", "--model=resnet20", "--global_batch_size=64", "--eval_split=none", "--verbose=2"]
 
@@ -78,21 +76,10 @@ def test_sigterm_saves_exits_143_and_resume_is_exact(run_train, data_cache, tmp_
     common = SMALL + ["--train_steps=120", "--steps_per_loop=2", "--deterministic", "--checkpoint_every_steps=0"]
     run_train(*common, f"--model_dir={tmp_path / 'straight'}")
     model_dir = tmp_path / "preempted"
-    env = {**os.environ, "TFGPU_DATA_CACHE": data_cache, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    proc = subprocess.Popen([sys.executable, "-m", "tfgpu.train", *common, f"--model_dir={model_dir}"], cwd=REPO,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.time() + 120
-        history = model_dir / "history.jsonl"
-        while not (history.exists() and history.read_text().count("\n") >= 2):
-            assert proc.poll() is None and time.time() < deadline, "run ended before it could be preempted"
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        output, _ = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode == 143, output[-3000:]
-    assert "preempted: checkpoint saved at step" in output
+    proc = preempted([sys.executable, "-m", "tfgpu.train", *common, f"--model_dir={model_dir}"], model_dir,
+                     train_lines=2, env={"TFGPU_DATA_CACHE": data_cache}, timeout=120)
+    assert proc.returncode == 143, proc.stdout[-3000:]
+    assert "preempted: checkpoint saved at step" in proc.stdout
     stopped_at = read_history(model_dir)[-1]["step"]
     assert 0 < stopped_at < 120
     resumed = run_train(*common, f"--model_dir={model_dir}")
@@ -283,6 +270,29 @@ def test_the_schedule_follows_the_trainer_step_through_skips_and_a_resume(tmp_pa
         keras.backend.clear_session(free_memory=False)
 
 
+def test_setup_returns_a_trainer_built_whole_around_one_step_counter(tmp_path, data_cache):
+    """The trainer is built by its constructor: the task built with the run's one step counter (the one the loop
+    advances and checkpoints save), the loops, the checkpointer; ``restore`` only restores (before: it built them,
+    and the trainer set ``task.global_step`` after the task was made)."""
+    import keras
+
+    from tfgpu.config import Config
+    from tfgpu.training import experiment
+
+    config = Config(model_dir=str(tmp_path), dataset="digits", data_cache_dir=data_cache, model="small_cnn",
+                    global_batch_size=16, train_steps=2, eval_split="none", tensorboard=False, verbose=0)
+    try:
+        built = experiment.setup(config)
+        run, task = built.trainer, built.task
+        assert task.global_step is run.step is run.checkpointer.step and task.model.built
+        parts = (run.checkpointer, run._train_loop, run._eval_loop, task.model, task.optimizer)
+        assert run.restore() == 0
+        assert all(now is before for now, before in zip(
+            (run.checkpointer, run._train_loop, run._eval_loop, task.model, task.optimizer), parts))
+    finally:
+        keras.backend.clear_session(free_memory=False)
+
+
 # -- a failing kernel is not a lost peer -------------------------------------------------------------
 def test_a_kernel_error_fails_as_itself_not_as_a_lost_worker(tmp_path, data_cache, monkeypatch):
     """A cuDNN/XLA InternalError on one of two workers ends in KernelFailed (exit 3, not retried), naming the
@@ -293,7 +303,7 @@ def test_a_kernel_error_fails_as_itself_not_as_a_lost_worker(tmp_path, data_cach
     import tensorflow as tf
 
     from tfgpu import train
-    from tfgpu.training import experiment, trainer
+    from tfgpu.training import experiment, failures, trainer
     from tfgpu.config import Config
 
     config = Config(model_dir=str(tmp_path), dataset="digits", data_cache_dir=data_cache, model="small_cnn",
@@ -316,7 +326,7 @@ def test_a_kernel_error_fails_as_itself_not_as_a_lost_worker(tmp_path, data_cach
         raise trainer.KernelFailed("worker 0: a TensorFlow kernel failed")
 
     monkeypatch.setattr(experiment, "run", fails)
-    assert train.main(["--dataset=digits", f"--model_dir={tmp_path}"]) == trainer.KERNEL_FAILED_EXIT_CODE == 3
+    assert train.main(["--dataset=digits", f"--model_dir={tmp_path}"]) == failures.KERNEL_FAILED == 3
 
 
 def _recorded_feeds(monkeypatch) -> list:
@@ -430,10 +440,13 @@ def test_a_preemption_at_an_evaluation_step_leaves_that_evaluation_to_the_resume
             os.kill(os.getpid(), signal.SIGTERM)  # the trainer's handler: save at the end of this loop, exit 143
 
     monkeypatch.setattr(history.History, "write", preempted_at_step_2)
-    with pytest.raises(SystemExit) as preempted:
-        train_here(*common, f"--model_dir={tmp_path / 'split'}")
+    preempted = train_here(*common, f"--model_dir={tmp_path / 'split'}", check=False)
     monkeypatch.undo()
-    assert preempted.value.code == 143 and read_history(tmp_path / "split", "eval") == []
+    assert preempted.returncode == 143 and read_history(tmp_path / "split", "eval") == []
+    stopped = [line for line in preempted.output.splitlines() if line.startswith("stopped:")]
+    assert stopped == [f"stopped: preempted by SIGTERM: checkpoint saved at step 2 ({tmp_path / 'split'}/checkpoints/"
+                       "ckpt-2); run the same command again (or call tfgpu.fit again with the same model_dir) to "
+                       "resume from it"], preempted.output
     resumed = train_here(*common, f"--model_dir={tmp_path / 'split'}")
     straight, split = read_history(tmp_path / "straight", "eval"), read_history(tmp_path / "split", "eval")
     assert [e["step"] for e in split] == [e["step"] for e in straight] == [2, 4]

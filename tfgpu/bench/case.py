@@ -114,8 +114,9 @@ def _macs(model, image_shape):
         return {"macs_per_example": None, "params": count_params(model)}
 
 
-def _timed_history(history):
-    """The trainer's history writer, also noting wall and CPU clocks when each train loop's line is written."""
+def _timed_history():
+    """The class of the trainer's history writer that also notes wall and CPU clocks when each train loop's line is
+    written (``marks``)."""
     from tfgpu.training.trainer import History
 
     class TimedHistory(History):
@@ -128,7 +129,7 @@ def _timed_history(history):
             if kind == "train":
                 self.marks[step] = (time.perf_counter(), time.process_time())
 
-    return TimedHistory(os.path.dirname(history.path), history.enabled)
+    return TimedHistory
 
 
 def _run_tfgpu(case: dict, config) -> dict:
@@ -138,8 +139,8 @@ def _run_tfgpu(case: dict, config) -> dict:
 
     if case.get("per_replica_batch_size"):
         config = dataclasses.replace(config, global_batch_size=case["per_replica_batch_size"] * _replica_count(config))
-    built = experiment.setup(config, write_config=False)
-    built.trainer.history = history = _timed_history(built.trainer.history)
+    built = experiment.setup(config, write_config=False, history_class=_timed_history())
+    history = built.trainer.history
     built.trainer.train()
     placement = built.placement
     out = {"batch_size": config.global_batch_size,
@@ -173,13 +174,14 @@ def baseline_placement(config, runner: str, one_device_strategy: bool):
     ``keras_fit_spe`` none (what users write: Keras places the model on the first GPU and copies each batch to
     it inside the step) or, with ``--keras_one_device_strategy``, a OneDeviceStrategy on that device, whose
     distributed dataset prefetches batches to the device as tfgpu's input does. ``configure_devices`` first."""
-    from tfgpu.runtime import distribute
+    from tfgpu.runtime import cluster, distribute
 
     if runner == "keras_fit_strategy":
-        return distribute.build_strategy(RuntimeConfig.of(config))
+        return distribute.build_strategy(RuntimeConfig.of(config),
+                                         cluster.resolve_for_run(config.cluster, config.distribution_strategy))
     if one_device_strategy:
         alone = dataclasses.replace(config, distribution_strategy="one_device")
-        return distribute.build_strategy(RuntimeConfig.of(alone))
+        return distribute.build_strategy(RuntimeConfig.of(alone), cluster.resolve_for_run(alone.cluster, "one_device"))
     return None
 
 

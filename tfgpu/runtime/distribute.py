@@ -54,14 +54,6 @@ def configure_devices(config: RuntimeConfig) -> None:
         raise RuntimeError(f"device settings must be applied before TensorFlow initialises its devices: {e}") from e
 
 
-def _cluster(config: RuntimeConfig):
-    """The multi-worker cluster description from tfgpu.runtime.cluster, or None for a single worker; ConfigError when the
-    environment describes this process inconsistently or disagrees with --distribution_strategy."""
-    from tfgpu.runtime import cluster
-
-    return cluster.resolve_for_run(config.cluster, config.distribution_strategy)
-
-
 def _mirrored_cross_device_ops(alg: str):
     if alg in ("", "auto"):
         return None
@@ -99,12 +91,12 @@ def choose_kind(config: RuntimeConfig, num_gpus: int, num_workers: int) -> str:
     return "one_device"
 
 
-def build_strategy(config: RuntimeConfig) -> Placement:
-    """Creates the strategy for ``config``; call ``configure_devices`` first."""
+def build_strategy(config: RuntimeConfig, cluster_desc) -> Placement:
+    """Creates the strategy for ``config`` in the cluster ``cluster_desc`` (``cluster.resolve_for_run``'s
+    description, resolved once by the caller; None: this process trains alone); call ``configure_devices`` first."""
     # MultiWorkerMirroredStrategy must exist before TensorFlow initialises its runtime, so nothing below
     # lists logical devices until the strategy kind is known.
     visible_gpus = tf.config.get_visible_devices("GPU")
-    cluster_desc = _cluster(config)
     num_workers = cluster_desc["num_workers"] if cluster_desc else 1
     kind = choose_kind(config, len(visible_gpus), num_workers)
     if kind == "multi_worker_mirrored":

@@ -13,9 +13,8 @@ import sys
 import threading
 import time
 
-PREEMPTED_EXIT_CODE = 143  # what a worker returns after saving on SIGTERM (tfgpu.training.trainer)
-TIMEOUT_EXIT_CODE = 124  # like coreutils timeout(1)
-CONFIG_ERROR_EXIT_CODE = 1
+from tfgpu.training import failures as exit_codes  # the one table of exit codes (loads no TensorFlow)
+
 LAST_LINES = 20
 
 
@@ -161,10 +160,10 @@ def exit_code(returncode: int) -> int:
 def worst_exit_code(codes) -> int:
     """The code a whole job reports: a real failure beats 143 (saved after SIGTERM), which beats 0."""
     codes = [c for c in codes if c is not None]
-    failures = [c for c in codes if c not in (0, PREEMPTED_EXIT_CODE)]
+    failures = [c for c in codes if c not in (exit_codes.OK, exit_codes.PREEMPTED)]
     if failures:
         return failures[0]
-    return PREEMPTED_EXIT_CODE if PREEMPTED_EXIT_CODE in codes else 0
+    return exit_codes.PREEMPTED if exit_codes.PREEMPTED in codes else exit_codes.OK
 
 
 def _child_setup(cores):
@@ -314,7 +313,7 @@ class Launcher:
                 self.say(f"error: the job ran longer than --worker_timeout_s={timeout:g}; stopping every worker")
                 self.stop(self.args.stop_grace_s)
                 self._report_codes()
-                return TIMEOUT_EXIT_CODE
+                return exit_codes.TIMEOUT
             time.sleep(0.05)
 
     def _worker_failed(self, failed) -> int:

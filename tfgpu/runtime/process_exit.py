@@ -44,8 +44,9 @@ def unfinished(wait_s: float) -> list:
 
 def run_command(main):
     """Runs a command's ``main`` and ends the process with its exit status (``exit_command``), that of a
-    ``SystemExit`` it raised included: a preempted run's 143 must not wait either, nor a crashed worker, whose
-    peers wait for it to go. An uncaught exception is printed and exits 1, as the interpreter would do."""
+    ``SystemExit`` it raised included: a preempted run's 143 (``failures.PREEMPTED``, which ``main`` returns) must
+    not wait either, nor a crashed worker, whose peers wait for it to go. An uncaught exception is printed and
+    exits 1, as the interpreter would do."""
     try:
         code = main()
     except SystemExit as e:

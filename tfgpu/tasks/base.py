@@ -71,14 +71,15 @@ class Task(abc.ABC):
         """Global batches of the train split one step reads (the trainer hands the step a tuple when > 1)."""
         return 1
 
-    def __init__(self, config: Config, info, placement, total_steps: int):
+    def __init__(self, config: Config, info, placement, total_steps: int, global_step):
         self.config = config
         self.info = info  # tfgpu.data.pipeline.DatasetInfo
         self.placement = placement  # tfgpu.runtime.distribute.Placement
         self.total_steps = total_steps
-        # The trainer's step counter (a tf.Variable), set before ``build``. It counts every step, skipped or
-        # not, and learning-rate schedules follow it (optimizer.iterations counts only applied updates).
-        self.global_step = None
+        # The run's one step counter (a tf.Variable, ``tfgpu.training.trainer.step_counter``); the train loop
+        # advances it after each step, skipped or not. Learning-rate schedules and random draws follow it
+        # (optimizer.iterations counts only applied updates).
+        self.global_step = global_step
 
     def examples(self):
         """What a record holds and how it becomes ``(x, y)``, for the input pipelines (``data.records.Examples``;

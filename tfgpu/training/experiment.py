@@ -43,16 +43,24 @@ class Setup:
     total_steps: int
 
 
-def setup(config: Config, write_config: bool = True, startup: PhaseTimer | None = None) -> Setup:
+UNRESOLVED = object()  # ``setup``'s cluster_desc when the caller has not resolved the cluster
+
+
+def setup(config: Config, write_config: bool = True, startup: PhaseTimer | None = None,
+          cluster_desc=UNRESOLVED, history_class=None) -> Setup:
     """Devices, strategy, data description, task and trainer for ``config``; raises ConfigError early.
-    ``startup`` times each phase (the trainer goes on timing it to the end of its first loop)."""
+    ``startup`` times each phase (the trainer goes on timing it to the end of its first loop). ``cluster_desc``:
+    the cluster as ``cluster.resolve_for_run`` describes it (None: this process trains alone), when the caller
+    resolved it already; it is resolved here, once, otherwise, and the strategy is built from it.
+    ``history_class``: the trainer's history.jsonl writer (default ``History``; the benchmark's also times)."""
     from tfgpu.runtime import cluster
 
     startup = startup or PhaseTimer(time.time())
 
     # A cluster that describes this process inconsistently, or a single-worker strategy in a cluster of several,
     # is refused before model_dir is touched: N processes must never train as N chiefs into one directory.
-    cluster.resolve_for_run(config.cluster, config.distribution_strategy)
+    if cluster_desc is UNRESOLVED:
+        cluster_desc = cluster.resolve_for_run(config.cluster, config.distribution_strategy)
     check_model_dir(config.model_dir)
     # Resuming with a change to what is trained stops here, before anything is built (config_change.TRAINED);
     # --precision=auto is compared once resolved, below.
@@ -69,13 +77,13 @@ def setup(config: Config, write_config: bool = True, startup: PhaseTimer | None 
     from tfgpu.data import catalog, pipeline
     from tfgpu.models import list_models
     from tfgpu.tasks.registry import get_task, input_config
-    from tfgpu.training.trainer import Trainer
+    from tfgpu.training.trainer import Trainer, step_counter
 
     startup.mark("tensorflow_import")
     distribute.configure_devices(RuntimeConfig.of(config))
     if config.deterministic:
         tf.config.experimental.enable_op_determinism()
-    placement = distribute.build_strategy(RuntimeConfig.of(config))
+    placement = distribute.build_strategy(RuntimeConfig.of(config), cluster_desc)
     # --precision=auto becomes a policy here, before anything reads it or config.yaml records it.
     config = precision.resolve_config(config, placement)
     accepted = config_change.check(recorded, config)
@@ -110,14 +118,14 @@ def setup(config: Config, write_config: bool = True, startup: PhaseTimer | None 
     elif not write_config:
         provenance.warn_if_changed(config, config.model_dir)
     precision.set_policy(config.precision)
-    task = task_class(config, info, placement, total_steps)
-    trainer = Trainer(_trainer_config(config, inputs, info), inputs, placement, task, info, total_steps)
-    if placement.is_chief and accepted:
-        # An allowed change is recorded once the checkpoint restored into this run's model: a resume that fails
-        # there leaves config.yaml describing the checkpoint, and no record of a change that never trained.
-        trainer.on_restored.append(lambda step: _write_run_config(config, accepted, step, trainer.history))
-    trainer.startup = startup
-    startup.mark("task")
+    task = task_class(config, info, placement, total_steps, step_counter(placement.strategy))
+    # An allowed change is recorded once the checkpoint restored into this run's model: a resume that fails
+    # there leaves config.yaml describing the checkpoint, and no record of a change that never trained.
+    on_restored = ([lambda step, history: _write_run_config(config, accepted, step, history)]
+                   if placement.is_chief and accepted else [])
+    trainer = Trainer(_trainer_config(config, inputs, info), inputs, placement, task, info, total_steps, startup,
+                      on_restored, history_class)
+    startup.mark("build")  # the task's models and optimizers, the trainer's loops and checkpointer
     return Setup(config, placement, info, task, trainer, total_steps)
 
 
@@ -156,18 +164,18 @@ def _check_batches(config: Config, num_replicas: int) -> None:
         raise ConfigError("eval_batch_size", f"{eval_batch} is not divisible by the {num_replicas} replicas")
 
 
-def run(config: Config, startup: PhaseTimer | None = None) -> dict:
+def run(config: Config, startup: PhaseTimer | None = None, cluster_desc=UNRESOLVED) -> dict:
     """Trains (or resumes) the run described by ``config``; returns metrics.json's object (every worker).
     ``startup``: the entrypoint's timer, started when the process did (--target's time_to_target_s counts from
-    there) with its ``imports`` marked before TensorFlow's; default a timer started now."""
+    there) with its ``imports`` marked before TensorFlow's; default a timer started now. ``cluster_desc``: as
+    ``setup`` takes it. A SIGTERM ends it with ``failures.Preempted`` once the checkpoint is saved."""
     started = time.time()
     if startup is None:
         startup = PhaseTimer(started)
         startup.mark("imports")
     import tensorflow as tf
 
-    built = setup(config, startup=startup)
-    built.trainer.started_at = startup.started_at
+    built = setup(config, startup=startup, cluster_desc=cluster_desc)
     config, placement, task = built.config, built.placement, built.task  # config: --precision=auto resolved
     try:
         result = built.trainer.train()

@@ -1,26 +1,36 @@
-"""How a training run fails: its exceptions and the exit codes clusters act on.
+"""How a run fails: its exceptions, and the one table of the exit codes every command and the launcher use.
 
-A SIGTERM checkpoints and exits 143 (retried); a lost peer exits 129 (retried by
-Kubeflow's ExitCode policy); a failing kernel exits 3 and too many skipped
-non-finite steps exit 2 (both permanent: a rerun would fail the same way).
-``lost_peer`` tells a collective that failed because another worker is gone
-from a kernel that failed here.
+A SIGTERM checkpoints and raises ``Preempted`` (``python -m tfgpu.train`` exits 143, retried; ``tfgpu.fit``
+lets it reach the caller); a lost peer exits 129 (retried by Kubeflow's ExitCode policy); a failing kernel
+exits 3 and too many skipped non-finite steps exit 2 (both permanent: a rerun would fail the same way); a bad
+flag, file or record (``ConfigError``) exits 1. ``lost_peer`` tells a collective that failed because another
+worker is gone from a kernel that failed here. Importing this module loads no TensorFlow: the launcher and the
+commands read the table before TensorFlow is imported.
 """
-import tensorflow as tf
+import sys
 
-PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: Kubeflow and Slurm retry it
+from tfgpu.config import ConfigError
+
+# Codes 128 and up are retried by Kubeflow's ExitCode restart policy and Slurm requeues; 1-127 are permanent.
+OK = 0  # done, or --target reached
+BAD_INPUT = 1  # a flag, file, record, model or checkpoint: ConfigError's one line
+NON_FINITE = 2  # --max_nonfinite_steps consecutive skipped steps
+CHECK_FAILED = 2  # a command that checks found what it checks for: audit_input's problems, a benchmark case failing
+KERNEL_FAILED = 3  # a computation that failed here fails again on a rerun
+TIMEOUT = 124  # the launcher's --timeout_s, like coreutils timeout(1)
+INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C
+WORKER_LOST = 129  # a collective lost a peer
+PREEMPTED = 143  # 128 + SIGTERM, after the checkpoint: Kubeflow and Slurm retry it
 
 
-class Preempted(SystemExit):
-    """Raised after the coordinated checkpoint that follows a SIGTERM."""
+class Preempted(RuntimeError):
+    """A SIGTERM stopped training after the coordinated checkpoint at ``step`` (in ``checkpoint``); training
+    again into the same model_dir resumes there. Not a SystemExit: under ``tfgpu.fit`` the caller decides."""
 
-    def __init__(self, step):
-        super().__init__(PREEMPTED_EXIT_CODE)
-        self.step = step
-
-
-WORKER_LOST_EXIT_CODE = 129  # 128+: Kubeflow's ExitCode restart policy retries it; 1-127 are permanent
-KERNEL_FAILED_EXIT_CODE = 3  # below 128: a computation that failed here fails again on a rerun
+    def __init__(self, step: int, checkpoint: str):
+        super().__init__(f"preempted by SIGTERM: checkpoint saved at step {step} ({checkpoint}); run the same "
+                         "command again (or call tfgpu.fit again with the same model_dir) to resume from it")
+        self.step, self.checkpoint = step, checkpoint
 
 
 class NonFiniteError(RuntimeError):
@@ -35,21 +45,53 @@ class KernelFailed(RuntimeError):
     """A kernel (cuDNN, XLA, a custom op) failed on this worker: not a lost peer, so not worth a retry."""
 
 
-# Errors a collective raises when a peer is gone (connection reset, --collective_timeout_s exceeded, aborted).
-PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.CancelledError,
-                tf.errors.AbortedError)
-# Errors a kernel raises when it fails; they mean a lost peer only when their message says a collective or
-# its connection failed (TensorFlow aborts every pending collective with the first failure's message).
-KERNEL_ERRORS = (tf.errors.InternalError, tf.errors.UnknownError)
+# Every failure a command reports in one line, and the exit code it ends with.
+EXIT_CODES = {ConfigError: BAD_INPUT, NonFiniteError: NON_FINITE, KernelFailed: KERNEL_FAILED,
+              WorkerLost: WORKER_LOST, Preempted: PREEMPTED}
+FAILURES = tuple(EXIT_CODES)  # for ``except failures.FAILURES``
+
+
+def exit_code(error: BaseException) -> int:
+    """The exit code of ``error`` by the table (its nearest class listed there); ValueError for any other."""
+    for cls in type(error).__mro__:
+        if cls in EXIT_CODES:
+            return EXIT_CODES[cls]
+    raise ValueError(f"{type(error).__name__} is not a failure of the exit-code table")
+
+
+def report(error: BaseException) -> int:
+    """What a command's ``main`` does with a failure of the table: its one line on stderr (a preemption's as what
+    happened, the others as ``error:``), and the exit code to end with."""
+    print(f"{'stopped' if isinstance(error, Preempted) else 'error'}: {error}", file=sys.stderr, flush=True)
+    return exit_code(error)
+
+
+# A collective's connection failed: these words in a kernel error's message mean a lost peer, not a kernel
+# (TensorFlow aborts every pending collective with the first failure's message).
 COLLECTIVE_SIGNS = ("collective", "heartbeat", "connection reset", "socket closed", "failed to connect",
-                     "unreachable", "peer", "coordination service")
+                    "unreachable", "peer", "coordination service")
+
+
+def peer_errors() -> tuple:
+    """Errors a collective raises when a peer is gone (connection reset, --collective_timeout_s exceeded, aborted)."""
+    import tensorflow as tf
+
+    return (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.CancelledError,
+            tf.errors.AbortedError)
+
+
+def kernel_errors() -> tuple:
+    """Errors a kernel raises when it fails; they mean a lost peer only when their message says so."""
+    import tensorflow as tf
+
+    return tf.errors.InternalError, tf.errors.UnknownError
 
 
 def lost_peer(error: Exception) -> bool:
     """Whether ``error`` says that a collective failed because another worker is gone."""
-    if isinstance(error, PEER_ERRORS):
+    if isinstance(error, peer_errors()):
         return True
-    return isinstance(error, KERNEL_ERRORS) and any(sign in str(error).lower() for sign in COLLECTIVE_SIGNS)
+    return isinstance(error, kernel_errors()) and any(sign in str(error).lower() for sign in COLLECTIVE_SIGNS)
 
 
 def cause(error: Exception) -> str:

@@ -83,7 +83,9 @@ def fit(model_fn, train_data, *, model_dir, eval_data=None, **options) -> dict:
     """Trains (or resumes) ``model_fn()``'s model on ``train_data`` into ``model_dir``; returns metrics.json's dict.
 
     See the module docstring for what each argument may be. Raises ``tfgpu.ConfigError`` (``FitError``) for a bad
-    argument or option, before any training; training failures raise what ``tfgpu.training.trainer`` raises."""
+    argument or option, before any training; training failures raise those of ``tfgpu.training.failures``: a
+    SIGTERM raises ``tfgpu.Preempted`` once the checkpoint is saved (calling fit again resumes from it), and the
+    caller decides whether the process ends (``failures.exit_code`` gives the code python -m tfgpu.train uses)."""
     try:
         return _fit(model_fn, train_data, model_dir, eval_data, options)
     except FitError:
@@ -156,7 +158,7 @@ def _fit(model_fn, train_data, model_dir, eval_data, options: dict) -> dict:
                             worker=f"worker {desc['worker_index']}" if desc else "",
                             class_names=elements.class_names(train_data, eval_data))
     _fresh_runtime_if_needed(config, multi_worker=desc is not None and desc["num_workers"] > 1)
-    return experiment.run(config)
+    return experiment.run(config, cluster_desc=desc)
 
 
 def _datasets(train_data, eval_data) -> tuple:

@@ -12,6 +12,7 @@ Trainer reads only its ``TrainerConfig`` and hands the pipeline its ``InputConfi
 (~400 lines) because boundaries, preemption, evaluation, the target and the startup record all act on the
 same loop state between two compiled calls.
 """
+import contextlib
 import dataclasses
 import logging
 import math
@@ -30,19 +31,33 @@ from tfgpu.runtime.distribute import Placement
 from tfgpu.training import checkpoint as checkpoint_lib
 from tfgpu.training import failures, input_profile, loop, metric_specs, results
 from tfgpu.training import target as target_lib
-from tfgpu.training.failures import (KERNEL_FAILED_EXIT_CODE, PREEMPTED_EXIT_CODE,  # noqa: F401 (re-exported)
-                                     WORKER_LOST_EXIT_CODE, KernelFailed, NonFiniteError, Preempted, WorkerLost)
+from tfgpu.training.failures import KernelFailed, NonFiniteError, Preempted, WorkerLost  # noqa: F401 (re-exported)
 from tfgpu.training.history import History, Progress
 
 log = logging.getLogger("tfgpu")
 
 
+def step_counter(strategy) -> tf.Variable:
+    """The run's one step counter, made before the task so that the task is built with it (``Task.__init__``): it
+    counts every step, skipped or not; the train loop advances it, checkpoints save it, schedules and a GAN's
+    random draws follow it."""
+    with strategy.scope():
+        return tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
+                           aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+
+
 class Trainer:
     """Trains and evaluates ``task`` under ``placement``'s strategy: ``config`` holds the loop's options,
-    ``inputs`` what the input pipelines read (and the examples per step, for rates)."""
+    ``inputs`` what the input pipelines read (and the examples per step, for rates).
+
+    Built whole by its constructor: the task's models and optimizers (after ``Task.check_fine_tuning``), the
+    compiled loops, the checkpointer and the TensorBoard writers; ``restore`` then only restores. ``startup``:
+    the PhaseTimer ``experiment.setup`` began (the first loop finishes it; time_to_target_s counts from its
+    start); ``on_restored``: callables(step, history) run once the checkpoint, if any, is restored;
+    ``history_class``: the history.jsonl writer (default ``History``)."""
 
     def __init__(self, config: TrainerConfig, inputs: InputConfig, placement: Placement, task, info,
-                 total_steps: int):
+                 total_steps: int, startup=None, on_restored=(), history_class=None):
         self.config = config
         self.inputs = inputs
         self.placement = placement
@@ -52,21 +67,26 @@ class Trainer:
         self.total_steps = total_steps
         self.model_dir = config.model_dir
         self.chief = placement.is_chief
-        self.history = History(self.model_dir, self.chief)
+        self.history = (history_class or History)(self.model_dir, self.chief)
         self._preempt_requested = False
         self.declarations = metric_specs.of_task(task)
         self.target = target_lib.resolve(config.target, self.declarations) if config.target else None
         if self.target and not self._evaluates:
             raise ConfigError("target", "needs evaluations, and this run has no eval split (--eval_split=none)")
-        # time_to_target_s counts from here unless the caller knows an earlier start (experiment.run passes the
-        # process's start for python -m tfgpu.train).
-        self.started_at = time.time()
-        self.startup = None  # the startup PhaseTimer experiment.setup began; the first loop finishes it
-        self.on_restored = []  # callables(step) run once the checkpoint, if any, is restored: before the first step
-        self._writers = {}  # "train"/"eval" -> TensorBoard writer, made by restore() on the chief
+        # time_to_target_s counts from the startup timer's start (python -m tfgpu.train: the process's), else now.
+        self.started_at = startup.started_at if startup else time.time()
+        self.startup = startup
+        self.on_restored = tuple(on_restored)
         self._target_hit = None  # step, epochs and seconds of the evaluation that reached the target
         self._target_best = None  # the best value of the target's metric evaluated so far
         self._resumed_eval = {}  # the evaluation of a checkpoint resumed from that already reaches the target
+        self.step = task.global_step  # the run's one step counter (``step_counter``), which the task was built with
+        # A run that will load --init_weights (no checkpoint to restore) checks their file before building anything.
+        self._fresh = checkpoint_lib.latest(self.model_dir) is None
+        task.check_fine_tuning(loads_initial_weights=self._fresh)
+        self._steps_done = 0
+        with self._failures_named():  # creating variables under several workers broadcasts them: a collective
+            self._build()
 
     def _declared(self, train_names) -> tuple:
         """The train-step keys that count skipped steps; a ValueError for a key the task does not declare."""
@@ -84,10 +104,9 @@ class Trainer:
 
     # -- setup ---------------------------------------------------------------
     def _build(self):
+        """The task's models and optimizers, the loops' accumulators and compiled loops, the checkpointer and (on the
+        chief, with --tensorboard) the writers."""
         with self.strategy.scope():
-            self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
-                                    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-            self.task.global_step = self.step
             self.task.build()
         train_names = tuple(self.task.train_metric_names)
         self.nonfinite_names = self._declared(train_names)
@@ -99,12 +118,17 @@ class Trainer:
             self._position_record)
 
         self._trace_train_loop()
-        self._eval_loop = loop.build_loop(self.strategy, self.task.eval_step, self.eval_sums)
+        # The task's step as it is when the loop traces (tests wrap it after construction).
+        self._eval_loop = loop.build_loop(self.strategy, lambda batch: self.task.eval_step(batch), self.eval_sums)
+        self._writers = ({kind: tf.summary.create_file_writer(os.path.join(self.model_dir, "summaries", run))
+                          for kind, run in (("train", "train"), ("eval", "validation"))}
+                         if self.chief and self.config.tensorboard else {})
 
     def _trace_train_loop(self):
         """A fresh train loop; the task's ``at_step`` asks for one when a step trains other variables."""
-        self._train_loop = loop.build_loop(self.strategy, self.task.train_step, self.train_sums, self.step,
-                                           self.inputs.batches_per_step, self.skipped_run, self.nonfinite_names)
+        self._train_loop = loop.build_loop(self.strategy, lambda batch: self.task.train_step(batch), self.train_sums,
+                                           self.step, self.inputs.batches_per_step, self.skipped_run,
+                                           self.nonfinite_names)
 
     def _eval_steps(self) -> set:
         """Steps before the last at which the run evaluates: every --eval_every_steps; with a target and no
@@ -233,7 +257,8 @@ class Trainer:
     # -- preemption ------------------------------------------------------------
     def _on_sigterm(self, signum, frame):
         self._preempt_requested = True
-        log.warning("SIGTERM: saving a checkpoint at the end of this loop, then exiting %d", PREEMPTED_EXIT_CODE)
+        log.warning("SIGTERM: saving a checkpoint at the end of this loop, then stopping (exit %d)",
+                    failures.PREEMPTED)
 
     def _any_worker_preempted(self) -> bool:
         return self._any_worker(self._preempt_requested)
@@ -370,14 +395,10 @@ class Trainer:
 
     # -- the loop ----------------------------------------------------------------
     def restore(self, checkpoint_path: str = "", initial_weights: bool = False) -> int:
-        """Builds the task's models and optimizers and restores the latest (or the given) checkpoint;
-        returns its step (0 when there is none). With ``initial_weights`` (training) and no checkpoint to
-        restore, the task loads --init_weights instead: a restored checkpoint always wins, so a resumed run
-        never reloads them, and a run that loads them checks their file before building anything."""
-        fresh = not checkpoint_path and checkpoint_lib.latest(self.model_dir) is None
-        if initial_weights:
-            self.task.check_fine_tuning(loads_initial_weights=fresh)
-        self._build()
+        """Restores the latest (or the given) checkpoint into the built task; returns its step (0 when there is
+        none). With ``initial_weights`` (training) and no checkpoint to restore, the task loads --init_weights
+        instead: a restored checkpoint always wins, so a resumed run never reloads them."""
+        fresh = not checkpoint_path and self._fresh
         if checkpoint_path:
             step = self.checkpointer.restore(checkpoint_path, "checkpoint")
         else:
@@ -388,36 +409,41 @@ class Trainer:
             self._trace_train_loop()
         if self.task.describe():
             log.info("%s", self.task.describe())
-        self._writers = ({kind: tf.summary.create_file_writer(os.path.join(self.model_dir, "summaries", run))
-                          for kind, run in (("train", "train"), ("eval", "validation"))}
-                         if self.chief and self.config.tensorboard else {})
         return step
 
-    def train(self) -> "results.RunResult":
-        """Trains to ``total_steps`` (resuming from the latest checkpoint) and returns the run's results."""
-        self._steps_done = 0
+    @contextlib.contextmanager
+    def _failures_named(self):
+        """A TensorFlow error inside as the failure it is: WorkerLost when a collective lost a peer, KernelFailed
+        when a kernel failed here (each naming this worker, the last step done and the last checkpoint)."""
         try:
+            yield
+        except tf.errors.OpError as e:
+            last = tf.train.latest_checkpoint(checkpoint_lib.checkpoint_dir(self.model_dir))
+            if self.placement.num_workers > 1 and failures.lost_peer(e):
+                raise failures.worker_lost(e, self.placement.worker_index, self._steps_done, last) from None
+            if isinstance(e, failures.kernel_errors()):
+                raise failures.kernel_failed(e, self.placement.worker_index, self._steps_done, last) from e
+            raise
+
+    def train(self) -> "results.RunResult":
+        """Trains to ``total_steps`` (resuming from the latest checkpoint) and returns the run's results; raises
+        ``Preempted`` after the checkpoint a SIGTERM asks for."""
+        self._steps_done = 0
+        with self._failures_named():
             # Restoring broadcasts variables: a collective too.
             start_step = self._steps_done = self.restore(initial_weights=True)
             self._plan = self._resume_plan(start_step)
             if self.startup:
-                self.startup.mark("build_and_restore")
+                self.startup.mark("restore")
             self.write_metric_specs()
             for call in self.on_restored:
-                call(start_step)
+                call(start_step, self.history)
             previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
             try:
                 return self._train_from(start_step)
             finally:
                 signal.signal(signal.SIGTERM, previous_handler)
                 self.checkpointer.close()
-        except tf.errors.OpError as e:
-            last = tf.train.latest_checkpoint(checkpoint_lib.checkpoint_dir(self.model_dir))
-            if self.placement.num_workers > 1 and failures.lost_peer(e):
-                raise failures.worker_lost(e, self.placement.worker_index, self._steps_done, last) from None
-            if isinstance(e, failures.KERNEL_ERRORS):
-                raise failures.kernel_failed(e, self.placement.worker_index, self._steps_done, last) from e
-            raise
 
     def _train_from(self, start_step: int) -> "results.RunResult":
         config = self.config
@@ -462,10 +488,11 @@ class Trainer:
                             self._end_startup(start_step)
                         self._stop_on_skipped_run(step, int(round(float(longest_skipped_run))))
                         if self._any_worker_preempted():
-                            self.checkpointer.save()
+                            saved_to = self.checkpointer.save()
                             log.warning("preempted: checkpoint saved at step %d; rerun the same command to resume",
                                         step)
-                            raise Preempted(step)
+                            # A worker's own save is a temporary copy: the chief's directory is the one to resume.
+                            raise Preempted(step, saved_to if self.chief else self.checkpointer.real_dir)
                     if step < self.total_steps:
                         saved = bool(config.checkpoint_every_steps and step % config.checkpoint_every_steps == 0)
                         if saved:

@@ -18,6 +18,7 @@ from tfgpu.runtime.distribute import Placement
 from tfgpu.tasks.gan import task as gan_task
 from tfgpu.tasks.registry import input_config
 from tfgpu.tasks.gan.task import GanTask
+from tfgpu.training.trainer import step_counter
 
 SMALL = ["--task=gan", "--dataset=digits", "--global_batch_size=16", "--latent_dim=16", "--eval_split=none",
          "--verbose=2", "--steps_per_loop=2"]
@@ -39,7 +40,7 @@ def make_task(tmp_path, data_cache):
         keras.backend.clear_session(free_memory=False)
         keras.utils.set_random_seed(config.seed)
         precision.set_policy(config.precision)
-        task = GanTask(config, info, placement, total_steps=10)
+        task = GanTask(config, info, placement, 10, step_counter(strategy))
         with strategy.scope():
             task.build()
         step = tf.function(lambda batch: strategy.run(task.train_step, args=(batch,)))
@@ -88,7 +89,29 @@ def test_nan_guard_skips_a_poisoned_step_and_counts_it(make_task, precision_name
     assert float(clean["nonfinite_steps"]) == 0.0 and np.isfinite(float(clean["d_loss"]))
     assert _changed([b for b, w in zip(d_before, task.discriminator.weights) if w.trainable], trainable_d)
     assert all(np.isfinite(w.numpy()).all() for w in task.discriminator.weights + task.generator.weights)
-    assert int(task.state.step.numpy()) == 2
+    assert int(task.global_step.numpy()) == 0  # the train loop advances the run's one step counter, not the step
+
+
+def test_a_checkpoint_holding_the_gan_s_own_step_copy_still_restores(make_task, tmp_path):
+    """Checkpoints written while the GAN kept its own step counter (``gan_state/step``, equal to the run's) restore
+    into today's task, which follows the run's one counter: weights, EMA and step come back; the copy is unread."""
+    from tfgpu.training import checkpoint
+
+    old, _ = make_task()
+    rng = np.random.default_rng(1)
+    for weight in old.generator.weights + old.state.ema:
+        weight.assign(rng.normal(size=weight.shape).astype(weight.numpy().dtype))
+    old.global_step.assign(6)
+    legacy = tf.Module()  # GanState as those checkpoints hold it: its EMA and FID, and the step copy
+    legacy.step, legacy.fid_initial, legacy.ema = tf.Variable(6, dtype=tf.int64), old.state.fid_initial, old.state.ema
+    items = {**old.checkpoint_items(), "gan_state": legacy}
+    path = tf.train.Checkpoint(step=old.global_step, **items).save(str(tmp_path / "old" / "ckpt"))
+    assert "gan_state/step/.ATTRIBUTES/VARIABLE_VALUE" in dict(tf.train.list_variables(path))
+    new, _ = make_task()
+    checkpoint.restore(tf.train.Checkpoint(step=new.global_step, **new.checkpoint_items()), path, "checkpoint")
+    assert int(new.global_step.numpy()) == 6
+    for ours, theirs in zip(new.generator.weights + new.state.ema, old.generator.weights + old.state.ema):
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
 
 
 # bfloat16 (38 s loaded) with -m slow; float32 proves the same bit-identity by default.

@@ -51,12 +51,12 @@ _ONLY_FIRST = tf.VariableAggregation.ONLY_FIRST_REPLICA
 
 
 class GanState(tf.Module):
-    """What a GAN run checkpoints besides the networks and optimizers: its step counter (the seed of every
-    random draw), the EMA of the generator's weights, and the untrained generator's FID."""
+    """What a GAN run checkpoints besides the networks and optimizers: the EMA of the generator's weights and the
+    untrained generator's FID. (Its random draws follow the run's one step counter, ``Task.global_step``;
+    checkpoints written before it kept a copy here as ``step``, which a restore leaves unread.)"""
 
     def __init__(self, generator: keras.Model):
         super().__init__(name="gan_state")
-        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, aggregation=_ONLY_FIRST, name="step")
         self.fid_initial = tf.Variable(-1.0, trainable=False, aggregation=_ONLY_FIRST, name="fid_initial")
         # One slot per generator weight: trainable weights averaged, BatchNorm statistics copied from the
         # generator (they belong to its weights; GanTask.generator_weights recomputes them for the EMA ones).
@@ -101,8 +101,8 @@ class GanTask(GanEvaluation, Task):
         """The GAN's own options section (--n_critic, --gan_loss, ...); the shared ones are ``self.config``'s."""
         return GanOptions.of(self.config)
 
-    def __init__(self, config, info, placement, total_steps):
-        super().__init__(config, info, placement, total_steps)
+    def __init__(self, config, info, placement, total_steps, global_step):
+        super().__init__(config, info, placement, total_steps, global_step)
         self._check_config()
         self._extractor = None
         self._real_features = None
@@ -220,7 +220,7 @@ class GanTask(GanEvaluation, Task):
     # -- randomness ---------------------------------------------------------------------
     def _seed(self, *purpose):
         seed = tf.random.experimental.stateless_fold_in(tf.constant([self.config.seed, 0], tf.int64),
-                                                        self.state.step)
+                                                        self.global_step)
         for p in purpose:
             seed = tf.random.experimental.stateless_fold_in(seed, p)
         return seed
@@ -318,7 +318,7 @@ class GanTask(GanEvaluation, Task):
     def _update_ema(self, applied):
         """EMA of the generator's weights with warm-up: decay min(d, (1 + t) / (10 + t)) at step t; unchanged
         when the generator's update was skipped (``applied`` false on every replica alike)."""
-        t = tf.cast(self.state.step, tf.float32)
+        t = tf.cast(self.global_step, tf.float32)
         decay = tf.minimum(self.options.ema_decay, (1.0 + t) / (10.0 + t))
         for ema, weight, trainable in zip(self.state.ema, self.generator.weights, self._trainable_mask):
             value = tf.cast(weight.value, ema.dtype)
@@ -352,7 +352,6 @@ class GanTask(GanEvaluation, Task):
         if options.ema_decay:
             self._update_ema(g_finite)
         all_finite = tf.logical_and(d_finite, g_finite)
-        self.state.step.assign_add(1)
         num_replicas = self.placement.num_replicas
         return {**totals, "g_loss": g_loss,
                 "nonfinite_steps": tf.cast(tf.logical_not(all_finite), tf.float32) / num_replicas}
