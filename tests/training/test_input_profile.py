@@ -34,3 +34,23 @@ def test_the_wait_share_compares_the_real_rate_with_the_step_alone(tmp_path):
     assert json.loads((tmp_path / "input_profile.json").read_text())["input_wait_fraction"] == 0.5
     input_profile.finish(dict(profile), 100.0, str(tmp_path / "worker"), chief=False)
     assert not (tmp_path / "worker").exists()
+
+
+def test_a_bad_record_met_while_profiling_is_the_same_one_line_as_in_training(tmp_path):
+    """--profile_input reads the input before the first loop: a label outside the classes found there names the
+    shard, the record and the label (it was a raw InvalidArgumentError)."""
+    import dataclasses
+
+    import pytest
+
+    from tests.data.test_shards import config, example, write_dataset
+    from tfgpu.config import ConfigError
+    from tfgpu.training import experiment
+
+    directory, paths = write_dataset(tmp_path / "d", [[example(label) for label in range(10, 20)]], 10)
+    run = dataclasses.replace(config(directory, tmp_path / "cache", model_dir=str(tmp_path / "run")),
+                              model="small_cnn", eval_split="none", profile_input=True, train_steps=4,
+                              steps_per_loop=2, tensorboard=False, verbose=0)
+    with pytest.raises(ConfigError) as error:
+        experiment.run(run)
+    assert f"{paths[0]}: record " in str(error.value) and "outside [0, 10)" in str(error.value)

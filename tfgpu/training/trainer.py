@@ -165,12 +165,16 @@ class Trainer:
         return error if reason is None else ConfigError("data_dir" if self.config.data_dir else "dataset", reason)
 
     def _profile_input(self, start_step: int) -> dict:
-        return input_profile.measure(
-            self.strategy, lambda dataset_fn: loop.input_iterator(self.strategy, self.placement, dataset_fn),
-            pipeline.train_dataset_fn(self.inputs, self.info, start_step, plan=self._plan,
-                                      examples=self.task.examples()), self._train_loop,
-            {"step": self.step, **self.task.checkpoint_items()}, self.inputs.global_batch_size,
-            self.inputs.examples_per_step, self.skipped_run.reset)
+        """--profile_input's measurement; a record it cannot read is the same one line as in training."""
+        try:
+            return input_profile.measure(
+                self.strategy, lambda dataset_fn: loop.input_iterator(self.strategy, self.placement, dataset_fn),
+                pipeline.train_dataset_fn(self.inputs, self.info, start_step, plan=self._plan,
+                                          examples=self.task.examples()), self._train_loop,
+                {"step": self.step, **self.task.checkpoint_items()}, self.inputs.global_batch_size,
+                self.inputs.examples_per_step, self.skipped_run.reset)
+        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
+            raise self._input_error(e) from None
 
     # -- the data position ---------------------------------------------------
     def _topology(self) -> data_position.Topology:
