@@ -97,7 +97,7 @@ def test_tests_mirror_the_package():
     library = [p for p in PACKAGE.rglob("*.py") if p.parent != PACKAGE and p.name != "__init__.py"]
     untested = [str(p.relative_to(PACKAGE)) for p in library
                 if not (tests / p.relative_to(PACKAGE).parent / f"test_{p.stem}.py").exists()]
-    assert len(untested) <= 16, untested  # shrinking: modules tested only through their callers so far
+    assert len(untested) <= 12, untested  # shrinking: modules tested only through their callers so far
 
 
 SECTIONED = {"tfgpu.runtime.distribute": "RuntimeConfig", "tfgpu.data.catalog": "DatasetConfig",
