@@ -29,6 +29,7 @@ def run_train(data_cache):
 
     def run(*args, timeout=300, env=None, check=True):
         full_env = {**os.environ, "TFGPU_DATA_CACHE": data_cache, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+        full_env = {k: v for k, v in full_env.items() if v is not None}  # None: the variable unset
         proc = subprocess.run([sys.executable, "-m", "tfgpu.train", *args], cwd=REPO, env=full_env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
         proc.output = proc.stdout

@@ -1,6 +1,7 @@
 """The entrypoint: flag sources and precedence, and bad input stopping the run with a clear error."""
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -99,11 +100,14 @@ def test_effective_config_is_written_and_replays(run_train, tmp_path):
 
 def test_the_startup_record_gives_tensorflow_s_import_its_own_phase(run_train, tmp_path):
     """A process of its own (TensorFlow not yet imported): the seconds TensorFlow's import takes are its phase of
-    the startup record, not part of the command line's ``imports``."""
-    run_train(*DIGITS, "--train_steps=1", "--steps_per_loop=1", "--eval_split=none", "--global_batch_size=16",
-              f"--model_dir={tmp_path}")
+    the startup record, not part of the command line's ``imports``. TF_CPP_MIN_LOG_LEVEL unset, as users have
+    it: TensorFlow's native start-up lines (oneDNN, CPU features, CUDA's cuInit failure on a host without a GPU
+    driver) are held back, so the run's first line is tfgpu's."""
+    proc = run_train(*DIGITS, "--train_steps=1", "--steps_per_loop=1", "--eval_split=none", "--global_batch_size=16",
+                     f"--model_dir={tmp_path}", env={"TF_CPP_MIN_LOG_LEVEL": None})
     [startup] = read_history(tmp_path, "startup")
     assert startup["tensorflow_import_s"] > 1.0 > startup["imports_s"], startup
+    assert not re.findall(r"^[IWE]\d{4} .*$", proc.output, re.M), proc.output[:2000]
 
 
 # -- every file a run reads: malformed means one line naming the file or flag, exit 1, no traceback -------------

@@ -95,6 +95,9 @@ def main(argv=None) -> int:
     # of the startup record (seconds), not hidden in the check's.
     with logs.quiet_native_startup(show=USER_TF_LOG_LEVEL is not None):
         import keras  # noqa: F401
+        import tensorflow as tf
+
+        tf.config.list_physical_devices("GPU")  # CUDA's first lines (cuInit on a host without a driver) are start-up's
 
     startup.mark("tensorflow_import")
     try:
