@@ -137,6 +137,7 @@ def test_classification_report(tmp_path):
     assert not (tmp_path / "plots" / "gan_losses.png").exists() and not (tmp_path / "plots" / "fid.png").exists()
     assert "## Notes" not in text
     assert not [p for p in os.listdir(tmp_path / "plots") if p.endswith(".tmp")]
+    assert f"TensorBoard: `tensorboard --logdir {tmp_path / 'summaries'}`" in text
 
 
 def test_gan_report(tmp_path):

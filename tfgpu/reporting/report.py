@@ -329,6 +329,10 @@ def render(model_dir: str, history: dict, bad_lines: int, result, config, profil
         lines += _table([(k, config[k]) for k in keys if k in config and config[k] not in ("", None)],
                         ("option", "value"))
         lines += ["", "Full config: `config.yaml` (rerun with `--config=config.yaml`).", ""]
+    if config and config.get("tensorboard", True):
+        lines += ["TensorBoard: `tensorboard --logdir " + os.path.join(model_dir, "summaries") + "` (runs `train` and "
+                  "`validation` share each metric's tag, so their curves overlay; a GAN's sample grids are under "
+                  "`samples`).", ""]
 
     if not train and not evals:
         notes.append("history.jsonl is missing or empty: no curves to plot")
