@@ -108,6 +108,8 @@ def test_the_startup_record_gives_tensorflow_s_import_its_own_phase(run_train, t
     [startup] = read_history(tmp_path, "startup")
     assert startup["tensorflow_import_s"] > 1.0 > startup["imports_s"], startup
     assert not re.findall(r"^[IWE]\d{4} .*$", proc.output, re.M), proc.output[:2000]
+    final = [line for line in proc.output.splitlines() if line.startswith("final: step=1 ")]
+    assert len(final) == 1 and "format_version" not in final[0], proc.output[-2000:]
 
 
 # -- every file a run reads: malformed means one line naming the file or flag, exit 1, no traceback -------------

@@ -112,8 +112,10 @@ def main(argv=None) -> int:
         return code
     except failures.FAILURES as e:
         return failures.report(e)
+    from tfgpu.training import results
+
     print("final: " + " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
-                               for k, v in metrics.items()), flush=True)
+                               for k, v in results.console_values(metrics).items()), flush=True)
     return failures.OK
 
 

@@ -175,6 +175,12 @@ def final_metrics(result: RunResult | None) -> dict:
     return {name: value for name, value in result.to_dict().items() if name not in shown}
 
 
+def console_values(values: dict) -> dict:
+    """The values a command's ``final:`` line prints: the file's, its layout's version aside."""
+    version = next(key.name for key in KEYS if key.attribute == "version")
+    return {name: value for name, value in values.items() if name != version}
+
+
 def path(model_dir: str) -> str:
     """Where ``model_dir``'s results are."""
     return os.path.join(model_dir, FILE)
