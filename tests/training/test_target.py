@@ -153,6 +153,18 @@ def test_a_target_reached_at_the_last_step_keeps_its_record_when_the_run_is_run_
         in again.output
 
 
+def test_a_damaged_metrics_json_at_a_rerun_is_one_warning_and_the_checkpoint_decides(train_here, tmp_path):
+    """A metrics.json cut short (a disk filled mid-copy, a hand edit) is not read as a record of the target: the
+    rerun says so in one line naming the file, evaluates the checkpoint, and writes a whole file again."""
+    args = TINY + ["--train_steps=2", "--target=accuracy:0", f"--model_dir={tmp_path}"]
+    train_here(*args)
+    (tmp_path / "metrics.json").write_text('{"step": 2, "target_rea')
+    again = train_here(*args)
+    warned = [line for line in again.output.splitlines() if "decided by evaluating the checkpoint" in line]
+    assert len(warned) == 1 and str(tmp_path / "metrics.json") in warned[0], again.output[-3000:]
+    assert read_metrics(tmp_path)["target_reached"] is True
+
+
 # Slow: (20 s loaded); a reached target, its checkpoint and resume stay in the default suite.
 @pytest.mark.slow
 def test_an_unreachable_target_runs_the_schedule_evaluating_once_per_epoch(train_here, tmp_path):
