@@ -78,13 +78,11 @@ class ClassificationTask(Task):
         inputs = InputConfig.of(config, self.batches_per_step(config))
         self.schedule = optimizers.learning_rate_schedule(optimization, self.total_steps,
                                                           steps_per_epoch(inputs, self.info), inputs.examples_per_step)
-        learning_rate = (optimizers.ScheduleAtStep(self.schedule, self.global_step)
-                         if self.global_step is not None else self.schedule)
+        learning_rate = optimizers.ScheduleAtStep(self.schedule, self.global_step)
         self.optimizer = precision.wrap_optimizer(optimizers.create_optimizer(optimization, learning_rate),
                                                   PrecisionConfig.of(config))
         # The rate for the log, one compiled call per loop (the warmup + decay schedule run eagerly: ~0.9 ms).
-        step = self.global_step if self.global_step is not None else self.optimizer.iterations
-        self._learning_rate_now = tf.function(lambda: self.schedule(step), autograph=False)
+        self._learning_rate_now = tf.function(lambda: self.schedule(self.global_step), autograph=False)
         # Slots for every variable, frozen or not: the same optimizer (and checkpoint) trains after the unfreeze.
         optimizers.exclude_from_decay(self.optimizer, self.model.trainable_variables)
         self.optimizer.build(self.model.trainable_variables)
