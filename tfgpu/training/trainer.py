@@ -159,22 +159,27 @@ class Trainer:
         """Whether this run evaluates: with an eval split, or with a task that evaluates without one."""
         return bool(self.info.eval_split) or self.task.evaluates_without_eval_split
 
-    def _input_error(self, error: tf.errors.OpError):
-        """A read failure of the input as a ConfigError naming the shard and record, or ``error`` itself."""
-        reason = records.explain_read_error(self.info, error)
-        return error if reason is None else ConfigError("data_dir" if self.config.data_dir else "dataset", reason)
+    @contextlib.contextmanager
+    def _reading_input(self):
+        """A read failure of the input inside (an unreadable record, a bad label) becomes a ConfigError naming the
+        shard and record; other failures pass unchanged. Training, evaluation and --profile_input read through it."""
+        try:
+            yield
+        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
+            reason = records.explain_read_error(self.info, e)
+            if reason is None:
+                raise
+            raise ConfigError("data_dir" if self.config.data_dir else "dataset", reason) from None
 
     def _profile_input(self, start_step: int) -> dict:
         """--profile_input's measurement; a record it cannot read is the same one line as in training."""
-        try:
+        with self._reading_input():
             return input_profile.measure(
                 self.strategy, lambda dataset_fn: loop.input_iterator(self.strategy, self.placement, dataset_fn),
                 pipeline.train_dataset_fn(self.inputs, self.info, start_step, plan=self._plan,
                                           examples=self.task.examples()), self._train_loop,
                 {"step": self.step, **self.task.checkpoint_items()}, self.inputs.global_batch_size,
                 self.inputs.examples_per_step, self.skipped_run.reset)
-        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
-            raise self._input_error(e) from None
 
     # -- the data position ---------------------------------------------------
     def _topology(self) -> data_position.Topology:
@@ -364,10 +369,8 @@ class Trainer:
             return loop.as_floats(sums)
 
         start = time.time()
-        try:
+        with self._reading_input():
             metrics = self.task.evaluate(run_eval, step, self.model_dir)
-        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
-            raise self._input_error(e) from None
         read = [metrics[s.name] for s in self.declarations.metrics
                 if s.kind == "eval" and s.counts_examples and s.name in metrics]
         if self.inputs.skip_corrupt_records and read:
@@ -473,12 +476,10 @@ class Trainer:
                             tf.profiler.experimental.start(os.path.join(self.model_dir, "profile"))
                         num_steps = min(config.steps_per_loop, boundary - step)
                         started = time.perf_counter()
-                        try:
+                        with self._reading_input():
                             sums, longest_skipped_run = self._train_loop(feed.iterator,
                                                                          tf.constant(num_steps, tf.int64))
                             sums = loop.as_floats(sums)  # reading waits for the steps to finish
-                        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
-                            raise self._input_error(e) from None
                         elapsed = time.perf_counter() - started
                         first_loop = step == start_step
                         step += num_steps
