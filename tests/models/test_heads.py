@@ -67,6 +67,54 @@ def test_every_softmax_head_is_found_and_its_logits_view_shares_the_weights(head
     np.testing.assert_allclose(tf.nn.softmax(logits), model(images), atol=tolerance)
 
 
+# keras.ops.* and keras.activations.* called on a functional graph's tensor: Keras records an op node, not a layer
+# (issue 37: a softmax model trained against softmax(softmax(x)) and a sigmoid one was exported as "logits").
+GRAPH_OP_HEADS = {
+    "keras_ops_softmax": (keras.ops.softmax, "softmax"),
+    "keras_activations_softmax": (keras.activations.softmax, "softmax"),
+    "keras_ops_sigmoid": (keras.ops.sigmoid, "sigmoid"),
+    "keras_activations_sigmoid": (keras.activations.sigmoid, "sigmoid"),
+    "keras_ops_softmax_then_cast": (lambda x: keras.ops.cast(keras.ops.softmax(x), "float32"), "softmax"),
+}
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
+@pytest.mark.parametrize("head", sorted(GRAPH_OP_HEADS))
+def test_an_activation_called_as_a_function_on_the_graph_is_found_and_separated(head, policy):
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        function, activation = GRAPH_OP_HEADS[head]
+        inputs = keras.Input(SHAPE)
+        model = float32_outputs(keras.Model(inputs, function(layers.Dense(10)(layers.Flatten()(inputs)))), SHAPE)
+        found = heads.output_head(model)
+        assert found.activation == activation and found.gives_probabilities and found.logits is not None
+        images = np.random.default_rng(0).uniform(-1, 1, (3,) + SHAPE).astype("float32")
+        logits = tf.cast(found.logits(images), tf.float32)
+        squash = tf.nn.softmax if activation == "softmax" else tf.nn.sigmoid
+        np.testing.assert_allclose(squash(logits), model(images), atol=1e-6 if policy == "float32" else 2e-2)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def test_a_sigmoid_called_on_the_graph_is_refused_by_the_classifier_and_a_graph_softmax_trains_on_its_logits():
+    from tfgpu.config import ConfigError
+    from tfgpu.tasks import classification
+
+    inputs = keras.Input(SHAPE)
+    sigmoid = keras.Model(inputs, keras.ops.sigmoid(layers.Dense(10)(layers.Flatten()(inputs))))
+    with pytest.raises(ConfigError, match="ends in a sigmoid"):
+        classification.check_model(sigmoid, "mine", 10, (0.0, 1.0))
+    softmax = keras.Model(inputs, keras.activations.softmax(layers.Dense(10)(layers.Flatten()(inputs))))
+    head = classification.check_model(softmax, "mine", 10, (0.0, 1.0))
+    assert head.activation == "softmax" and head.logits is not None
+
+
+def test_an_op_that_is_no_activation_at_the_end_is_taken_as_logits():
+    inputs = keras.Input(SHAPE)
+    x = layers.Dense(10)(layers.Flatten()(inputs))
+    assert heads.output_head(keras.Model(inputs, keras.ops.add(x, 1.0))).activation is None
+
+
 class _SubclassedSoftmax(keras.Model):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)

@@ -7,7 +7,10 @@ reach the GAN's [-1, 1] (tanh, or no activation), and a model that begins with `
 
 How: the output tensor is followed back through functional and Sequential models, nested ones included, and past
 layers that hand their values on (``Activation("linear")``, ``Identity``, ``Flatten``, ``Reshape``, the float32
-cast tfgpu adds); the layer reached is read (``Softmax``, ``ReLU``, ``Activation``, or a layer's ``activation=``).
+cast tfgpu adds, and ``keras.ops.cast``/``reshape`` called on the graph's tensors); the layer reached is read
+(``Softmax``, ``ReLU``, ``Activation``, or a layer's ``activation=``), or the op a functional graph applies there
+(``keras.ops.softmax(x)`` or ``keras.activations.sigmoid(x)`` called on a tensor of the graph: Keras records an
+op node, not a layer, read by its class: ``_GRAPH_OPS``).
 A layer that cannot be read so (a subclassed model, a custom layer, a ``Lambda``) is traced once as a
 ``tf.function`` and the op that makes its output is read. Cost: a walk of a few layers (microseconds) for
 functional and Sequential models; one trace of the final layer otherwise (a subclassed model: one trace of the
@@ -29,6 +32,12 @@ _ACTIVATION_NAMES = ("softmax", "sigmoid", "hard_sigmoid", "tanh", "relu", "relu
 _OPS = {"Softmax": "softmax", "Sigmoid": "sigmoid", "Tanh": "tanh", "Relu": "relu", "Relu6": "relu6",
         "Softplus": "softplus", "Exp": "exponential", "LogSoftmax": "log_softmax", "Elu": "elu", "Selu": "selu"}
 _TRANSPARENT_OPS = ("Identity", "IdentityN", "Cast", "StopGradient")
+# The op nodes Keras records when keras.ops.* or keras.activations.* is called on a functional graph's tensor (classes
+# of keras.src.ops), by class name: the activation each applies, and those that hand their values on unchanged.
+_GRAPH_OPS = {"Softmax": "softmax", "Sigmoid": "sigmoid", "HardSigmoid": "hard_sigmoid", "Tanh": "tanh",
+              "Relu": "relu", "Relu6": "relu6", "Softplus": "softplus", "Exp": "exponential",
+              "LogSoftmax": "log_softmax", "Elu": "elu", "Selu": "selu", "Gelu": "gelu", "Silu": "silu"}
+_GRAPH_PASS_THROUGH = ("Cast", "Reshape")
 # The range of values each bounded activation gives (a generator's must reach [-1, 1]).
 RANGES = {"sigmoid": (0.0, 1.0), "hard_sigmoid": (0.0, 1.0), "softmax": (0.0, 1.0), "tanh": (-1.0, 1.0),
           "relu": (0.0, float("inf")), "relu6": (0.0, 6.0), "softplus": (0.0, float("inf")),
@@ -88,6 +97,14 @@ def _head_of(model, tensor, path):
     """(activation, layer path, the activation's input as a tensor of ``model``'s graph or None) for ``tensor``."""
     layer, node_index, tensor_index = tensor._keras_history
     node = layer._inbound_nodes[node_index]
+    if _is_graph_op(layer):  # keras.ops.* / keras.activations.* called on the graph's tensor: an op node
+        name = type(layer).__name__
+        if name in _GRAPH_PASS_THROUGH and len(node.input_tensors) == 1:
+            activation, found, pre = _head_of(model, node.input_tensors[0], path)
+            return activation, found, (layer(pre) if pre is not None else None)
+        single = len(node.input_tensors) == 1
+        return _GRAPH_OPS.get(name), path + (layer.name,), (node.input_tensors[0] if single and name in _GRAPH_OPS
+                                                            else None)
     if _passes_through(layer) and len(node.input_tensors) == 1:  # the logits pass through it too
         activation, found, pre = _head_of(model, node.input_tensors[0], path)
         return activation, found, (layer(pre) if pre is not None else None)
@@ -114,6 +131,11 @@ def _head_of(model, tensor, path):
     if _is_keras_builtin(layer):
         return None, path, None
     return _traced_activation(layer, node), path, None
+
+
+def _is_graph_op(operation) -> bool:
+    """A Keras op node of a functional graph (``keras.ops.softmax(x)``), not a layer."""
+    return not isinstance(operation, keras.layers.Layer) and type(operation).__module__.startswith("keras.")
 
 
 def _passes_through(layer) -> bool:
