@@ -325,3 +325,45 @@ def test_workers_on_different_cpus_agree_on_one_policy(tmp_path, data_cache):
         assert yaml.safe_load(f)["precision"] == "float32"
     with open(tmp_path / "metrics.json") as f:
         assert json.load(f)["precision"] == "float32"
+
+
+# -- steps skipped because the float16 all-reduce overflowed (issue 37) ----------------------------------------------
+def test_the_nonfinite_advice_names_a_float16_all_reduce_and_the_dtypes_that_fix_it():
+    import keras
+
+    def guarded(dtype):
+        return precision.GuardedOptimizer(keras.optimizers.SGD(0.1), initial_scale=1.0, dynamic=False,
+                                          allreduce_dtype=dtype)
+
+    advice = precision.nonfinite_advice([guarded("float16")], num_replicas=2)
+    assert "summed in float16 (--allreduce_dtype=float16)" in advice
+    assert "--allreduce_dtype=bfloat16" in advice and "--allreduce_dtype=float32" in advice
+    # One replica sums nothing, and bfloat16/float32 on the wire have float32's range: the usual advice.
+    for optimizers, replicas in (([guarded("float16")], 1), ([guarded("bfloat16")], 2), ([guarded("float32")], 2),
+                                 ([keras.optimizers.SGD(0.1)], 2)):
+        assert precision.nonfinite_advice(optimizers, replicas) == precision.GENERAL_NONFINITE_ADVICE
+
+
+HUGE_GRADIENTS = '''
+import keras
+
+
+def build(input_shape, num_classes):
+    """Inputs scaled by 1e7: float32 loss and gradients stay finite, their float16 sum over replicas does not."""
+    inputs = keras.Input(input_shape)
+    x = keras.layers.Flatten()(keras.layers.Rescaling(1e7)(inputs))
+    return keras.Model(inputs, keras.layers.Dense(num_classes)(x))
+'''
+
+
+@pytest.mark.slow  # two logical CPU devices: a process of its own (about 20 s on 2 loaded cores)
+def test_a_float16_all_reduce_overflow_in_a_float32_run_names_the_all_reduce(run_train, tmp_path):
+    builder = tmp_path / "huge.py"
+    builder.write_text(HUGE_GRADIENTS)
+    proc = run_train("--dataset=digits", f"--model={builder}:build", "--global_batch_size=32", "--eval_split=none",
+                     "--precision=float32", "--cpu_logical_devices=2", "--distribution_strategy=mirrored",
+                     "--allreduce_dtype=float16", "--base_learning_rate=0.001", "--train_steps=8",
+                     "--steps_per_loop=4", "--max_nonfinite_steps=4", f"--model_dir={tmp_path / 'run'}", check=False)
+    assert proc.returncode == 2, proc.output[-3000:]
+    assert "summed in float16 (--allreduce_dtype=float16)" in proc.output, proc.output[-3000:]
+    assert "--allreduce_dtype=bfloat16" in proc.output

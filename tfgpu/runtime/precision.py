@@ -245,6 +245,23 @@ def apply_if_finite(optimizer, loss, grads, variables, clip_norm: float = 0.0, n
     return finite, norm
 
 
+GENERAL_NONFINITE_ADVICE = "Lower the learning rate, set --grad_clip_norm, or use --precision=float32/mixed_bfloat16."
+
+
+def nonfinite_advice(optimizers, num_replicas: int) -> str:
+    """What to do about steps skipped as non-finite. With float16 on the wire (--allreduce_dtype=float16, several
+    replicas) the likely cause is the all-reduce: float16 ends at 65504, so a sum of gradients each replica holds
+    finite (a float32 run's, whose own loss and gradients the guard found finite) overflows to inf there."""
+    on_the_wire = {getattr(o, "allreduce_dtype", "float32") for o in optimizers if isinstance(o, GuardedOptimizer)}
+    if num_replicas > 1 and "float16" in on_the_wire:
+        return (f"The gradients of the {num_replicas} replicas are summed in float16 (--allreduce_dtype=float16), "
+                "whose largest value is 65504: a sum beyond it is inf even when each replica's loss and gradients "
+                "are finite. Use --allreduce_dtype=bfloat16 (float32's range, half the bytes) or "
+                "--allreduce_dtype=float32; otherwise " + GENERAL_NONFINITE_ADVICE[0].lower()
+                + GENERAL_NONFINITE_ADVICE[1:])
+    return GENERAL_NONFINITE_ADVICE
+
+
 def restore_if_not_finite(finite, variables, saved) -> None:
     """Puts back state a skipped step's forward pass changed (BatchNorm statistics, spectral-norm vectors)."""
     for variable, value in zip(variables, saved):

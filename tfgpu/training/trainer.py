@@ -27,6 +27,7 @@ from tfgpu.config import ConfigError, InputConfig, TrainerConfig
 from tfgpu.data import pipeline, records
 from tfgpu.data import position as data_position
 from tfgpu.data import resume
+from tfgpu.runtime import precision
 from tfgpu.runtime.distribute import Placement
 from tfgpu.training import checkpoint as checkpoint_lib
 from tfgpu.training import failures, input_profile, loop, metric_specs, results
@@ -573,8 +574,8 @@ class Trainer:
                 f"loops) had a non-finite loss or gradient and were skipped, by step {step} "
                 f"(--max_nonfinite_steps={limit}; scattered skips do not count, "
                 f"each loop's are in history.jsonl as {counted}). A skipped step changes no "
-                f"weight, so the last checkpoint in {self.checkpointer.real_dir} is good. Lower "
-                "the learning rate, set --grad_clip_norm, or use --precision=float32/mixed_bfloat16.")
+                f"weight, so the last checkpoint in {self.checkpointer.real_dir} is good. "
+                + precision.nonfinite_advice(self.task.checkpoint_items().values(), self.placement.num_replicas))
 
 
 def _fmt(values: dict) -> str:
