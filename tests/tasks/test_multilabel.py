@@ -144,6 +144,17 @@ def test_a_foreign_dataset_with_a_bad_label_vector_stops_the_run_in_one_line(tra
     assert "Traceback" not in result.output
 
 
+def test_a_multilabel_dataset_trained_as_classification_says_use_task_multilabel(train_here, digits_multilabel,
+                                                                                   tmp_path):
+    """It was "record 0 holds an image that does not decode; convert the dataset again" (issue 37)."""
+    result = train_here(f"--data_dir={digits_multilabel}", "--model=test_multilabel_mlp", "--global_batch_size=16",
+                        "--train_steps=1", "--eval_split=none", f"--model_dir={tmp_path / 'run'}", check=False)
+    assert result.returncode == 1
+    assert (f"error: --data_dir: {digits_multilabel}: its records hold several values under 'image/class/label': "
+            "multi-label labels: use --task=multilabel") in result.output, result.output[-3000:]
+    assert "does not decode" not in result.output and "Traceback" not in result.output
+
+
 @pytest.mark.parametrize("activation, refused", [(None, False), ("sigmoid", False), ("softmax", True)])
 def test_a_softmax_head_is_one_line_naming_model(base, activation, refused):
     inputs = keras.Input((8, 8, 1))

@@ -188,6 +188,9 @@ def explain_read_error(info: DatasetInfo, error: tf.errors.OpError):
         return f"{where}; convert the dataset again, or pass --skip_corrupt_records to train on the other records"
     if not isinstance(error, tf.errors.InvalidArgumentError):
         return None
+    if re.search(rf"Key: {re.escape(info.record_keys.label)}\.\s+Can't parse serialized Example", error.message or ""):
+        return (f"{info.directory}: its records hold several values under {info.record_keys.label!r}: multi-label "
+                "labels: use --task=multilabel")  # classification parses one class index per record
     problem = re.search(rf"\[{RECORD_ERROR}\] \[(.*?)\] \[(\d+)\] \[([^\]]*)\]", error.message or "")
     if problem:
         split, key = problem.group(1), int(problem.group(2))
