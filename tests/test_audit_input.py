@@ -55,6 +55,21 @@ def test_a_bad_flag_is_one_line_and_exit_1(capsys):
     assert "--global_batch_size: 3 is not divisible by the 2 replicas" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args, flag", [
+    (["--previous_global_batch_size=25", "--global_batch_size=24", "--replicas_per_worker=2"],
+     "previous_global_batch_size"),
+    (["--previous_replicas_per_worker=5", "--global_batch_size=24"], "previous_replicas_per_worker"),
+    (["--previous_num_workers=5", "--global_batch_size=24"], "previous_num_workers"),
+])
+def test_an_interrupted_run_s_batch_that_does_not_fit_its_replicas_names_the_previous_flag(four_shards, capsys, args,
+                                                                                          flag):
+    """--global_batch_size=24 fits this run's replicas: it was blamed for the interrupted run's 25 (issue 37)."""
+    assert audit_input.main([f"--data_dir={four_shards}", "--resume_from_step=2", *args]) == 1
+    said = capsys.readouterr().err.strip()
+    assert said.startswith(f"error: --{flag}: the interrupted run's global batch ") and "\n" not in said, said
+    assert "is not divisible by the" in said
+
+
 @pytest.mark.parametrize("before,after", [(2, 1), pytest.param(1, 2, marks=pytest.mark.slow), (2, 3),
                                            pytest.param(2, 2, marks=pytest.mark.slow)])
 def test_a_resume_on_another_number_of_workers_feeds_each_record_once(four_shards, tmp_path, before, after):

@@ -208,6 +208,26 @@ def _previous_topology(opts, config):
                              input_config(config).batches_per_step)
 
 
+def _check_previous_batch(config, previous, opts) -> None:
+    """The interrupted run's global batch against its own replicas; ConfigError naming the --previous_* flag that
+    set what does not fit (this run's own batch was checked against this run's replicas before)."""
+    import dataclasses
+
+    from tfgpu.training import experiment
+
+    replicas = previous.num_workers * previous.replicas_per_worker
+    set_here = [name for name in ("previous_global_batch_size", "previous_num_workers", "previous_replicas_per_worker")
+                if getattr(opts, name)]
+    flag = "previous_global_batch_size" if opts.previous_global_batch_size or not set_here else set_here[0]
+    try:
+        experiment._check_batches(dataclasses.replace(config, global_batch_size=previous.global_batch_size,
+                                                      eval_batch_size=previous.global_batch_size), replicas)
+    except ConfigError as e:
+        raise ConfigError(flag, f"the interrupted run's global batch {previous.global_batch_size} does not fit its "
+                          f"{previous.num_workers} worker(s) x {previous.replicas_per_worker} replica(s): "
+                          f"{e.reason}") from None
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     from tfgpu import cli
@@ -241,8 +261,7 @@ def main(argv=None) -> int:
             config = dataclasses.replace(config, data_service=target)
         previous = _previous_topology(opts, config)
         if opts.resume_from_step:
-            experiment._check_batches(dataclasses.replace(config, global_batch_size=previous.global_batch_size),
-                                      previous.num_workers * previous.replicas_per_worker)
+            _check_previous_batch(config, previous, opts)
         result = audit(config, num_workers, replicas, max(1, math.ceil(config.epochs)), previous,
                        opts.resume_from_step)
         result["data_service_workers"] = service_workers
