@@ -126,7 +126,8 @@ def checkpoint_weights(model_dir):
 
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints")))
     return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-            if not name.startswith(("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter", "data_position/"))}
+            if not name.startswith(("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter", "data_position/",
+                                             "model_fingerprint/"))}
 
 
 def preempted(args, model_dir, train_lines: int = 1, env=None, timeout: float = 300) -> subprocess.CompletedProcess:

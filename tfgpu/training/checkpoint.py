@@ -8,7 +8,9 @@ last, under a temporary name renamed over the old one
 (``file_io.atomic_write_string_to_file``), so a crash during a save leaves the
 previous checkpoint as the latest usable one. Each checkpoint also holds the data position and topology that
 trained it (``DataPosition``: JSON in the checkpoint itself, so it is written and replaced with it); a checkpoint
-written before it was recorded restores without it. ``model_dir`` may be any path
+written before it was recorded restores without it. Each also holds the fingerprint of the models that wrote it
+(``ModelFingerprint``; ``experiment.setup`` compares it with the models it built before anything is restored or
+written: ``config_change.model_changes``). ``model_dir`` may be any path
 TensorFlow opens (``gs://``, ``ram://``): on an object store that rename is a copy
 and a delete, so the state file is replaced whole but not in one atomic step.
 
@@ -68,13 +70,49 @@ class DataPosition(tf.train.experimental.PythonState):
             self.restored = string_value  # position.from_record refuses it, naming the checkpoint
 
 
+MODEL_FINGERPRINT = "model_fingerprint"
+_PY_STATE = "/.ATTRIBUTES/py_state"  # how a checkpoint's index names a PythonState's value
+
+
+class ModelFingerprint(tf.train.experimental.PythonState):
+    """The fingerprint of the models a checkpoint holds (``tfgpu.models.fingerprint.of``), saved inside it so that it
+    is written and replaced with the weights it describes; ``current``: the one to save ({} until recorded)."""
+
+    def __init__(self):
+        self.current = {}
+
+    def serialize(self):
+        return json.dumps(self.current, sort_keys=True)
+
+    def deserialize(self, string_value):
+        pass  # read before the restore, by ``recorded_fingerprint``; the built models are the current ones
+
+
+def _saved_items(path: str) -> set:
+    """The top-level names the checkpoint at ``path`` saves; empty for what is no readable checkpoint (which
+    ``restore`` then refuses in one line)."""
+    try:
+        return {name.split("/")[0] for name, _ in tf.train.list_variables(path)}
+    except (tf.errors.OpError, ValueError):
+        return set()
+
+
 def has_data_position(path: str) -> bool:
     """Whether the checkpoint at ``path`` records its data position (one written before it did not); False for
     what is no readable checkpoint, which ``restore`` then refuses in one line."""
+    return DATA_POSITION in _saved_items(path)
+
+
+def recorded_fingerprint(path: str):
+    """The model fingerprint the checkpoint at ``path`` recorded, or None when it has none (written before they were
+    recorded, or unreadable: ``restore`` names that)."""
+    if MODEL_FINGERPRINT not in _saved_items(path):
+        return None
     try:
-        return any(name.startswith(DATA_POSITION + "/") for name, _ in tf.train.list_variables(path))
+        value = json.loads(tf.train.load_checkpoint(path).get_tensor(MODEL_FINGERPRINT + _PY_STATE))
     except (tf.errors.OpError, ValueError):
-        return False
+        return None
+    return value if isinstance(value, dict) and value else None
 
 
 def latest(model_dir: str) -> str | None:
@@ -195,7 +233,9 @@ class Checkpointer:
         directory = self.real_dir if placement.is_chief else os.path.join(self._own_dir, "checkpoints")
         self._items = {"step": step, **items}
         self.data_position = DataPosition(data_position or (lambda: {}))
-        self.checkpoint = tf.train.Checkpoint(**self._items, **{DATA_POSITION: self.data_position})
+        self.fingerprint = ModelFingerprint()  # recorded by ``record_fingerprint`` once the run is checked
+        self._states = {DATA_POSITION: self.data_position, MODEL_FINGERPRINT: self.fingerprint}
+        self.checkpoint = tf.train.Checkpoint(**self._items, **self._states)
         self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=keep if
                                                   placement.is_chief else 1, step_counter=step)
         self.step = step
@@ -211,10 +251,17 @@ class Checkpointer:
 
     def restore(self, path: str, flag: str) -> int:
         """Restores checkpoint ``path`` (checked to fit; ``flag``: the option that named it), with its data position
-        when it records one (then in ``data_position.restored``); returns its step."""
+        when it records one (then in ``data_position.restored``); returns its step. A checkpoint written before it
+        recorded a data position or a model fingerprint restores without them."""
         self.restored_path = path
-        restore(self.checkpoint if has_data_position(path) else tf.train.Checkpoint(**self._items), path, flag)
+        saved = _saved_items(path)
+        restore(tf.train.Checkpoint(**self._items, **{k: v for k, v in self._states.items() if k in saved}), path,
+                flag)
         return int(self.step.numpy())
+
+    def record_fingerprint(self, fingerprint: dict) -> None:
+        """The model fingerprint every later save of this run records (``tfgpu.models.fingerprint.of``)."""
+        self.fingerprint.current = fingerprint
 
     def save(self) -> str:
         """Saves at the current step (all workers must call it together)."""

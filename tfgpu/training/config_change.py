@@ -5,7 +5,9 @@ the value ``config.yaml`` recorded, before the strategy, the data or the model a
 run in one line naming each field with its old and new value, unless ``--allow_config_change`` lists it; an
 allowed change is logged and recorded in ``history.jsonl`` (kind ``config_change``), which the report lists, once
 the checkpoint has restored into the new run (``experiment.setup`` defers it and the config.yaml rewrite to then).
-Every other field (``SAFE``) may change on any resume. Cost: one read of config.yaml and of the checkpoint
+Every other field (``SAFE``) may change on any resume. The model a config builds can change without any field
+changing (an edited model file or ``tfgpu.fit`` function): ``model_changes`` compares the built models with the
+fingerprint the checkpoint recorded, under the name ``model``. Cost: one read of config.yaml and of the checkpoint
 state file per run (milliseconds). Every worker reaches the same verdict from the same shared files; only the
 chief writes the record.
 """
@@ -75,12 +77,18 @@ class Change:
     field: str
     old: object
     new: object
+    what: str = ""  # for a change to the built model (field "model"): the layer, setting or file that changed
 
     def describe(self) -> str:
+        if self.what:
+            return f"{self.what} changed: {self.old} -> {self.new}"
         return f"{self.field} {_show(self.old)} -> {_show(self.new)}"
 
     def record(self) -> dict:
-        """The history.jsonl values of this change (JSON: tuples as lists)."""
+        """The history.jsonl values of this change (JSON: tuples as lists); a model change's ``old`` and ``new``
+        say what they are about, as the report's table shows them."""
+        if self.what:
+            return {"field": self.field, "old": f"{self.what}: {self.old}", "new": f"{self.what}: {self.new}"}
         return {"field": self.field, "old": _json(self.old), "new": _json(self.new)}
 
 
@@ -211,3 +219,24 @@ def record(changes_made: list, step: int, history) -> None:
         log.warning("resuming at step %d with a changed config (--allow_config_change): %s", step,
                     change.describe())
         history.write(HISTORY_KIND, step, change.record())
+
+
+MODEL = "model"  # --allow_config_change's name for a change to the built model, as for --model itself
+
+
+def model_changes(recorded_fingerprint, current: dict, config: Config, step: int) -> list:
+    """The changes of the models built here from those the resumed checkpoint recorded (``tfgpu.models.fingerprint``;
+    none when it recorded none: a checkpoint of an older tfgpu), when --allow_config_change lists ``model``;
+    otherwise ConfigError(allow_config_change) naming the first differences in one line, and the fix. Called once the
+    models are built and before anything is restored or written."""
+    from tfgpu.models import fingerprint
+
+    if not recorded_fingerprint:
+        return []
+    found = fingerprint.differences(recorded_fingerprint, current)
+    if found and MODEL not in config.allowed_config_changes:
+        allow = ",".join(sorted(config.allowed_config_changes | {MODEL}))
+        raise ConfigError("allow_config_change", f"{config.model_dir} resumes at step {step} a checkpoint of another "
+                          f"model: {fingerprint.summary(found)}. Pass --allow_config_change={allow} to resume with the "
+                          "changed model, or train into a new --model_dir")
+    return [Change(MODEL, d.old, d.new, d.what) for d in found]

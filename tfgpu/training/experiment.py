@@ -113,20 +113,40 @@ def setup(config: Config, write_config: bool = True, startup: PhaseTimer | None 
              inputs.examples_per_step, total_steps / pipeline.steps_per_epoch(inputs, info))
     from tfgpu.models import provenance
 
-    if placement.is_chief and write_config and not accepted:
-        _write_run_config(config)
-    elif not write_config:
+    if not write_config:
         provenance.warn_if_changed(config, config.model_dir)
     precision.set_policy(config.precision)
     task = task_class(config, info, placement, total_steps, step_counter(placement.strategy))
-    # An allowed change is recorded once the checkpoint restored into this run's model: a resume that fails
-    # there leaves config.yaml describing the checkpoint, and no record of a change that never trained.
-    on_restored = ([lambda step, history: _write_run_config(config, accepted, step, history)]
-                   if placement.is_chief and accepted else [])
+    # config.yaml, model_source.json and the record of each allowed change are written once the checkpoint restored
+    # into this run's model and its data position was placed: a resume refused at any point before (a config, model
+    # or data change, a checkpoint that does not fit) writes nothing, and no change that never trained is recorded.
+    changes = list(accepted)  # the model's own changes join once the models are built, below
+    on_restored = ([lambda step, history: _write_run_config(config, changes, step, history)]
+                   if placement.is_chief and write_config else [])
     trainer = Trainer(_trainer_config(config, inputs, info), inputs, placement, task, info, total_steps, startup,
                       on_restored, history_class)
+    changes += _check_model(config, task, trainer.checkpointer, recorded, write_config)
     startup.mark("build")  # the task's models and optimizers, the trainer's loops and checkpointer
     return Setup(config, placement, info, task, trainer, total_steps)
+
+
+def _check_model(config: Config, task, checkpointer, recorded, write_config: bool) -> list:
+    """Records the built models' fingerprint in every checkpoint this run saves and, for a training run, compares it
+    with the one the checkpoint it resumes recorded: the allowed changes (``config_change.model_changes``), or the
+    one-line refusal."""
+    import keras
+
+    from tfgpu.models import fingerprint, provenance
+    from tfgpu.training import checkpoint
+
+    models = {name: item for name, item in task.checkpoint_items().items() if isinstance(item, keras.Model)}
+    current = fingerprint.of(models, provenance.builder_sources(config))
+    checkpointer.record_fingerprint(current)
+    latest = checkpoint.latest(config.model_dir) if write_config else None
+    if latest is None:
+        return []
+    step = recorded.step if recorded is not None else config_change.resumed_step(config.model_dir)
+    return config_change.model_changes(checkpoint.recorded_fingerprint(latest), current, config, step)
 
 
 def _write_run_config(config: Config, changes=(), step: int = 0, history=None) -> None:

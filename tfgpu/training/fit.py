@@ -221,6 +221,11 @@ def register(model_fn) -> str:
     return name
 
 
+def model_fn_of(name: str):
+    """The model_fn registered as ``name`` (``register``), or None: whose source the model fingerprint hashes."""
+    return _MODEL_FNS.get(name)
+
+
 def _build(name: str, input_shape, num_classes: int):
     """Calls the model_fn registered as ``name`` and checks its model against the data."""
     import keras

@@ -121,7 +121,9 @@ class Trainer:
         self._trace_train_loop()
         # The task's step as it is when the loop traces (tests wrap it after construction).
         self._eval_loop = loop.build_loop(self.strategy, lambda batch: self.task.eval_step(batch), self.eval_sums)
-        self._writers = ({kind: tf.summary.create_file_writer(os.path.join(self.model_dir, "summaries", run))
+        # Each writer is made at its first scalar (making one writes an events file): a resume refused once the
+        # trainer is built writes nothing.
+        self._writers = ({kind: os.path.join(self.model_dir, "summaries", run)
                           for kind, run in (("train", "train"), ("eval", "validation"))}
                          if self.chief and self.config.tensorboard else {})
 
@@ -394,6 +396,8 @@ class Trainer:
         writer = self._writers.get(kind)
         if writer is None:
             return
+        if isinstance(writer, str):
+            writer = self._writers[kind] = tf.summary.create_file_writer(writer)
         with writer.as_default(step=step):
             for name, value in values.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
