@@ -3,6 +3,7 @@ anything (tfgpu.training.config_change): a change to what is trained stops in on
 recorded in history.jsonl and the report."""
 import json
 
+import keras
 import pytest
 import yaml
 
@@ -70,3 +71,165 @@ def test_a_resume_with_another_batch_or_model_is_one_line_until_allowed(train_he
     assert json.loads((model_dir / "metrics.json").read_text())["step"] == 4
     assert yaml.safe_load((model_dir / "config.yaml").read_text())["global_batch_size"] == 16
     assert "| 2 | global_batch_size | 32 | 16 |" in (model_dir / "report.md").read_text()
+
+
+# -- resume only the same model; a refused resume writes nothing (issue 37 items 4, 5) -------------------------------
+NET = '''
+import keras
+
+
+def build(input_shape, num_classes):
+    inputs = keras.Input(input_shape)
+    x = keras.layers.Conv2D(4, 3, activation="relu", name="conv")(inputs)
+    x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
+    return keras.Model(inputs, keras.layers.Dense(num_classes, name="logits")(x))
+'''
+# The issue's edit: another activation and another pooling layer, the same variables.
+EDITED = NET.replace('activation="relu"', 'activation="gelu"').replace("GlobalAveragePooling2D", "GlobalMaxPooling2D")
+
+
+def _files(model_dir) -> dict:
+    """{path: bytes} of every file under ``model_dir``: a refused resume must leave this unchanged."""
+    return {str(p.relative_to(model_dir)): p.read_bytes() for p in sorted(model_dir.rglob("*")) if p.is_file()}
+
+
+def _write_model_file(path, text, monkeypatch):
+    """Writes the user's model file and forgets the module this process imported from it (a new process would
+    import the file afresh)."""
+    import sys
+
+    from tfgpu.models import user
+
+    path.write_text(text)
+    monkeypatch.setattr(user, "_LOADED", {})
+    for name in [n for n in sys.modules if n.startswith(f"tfgpu_user_{path.stem}_")]:
+        monkeypatch.delitem(sys.modules, name)
+
+
+def _refused(train_here, *args) -> str:
+    result = train_here(*args, check=False)
+    assert result.returncode == 1 and "Traceback" not in result.output, result.output[-3000:]
+    (error,) = [line for line in result.output.splitlines() if line.startswith("error:")]
+    return error
+
+
+def test_an_edited_model_file_is_refused_naming_what_changed_until_allowed(train_here, tmp_path, monkeypatch):
+    """Train with --model=net.py:build, edit an activation and the pooling layer, rerun: it resumed at step 2 and
+    model_source.json took the new file's sha256. Now: one line naming both, nothing written; allowed, the change
+    is recorded in history.jsonl and the report, and the next resume of the edited model is the same model."""
+    net, run = tmp_path / "net.py", tmp_path / "run"
+    _write_model_file(net, NET, monkeypatch)
+    args = [*TINY, f"--model={net}:build", "--global_batch_size=32", "--tensorboard=true", f"--model_dir={run}"]
+    train_here(*args, "--train_steps=2")
+    source = run / "model_source.json"
+    recorded = source.stat().st_ino, source.read_bytes()
+    train_here(*args, "--train_steps=3")  # unchanged: resumes, and leaves the recorded source as it was
+    assert (source.stat().st_ino, source.read_bytes()) == recorded
+
+    _write_model_file(net, EDITED, monkeypatch)
+    before = _files(run)
+    error = _refused(train_here, *args, "--train_steps=4")
+    assert error.startswith(f"error: --allow_config_change: {run} resumes at step 3 a checkpoint of another model: "
+                            "layer 'conv' activation changed: 'relu' -> 'gelu'; layer 'pool' changed: "
+                            "GlobalAveragePooling2D -> GlobalMaxPooling2D; --model file "), error
+    assert "Pass --allow_config_change=model to resume with the changed model" in error
+    assert _files(run) == before and source.stat().st_ino == recorded[0]
+
+    out = train_here(*args, "--train_steps=4", "--allow_config_change=model").output
+    assert "resuming at step 3 with a changed config (--allow_config_change): layer 'pool' changed: " \
+           "GlobalAveragePooling2D -> GlobalMaxPooling2D" in out
+    changes = read_history(run, "config_change")
+    assert [(r["step"], r["field"], r["old"], r["new"]) for r in changes][:2] == [
+        (3, "model", "layer 'conv' activation: 'relu'", "layer 'conv' activation: 'gelu'"),
+        (3, "model", "layer 'pool': GlobalAveragePooling2D", "layer 'pool': GlobalMaxPooling2D")]
+    assert "| 3 | model | layer 'pool': GlobalAveragePooling2D | layer 'pool': GlobalMaxPooling2D |" in \
+        (run / "report.md").read_text()
+    assert json.loads(source.read_text())["model"]["sha256"] != json.loads(recorded[1])["model"]["sha256"]
+    train_here(*args, "--train_steps=5")  # the checkpoints now record the edited model
+
+
+def _converted(tmp_path, name: str, num_shards: int) -> str:
+    """A small dataset converted by tfgpu.convert (64 records of 8x8x1, 10 classes)."""
+    import numpy as np
+
+    from tfgpu import convert
+
+    rng = np.random.default_rng(0)
+    arrays = tmp_path / f"{name}.npz"
+    np.savez(arrays, x=rng.integers(0, 256, (64, 8, 8, 1), dtype=np.uint8), y=np.arange(64) % 10)
+    out = tmp_path / name
+    assert convert.main([f"--source={arrays}", f"--output_dir={out}", f"--num_shards={num_shards}"]) == 0
+    return str(out)
+
+
+@pytest.mark.parametrize("refusal", ["config", "model", "data", "checkpoint"])
+def test_every_refused_resume_leaves_the_model_dir_byte_identical(train_here, tmp_path, monkeypatch, refusal):
+    """config.yaml (its safe fields, e.g. train_steps, were rewritten), history.jsonl, metrics.json, the
+    checkpoints, model_source.json and TensorBoard's files, whatever refused the resume: a changed option, a
+    changed model, other records under the same --data_dir, a checkpoint the allowed model cannot take."""
+    import shutil
+
+    net, run = tmp_path / "net.py", tmp_path / "run"
+    _write_model_file(net, NET, monkeypatch)
+    data = _converted(tmp_path, "data", num_shards=2)
+    args = [*TINY[1:], f"--data_dir={data}", "--global_batch_size=16", "--tensorboard=true", f"--model_dir={run}"]
+    train_here(*args, f"--model={net}:build", "--train_steps=2")
+    before = _files(run)
+    again = [*args, f"--model={net}:build", "--train_steps=6"]
+    if refusal == "config":
+        error = _refused(train_here, *args, f"--model={net}:build", "--train_steps=6", "--global_batch_size=8")
+        assert "global_batch_size 16 -> 8" in error
+    elif refusal == "model":
+        _write_model_file(net, EDITED, monkeypatch)
+        assert "a checkpoint of another model: layer 'conv' activation" in _refused(train_here, *again)
+    elif refusal == "data":
+        shutil.rmtree(data)
+        shutil.move(_converted(tmp_path, "other", num_shards=3), data)
+        assert "is not the one" in _refused(train_here, *again)
+    else:
+        error = _refused(train_here, *args, "--model=small_cnn", "--train_steps=6", "--allow_config_change=model")
+        assert "does not fit the model built here" in error
+    assert _files(run) == before
+
+
+def _fit_model():
+    inputs = keras.Input((8, 8, 1))
+    x = keras.layers.Conv2D(4, 3, activation="relu", name="conv")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(10, name="logits")(keras.layers.GlobalAveragePooling2D()(x)))
+
+
+def _fit_model_edited():  # the same function, edited (the name fit registers is the module and qualname)
+    inputs = keras.Input((8, 8, 1))
+    x = keras.layers.Conv2D(4, 3, activation="relu", name="conv")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(10, name="logits")(keras.layers.GlobalMaxPooling2D()(x)))
+
+
+_fit_model_edited.__qualname__ = _fit_model.__qualname__
+
+
+def test_an_edited_tfgpu_fit_model_function_is_refused_until_allowed(tmp_path, monkeypatch):
+    import numpy as np
+    import tensorflow as tf
+
+    import tfgpu
+    from tfgpu.training import experiment
+
+    monkeypatch.setattr(experiment, "_write_report", lambda model_dir: None)  # its plots take seconds
+    rng = np.random.default_rng(0)
+    data = tf.data.Dataset.from_tensor_slices((rng.integers(0, 256, (64, 8, 8, 1), dtype=np.uint8),
+                                               np.arange(64) % 10))
+    run = tmp_path / "run"
+    options = dict(model_dir=str(run), global_batch_size=16, steps_per_loop=1, verbose=0)
+    try:
+        tfgpu.fit(_fit_model, data, train_steps=2, **options)
+        before = _files(run)
+        with pytest.raises(tfgpu.ConfigError, match=r"resumes at step 2 a checkpoint of another model: layer "
+                           r"'global_average_pooling2d' \(now 'global_max_pooling2d'\) changed: "
+                           r"GlobalAveragePooling2D -> GlobalMaxPooling2D; model_fn _fit_model's source changed: "
+                           r"sha256 \w{12} -> sha256 \w{12}\. Pass"):
+            tfgpu.fit(_fit_model_edited, data, train_steps=4, **options)
+        assert _files(run) == before
+        assert tfgpu.fit(_fit_model_edited, data, train_steps=4, allow_config_change="model", **options)["step"] == 4
+    finally:
+        keras.backend.clear_session(free_memory=False)
+    assert {r["field"] for r in read_history(run, "config_change")} == {"model"}

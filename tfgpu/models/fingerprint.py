@@ -122,23 +122,35 @@ def differences(old: dict, new: dict) -> list:
 def _model_differences(old: dict, new: dict, where: str) -> list:
     found = []
     old_layers, new_layers = old.get("layers", {}), new.get("layers", {})
-    for path in old_layers:
-        if path not in new_layers:
+    removed = [path for path in old_layers if path not in new_layers]
+    added = [path for path in new_layers if path not in old_layers]
+    # As many layers gone as come, in graph order: the same places under new names (Keras names a layer by its
+    # class, so GlobalAveragePooling2D -> GlobalMaxPooling2D renames it too); compared as one layer each.
+    renamed = dict(zip(removed, added)) if len(removed) == len(added) else {}
+    for path in removed:
+        if path in renamed:
+            now = new_layers[renamed[path]]
+            found.append(Difference(f"{where}layer {path!r} (now {renamed[path]!r})", old_layers[path]["class"],
+                                    now["class"]))
+        else:
             found.append(Difference(f"{where}layer {path!r}", old_layers[path]["class"], "absent"))
+    for path in added:
+        if path not in renamed.values():
+            found.append(Difference(f"{where}layer {path!r}", "absent", new_layers[path]["class"]))
     for path, now in new_layers.items():
         then = old_layers.get(path)
-        if then is None:
-            found.append(Difference(f"{where}layer {path!r}", "absent", now["class"]))
-        elif then["class"] != now["class"]:
-            found.append(Difference(f"{where}layer {path!r}", then["class"], now["class"]))
-        else:
-            for key in sorted(set(then["config"]) & set(now["config"])):
-                if then["config"][key] != now["config"][key]:
-                    found.append(Difference(f"{where}layer {path!r} {key}", _show(then["config"][key]),
-                                            _show(now["config"][key])))
-            if "inputs" in then and "inputs" in now and then["inputs"] != now["inputs"]:
-                found.append(Difference(f"{where}layer {path!r} inputs", ",".join(then["inputs"]),
-                                        ",".join(now["inputs"])))
+        if then is None or then["class"] != now["class"]:
+            if then is not None:
+                found.append(Difference(f"{where}layer {path!r}", then["class"], now["class"]))
+            continue
+        for key in sorted(set(then["config"]) & set(now["config"])):
+            if then["config"][key] != now["config"][key]:
+                found.append(Difference(f"{where}layer {path!r} {key}", _show(then["config"][key]),
+                                        _show(now["config"][key])))
+        inputs_then = sorted(renamed.get(name, name) for name in then.get("inputs", ()))
+        if "inputs" in then and "inputs" in now and inputs_then != now["inputs"]:
+            found.append(Difference(f"{where}layer {path!r} inputs", ",".join(then["inputs"]),
+                                    ",".join(now["inputs"])))
     old_vars, new_vars = old.get("variables", {}), new.get("variables", {})
     for path in sorted(set(old_vars) | set(new_vars)):
         if old_vars.get(path) != new_vars.get(path):
