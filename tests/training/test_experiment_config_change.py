@@ -113,6 +113,7 @@ def _refused(train_here, *args) -> str:
     return error
 
 
+@pytest.mark.slow  # five runs (about 30 s on 2 loaded cores); the refusal alone runs by default, below
 def test_an_edited_model_file_is_refused_naming_what_changed_until_allowed(train_here, tmp_path, monkeypatch):
     """Train with --model=net.py:build, edit an activation and the pooling layer, rerun: it resumed at step 2 and
     model_source.json took the new file's sha256. Now: one line naming both, nothing written; allowed, the change
@@ -162,13 +163,17 @@ def _converted(tmp_path, name: str, num_shards: int) -> str:
     return str(out)
 
 
-@pytest.mark.parametrize("refusal", ["config", "model", "data", "checkpoint"])
+@pytest.mark.parametrize("refusal", ["model", *(pytest.param(r, marks=pytest.mark.slow)
+                                                for r in ("config", "data", "checkpoint"))])
 def test_every_refused_resume_leaves_the_model_dir_byte_identical(train_here, tmp_path, monkeypatch, refusal):
     """config.yaml (its safe fields, e.g. train_steps, were rewritten), history.jsonl, metrics.json, the
     checkpoints, model_source.json and TensorBoard's files, whatever refused the resume: a changed option, a
     changed model, other records under the same --data_dir, a checkpoint the allowed model cannot take."""
     import shutil
 
+    from tfgpu.training import experiment
+
+    monkeypatch.setattr(experiment, "_write_report", lambda model_dir: None)  # its plots take seconds
     net, run = tmp_path / "net.py", tmp_path / "run"
     _write_model_file(net, NET, monkeypatch)
     data = _converted(tmp_path, "data", num_shards=2)
@@ -207,6 +212,7 @@ def _fit_model_edited():  # the same function, edited (the name fit registers is
 _fit_model_edited.__qualname__ = _fit_model.__qualname__
 
 
+@pytest.mark.slow  # three runs (about 17 s on 2 loaded cores)
 def test_an_edited_tfgpu_fit_model_function_is_refused_until_allowed(tmp_path, monkeypatch):
     import numpy as np
     import tensorflow as tf
