@@ -2,6 +2,7 @@
 import dataclasses
 import math
 
+import hypothesis
 import pytest
 from hypothesis import given, strategies as st
 
@@ -72,3 +73,54 @@ def test_resolving_flags_checks_durations_in_one_line(flags, message):
 def test_a_duration_flag_alone_resolves():
     config = config_sources.resolve({**BASE, "eval_every": "2ep", "warmup": "500ex"}, references=False)
     assert (config.eval_every, config.warmup) == ("2ep", "500ex")
+
+
+# -- a length in epochs across global batch changes (issue 37) --------------------------------------------------------
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(records=st.integers(50, 5000), epochs=st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.0]),
+                  segments=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 256)), min_size=1, max_size=4),
+                  unit=st.sampled_from([durations.EPOCHS, durations.EXAMPLES]))
+def test_a_length_in_epochs_trains_that_many_records_whatever_batches_earlier_segments_had(records, epochs,
+                                                                                           segments, unit):
+    """Segments of (steps, global batch), each resumed with --allow_config_change=global_batch_size: the run's
+    --train=Nep (or Nex) ends at the first step whose records reach N epochs; it was the new batch's steps for the
+    whole run (1ep after 24 -> 48 at step 10 trained 960 of 1,200 records)."""
+    from tfgpu.data import position
+
+    step = fed = 0
+    for steps, batch in segments[:-1]:
+        step, fed = step + steps, fed + steps * batch
+    batch = segments[-1][1]
+    # The checkpoint's data position (one pipeline) gives back the records fed, whatever batches fed them.
+    recorded = position.Position(fed // records, (position.Stage(1, fed % records),))
+    resumed = (step, position.records_fed(recorded, records))
+    assert resumed[1] == fed
+    wanted = epochs * records  # records: a length in examples is given as that many
+    amount = epochs if unit == durations.EPOCHS else wanted
+    total = durations.train_steps(durations.Duration(amount, unit), records / batch, batch, resumed)
+    trained = fed + (total - step) * batch
+    if fed >= wanted:
+        assert total == max(1, step)  # already trained: no step more
+    else:
+        assert trained >= wanted - 1e-6 and trained - batch < wanted - 1e-6
+        assert durations.epochs_at(total, records / batch, batch, resumed) == pytest.approx(trained / records)
+
+
+@hypothesis.settings(max_examples=200, deadline=None)
+@hypothesis.given(records=st.integers(50, 5000), workers=st.integers(1, 4), per_worker=st.integers(1, 64),
+                  step=st.integers(1, 400), epochs=st.sampled_from([0.5, 1.0, 2.0, 3.0]))
+def test_without_a_batch_change_a_resume_counts_exactly_as_an_uninterrupted_run(records, workers, per_worker, step,
+                                                                                epochs):
+    """The data position's records fed, on any number of workers (an epoch leaves records % workers out), give the
+    uninterrupted run's --train steps and epochs: resuming must not move the end by a step."""
+    from tfgpu.data import position
+
+    batch = workers * per_worker
+    hypothesis.assume(records // workers >= per_worker)
+    topology = position.Topology(workers, 1, batch, 1)
+    fed = position.records_fed(position.from_step(step, topology, records), records)
+    assert fed == step * batch
+    length = durations.Duration(epochs, durations.EPOCHS)
+    uninterrupted = durations.train_steps(length, records / batch, batch)
+    assert durations.train_steps(length, records / batch, batch, (step, fed)) == max(uninterrupted, step)
+    assert durations.epochs_at(step, records / batch, batch, (step, fed)) == pytest.approx(step * batch / records)

@@ -84,6 +84,27 @@ def to_steps(duration: Duration, steps_per_epoch: float, examples_per_step: int,
     return max(steps, 1) if duration.amount > 0 else 0
 
 
+def train_steps(duration: Duration, steps_per_epoch: float, examples_per_step: int, resumed=None) -> int:
+    """--train in optimizer steps, covering a last partial epoch. ``resumed``: (step, examples trained by it) of the
+    checkpoint a run resumes, from its data position; a length in epochs or examples then counts what earlier
+    segments trained (at their own global batch, which --allow_config_change=global_batch_size may have changed)
+    and the steps left at this run's batch. A length already trained gives the resumed step."""
+    if resumed is None or duration.unit == STEPS:
+        return max(1, to_steps(duration, steps_per_epoch, examples_per_step, round_up=True))
+    step, examples_done = resumed
+    target = duration.amount * steps_per_epoch * examples_per_step if duration.unit == EPOCHS else duration.amount
+    return max(1, step + max(0, math.ceil((target - examples_done) / examples_per_step)))
+
+
+def epochs_at(step: int, steps_per_epoch: float, examples_per_step: int, resumed=None) -> float:
+    """Epochs trained by ``step``: the examples of the resumed checkpoint (``resumed``: as ``train_steps`` takes it),
+    then this run's steps at its own batch, over the epoch's examples; without one, ``step / steps_per_epoch``."""
+    if resumed is None:
+        return step / steps_per_epoch
+    start, examples_done = resumed
+    return (examples_done + (step - start) * examples_per_step) / (steps_per_epoch * examples_per_step)
+
+
 def check(config: Config) -> Config:
     """Each duration flag parses, and is not given together with an older flag that spells it (which one would
     win is not obvious); ConfigError naming the flag. Costs microseconds, imports nothing heavy."""

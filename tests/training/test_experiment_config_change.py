@@ -239,3 +239,24 @@ def test_an_edited_tfgpu_fit_model_function_is_refused_until_allowed(tmp_path, m
     finally:
         keras.backend.clear_session(free_memory=False)
     assert {r["field"] for r in read_history(run, "config_change")} == {"model"}
+
+
+@pytest.mark.slow  # three runs, 70 steps (the property test in tests/test_durations.py runs by default)
+def test_epochs_count_each_segment_at_its_own_global_batch(train_here, tmp_path, monkeypatch):
+    """The issue's case on the digits (1,438 train records): 10 steps of 24, then --global_batch_size=48 allowed and
+    --train=1ep. It ran ceil(1438 / 48) = 30 steps in all, 1,198 records, and said "(1.00 epochs)"; a target met at
+    step 12 said 0.40 epochs where (240 + 2 * 48) / 1438 = 0.23 were trained."""
+    from tfgpu.training import experiment
+
+    monkeypatch.setattr(experiment, "_write_report", lambda model_dir: None)  # its plots take seconds
+    run = tmp_path / "run"
+    common = ["--dataset=digits", "--model=small_cnn", "--steps_per_loop=2", "--tensorboard=false", "--verbose=2",
+              f"--model_dir={run}"]
+    train_here(*common, "--global_batch_size=24", "--train_steps=10", "--eval_split=none")
+    wider = [*common, "--global_batch_size=48", "--allow_config_change=global_batch_size", "--train=1ep"]
+    train_here(*wider, "--target=val_accuracy:0.0", "--eval_every_steps=12")
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert (metrics["step_at_target"], metrics["epochs_at_target"]) == (12, round((240 + 2 * 48) / 1438, 2))
+    out = train_here(*wider).output
+    assert "35 steps of 48 examples (1.00 epochs)" in out  # 10 + ceil((1438 - 240) / 48)
+    assert json.loads((run / "metrics.json").read_text())["step"] == 35

@@ -99,6 +99,14 @@ def advance(position: Position, stage_length: int, epoch_length: int, records: i
     return Position(position.epoch + 1 + epochs, (Stage(current.num_pipelines, offset),))
 
 
+def records_fed(position: Position, total: int) -> int:
+    """Records of the train split (``total`` readable) fed to reach ``position``: its whole epochs, each an ordinary
+    epoch of the topology that began the current one (``total // pipelines`` records per pipeline), and those fed
+    in the current one. Without a topology change, ``step * examples per step``, as an uninterrupted run counts."""
+    first = position.stages[0].num_pipelines
+    return position.epoch * first * (total // first) + position.records_in_epoch
+
+
 def global_index(keys: np.ndarray, first_of_file: np.ndarray) -> np.ndarray:
     """Record identities (``file_index * 2**32 + index in the file``) as indices into the split."""
     keys = np.asarray(keys, np.int64)

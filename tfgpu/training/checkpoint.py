@@ -103,16 +103,26 @@ def has_data_position(path: str) -> bool:
     return DATA_POSITION in _saved_items(path)
 
 
-def recorded_fingerprint(path: str):
-    """The model fingerprint the checkpoint at ``path`` recorded, or None when it has none (written before they were
-    recorded, or unreadable: ``restore`` names that)."""
-    if MODEL_FINGERPRINT not in _saved_items(path):
+def _recorded_state(path: str, name: str):
+    """The JSON object the PythonState ``name`` saved in the checkpoint at ``path``, read without restoring it;
+    None when it holds none (older, or unreadable: ``restore`` names that)."""
+    if name not in _saved_items(path):
         return None
     try:
-        value = json.loads(tf.train.load_checkpoint(path).get_tensor(MODEL_FINGERPRINT + _PY_STATE))
+        value = json.loads(tf.train.load_checkpoint(path).get_tensor(name + _PY_STATE))
     except (tf.errors.OpError, ValueError):
         return None
     return value if isinstance(value, dict) and value else None
+
+
+def recorded_fingerprint(path: str):
+    """The model fingerprint the checkpoint at ``path`` recorded, or None when it has none."""
+    return _recorded_state(path, MODEL_FINGERPRINT)
+
+
+def recorded_data_position(path: str):
+    """The data position record (``tfgpu.data.position.to_record``) of the checkpoint at ``path``, or None."""
+    return _recorded_state(path, DATA_POSITION)
 
 
 def latest(model_dir: str) -> str | None:

@@ -73,6 +73,7 @@ def setup(config: Config, write_config: bool = True, startup: PhaseTimer | None 
     import keras
     import tensorflow as tf
 
+    from tfgpu import durations
     from tfgpu.runtime import distribute, precision
     from tfgpu.data import catalog, pipeline
     from tfgpu.models import list_models
@@ -105,12 +106,14 @@ def setup(config: Config, write_config: bool = True, startup: PhaseTimer | None 
                     "which XLA cannot compile")
     info = catalog.prepare(DatasetConfig.of(config))
     inputs = input_config(config)
-    total_steps = pipeline.resolve_train_steps(inputs, info)
+    per_epoch = pipeline.steps_per_epoch(inputs, info)
+    resumed = _resumed_examples(config, info)
+    total_steps = durations.train_steps(durations.of(inputs, "train"), per_epoch, inputs.examples_per_step, resumed)
     startup.mark("dataset")
     log.info("data: %s %s train=%d eval=%s(%d) classes=%d; %d steps of %d examples (%.2f epochs)", info.name,
              info.image_shape, info.num_train_examples, info.eval_split or "none",
              info.split_sizes.get(info.eval_split, 0), info.num_classes, total_steps,
-             inputs.examples_per_step, total_steps / pipeline.steps_per_epoch(inputs, info))
+             inputs.examples_per_step, durations.epochs_at(total_steps, per_epoch, inputs.examples_per_step, resumed))
     from tfgpu.models import provenance
 
     if not write_config:
@@ -147,6 +150,21 @@ def _check_model(config: Config, task, checkpointer, recorded, write_config: boo
         return []
     step = recorded.step if recorded is not None else config_change.resumed_step(config.model_dir)
     return config_change.model_changes(checkpoint.recorded_fingerprint(latest), current, config, step)
+
+
+def _resumed_examples(config: Config, info):
+    """(step, examples trained by it) of the checkpoint this run resumes, from the data position it records (records
+    fed, whatever global batch fed them), or None for a fresh run, synthetic data or a checkpoint without one:
+    --train in epochs or examples then counts each segment at its own batch (``durations.train_steps``)."""
+    from tfgpu.data import position, records
+    from tfgpu.training import checkpoint
+
+    latest = checkpoint.latest(config.model_dir)
+    record = checkpoint.recorded_data_position(latest) if latest and info.name != "synthetic" else None
+    if record is None:
+        return None
+    fed = position.from_record(record, latest)[0]
+    return config_change.resumed_step(config.model_dir), position.records_fed(fed, records.train_records(info))
 
 
 def _write_run_config(config: Config, changes=(), step: int = 0, history=None) -> None:

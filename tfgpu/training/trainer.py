@@ -23,6 +23,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from tfgpu import durations
 from tfgpu.config import ConfigError, InputConfig, TrainerConfig
 from tfgpu.data import pipeline, records
 from tfgpu.data import position as data_position
@@ -80,6 +81,7 @@ class Trainer:
         self.on_restored = tuple(on_restored)
         self._target_hit = None  # step, epochs and seconds of the evaluation that reached the target
         self._target_best = None  # the best value of the target's metric evaluated so far
+        self._resumed_examples = None  # (step, examples trained by it) of the checkpoint resumed: its data position
         self._resumed_eval = {}  # the evaluation of a checkpoint resumed from that already reaches the target
         self.step = task.global_step  # the run's one step counter (``step_counter``), which the task was built with
         # A run that will load --init_weights (no checkpoint to restore) checks their file before building anything.
@@ -215,6 +217,7 @@ class Trainer:
             return resume.plan_resume(self.inputs, self.info, num_pipelines, step)
         where = getattr(self.checkpointer, "restored_path", self.checkpointer.real_dir)
         pos, before, seed, fingerprint = data_position.from_record(recorded, where)
+        self._resumed_examples = (step, data_position.records_fed(pos, records.train_records(self.info)))
         self._check_recorded(where, before, seed, fingerprint)
         plan = resume.plan_resume(self.inputs, self.info, num_pipelines, step, pos)
         after = self._topology()
@@ -299,7 +302,8 @@ class Trainer:
         if not self._any_worker(self.target.reached(value)):
             return False
         self._target_hit = {"step": step, "seconds": time.time() - self.started_at if timed else None,
-                            "epochs": step / pipeline.steps_per_epoch(self.inputs, self.info)}
+                            "epochs": durations.epochs_at(step, pipeline.steps_per_epoch(self.inputs, self.info),
+                                                          self.inputs.examples_per_step, self._resumed_examples)}
         return True
 
     # -- resuming --------------------------------------------------------------
