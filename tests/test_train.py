@@ -263,6 +263,18 @@ FAKE_TENSORFLOW = "raise ImportError('tensorflow was imported')\n"
     (["--recipe=quickstart_gan", "--n_critic=0"], "error: --n_critic: must be positive, got 0"),
     (["--recipe=quickstart", "--n_critic=2"], "error: --n_critic: is for --task=gan; this run is "
                                               "--task=classification"),
+    # What the values name (issue 37: these came 12-17 s in, after TensorFlow's import).
+    (["--dataset=digits", "--model=resnt20"], "error: --model: unknown model 'resnt20'; known models: convnext_tiny,"),
+    (["--recipe=quickstart_gan", "--generator=dcgn"], "error: --generator: unknown model 'dcgn'; known models: "),
+    (["--dataset=digits", "--model=/nonexistent/net.py:build"], "error: --model: file '/nonexistent/net.py' does "
+                                                                "not exist"),
+    (["--data_dir=/nonexistent/data"], "error: --data_dir: '/nonexistent/data' does not exist"),
+    (["--dataset=cifar11"], "error: --dataset: unknown dataset 'cifar11'; use one of digits, mnist5k, synthetic, "
+                            "tfds:NAME, or --data_dir"),
+    (["--dataset=digits", "--target=val_acc:0.9"], "error: --target: 'val_acc' is not an eval metric of this task; "
+                                                   "it evaluates val_loss, val_accuracy, val_top5_accuracy"),
+    (["--recipe=quickstart_gan", "--target=val_accuracy:0.9"], "error: --target: 'val_accuracy' is not an eval "
+                                                               "metric of this task; it evaluates fid, kid"),
 ])
 def test_a_bad_flag_or_value_is_one_line_before_tensorflow_is_imported(tmp_path, argv, error):
     """From an empty directory, with a `tensorflow` that fails on import first on the path: the error must be the

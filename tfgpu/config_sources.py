@@ -130,6 +130,49 @@ def _drop_other_tasks_defaults(values: dict, explicit: dict, yaml_path: str) -> 
         del values[name]
 
 
+def check_names(config: Config) -> Config:
+    """What the values name, as far as it is known without TensorFlow (milliseconds, so a typo is one line in well
+    under a second): registered model names (``models.names``; MODULE:FUNCTION builders are imported later), the
+    file of a file.py:FUNCTION builder, a local --data_dir, --dataset, and --target's form and metric
+    (``tasks.eval_metrics``). ``check_references`` checks the rest once TensorFlow is imported. ConfigError naming
+    the flag."""
+    import os
+
+    from tfgpu.models import names, user
+
+    named = config.options()
+    for flag in user.FLAGS:
+        reference = named.get(flag, "")
+        if not reference or reference in names.known():
+            continue
+        if not user.is_reference(reference):
+            raise ConfigError(flag, f"unknown model {reference!r}; known models: {', '.join(names.known())}; or your "
+                              "own builder as MODULE:FUNCTION or path/to/file.py:FUNCTION")
+        target = reference.rpartition(":")[0]
+        if target.endswith(".py") and "://" not in target and not os.path.isfile(target):
+            raise ConfigError(flag, f"file {os.path.abspath(target)!r} does not exist")
+    data_dir = config.data_dir
+    if data_dir and "://" not in data_dir:
+        directory = os.path.dirname(data_dir) if any(c in data_dir for c in "*?[") else data_dir
+        if not os.path.isdir(directory):
+            raise ConfigError("data_dir", f"{directory!r} does not exist (a directory tfgpu.convert wrote, with its "
+                              "dataset.json)")
+    elif not data_dir and config.dataset != "synthetic" and not config.dataset.startswith("tfds:"):
+        from tfgpu.data import builtin  # numpy only
+
+        if config.dataset not in builtin.BUILTIN:
+            raise ConfigError("dataset", f"unknown dataset {config.dataset!r}; use one of "
+                              f"{', '.join(builtin.BUILTIN + ('synthetic',))}, tfds:NAME, or --data_dir")
+    if config.target:
+        from tfgpu.tasks.eval_metrics import EVAL_METRICS
+        from tfgpu.training import target
+
+        metric, _ = target.parse(config.target)
+        if config.task in EVAL_METRICS:
+            target.named_metric(metric, EVAL_METRICS[config.task])
+    return config
+
+
 def check_references(config: Config) -> Config:
     """Checks what the values name: file system schemes, the --target metric's form, the model (a user's
     MODULE:FUNCTION is imported) and GAN builders. Imports TensorFlow; raises ConfigError naming the flag."""

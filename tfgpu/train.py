@@ -88,7 +88,7 @@ def main(argv=None) -> int:
         # What needs no TensorFlow first (flags, flagfiles, recipes, YAML, types, choices, ranges): a mistake there
         # is one line in well under a second.
         namespace = parser().parse_args(argv)
-        config = cli.resolve(namespace, namespace.config, references=False)
+        config = config_sources.check_names(cli.resolve(namespace, namespace.config, references=False))
     except ConfigError as e:
         return failures.report(e)
     # Checking what the values name imports the model registry, and with it Keras and TensorFlow: their own phase

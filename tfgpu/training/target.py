@@ -93,13 +93,19 @@ def resolve(text: str, declarations) -> Target:
     """The Target ``text`` names among the task's declared eval metrics; ConfigError(target) listing them
     when it names none."""
     metric, value = parse(text)
-    known = eval_metrics(declarations)
+    metric = named_metric(metric, eval_metrics(declarations))
+    return Target(metric, value, lower_is_better(metric, declarations))
+
+
+def named_metric(metric: str, known) -> str:
+    """``metric`` among the task's eval metrics ``known`` (``val_`` may be left out); ConfigError(target) listing
+    them when it names none."""
     if metric not in known and EVAL_PREFIX + metric in known:
         metric = EVAL_PREFIX + metric
     if metric not in known:
         raise ConfigError("target", f"{metric!r} is not an eval metric of this task; it evaluates "
                           f"{', '.join(known) or 'no metric a target can name'}")
-    return Target(metric, value, lower_is_better(metric, declarations))
+    return metric
 
 
 def sentence(result, declarations=None, best=None) -> str:
