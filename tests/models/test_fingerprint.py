@@ -73,3 +73,12 @@ def test_a_changed_source_is_named_by_its_file_and_hashes_and_the_line_counts_th
     assert found[-1].describe() == f"--model file /x/net.py changed: sha256 {'a' * 12} -> sha256 {'b' * 12}"
     assert fingerprint.summary(found).endswith(f"(and {len(found) - 3} more)")
     assert fingerprint.summary(found).count(" changed: ") == 3
+
+
+def test_a_record_of_sources_alone_compares_the_sources_alone():
+    """What model_source.json gives for a checkpoint written before fingerprints were recorded."""
+    sources = {"model": {"what": "--model file /x/net.py", "sha256": "a" * 64}}
+    assert fingerprint.differences({"sources": sources}, _of(_net(units=12), sources)) == []
+    edited = {"model": {"what": "--model file /x/net.py", "sha256": "b" * 64}}
+    assert [d.what for d in fingerprint.differences({"sources": sources}, _of(_net(), edited))] == [
+        "--model file /x/net.py"]

@@ -47,3 +47,21 @@ def test_a_registered_model_writes_no_source_record(model, tmp_path, monkeypatch
     monkeypatch.setitem(registry._MODELS, "zoo:net", registry.ModelSpec("zoo:net", lambda *a: None, "classifier", 32))
     provenance.write_source_record(Config(model=model, dataset="digits", model_dir=str(tmp_path)), str(tmp_path))
     assert not os.listdir(tmp_path)
+
+
+def test_an_unchanged_source_record_is_not_written_again_and_reads_back_as_recorded_sources(net_file, tmp_path):
+    """An unchanged resume leaves model_source.json as it was (issue 37); a checkpoint older than fingerprints is
+    checked against the sha256 it holds."""
+    config = Config(model=f"{net_file}:build", dataset="digits", model_dir=str(tmp_path))
+    provenance.write_source_record(config, str(tmp_path))
+    path = tmp_path / user.SOURCE_FILE
+    first = path.stat().st_ino
+    provenance.write_source_record(config, str(tmp_path))
+    assert path.stat().st_ino == first
+    digest = hashlib.sha256(net_file.read_bytes()).hexdigest()
+    assert provenance.recorded_sources(str(tmp_path)) == {
+        "sources": {"model": {"what": f"--model file {net_file}", "sha256": digest}}}
+    assert provenance.builder_sources(config)["model"]["sha256"] == digest
+    net_file.write_text(NET + "\n# edited\n")
+    provenance.write_source_record(config, str(tmp_path))  # reached only with --allow_config_change=model
+    assert json.loads(path.read_text())["model"]["sha256"] != digest

@@ -101,7 +101,8 @@ def differences(old: dict, new: dict) -> list:
     """Every ``Difference`` between a recorded fingerprint and this run's: per model, layers removed, added or of
     another class, settings changed, what feeds a layer, variables; then the code that built them."""
     found = []
-    old_models, new_models = old.get("models", {}), new.get("models", {})
+    # A record of the sources alone (model_source.json of a run older than fingerprints) compares them alone.
+    old_models, new_models = (old["models"], new.get("models", {})) if "models" in old else ({}, {})
     several = len(set(old_models) | set(new_models)) > 1
     for name in sorted(set(old_models) | set(new_models)):
         where = f"{name} " if several else ""

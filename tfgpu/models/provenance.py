@@ -94,3 +94,21 @@ def warn_if_changed(config, model_dir: str) -> None:
             log.warning("--%s: %s changed since this run recorded it in %s (sha256 %s..., now %s...); the model "
                         "it builds may not match the checkpoint", flag, now["file"], path, then["sha256"][:12],
                         now["sha256"][:12])
+
+
+def recorded_sources(model_dir: str):
+    """The sources model_source.json recorded, as a fingerprint of sources alone (``fingerprint.differences``
+    compares them): what a checkpoint written before fingerprints were recorded is checked against; None without
+    the file (or when it does not read)."""
+    from tfgpu.runtime import fileio
+
+    path = os.path.join(model_dir, user.SOURCE_FILE)
+    try:
+        recorded = json.loads(fileio.read_text(path)) if fileio.isfile(path) else None
+    except ValueError:
+        return None
+    if not isinstance(recorded, dict):
+        return None
+    return {"sources": {flag: {"what": f"--{flag} file {entry.get('file') or entry.get('module')}",
+                               "sha256": entry["sha256"]}
+                        for flag, entry in recorded.items() if isinstance(entry, dict) and entry.get("sha256")}}

@@ -149,7 +149,9 @@ def _check_model(config: Config, task, checkpointer, recorded, write_config: boo
     if latest is None:
         return []
     step = recorded.step if recorded is not None else config_change.resumed_step(config.model_dir)
-    return config_change.model_changes(checkpoint.recorded_fingerprint(latest), current, config, step)
+    # A checkpoint older than fingerprints: the user file's sha256 that model_source.json recorded, if any.
+    recorded_fingerprint = checkpoint.recorded_fingerprint(latest) or provenance.recorded_sources(config.model_dir)
+    return config_change.model_changes(recorded_fingerprint, current, config, step)
 
 
 def _resumed_examples(config: Config, info):
