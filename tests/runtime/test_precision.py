@@ -216,6 +216,7 @@ def test_setup_resolves_auto_before_anything_reads_it(tmp_path, data_cache, monk
             built = experiment.setup(config)
         assert {built.config.precision, built.task.config.precision,
                 keras.mixed_precision.global_policy().name} == {"mixed_bfloat16"}
+        built.trainer.train()  # config.yaml is written once the run starts (a refused resume writes nothing)
     finally:
         keras.mixed_precision.set_global_policy("float32")
         keras.backend.clear_session(free_memory=False)
