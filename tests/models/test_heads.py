@@ -153,3 +153,18 @@ def test_a_leading_rescaling_is_found_nested_and_read_for_0_to_255_pixels(scale,
     assert found[0].startswith("preprocessing/rescaling") and found[1:] == pytest.approx((scale, offset))
     assert heads.expects_pixels(scale, offset) == expects
     assert heads.leading_rescaling(_functional([layers.Dense(10)])) is None
+
+
+@pytest.mark.parametrize("function, activation", [(keras.ops.softmax, "softmax"), (keras.ops.sigmoid, "sigmoid"),
+                                                  (keras.activations.sigmoid, "sigmoid"),
+                                                  (keras.activations.softmax, "softmax")])
+def test_a_subclassed_call_ending_in_a_keras_activation_function_is_found_by_its_trace(function, activation):
+    """A subclassed model's call is read from one trace of it (the op that makes its output), whatever API named
+    the activation (issue 37)."""
+
+    class Subclassed(_SubclassedLogits):
+        def call(self, x):
+            return function(self.dense(self.flatten(x)))
+
+    found = heads.output_head(float32_outputs(Subclassed(), SHAPE))
+    assert found.activation == activation and found.gives_probabilities
