@@ -65,7 +65,8 @@ class TaskOptions:
 @dataclasses.dataclass(frozen=True)
 class Config:
     # -- experiment ---------------------------------------------------------
-    task: str = _opt("classification", "What a step computes: classification or gan.", "experiment")
+    task: str = _opt("classification", "What a step computes: classification (one softmax over the classes), "
+                     "multilabel (one sigmoid per label) or gan.", "experiment")
     model_dir: str = _opt("", "Directory for checkpoints, summaries, config.yaml and metrics.json. Required.", "experiment")
     seed: int = _opt(42, "Seed for weights, data order and augmentation.", "experiment")
     deterministic: bool = _opt(False, "Bit-reproducible run: op determinism and a deterministic input pipeline "
