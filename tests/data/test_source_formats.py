@@ -1,5 +1,7 @@
 """The --source table: every registered format opens a source of its kind (no format without a case here), the
 flag's help and errors are written from the table, and a value no format takes is one line naming --source."""
+import re
+
 import numpy as np
 import pytest
 
@@ -64,14 +66,16 @@ def test_every_registered_format_claims_and_opens_a_source_of_its_kind(kind, png
 def test_the_help_and_the_errors_are_written_from_the_table(tmp_path):
     help_text = source_formats.help_text()
     assert all(kind.help in help_text for kind in source_formats.SOURCE_FORMATS)
-    with pytest.raises(ConfigError, match="^--source: is required: tfrecord:GLOB, tfds:NAME, an image folder, a "
-                                          r"\.csv/\.tsv, a \.npz or a built-in dataset \(digits, mnist5k\)$"):
+    forms = [kind.form for kind in source_formats.SOURCE_FORMATS]
+    assert source_formats.forms() == ", ".join(forms[:-1]) + " or " + forms[-1]
+    with pytest.raises(ConfigError, match=f"^--source: is required: {re.escape(source_formats.forms())}$"):
         source_formats.open_source("", None)
-    with pytest.raises(ConfigError, match=r"^--source: .*nowhere does not exist \(expected tfrecord:GLOB, .* or a "
-                                          r"built-in dataset \(digits, mnist5k\)\)$"):
+    with pytest.raises(ConfigError, match=f"^--source: .*nowhere does not exist \\(expected "
+                                          f"{re.escape(source_formats.forms())}\\)$"):
         source_formats.open_source(str(tmp_path / "nowhere"), None)
     (tmp_path / "notes.txt").write_text("x")
-    with pytest.raises(ConfigError, match=r"^--source: .*notes\.txt: a file, but not a \.csv/\.tsv or a \.npz$"):
+    files = " or ".join(kind.form for kind in source_formats.SOURCE_FORMATS if kind.is_file)
+    with pytest.raises(ConfigError, match=f"^--source: .*notes\\.txt: a file, but not {re.escape(files)}$"):
         source_formats.open_source(str(tmp_path / "notes.txt"), None)
 
 

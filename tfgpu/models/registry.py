@@ -11,7 +11,10 @@ A name that is not registered but has the form ``MODULE:FUNCTION`` or
 ``get_spec`` imports it as a classifier. Registered names always win, even one
 that contains a colon.
 """
+import functools
+import importlib
 import logging
+import pkgutil
 
 import keras
 
@@ -21,9 +24,14 @@ log = logging.getLogger("tfgpu")
 _WARNED: set = set()
 
 
+@functools.cache
 def _import_families():
-    # Importing the family modules runs their @register_model decorators (tfgpu.models.registration).
-    from tfgpu.models import applications, cifar_resnet, gan, resnet, small_cnn  # noqa: F401
+    """Imports every module of ``tfgpu.models`` and its subpackages once, which runs their ``@register_model``
+    decorators (``tfgpu.models.registration``): a family registers by being a module here, listed nowhere else."""
+    import tfgpu.models
+
+    for module in pkgutil.walk_packages(tfgpu.models.__path__, "tfgpu.models."):
+        importlib.import_module(module.name)
 
 
 def list_models(family: str | None = None) -> list[str]:
