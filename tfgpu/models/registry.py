@@ -14,6 +14,7 @@ that contains a colon.
 import functools
 import importlib
 import logging
+import os
 import pkgutil
 
 import keras
@@ -28,9 +29,7 @@ _WARNED: set = set()
 def _import_families():
     """Imports every module of ``tfgpu.models`` and its subpackages once, which runs their ``@register_model``
     decorators (``tfgpu.models.registration``): a family registers by being a module here, listed nowhere else."""
-    import tfgpu.models
-
-    for module in pkgutil.walk_packages(tfgpu.models.__path__, "tfgpu.models."):
+    for module in pkgutil.walk_packages([os.path.dirname(__file__)], "tfgpu.models."):
         importlib.import_module(module.name)
 
 
