@@ -1,9 +1,10 @@
 """Converts a source (tfgpu.data.sources) into sharded TFRecords plus ``dataset.json``, safely and resumably.
 
 The steps, each in its own module: open the source (``source_formats.SOURCE_FORMATS``: ``sources``, ``folders``,
-``csvlist``, ``foreign`` or ``tfds_source``) and say what will not be converted; check split names and classes; claim the output directory
-(``outdir``); plan one task per shard; reuse the shards a previous run finished and verified, write the rest
-(``workers``; records by ``encode``); ``outdir.publish`` puts them in place and writes ``dataset.json`` last.
+``csvlist``, ``foreign`` or ``tfds_source``) and say what will not be converted; check split names and classes;
+claim the output directory (``outdir``); plan one task per shard; reuse the shards a previous run finished and
+verified, write the rest (``workers``; records by ``encode``); ``outdir.publish`` puts them in place and writes
+``dataset.json`` last.
 Nothing a reader uses is touched before every shard is done: a stopped run leaves what was there.
 
 ``--output_dir`` may be any path TensorFlow opens (``gs://``, ``ram://``); the source is read from local disk or TFDS.

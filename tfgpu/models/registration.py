@@ -44,7 +44,8 @@ def register_model(name: str, family: str = "classifier", default_image_size: in
 
     def decorator(builder):
         if name in _MODELS:
-            raise ValueError(f"model {name!r} is registered twice ({_MODELS[name].builder.__module__} and {builder.__module__})")
+            raise ValueError(f"model {name!r} is registered twice ({_MODELS[name].builder.__module__} and "
+                             f"{builder.__module__})")
         _MODELS[name] = ModelSpec(name, builder, family, default_image_size, tuple(options))
         return builder
 

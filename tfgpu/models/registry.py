@@ -19,7 +19,8 @@ import pkgutil
 
 import keras
 
-from tfgpu.models.registration import _MODELS, MODEL_OPTIONS, ModelSpec, register_model  # noqa: F401 (register_model: tfgpu.models' API)
+# register_model: re-exported as tfgpu.models' API (tfgpu.models.__all__)
+from tfgpu.models.registration import _MODELS, MODEL_OPTIONS, ModelSpec, register_model  # noqa: F401
 
 log = logging.getLogger("tfgpu")
 _WARNED: set = set()

@@ -54,7 +54,7 @@ def describe(config, info, facts: dict | None = None) -> dict:
     if own is not None:
         return own
     h, w, c = info.image_shape
-    images = image_batch(info)
+    images = {"dtype": "float32", "layout": "NHWC", "shape": [None, h, w, c]}
     low, high = (float(v) for v in config.input_range)
     kind = facts.get("model_output", "logits")
     return {"task": config.task, "model": config.model,
@@ -68,12 +68,6 @@ def describe(config, info, facts: dict | None = None) -> dict:
                                "from_uint8": f"pixels 0..255 map linearly to {low:g}..{high:g}: "
                                              f"x / 255 * ({high:g} - {low:g}) + {low:g}"}},
             "classes": list(info.classes)}
-
-
-def image_batch(info) -> dict:
-    """A batch of the dataset's images, as ``<name>.input.json`` states an input or output of them."""
-    h, w, c = info.image_shape
-    return {"dtype": "float32", "layout": "NHWC", "shape": [None, h, w, c]}
 
 
 OUTPUT_MEANINGS = {"logits": "logits, one per class (softmax gives probabilities)",
