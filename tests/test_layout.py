@@ -144,3 +144,18 @@ def test_a_module_over_400_lines_says_why_at_its_top():
             if not ("lines)" in doc and "because" in doc):
                 long_without_reason.append(str(path.relative_to(PACKAGE)))
     assert long_without_reason == []
+
+
+def test_the_readme_is_for_users_and_ci_runs_its_commands():
+    """The README stays short (measurements live in docs/benchmarks.md), keeps the two commands a fresh machine
+    needs, and .ci/run runs its test command verbatim; every doc page opens with the tasks it answers."""
+    root = PACKAGE.parent
+    readme = (root / "README.md").read_text()
+    assert readme.count("\n") < 200
+    quickstart = ("python -m pip install -e . && python -m tfgpu.train --flagfile=configs/quickstart.flags "
+                  "--model_dir=/tmp/tfgpu-quickstart")
+    tests = "python -m pip install -e '.[test]' && python -m pytest -q -n 2 --dist worksteal"
+    assert quickstart in readme.splitlines() and tests in readme.splitlines()
+    assert tests in (root / ".ci" / "run").read_text().splitlines()
+    for page in sorted((root / "docs").glob("*.md")):
+        assert "\nThis page answers:\n" in page.read_text()[:400], page.name

@@ -26,9 +26,6 @@ def option(default, help: str, group: str, choices: tuple | None = None):
     return dataclasses.field(default=default, metadata={"help": help, "group": group, "choices": choices})
 
 
-_opt = option
-
-
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")  # the policies; --precision also takes auto
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker_mirrored")
 
@@ -65,161 +62,163 @@ class TaskOptions:
 @dataclasses.dataclass(frozen=True)
 class Config:
     # -- experiment ---------------------------------------------------------
-    task: str = _opt("classification", "What a step computes: classification or gan.", "experiment")
-    model_dir: str = _opt("", "Directory for checkpoints, summaries, config.yaml and metrics.json. Required.", "experiment")
-    seed: int = _opt(42, "Seed for weights, data order and augmentation.", "experiment")
-    deterministic: bool = _opt(False, "Bit-reproducible run: op determinism and a deterministic input pipeline "
-                               "(slower; same flags give the same weights).", "experiment")
-    train: str = _opt("", "How long to train: N (optimizer steps), Nep (epochs) or Nex (examples), e.g. 90ep; "
-                      "empty = --train_steps, else --epochs.", "experiment")
-    train_steps: int = _opt(0, "Optimizer steps to train; wins over --epochs when > 0.", "experiment")
-    epochs: float = _opt(1.0, "Passes over the train split, used when --train_steps is 0.", "experiment")
-    steps_per_loop: int = _opt(100, "Train steps inside one tf.function call (one host round trip).", "experiment")
-    checkpoint_every: str = _opt("", "Save a checkpoint every N steps, Nep (epochs) or Nex (examples), and always at "
-                                 "the end; empty = --checkpoint_every_steps.", "experiment")
-    checkpoint_every_steps: int = _opt(1000, "Save a checkpoint every N steps (and always at the end); 0 = end only.",
-                                       "experiment")
-    keep_checkpoints: int = _opt(3, "How many recent checkpoints to keep.", "experiment")
-    eval_every: str = _opt("", "Evaluate every N steps, Nep (epochs) or Nex (examples), and always at the end; "
-                           "empty = --eval_every_steps.", "experiment")
-    eval_every_steps: int = _opt(0, "Evaluate every N steps (and always at the end); 0 = end only.", "experiment")
-    eval_steps: int = _opt(0, "Eval batches per evaluation; 0 = the whole eval split exactly once.", "experiment")
-    target: str = _opt("", "METRIC:VALUE (e.g. val_accuracy:0.97, fid:20): stop at the first evaluation that "
-                       "reaches it, after a checkpoint, and exit 0; metrics ending in loss, fid or kid (or declared "
-                       "lower-is-better) must fall to VALUE, others rise to it. With --eval_every_steps=0 a target "
-                       "evaluates once per epoch. Empty = train the whole schedule.", "experiment")
-    max_nonfinite_steps: int = _opt(20, "Stop the run (exit 2) when this many steps in a row, with no finite "
-                                    "step between them (across loops), have a non-finite loss or gradient; each "
-                                    "such step is skipped and changes no weight. Scattered skips never stop it.",
-                                    "experiment")
-    allow_config_change: str = _opt("", "FIELD[,FIELD]: resume in a model_dir whose recorded config.yaml differs "
-                                    "from this run in these fields that change what is trained (e.g. "
-                                    "global_batch_size); the change is recorded in history.jsonl and the report. "
-                                    "Any other such change stops the run, naming the field with old and new value.",
-                                    "experiment")
+    task: str = option("classification", "What a step computes: classification (one softmax over the classes), "
+                       "multilabel (one sigmoid per label) or gan.", "experiment")
+    model_dir: str = option("", "Directory for checkpoints, summaries, config.yaml and metrics.json. Required.",
+                            "experiment")
+    seed: int = option(42, "Seed for weights, data order and augmentation.", "experiment")
+    deterministic: bool = option(False, "Bit-reproducible run: op determinism and a deterministic input pipeline "
+                                 "(slower; same flags give the same weights).", "experiment")
+    train: str = option("", "How long to train: N (optimizer steps), Nep (epochs) or Nex (examples), e.g. 90ep; "
+                        "empty = --train_steps, else --epochs.", "experiment")
+    train_steps: int = option(0, "Optimizer steps to train; wins over --epochs when > 0.", "experiment")
+    epochs: float = option(1.0, "Passes over the train split, used when --train_steps is 0.", "experiment")
+    steps_per_loop: int = option(100, "Train steps inside one tf.function call (one host round trip).", "experiment")
+    checkpoint_every: str = option("", "Save a checkpoint every N steps, Nep (epochs) or Nex (examples), and always at "
+                                   "the end; empty = --checkpoint_every_steps.", "experiment")
+    checkpoint_every_steps: int = option(1000, "Save a checkpoint every N steps (and always at the end); 0 = end only.",
+                                         "experiment")
+    keep_checkpoints: int = option(3, "How many recent checkpoints to keep.", "experiment")
+    eval_every: str = option("", "Evaluate every N steps, Nep (epochs) or Nex (examples), and always at the end; "
+                             "empty = --eval_every_steps.", "experiment")
+    eval_every_steps: int = option(0, "Evaluate every N steps (and always at the end); 0 = end only.", "experiment")
+    eval_steps: int = option(0, "Eval batches per evaluation; 0 = the whole eval split exactly once.", "experiment")
+    target: str = option("", "METRIC:VALUE (e.g. val_accuracy:0.97, fid:20): stop at the first evaluation that "
+                         "reaches it, after a checkpoint, and exit 0; metrics ending in loss, fid or kid (or declared "
+                         "lower-is-better) must fall to VALUE, others rise to it. With --eval_every_steps=0 a target "
+                         "evaluates once per epoch. Empty = train the whole schedule.", "experiment")
+    max_nonfinite_steps: int = option(20, "Stop the run (exit 2) when this many steps in a row, with no finite "
+                                      "step between them (across loops), have a non-finite loss or gradient; each "
+                                      "such step is skipped and changes no weight. Scattered skips never stop it.",
+                                      "experiment")
+    allow_config_change: str = option("", "FIELD[,FIELD]: resume in a model_dir whose recorded config.yaml differs "
+                                      "from this run in these fields that change what is trained (e.g. "
+                                      "global_batch_size); the change is recorded in history.jsonl and the report. "
+                                      "Any other such change stops the run, naming the field with old and new value.",
+                                      "experiment")
     # -- distribute ---------------------------------------------------------
-    distribution_strategy: str = _opt("auto", "auto: multi_worker_mirrored when the cluster has more than one worker, "
-                                      "mirrored when more than one GPU is visible, else one_device.", "distribute",
-                                      STRATEGIES)
-    num_gpus: int = _opt(-1, "GPUs to use on this host; -1 = all visible.", "distribute")
-    all_reduce_alg: str = _opt("", "Cross-device all-reduce: nccl|hierarchical_copy (mirrored), auto|ring|nccl "
-                               "(multi_worker_mirrored); empty = TensorFlow's default.", "distribute",
-                               ("", "nccl", "hierarchical_copy", "auto", "ring"))
-    cpu_logical_devices: int = _opt(0, "Split the CPU into N logical devices so mirrored runs N replicas on CPU "
-                                    "(testing without GPUs); 0 = off.", "distribute")
-    gpu_memory_growth: bool = _opt(True, "Allocate GPU memory as needed instead of all at start.", "distribute")
-    cluster: str = _opt("auto", "Where multi-worker cluster membership comes from: auto (TF_CONFIG, else Slurm), "
-                        "tf_config or slurm.", "distribute", ("auto", "tf_config", "slurm"))
-    collective_timeout_s: float = _opt(0.0, "Fail a multi-worker collective (all-reduce) that waits longer than "
-                                       "this, so survivors of a dead worker exit instead of hanging; 0 = never.",
-                                       "distribute")
-    max_restarts: int = _opt(0, "After a failed collective (exit 129), restart this worker process up to N times "
-                             "(same PID, resumes from the last checkpoint) instead of exiting; for clusters that "
-                             "restart the lost worker themselves.", "distribute")
+    distribution_strategy: str = option("auto", "auto: multi_worker_mirrored when the cluster has more than one "
+                                        "worker, mirrored when more than one GPU is visible, else one_device.",
+                                        "distribute", STRATEGIES)
+    num_gpus: int = option(-1, "GPUs to use on this host; -1 = all visible.", "distribute")
+    all_reduce_alg: str = option("", "Cross-device all-reduce: nccl|hierarchical_copy (mirrored), auto|ring|nccl "
+                                 "(multi_worker_mirrored); empty = TensorFlow's default.", "distribute",
+                                 ("", "nccl", "hierarchical_copy", "auto", "ring"))
+    cpu_logical_devices: int = option(0, "Split the CPU into N logical devices so mirrored runs N replicas on CPU "
+                                      "(testing without GPUs); 0 = off.", "distribute")
+    gpu_memory_growth: bool = option(True, "Allocate GPU memory as needed instead of all at start.", "distribute")
+    cluster: str = option("auto", "Where multi-worker cluster membership comes from: auto (TF_CONFIG, else Slurm), "
+                          "tf_config or slurm.", "distribute", ("auto", "tf_config", "slurm"))
+    collective_timeout_s: float = option(0.0, "Fail a multi-worker collective (all-reduce) that waits longer than "
+                                         "this, so survivors of a dead worker exit instead of hanging; 0 = never.",
+                                         "distribute")
+    max_restarts: int = option(0, "After a failed collective (exit 129), restart this worker process up to N times "
+                               "(same PID, resumes from the last checkpoint) instead of exiting; for clusters that "
+                               "restart the lost worker themselves.", "distribute")
     # -- precision ----------------------------------------------------------
-    precision: str = _opt("float32", "Compute dtype policy; logits and losses stay float32. auto: mixed_bfloat16 on "
-                          "GPUs of compute capability >= 8.0 and on CPUs with AMX (with AVX512_BF16 alone float32, "
-                          "which ran faster there), mixed_float16 on 7.x, else float32 (the oldest GPU, or worker, "
-                          "decides); resolved when the run starts, and config.yaml records the result.", "precision",
-                          PRECISIONS + ("auto",))
-    jit_compile: bool = _opt(False, "Classification: compile each replica's forward and backward pass with XLA, "
-                             "under every strategy (not on logical CPU devices, nor with --sync_batch_norm over "
-                             "several replicas). The GAN task does not compile with XLA.", "precision")
-    allreduce_dtype: str = _opt("float32", "Dtype gradients cross the wire in: each replica's float32 gradients are "
-                                "cast to it before the cross-replica sum and back after (bfloat16 or float16 halve "
-                                "the bytes; float16 sums that overflow skip the step like any non-finite gradient). "
-                                "No effect with one replica.", "precision", ("float32", "bfloat16", "float16"))
-    initial_loss_scale: float = _opt(32768.0, "Starting dynamic loss scale for mixed_float16.", "precision")
-    loss_scale_growth_steps: int = _opt(2000, "Finite steps before the float16 loss scale doubles.", "precision")
+    precision: str = option("float32", "Compute dtype policy; logits and losses stay float32. auto: mixed_bfloat16 on "
+                            "GPUs of compute capability >= 8.0 and on CPUs with AMX (with AVX512_BF16 alone float32, "
+                            "which ran faster there), mixed_float16 on 7.x, else float32 (the oldest GPU, or worker, "
+                            "decides); resolved when the run starts, and config.yaml records the result.", "precision",
+                            PRECISIONS + ("auto",))
+    jit_compile: bool = option(False, "Classification: compile each replica's forward and backward pass with XLA, "
+                               "under every strategy (not on logical CPU devices, nor with --sync_batch_norm over "
+                               "several replicas). The GAN task does not compile with XLA.", "precision")
+    allreduce_dtype: str = option("float32", "Dtype gradients cross the wire in: each replica's float32 gradients are "
+                                  "cast to it before the cross-replica sum and back after (bfloat16 or float16 halve "
+                                  "the bytes; float16 sums that overflow skip the step like any non-finite gradient). "
+                                  "No effect with one replica.", "precision", ("float32", "bfloat16", "float16"))
+    initial_loss_scale: float = option(32768.0, "Starting dynamic loss scale for mixed_float16.", "precision")
+    loss_scale_growth_steps: int = option(2000, "Finite steps before the float16 loss scale doubles.", "precision")
     # -- data ---------------------------------------------------------------
-    dataset: str = _opt("", "Built-in dataset (digits, mnist5k, synthetic) or tfds:NAME; ignored when --data_dir "
-                        "is set.", "data")
-    data_dir: str = _opt("", "A dataset converted by tfgpu.convert (directory with dataset.json).", "data")
-    data_cache_dir: str = _opt("", "Where built-in datasets are converted to TFRecords once; "
-                               "default $TFGPU_DATA_CACHE or ~/.cache/tfgpu.", "data")
-    tfds_data_dir: str = _opt("", "tensorflow_datasets data dir for --dataset=tfds:NAME; empty = TFDS's default "
-                              "(~/tensorflow_datasets).", "data")
-    download: bool = _opt(False, "Let --dataset=tfds:NAME download and prepare data missing from "
-                          "--tfds_data_dir; otherwise tfgpu never touches the network.", "data")
-    train_split: str = _opt("train", "Split to train on.", "data")
-    eval_split: str = _opt("", "Split to evaluate on; empty = val, validation or test, whichever exists; "
-                           "'none' = no evaluation (for GANs: no FID/KID).", "data")
-    image_size: int = _opt(0, "Training crop size in pixels; 0 = the dataset's own size.", "data")
-    global_batch_size: int = _opt(128, "Examples per optimizer step, summed over all replicas.", "data")
-    eval_batch_size: int = _opt(0, "Global eval batch; 0 = --global_batch_size.", "data")
-    augment: str = _opt("none", "Training augmentation: none, flip, cifar (pad-crop-flip), "
-                        "imagenet (random-resized-crop + flip).", "data", ("none", "flip", "cifar", "imagenet"))
-    shuffle_buffer: int = _opt(10000, "Records in the shuffle buffer (per input pipeline).", "data")
-    data_workers: int = _opt(0, "Parallel decode/augment calls per input pipeline; 0 = tf.data AUTOTUNE.", "data")
-    deterministic_input: bool = _opt(True, "Keep the input order a pure function of seed and step (exact resume); "
-                                     "false lets tf.data hand out elements as soon as they are ready.", "data")
-    data_threadpool_size: int = _opt(0, "Private tf.data threadpool per input pipeline; 0 = the shared pool.", "data")
-    data_service: str = _opt("", "Run preprocessing on a tf.data service (grpc://dispatcher:port) when it "
-                             "outgrows this host; its workers share each epoch (every record once), but the "
-                             "order is then no longer tied to the step, so a resumed run's interrupted epoch is "
-                             "not exact.", "data")
-    skip_corrupt_records: bool = _opt(False, "Read around unreadable records (each logged once with its shard "
-                                      "and index; metrics.json counts them) instead of stopping with the shard's "
-                                      "name and record index; every readable record is still trained once per "
-                                      "epoch.", "data")
-    input_range: tuple = _opt((-1.0, 1.0), "MIN,MAX: the pixel range images reach a classifier in (training, "
-                              "evaluation and the exported model's input), e.g. 0,1 or 0,255 for pretrained weights "
-                              "trained that way. GANs always use -1,1.", "data")
-    cache: bool = _opt(False, "Hold encoded train records and decoded eval images in memory after the first "
-                       "pass (datasets that fit in RAM).", "data")
+    dataset: str = option("", "Built-in dataset (digits, mnist5k, synthetic) or tfds:NAME; ignored when --data_dir "
+                          "is set.", "data")
+    data_dir: str = option("", "A dataset converted by tfgpu.convert (directory with dataset.json).", "data")
+    data_cache_dir: str = option("", "Where built-in datasets are converted to TFRecords once; "
+                                 "default $TFGPU_DATA_CACHE or ~/.cache/tfgpu.", "data")
+    tfds_data_dir: str = option("", "tensorflow_datasets data dir for --dataset=tfds:NAME; empty = TFDS's default "
+                                "(~/tensorflow_datasets).", "data")
+    download: bool = option(False, "Let --dataset=tfds:NAME download and prepare data missing from "
+                            "--tfds_data_dir; otherwise tfgpu never touches the network.", "data")
+    train_split: str = option("train", "Split to train on.", "data")
+    eval_split: str = option("", "Split to evaluate on; empty = val, validation or test, whichever exists; "
+                             "'none' = no evaluation (for GANs: no FID/KID).", "data")
+    image_size: int = option(0, "Training crop size in pixels; 0 = the dataset's own size.", "data")
+    global_batch_size: int = option(128, "Examples per optimizer step, summed over all replicas.", "data")
+    eval_batch_size: int = option(0, "Global eval batch; 0 = --global_batch_size.", "data")
+    augment: str = option("none", "Training augmentation: none, flip, cifar (pad-crop-flip), "
+                          "imagenet (random-resized-crop + flip).", "data", ("none", "flip", "cifar", "imagenet"))
+    shuffle_buffer: int = option(10000, "Records in the shuffle buffer (per input pipeline).", "data")
+    data_workers: int = option(0, "Parallel decode/augment calls per input pipeline; 0 = tf.data AUTOTUNE.", "data")
+    deterministic_input: bool = option(True, "Keep the input order a pure function of seed and step (exact resume); "
+                                       "false lets tf.data hand out elements as soon as they are ready.", "data")
+    data_threadpool_size: int = option(0, "Private tf.data threadpool per input pipeline; 0 = the shared pool.", "data")
+    data_service: str = option("", "Run preprocessing on a tf.data service (grpc://dispatcher:port) when it "
+                               "outgrows this host; its workers share each epoch (every record once), but the "
+                               "order is then no longer tied to the step, so a resumed run's interrupted epoch is "
+                               "not exact.", "data")
+    skip_corrupt_records: bool = option(False, "Read around unreadable records (each logged once with its shard "
+                                        "and index; metrics.json counts them) instead of stopping with the shard's "
+                                        "name and record index; every readable record is still trained once per "
+                                        "epoch.", "data")
+    input_range: tuple = option((-1.0, 1.0), "MIN,MAX: the pixel range images reach a classifier in (training, "
+                                "evaluation and the exported model's input), e.g. 0,1 or 0,255 for pretrained weights "
+                                "trained that way. GANs always use -1,1.", "data")
+    cache: bool = option(False, "Hold encoded train records and decoded eval images in memory after the first "
+                         "pass (datasets that fit in RAM).", "data")
     # -- model --------------------------------------------------------------
-    model: str = _opt("resnet20", "Registered model name (see tfgpu.models.list_models()), or your own builder: "
-                      "MODULE:FUNCTION or path/to/file.py:FUNCTION, a function (input_shape, num_classes, "
-                      "**kwargs) -> keras.Model.", "model")
-    init_weights: str = _opt("", "Local .weights.h5 or .keras file loaded into the model after it is built and "
-                             "before the first step, on every worker (never downloaded); a restored checkpoint "
-                             "wins over it.", "model")
-    init_skip_mismatch: bool = _opt(False, "With --init_weights: load the layers whose shapes match (e.g. all but a "
-                                    "new classification head) and log the ones skipped, instead of failing.",
-                                    "model")
-    freeze: str = _opt("", "Regex over layer names: matching layers are not trained (BatchNorm in them runs in "
-                       "inference mode); empty = train everything.", "model")
-    unfreeze_at_step: int = _opt(0, "With --freeze: train every layer from this step on; 0 = never.", "model")
-    num_classes: int = _opt(0, "Classes; 0 = from the dataset manifest.", "model")
-    sync_batch_norm: bool = _opt(False, "Synchronize BatchNorm statistics across replicas.", "model")
-    zero_init_residual: bool = _opt(False, "Zero-init the last BN gamma of each residual block.", "model")
+    model: str = option("resnet20", "Registered model name (see tfgpu.models.list_models()), or your own builder: "
+                        "MODULE:FUNCTION or path/to/file.py:FUNCTION, a function (input_shape, num_classes, "
+                        "**kwargs) -> keras.Model.", "model")
+    init_weights: str = option("", "Local .weights.h5 or .keras file loaded into the model after it is built and "
+                               "before the first step, on every worker (never downloaded); a restored checkpoint "
+                               "wins over it.", "model")
+    init_skip_mismatch: bool = option(False, "With --init_weights: load the layers whose shapes match (e.g. all but a "
+                                      "new classification head) and log the ones skipped, instead of failing.",
+                                      "model")
+    freeze: str = option("", "Regex over layer names: matching layers are not trained (BatchNorm in them runs in "
+                         "inference mode); empty = train everything.", "model")
+    unfreeze_at_step: int = option(0, "With --freeze: train every layer from this step on; 0 = never.", "model")
+    num_classes: int = option(0, "Classes; 0 = from the dataset manifest.", "model")
+    sync_batch_norm: bool = option(False, "Synchronize BatchNorm statistics across replicas.", "model")
+    zero_init_residual: bool = option(False, "Zero-init the last BN gamma of each residual block.", "model")
     # -- optimizer ----------------------------------------------------------
     # Classification's optimizer; the GAN has its own Adam pair (--g_learning_rate, --d_learning_rate,
     # --adam_beta1, --adam_beta2) and reads only --grad_clip_norm from this group.
-    optimizer: str = _opt("sgd", "Classification: sgd (with momentum), adam or adamw (the GAN uses Adam, see "
-                          "--g_learning_rate).", "optimizer", ("sgd", "adam", "adamw"))
-    base_learning_rate: float = _opt(0.1, "Classification: learning rate per 256 examples; scaled linearly with "
-                                     "--global_batch_size.", "optimizer")
-    lr_schedule: str = _opt("cosine", "Classification: after warmup, cosine decay to 0, step decay, or constant.",
-                            "optimizer", ("cosine", "step", "constant"))
-    warmup: str = _opt("", "Classification: linear warmup length, N (steps), Nep (epochs) or Nex (examples); "
-                       "empty = --warmup_steps, else --warmup_epochs.", "optimizer")
-    warmup_epochs: float = _opt(0.0, "Classification: linear warmup length in epochs.", "optimizer")
-    warmup_steps: int = _opt(0, "Classification: linear warmup length in steps; wins over --warmup_epochs when > 0.",
-                             "optimizer")
-    lr_decay_epochs: tuple = _opt((), "Classification: epochs at which the step schedule multiplies the LR by "
-                                  "--lr_decay_factor (comma separated).", "optimizer")
-    lr_decay_at: str = _opt("", "Classification: where the step schedule multiplies the LR by --lr_decay_factor, "
-                            "durations comma separated (e.g. 30ep,60ep or 5000,8000); empty = --lr_decay_epochs.",
-                            "optimizer")
-    lr_decay_factor: float = _opt(0.1, "Classification: step schedule decay factor.", "optimizer")
-    momentum: float = _opt(0.9, "Classification: SGD momentum.", "optimizer")
-    nesterov: bool = _opt(False, "Classification: Nesterov momentum for sgd.", "optimizer")
-    weight_decay: float = _opt(0.0, "Classification: weight decay, never applied to BatchNorm parameters or biases: "
-                               "sgd and adam add weight_decay * w to the gradient (L2, as in the ResNet papers and "
-                               "PyTorch); adamw decays decoupled.", "optimizer")
-    label_smoothing: float = _opt(0.0, "Classification: label smoothing for the cross-entropy loss.", "optimizer")
-    grad_clip_norm: float = _opt(0.0, "Clip the all-reduced gradient to this global norm (each of the GAN's "
-                                 "discriminator and generator updates separately); 0 = off.", "optimizer")
-    grad_accum_steps: int = _opt(1, "Classification: split each per-replica batch into N micro-batches and sum "
-                                 "their gradients (same step, 1/N activation memory).", "optimizer")
+    optimizer: str = option("sgd", "Classification: sgd (with momentum), adam or adamw (the GAN uses Adam, see "
+                            "--g_learning_rate).", "optimizer", ("sgd", "adam", "adamw"))
+    base_learning_rate: float = option(0.1, "Classification: learning rate per 256 examples; scaled linearly with "
+                                       "--global_batch_size.", "optimizer")
+    lr_schedule: str = option("cosine", "Classification: after warmup, cosine decay to 0, step decay, or constant.",
+                              "optimizer", ("cosine", "step", "constant"))
+    warmup: str = option("", "Classification: linear warmup length, N (steps), Nep (epochs) or Nex (examples); "
+                         "empty = --warmup_steps, else --warmup_epochs.", "optimizer")
+    warmup_epochs: float = option(0.0, "Classification: linear warmup length in epochs.", "optimizer")
+    warmup_steps: int = option(0, "Classification: linear warmup length in steps; wins over --warmup_epochs when > 0.",
+                               "optimizer")
+    lr_decay_epochs: tuple = option((), "Classification: epochs at which the step schedule multiplies the LR by "
+                                    "--lr_decay_factor (comma separated).", "optimizer")
+    lr_decay_at: str = option("", "Classification: where the step schedule multiplies the LR by --lr_decay_factor, "
+                              "durations comma separated (e.g. 30ep,60ep or 5000,8000); empty = --lr_decay_epochs.",
+                              "optimizer")
+    lr_decay_factor: float = option(0.1, "Classification: step schedule decay factor.", "optimizer")
+    momentum: float = option(0.9, "Classification: SGD momentum.", "optimizer")
+    nesterov: bool = option(False, "Classification: Nesterov momentum for sgd.", "optimizer")
+    weight_decay: float = option(0.0, "Classification: weight decay, never applied to BatchNorm parameters or biases: "
+                                 "sgd and adam add weight_decay * w to the gradient (L2, as in the ResNet papers and "
+                                 "PyTorch); adamw decays decoupled.", "optimizer")
+    label_smoothing: float = option(0.0, "Classification: label smoothing for the cross-entropy loss.", "optimizer")
+    grad_clip_norm: float = option(0.0, "Clip the all-reduced gradient to this global norm (each of the GAN's "
+                                   "discriminator and generator updates separately); 0 = off.", "optimizer")
+    grad_accum_steps: int = option(1, "Classification: split each per-replica batch into N micro-batches and sum "
+                                   "their gradients (same step, 1/N activation memory).", "optimizer")
     # -- output -------------------------------------------------------------
-    tensorboard: bool = _opt(True, "Write TensorBoard scalars to <model_dir>/summaries.", "output")
-    profile_input: bool = _opt(False, "Time the input pipeline alone against the train step and report the "
-                               "share of step time spent waiting for data.", "output")
-    profile_steps: str = _opt("", "Capture a TensorBoard profile for steps A,B (e.g. 20,25).", "output")
-    verbose: int = _opt(-1, "Progress output: 0 silent, 1 progress bar, 2 one line per loop; "
-                        "-1 = bar on a terminal, lines otherwise.", "output", (-1, 0, 1, 2))
+    tensorboard: bool = option(True, "Write TensorBoard scalars to <model_dir>/summaries.", "output")
+    profile_input: bool = option(False, "Time the input pipeline alone against the train step and report the "
+                                 "share of step time spent waiting for data.", "output")
+    profile_steps: str = option("", "Capture a TensorBoard profile for steps A,B (e.g. 20,25).", "output")
+    verbose: int = option(-1, "Progress output: 0 silent, 1 progress bar, 2 one line per loop; "
+                          "-1 = bar on a terminal, lines otherwise.", "output", (-1, 0, 1, 2))
 
     # -- the task's own options (tasks/options.py), set as flat flags like the fields above ------------------
     task_options: typing.Optional[TaskOptions] = None

@@ -1,4 +1,4 @@
-"""``python -m tfgpu.convert``: turn an image folder, CSV/TSV, .npz, TFDS or built-in dataset into TFRecords.
+"""``python -m tfgpu.convert``: turn labelled images (every kind --source takes) into TFRecords and dataset.json.
 
     python -m tfgpu.convert --source=/data/imagenet --output_dir=/data/imagenet-tfr --workers=16
     python -m tfgpu.convert --source=labels.csv --output_dir=out --split=train:0.9,val:0.1 --seed=1
@@ -13,6 +13,7 @@ import os
 import sys
 
 from tfgpu import cli
+from tfgpu.data import source_formats
 from tfgpu.runtime import logs
 
 USAGE = "python -m tfgpu.convert --source=SRC --output_dir=DIR [options]"
@@ -21,11 +22,7 @@ USAGE = "python -m tfgpu.convert --source=SRC --output_dir=DIR [options]"
 def build_parser() -> cli.ArgumentParser:
     p = cli.ArgumentParser(prog="python -m tfgpu.convert", usage=USAGE, description=__doc__.split("\n\n")[0])
     a = p.add_argument
-    a("--source", default="", help="An image folder (root/<class>/*.jpg, optionally root/train/ and root/val/; "
-      "JPEG, PNG, BMP, GIF, WebP, TIFF; OS debris ignored), a .csv/.tsv of path,label[,split] (paths relative to the "
-      "file; integer labels are class ids), a .npz with x (N,H,W[,C]) uint8 and y (N,) (or x_<split>/y_<split>), "
-      "tfds:NAME[/CONFIG][:VERSION], tfrecord:GLOB (another tool's TFRecords: read in place when every record is "
-      "usable as stored), or a built-in dataset (digits, mnist5k). See docs/datasets.md.")
+    a("--source", default="", help=source_formats.help_text())
     a("--output_dir", default="", help="Where the shards and dataset.json go; must be empty or hold this same "
       "conversion (then complete shards are reused).")
     a("--split", default="", help="Split the examples, e.g. train:0.9,val:0.1 (stratified by class, seeded). "

@@ -56,8 +56,8 @@ def test_fused_jpeg_crop_matches_decoding_the_whole_image(photo):
     features = record(photo)
     for i in range(10):
         seed = tf.constant([i, 3], tf.int64)
-        fused = augment.decode_random_crop(features, 3, seed, fused=True).numpy()
-        full = augment.decode_random_crop(features, 3, seed, fused=False).numpy()
+        fused = augment.decode_random_crop(features, 3, seed, fused=True)[0].numpy()
+        full = augment.decode_random_crop(features, 3, seed, fused=False)[0].numpy()
         assert fused.shape == full.shape
         assert np.abs(fused.astype(int) - full.astype(int)).max() <= 2, i
 
@@ -67,7 +67,7 @@ def test_non_jpeg_records_take_the_decode_then_crop_path(photo, image_format):
     features = record(photo, image_format)
     seed = tf.constant([5, 5], tf.int64)
     window = augment.crop_window(tf.constant(photo.shape), seed).numpy()
-    crop = augment.decode_random_crop(features, 3, seed).numpy()
+    crop = augment.decode_random_crop(features, 3, seed)[0].numpy()
     y, x, h, w = window
     np.testing.assert_array_equal(crop, photo[y:y + h, x:x + w])
 
@@ -75,7 +75,7 @@ def test_non_jpeg_records_take_the_decode_then_crop_path(photo, image_format):
 def test_raw_pixels_that_look_like_a_jpeg_header_are_not_decoded_as_jpeg():
     image = np.zeros((6, 6, 3), np.uint8)
     image[0, 0] = [0xFF, 0xD8, 0xFF]
-    crop = augment.decode_random_crop(record(image, "raw"), 3, tf.constant([1, 2], tf.int64)).numpy()
+    crop = augment.decode_random_crop(record(image, "raw"), 3, tf.constant([1, 2], tf.int64))[0].numpy()
     assert crop.ndim == 3 and crop.shape[-1] == 3
 
 
@@ -167,7 +167,7 @@ def test_cifar_padding_repeats_the_image_not_a_fill_value(input_range):
         assert (out == np.float32(input_range[1])).all(), i
 
 
-@pytest.mark.parametrize("augmentation", ["none", "flip", "cifar", "imagenet"])
+@pytest.mark.parametrize("augmentation", sorted(augment.AUGMENTATIONS))
 def test_an_augmented_image_is_the_same_picture_in_any_range(photo, augmentation):
     features, seed = record(photo, "png"), tf.constant([3, 9], tf.int64)
     default = augment.preprocess_train(features, 32, 3, augmentation, seed).numpy()
@@ -177,3 +177,30 @@ def test_an_augmented_image_is_the_same_picture_in_any_range(photo, augmentation
     assert 0 <= unit.min() and unit.max() <= 1 and 0 <= eval_unit.min() and eval_unit.max() <= 1
     np.testing.assert_allclose(unit, (default + 1) / 2, atol=1e-6)
     np.testing.assert_allclose(eval_unit, (eval_default + 1) / 2, atol=1e-6)
+
+
+def test_every_augmentation_the_flag_offers_is_registered_and_its_help_names_each():
+    import dataclasses
+
+    from tfgpu.config import Config
+
+    (field,) = [f for f in dataclasses.fields(Config) if f.name == "augment"]
+    assert set(field.metadata["choices"]) == set(augment.AUGMENTATIONS)
+    assert all(name in field.metadata["help"] for name in augment.AUGMENTATIONS), field.metadata["help"]
+
+
+@pytest.mark.parametrize("augmentation", sorted(augment.AUGMENTATIONS))
+def test_every_registered_augmentation_keeps_the_pictures_size_and_follows_its_seed(photo, augmentation):
+    """Train and eval give an image of --image_size; the same seed gives the same pixels (exact resume)."""
+    features, seed = record(photo, "png"), tf.constant([5, 1], tf.int64)
+    first = augment.preprocess_train(features, 24, 3, augmentation, seed).numpy()
+    np.testing.assert_array_equal(first, augment.preprocess_train(features, 24, 3, augmentation, seed).numpy())
+    assert first.shape == augment.preprocess_eval(features, 24, 3, augmentation).numpy().shape == (24, 24, 3)
+
+
+def test_an_unknown_augmentation_names_the_flag():
+    from tfgpu.config import ConfigError
+
+    known = ", ".join(augment.AUGMENTATIONS)
+    with pytest.raises(ConfigError, match=f"^--augment: unknown augmentation 'mixup'; known: {known}$"):
+        augment.preprocess_train(record(np.zeros((8, 8, 3), np.uint8), "png"), 8, 3, "mixup", tf.constant([1, 2]))

@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from tfgpu.config import Config
-from tfgpu.models import provenance, registry, user
+from tfgpu.models import provenance, registration, user
 
 NET = """
 import keras
@@ -44,7 +44,8 @@ def test_the_source_record_names_module_file_and_hash_and_a_changed_file_is_a_wa
 @pytest.mark.parametrize("model", ["small_cnn", "zoo:net"])
 def test_a_registered_model_writes_no_source_record(model, tmp_path, monkeypatch):
     """A registered name is never a user builder, even one with a colon (as tfgpu.fit registers)."""
-    monkeypatch.setitem(registry._MODELS, "zoo:net", registry.ModelSpec("zoo:net", lambda *a: None, "classifier", 32))
+    spec = registration.ModelSpec("zoo:net", lambda *a: None, "classifier", 32)
+    monkeypatch.setitem(registration._MODELS, "zoo:net", spec)
     provenance.write_source_record(Config(model=model, dataset="digits", model_dir=str(tmp_path)), str(tmp_path))
     assert not os.listdir(tmp_path)
 

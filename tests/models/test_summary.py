@@ -3,7 +3,7 @@ import keras
 import pytest
 
 from tfgpu.models import create_model
-from tfgpu.models.summary import count_params, describe_model, flops_per_example
+from tfgpu.models.summary import count_params, flops_per_example
 
 # (model, input size, classes, reference MACs, relative tolerance, source)
 _MACS = [
@@ -35,8 +35,3 @@ def test_count_params_counts_trainable_weights_only():
     model = create_model("resnet20", (32, 32, 3), 10)
     assert count_params(model) == 272_474  # He et al. 2016: 0.27M
     assert model.count_params() > count_params(model)  # BN moving statistics are excluded
-
-
-def test_describe_model_is_one_readable_line():
-    line = describe_model(create_model("resnet20", (32, 32, 3), 10), (32, 32, 3))
-    assert line == "resnet20: 0.27M params, 40.81 MMACs/image at 32x32x3"

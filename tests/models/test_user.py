@@ -14,7 +14,7 @@ import tensorflow as tf
 from tfgpu import config_sources
 from tfgpu.config import ConfigError
 from tfgpu.models import create_model, get_spec, user
-from tfgpu.models import registry
+from tfgpu.models import registration
 
 NET = """
 import keras
@@ -114,7 +114,8 @@ def test_a_relative_file_resolves_against_the_cwd_and_the_config_keeps_it_absolu
 
 
 def test_a_registered_name_wins_even_with_a_colon(monkeypatch):
-    monkeypatch.setitem(registry._MODELS, "zoo:net", registry.ModelSpec("zoo:net", lambda *a: None, "classifier", 32))
+    spec = registration.ModelSpec("zoo:net", lambda *a: None, "classifier", 32)
+    monkeypatch.setitem(registration._MODELS, "zoo:net", spec)
     assert get_spec("zoo:net").default_image_size == 32
     assert user.absolute("zoo:net") == "zoo:net"
 

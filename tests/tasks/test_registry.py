@@ -17,3 +17,17 @@ def test_batches_per_step_is_the_tasks_declaration():
 def test_an_unknown_task_lists_the_known_ones():
     with pytest.raises(ValueError, match="unknown task 'segmentation'; known tasks: .*classification.*gan"):
         get_task("segmentation")
+
+
+def test_the_task_flags_help_names_every_registered_task():
+    """config.py is a leaf and cannot read the registry: a task's name in --task's help is kept true here."""
+    import re
+
+    from tfgpu.config import Config
+    from tfgpu.tasks import base
+    from tfgpu.tasks.registry import _import_tasks
+
+    _import_tasks()
+    (field,) = [f for f in dataclasses.fields(Config) if f.name == "task"]
+    registered = {name for name, task in base._TASKS.items() if task.__module__.startswith("tfgpu.tasks")}
+    assert set(re.findall(r"(\w+)(?: \(|,| or|\.$)", field.metadata["help"].split(": ", 1)[1])) == registered

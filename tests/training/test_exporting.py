@@ -39,6 +39,7 @@ def test_a_gan_describes_its_latent_input_and_its_images_in_minus_one_to_one(tmp
     assert described["input"] == {"latent": {"dtype": "float32", "shape": [None, 16]},
                                   "label": {"dtype": "int64", "shape": [None]}}
     assert described["output"]["range"] == [-1.0, 1.0]
+    assert exporting.summary(described) == "outputs float32 generated images in [-1, 1]"
     assert exporting.description_path("out/saved_model/") == "out/saved_model.input.json"
 
 
@@ -56,7 +57,8 @@ def test_a_generator_without_a_final_tanh_is_described_as_unbounded(tmp_path):
     config = Config(model_dir=str(tmp_path), dataset="digits", task="gan", model="dcgan")
     described = exporting.describe(config, _Info(), {"generator_output": "linear"})
     assert described["output"]["range"] is None and "clip to [-1, 1]" in described["output"]["meaning"]
-    assert exporting.summary(described) == "outputs float32 images, not bounded to [-1, 1] (no final tanh)"
+    assert exporting.summary(described).startswith("outputs float32 generated images, trained toward [-1, 1] but not "
+                                                   "bounded (the generator ends in linear, not tanh)")
     assert exporting.describe(config, _Info(), {"generator_output": "tanh"})["output"]["range"] == [-1.0, 1.0]
 
 

@@ -50,9 +50,36 @@ def test_an_unknown_schedule_name_raises_naming_the_flag_instead_of_a_constant_r
         optimizers.WarmupSchedule.from_config({**saved, "kind": "linear"})
 
 
-def test_every_schedule_the_flag_offers_is_registered():
-    choices = {f.name: f.metadata["choices"] for f in dataclasses.fields(Config) if "choices" in f.metadata}["lr_schedule"]
-    assert set(choices) == set(optimizers.SCHEDULES)
+def _flag(name):
+    (field,) = [f for f in dataclasses.fields(Config) if f.name == name]
+    return field.metadata["choices"], field.metadata["help"]
+
+
+@pytest.mark.parametrize("flag,registry", [("lr_schedule", optimizers.SCHEDULES),
+                                           ("optimizer", optimizers.OPTIMIZERS)])
+def test_every_name_the_flag_offers_is_registered_and_its_help_names_each(flag, registry):
+    choices, help_text = _flag(flag)
+    assert set(choices) == set(registry)
+    assert all(name in help_text for name in registry), help_text
+
+
+@pytest.mark.parametrize("name", sorted(optimizers.OPTIMIZERS))
+def test_every_registered_optimizer_builds_and_moves_a_weight_against_its_gradient(name):
+    config = dataclasses.replace(BASE, optimizer=name, weight_decay=1e-4)
+    optimizer = optimizers.create_optimizer(config, 0.1)
+    weight = keras.Variable(np.ones((2, 2), "float32"))
+    optimizer.build([weight])
+    optimizer.apply_gradients([(tf.ones((2, 2)), weight)])
+    assert np.all(weight.numpy() < 1.0)
+    decoupled = optimizers.OPTIMIZERS[name].decoupled_decay
+    assert float(optimizers.l2_penalty(config, [weight], 1)) == (0.0 if decoupled else pytest.approx(
+        0.5 * 1e-4 * float(tf.reduce_sum(tf.square(weight)))))
+
+
+def test_an_unknown_optimizer_name_raises_naming_the_flag():
+    known = ", ".join(optimizers.OPTIMIZERS)
+    with pytest.raises(ConfigError, match=f"^--optimizer: unknown optimizer 'lamb'; known: {known}$"):
+        optimizers.create_optimizer(dataclasses.replace(BASE, optimizer="lamb"), 0.1)
 
 
 def test_l2_penalty_adds_wd_times_w_to_kernels_only():

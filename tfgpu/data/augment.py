@@ -8,12 +8,17 @@ image), so an augmented image holds the same pixels in any range. Random ops
 are stateless and take an explicit ``seed`` (shape [2] int), so a resumed run
 augments exactly like an uninterrupted one.
 
-``imagenet``: training takes an Inception-style random-resized crop (decoding only
+The augmentations, by --augment name, are ``AUGMENTATIONS``: ``none``, ``flip``, ``cifar`` (pad-crop-flip) and
+``imagenet``. ``imagenet``: training takes an Inception-style random-resized crop (decoding only
 the crop window of JPEG records, ``tf.image.decode_and_crop_jpeg``) and a flip;
 evaluation resizes the shorter side to size/0.875 and takes the center crop.
 """
+import dataclasses
+from typing import Callable
+
 import tensorflow as tf
 
+from tfgpu.config import ConfigError
 from tfgpu.data import tfrecord
 
 
@@ -74,8 +79,9 @@ def crop_window(image_shape, seed, area_range=AREA_RANGE, aspect_ratio_range=ASP
     return tf.stack([begin[0], begin[1], size[0], size[1]])
 
 
-def _decode_random_crop(features, channels: int, seed, fused: bool = True):
-    """(crop, full image [height, width]) for a random-resized-crop window of the record's image."""
+def decode_random_crop(features, channels: int, seed, fused: bool = True):
+    """(crop, full image [height, width]) for a random-resized-crop window of the record's image; JPEG records
+    decode only the window (``fused``)."""
     encoded = features[tfrecord.ENCODED]
 
     def jpeg():
@@ -93,16 +99,11 @@ def _decode_random_crop(features, channels: int, seed, fused: bool = True):
     return tf.ensure_shape(image, [None, None, channels]), full
 
 
-def decode_random_crop(features, channels: int, seed, fused: bool = True):
-    """Decodes a random-resized-crop window of the record's image; JPEG records decode only the window."""
-    return _decode_random_crop(features, channels, seed, fused)[0]
-
-
 def random_resized_crop_flip(features, image_size: int, channels: int, seed, fused: bool = True):
     """ImageNet training augmentation: a random-resized crop, resized to ``image_size`` (0: to the image's own
     size), and a random flip; float32 [0, 255]."""
     seeds = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), 2)
-    image, full = _decode_random_crop(features, channels, seeds[0], fused)
+    image, full = decode_random_crop(features, channels, seeds[0], fused)
     size = [image_size, image_size] if image_size else full
     image = tf.image.resize(image, size, method="bilinear")
     return flip(image, seeds[1])
@@ -121,31 +122,53 @@ def center_crop(features, image_size: int, channels: int, crop_fraction: float =
     return tf.slice(image, [top, left, 0], [image_size, image_size, -1])
 
 
-def preprocess_train(features, image_size: int, channels: int, augment: str, seed, input_range=DEFAULT_RANGE):
-    """Decodes one record and applies ``augment`` (none|flip|cifar|imagenet); returns float32 in ``input_range``."""
-    if augment == "imagenet":
-        return to_model_range(random_resized_crop_flip(features, image_size, channels, seed), input_range)
+def decoded(features, image_size: int, channels: int):
+    """The record's image, resized to ``image_size`` when it has another size (0: as stored); uint8."""
     image = tfrecord.decode_image(features, channels)
-    if image_size:
-        image = tf.cast(resize_to(image, image_size), tf.uint8) if _needs_resize(image, image_size) else image
-    if augment == "flip":
-        image = flip(image, seed)
-    elif augment == "cifar":
-        image = pad_crop_flip(image, seed)
-    elif augment != "none":
-        raise ValueError(f"unknown augmentation {augment!r}")
-    return to_model_range(image, input_range)
+    if image_size and _needs_resize(image, image_size):
+        image = tf.cast(resize_to(image, image_size), tf.uint8)
+    return image
+
+
+def _imagenet_eval(features, image_size: int, channels: int):
+    return center_crop(features, image_size, channels) if image_size else decoded(features, image_size, channels)
+
+
+@dataclasses.dataclass(frozen=True)
+class Augmentation:
+    """What --augment=NAME does to one record, before the scaling to --input_range: ``train(features, image_size,
+    channels, seed)`` and ``evaluate(features, image_size, channels)``, each giving pixels in [0, 255]."""
+    train: Callable
+    evaluate: Callable = decoded
+
+
+# --augment: the training augmentation by name (Config's augment choices list the same names; a new one is an entry
+# here and its name there, tied by tests/data/test_augment.py).
+AUGMENTATIONS = {
+    "none": Augmentation(lambda features, size, channels, seed: decoded(features, size, channels)),
+    "flip": Augmentation(lambda features, size, channels, seed: flip(decoded(features, size, channels), seed)),
+    "cifar": Augmentation(lambda features, size, channels, seed: pad_crop_flip(decoded(features, size, channels),
+                                                                               seed)),
+    "imagenet": Augmentation(random_resized_crop_flip, _imagenet_eval),
+}
+
+
+def augmentation(name: str) -> Augmentation:
+    """The ``AUGMENTATIONS`` entry ``name``; ConfigError(augment) for an unknown one."""
+    if name not in AUGMENTATIONS:
+        raise ConfigError("augment", f"unknown augmentation {name!r}; known: {', '.join(AUGMENTATIONS)}")
+    return AUGMENTATIONS[name]
+
+
+def preprocess_train(features, image_size: int, channels: int, augment: str, seed, input_range=DEFAULT_RANGE):
+    """Decodes one record and applies the augmentation ``augment`` names; returns float32 in ``input_range``."""
+    return to_model_range(augmentation(augment).train(features, image_size, channels, seed), input_range)
 
 
 def preprocess_eval(features, image_size: int, channels: int, augment: str = "none", input_range=DEFAULT_RANGE):
-    """Decodes one record and resizes it to ``image_size`` if needed (``imagenet``: resize and center crop, the
-    evaluation that matches its training crops); returns float32 in ``input_range``."""
-    if augment == "imagenet" and image_size:
-        return to_model_range(center_crop(features, image_size, channels), input_range)
-    image = tfrecord.decode_image(features, channels)
-    if image_size:
-        image = tf.cast(resize_to(image, image_size), tf.uint8) if _needs_resize(image, image_size) else image
-    return to_model_range(image, input_range)
+    """Decodes one record as ``augment``'s evaluation does (resized to ``image_size`` if needed; ``imagenet``:
+    resize and center crop, the evaluation that matches its training crops); returns float32 in ``input_range``."""
+    return to_model_range(augmentation(augment).evaluate(features, image_size, channels), input_range)
 
 
 def _needs_resize(image, size):

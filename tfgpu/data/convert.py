@@ -1,9 +1,10 @@
 """Converts a source (tfgpu.data.sources) into sharded TFRecords plus ``dataset.json``, safely and resumably.
 
-The steps, each in its own module: open the source (``open_source`` picks ``sources``, ``folders``, ``csvlist`` or
-``tfds_source``) and say what will not be converted; check split names and classes; claim the output directory
-(``outdir``); plan one task per shard; reuse the shards a previous run finished and verified, write the rest
-(``workers``; records by ``encode``); ``outdir.publish`` puts them in place and writes ``dataset.json`` last.
+The steps, each in its own module: open the source (``source_formats.SOURCE_FORMATS``: ``sources``, ``folders``,
+``csvlist``, ``foreign`` or ``tfds_source``) and say what will not be converted; check split names and classes;
+claim the output directory (``outdir``); plan one task per shard; reuse the shards a previous run finished and
+verified, write the rest (``workers``; records by ``encode``); ``outdir.publish`` puts them in place and writes
+``dataset.json`` last.
 Nothing a reader uses is touched before every shard is done: a stopped run leaves what was there.
 
 ``--output_dir`` may be any path TensorFlow opens (``gs://``, ``ram://``); the source is read from local disk or TFDS.
@@ -22,7 +23,7 @@ import sys
 import numpy as np
 
 from tfgpu.config import ConfigError
-from tfgpu.data import builtin, csvlist, folders, foreign, outdir, sources, tfds_source, tfrecord, workers
+from tfgpu.data import csvlist, folders, foreign, outdir, source_formats, sources, tfrecord, workers
 from tfgpu.data import manifest as manifest_lib
 from tfgpu.data.encode import BadImageError, Encoding, example_to_record, visible_channels  # noqa: F401 (API)
 from tfgpu.data.folders import display
@@ -270,30 +271,6 @@ def _auto_workers(o: Options, num_tasks: int, num_examples: int) -> int:
     return max(1, min(os.cpu_count() or 1, num_tasks))
 
 
-def open_source(source: str, tfds_data_dir: str = "", download: bool = False, record_keys=None) -> sources.Source:
-    """Resolves ``--source``: a folder, a .csv/.tsv, a .npz, ``tfds:NAME``, ``tfrecord:GLOB`` (read by
-    ``record_keys``, a tfrecord.RecordKeys) or a built-in dataset name."""
-    if not source:
-        raise ConfigError("source", "is required: an image folder, a .csv/.tsv, a .npz, tfds:NAME, tfrecord:GLOB or "
-                          f"{' | '.join(builtin.BUILTIN)}")
-    if source.startswith("tfrecord:"):
-        return foreign.open_tfrecords(source[len("tfrecord:"):], record_keys or tfrecord.OWN_KEYS)
-    if source.startswith("tfds:"):
-        return tfds_source.open_tfds(source[len("tfds:"):], tfds_data_dir, download)
-    if os.path.isdir(source):
-        return sources.open_folder(source)
-    if os.path.isfile(source):
-        if source.lower().endswith((".csv", ".tsv")):
-            return sources.open_csv(source)
-        if source.lower().endswith(".npz"):
-            return sources.open_npz(source)
-        raise ConfigError("source", f"{source}: not a folder, .csv, .tsv or .npz file")
-    if source in builtin.BUILTIN:
-        return sources.open_builtin(source)
-    raise ConfigError("source", f"{source} does not exist (expected an image folder, a .csv/.tsv, a .npz, "
-                      f"tfds:NAME, tfrecord:GLOB or one of {', '.join(builtin.BUILTIN)})")
-
-
 def convert(o: Options, stream=None, out=None) -> dict:
     """Runs one conversion; returns the manifest written to ``<output_dir>/dataset.json``.
 
@@ -303,8 +280,7 @@ def convert(o: Options, stream=None, out=None) -> dict:
     if o.resize and o.image_format == "keep":
         print(f"--resize re-encodes every image: JPEG sources as JPEG at --jpeg_quality={o.jpeg_quality}, the "
               "others as PNG (--image_format=png stores every one losslessly)", file=stream, flush=True)
-    source = open_source(o.source, o.tfds_data_dir, o.download,
-                         tfrecord.RecordKeys(o.image_key, o.label_key, o.label_offset))
+    source = source_formats.open_source(o.source, o)
     parts = sources.parse_split_spec(o.split) if o.split else []
     splits = sources.apply_split(source, parts, o.seed)
     _check_num_shards(splits, o)

@@ -42,7 +42,6 @@ REASONS = {
                               "that reaches it first in sorted order)",
     "unreadable_folder": "folders that cannot be listed",
 }
-FOLLOWED_OUTSIDE = "symlinks_followed_outside_class_folder"
 
 
 def display(path: str) -> str:

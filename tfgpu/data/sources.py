@@ -20,10 +20,6 @@ from tfgpu.config import ConfigError
 from tfgpu.data import builtin, csvlist, folders
 
 
-IMAGE_EXTENSIONS = folders.IMAGE_EXTENSIONS
-SPLIT_FOLDERS = folders.SPLIT_FOLDERS
-
-
 @dataclasses.dataclass(frozen=True)
 class Unreadable:
     """A source image that could not be read (the reason is reported with its path)."""
@@ -221,7 +217,7 @@ def open_folder(root: str) -> Source:
     if not classes:
         left = sum(len(p) for p in scan.not_converted.values())
         raise ConfigError("source", f"{root} has no images in class folders (expected {root}/<class>/*.jpg, or "
-                          f"{root}/train/<class>/*.jpg with val/; image types: {', '.join(IMAGE_EXTENSIONS)})"
+                          f"{root}/train/<class>/*.jpg with val/; image types: {', '.join(folders.IMAGE_EXTENSIONS)})"
                           + (f"; {left} file(s) or folder(s) were not usable" if left else ""))
     label_of = {c: i for i, c in enumerate(classes)}
     splits, notices = {}, list(scan.notices)

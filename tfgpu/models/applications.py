@@ -84,7 +84,7 @@ _BACKBONES = {
 
 
 def _register(name):
-    @register_model(name, default_image_size=224)
+    @register_model(name, default_image_size=224, options=("sync_batch_norm", "zero_init_residual"))
     def build(input_shape, num_classes, sync_batch_norm=False, zero_init_residual=False):
         return _backbone_classifier(name, _BACKBONES[name], input_shape, num_classes, sync_batch_norm,
                                     zero_init_residual)

@@ -54,9 +54,9 @@ def cifar_resnet(depth, input_shape, num_classes, sync_batch_norm=False, zero_in
 
 
 def _register(depth):
-    @register_model(f"resnet{depth}", default_image_size=32)
-    def build(input_shape, num_classes, **kwargs):
-        return cifar_resnet(depth, input_shape, num_classes, **kwargs)
+    @register_model(f"resnet{depth}", default_image_size=32, options=("sync_batch_norm", "zero_init_residual"))
+    def build(input_shape, num_classes, sync_batch_norm=False, zero_init_residual=False):
+        return cifar_resnet(depth, input_shape, num_classes, sync_batch_norm, zero_init_residual)
 
     build.__doc__ = f"CIFAR ResNet-{depth}."
     return build

@@ -1,7 +1,8 @@
 """Model registry: every network is chosen by name from here.
 
-A builder takes ``(input_shape, num_classes, **kwargs)`` and returns a
-``keras.Model`` built under the current dtype policy. ``create_model`` is the
+A builder takes ``(input_shape, num_classes)`` and the run's options its family declares
+(``tfgpu.models.registration``: what a builder is) and returns a ``keras.Model`` built under the current
+dtype policy. ``create_model`` is the
 one place that guarantees float32 outputs, so builders never mention precision
 (logits; a user's model that ends in a softmax is read by ``tfgpu.models.heads``).
 
@@ -10,14 +11,27 @@ A name that is not registered but has the form ``MODULE:FUNCTION`` or
 ``get_spec`` imports it as a classifier. Registered names always win, even one
 that contains a colon.
 """
+import functools
+import importlib
+import logging
+import os
+import pkgutil
+
 import keras
 
-from tfgpu.models.registration import _MODELS, ModelSpec, register_model  # noqa: F401  (re-exported)
+# register_model: re-exported as tfgpu.models' API (tfgpu.models.__all__)
+from tfgpu.models.registration import _MODELS, MODEL_OPTIONS, ModelSpec, register_model  # noqa: F401
+
+log = logging.getLogger("tfgpu")
+_WARNED: set = set()
 
 
+@functools.cache
 def _import_families():
-    # Importing the family modules runs their @register_model decorators (tfgpu.models.registration).
-    from tfgpu.models import applications, cifar_resnet, gan, resnet, small_cnn  # noqa: F401
+    """Imports every module of ``tfgpu.models`` and its subpackages once, which runs their ``@register_model``
+    decorators (``tfgpu.models.registration``): a family registers by being a module here, listed nowhere else."""
+    for module in pkgutil.walk_packages([os.path.dirname(__file__)], "tfgpu.models."):
+        importlib.import_module(module.name)
 
 
 def list_models(family: str | None = None) -> list[str]:
@@ -40,19 +54,38 @@ def get_spec(name: str) -> ModelSpec:
     from tfgpu.models import user
 
     if user.is_reference(name):
-        return ModelSpec(name, user.load(name, "model"), "classifier", None)
+        return ModelSpec(name, user.load(name, "model"), "classifier", None, MODEL_OPTIONS)  # it picks its own
     raise ValueError(f"unknown model {name!r}; known models: {', '.join(sorted(_MODELS))}; or your own builder as "
                      "MODULE:FUNCTION or path/to/file.py:FUNCTION")
 
 
-def create_model(name: str, input_shape, num_classes: int, output: tuple | None = None, **kwargs) -> keras.Model:
-    """Builds model ``name``; its output is cast to float32 whatever the policy. ``output``: what the task needs
-    the model to give (``Task.model_output``: shape after the batch dimension, the requirement as a phrase;
-    default one logit per class); a model that gives another shape is ``ConfigError(model)``."""
+def model_options(config) -> dict:
+    """The run's model options (``MODEL_OPTIONS``) from a Config: what ``create_model`` hands on to the builders
+    that declare them."""
+    return {option: getattr(config, option) for option in MODEL_OPTIONS}
+
+
+def options_for(spec: ModelSpec, options: dict) -> dict:
+    """The ``options`` ``spec``'s builder declares; each true-valued one it does not take is a warning naming its
+    flag (once per model and option in a process)."""
+    for option, value in options.items():
+        if option not in spec.options and value and (spec.name, option) not in _WARNED:
+            _WARNED.add((spec.name, option))
+            log.warning("--%s: model %s does not take it, so --%s=%s has no effect on it", option, spec.name,
+                        option, value)
+    return {option: value for option, value in options.items() if option in spec.options}
+
+
+def create_model(name: str, input_shape, num_classes: int, output: tuple | None = None, **options) -> keras.Model:
+    """Builds model ``name`` with the ``options`` (``MODEL_OPTIONS``: ``model_options(config)``) its family takes;
+    its output is cast to float32 whatever the policy. ``output``: what the task needs the model to give
+    (``Task.model_output``: shape after the batch dimension, the requirement as a phrase; default one logit per
+    class); a model that gives another shape is ``ConfigError(model)``."""
     shape_needed, requirement = output or ((num_classes,), f"a classifier of {num_classes} classes must give "
                                                            f"logits of shape (batch, {num_classes})")
     spec = get_spec(name)
-    model = float32_outputs(spec.builder(tuple(input_shape), num_classes, **kwargs), input_shape)
+    model = float32_outputs(spec.builder(tuple(input_shape), num_classes, **options_for(spec, options)),
+                            input_shape)
     shape = tuple(model.outputs[0].shape)
     if shape[1:] != tuple(shape_needed):
         from tfgpu.config import ConfigError

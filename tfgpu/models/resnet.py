@@ -84,7 +84,7 @@ def resnet(depth, input_shape, num_classes, sync_batch_norm=False, zero_init_res
 
 
 def _register(depth):
-    @register_model(f"resnet{depth}", default_image_size=224)
+    @register_model(f"resnet{depth}", default_image_size=224, options=("sync_batch_norm", "zero_init_residual"))
     def build(input_shape, num_classes, sync_batch_norm=False, zero_init_residual=False):
         return resnet(depth, input_shape, num_classes, sync_batch_norm, zero_init_residual)
 

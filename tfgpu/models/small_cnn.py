@@ -5,10 +5,9 @@ from keras import layers
 from tfgpu.models.registration import register_model
 
 
-@register_model("small_cnn", default_image_size=32)
-def small_cnn(input_shape, num_classes, sync_batch_norm=False, width=32, zero_init_residual=False):
-    """Two conv-BN-ReLU blocks, global pooling and a dense head."""
-    del zero_init_residual  # no residual blocks here
+@register_model("small_cnn", default_image_size=32, options=("sync_batch_norm",))
+def small_cnn(input_shape, num_classes, sync_batch_norm=False, width=32):
+    """Two conv-BN-ReLU blocks, global pooling and a dense head (no residual blocks: no --zero_init_residual)."""
     inputs = keras.Input(input_shape)
     x = inputs
     for i, filters in enumerate((width, 2 * width)):

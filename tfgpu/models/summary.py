@@ -73,18 +73,3 @@ def flops_per_example(model, input_shape) -> int:
     spec = tf.TensorSpec((1, *input_shape), tf.float32)
     graph = tf.function(lambda x: model(x, training=False)).get_concrete_function(spec).graph
     return int(sum(_MAC_COUNTERS[op.type](op) for op in graph.get_operations() if op.type in _MAC_COUNTERS))
-
-
-def _scaled(n: float) -> tuple[str, str]:
-    for scale, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "K")):
-        if n >= scale:
-            return f"{n / scale:.2f}", prefix
-    return f"{n:.0f}", ""
-
-
-def describe_model(model, input_shape) -> str:
-    """One line for the start of training, e.g. 'resnet50: 25.56M params, 4.09 GMACs/image at 224x224x3'."""
-    params = count_params(model) / 1e6  # millions, as model tables print them
-    macs, prefix = _scaled(flops_per_example(model, input_shape))
-    shape = "x".join(str(d) for d in input_shape)
-    return f"{model.name}: {params:.2f}M params, {macs} {prefix}MACs/image at {shape}"

@@ -173,6 +173,13 @@ class Task(abc.ABC):
         """One line about the models (parameters, FLOPs) for the start-of-run log."""
         return ""
 
+    @classmethod
+    def describe_export(cls, config, info, facts: dict) -> dict | None:
+        """What ``<name>.input.json`` says the deployable takes and gives (``training.exporting``), for a task whose
+        deployable is not a classifier of pixels (the GAN's generator); None: the classifier's description (pixels
+        0..255 in, one output per class, ``facts`` from ``model_facts``)."""
+        return None
+
     # The exports a run writes: variant name ("" = the default, <name>.keras) -> what it is, for input.json.
     export_variants = {"": "the deployable model"}
 

@@ -26,7 +26,7 @@ import tensorflow as tf
 from tfgpu.config import ConfigError, InputConfig, OptimizationConfig, PrecisionConfig
 from tfgpu.runtime import precision
 from tfgpu.training import optimizers, results
-from tfgpu.models import batch_norm, create_model, get_spec, heads
+from tfgpu.models import batch_norm, create_model, get_spec, heads, model_options
 from tfgpu.models.summary import count_params
 from tfgpu.tasks.base import MetricSpec, Task, register_task, unpack_batch
 
@@ -63,8 +63,7 @@ class ClassificationTask(Task):
         if get_spec(config.model).family != "classifier":
             raise ValueError(f"--model={config.model} is not a classifier; use --task=gan")
         self.model = create_model(config.model, self.info.image_shape, self.info.num_classes,
-                                  output=self.model_output(), sync_batch_norm=config.sync_batch_norm,
-                                  zero_init_residual=config.zero_init_residual)
+                                  output=self.model_output(), **model_options(config))
         self.head = self.check_head(self.model)
         # What the loss is computed from: the model's logits, or the logits its softmax takes, or its probabilities.
         self._forward = self.head.logits if self.head.logits is not None else self.model
@@ -277,8 +276,7 @@ class ClassificationTask(Task):
         if all(layer.compute_dtype == "float32" for layer in self.model._flatten_layers()):
             return self.model
         twin = create_model(self.config.model, self.info.image_shape, self.info.num_classes,
-                            output=self.model_output(), sync_batch_norm=self.config.sync_batch_norm,
-                            zero_init_residual=self.config.zero_init_residual)
+                            output=self.model_output(), **model_options(self.config))
         twin.set_weights(self.model.get_weights())
         return twin
 

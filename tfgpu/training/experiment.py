@@ -8,11 +8,18 @@ import logging
 import os
 import re
 import time
+from typing import TYPE_CHECKING
 
 from tfgpu.config import Config, ConfigError, DatasetConfig, RuntimeConfig, TrainerConfig
 from tfgpu.config_sources import save_yaml
 from tfgpu.training import config_change, exporting, results
 from tfgpu.training.history import PhaseTimer
+
+if TYPE_CHECKING:  # for Setup's field types only: these import TensorFlow, which setup() imports when it runs
+    from tfgpu.data.catalog import DatasetInfo
+    from tfgpu.runtime.distribute import Placement
+    from tfgpu.tasks.base import Task
+    from tfgpu.training.trainer import Trainer
 
 log = logging.getLogger("tfgpu")
 
@@ -36,10 +43,10 @@ class Setup:
     """The pieces of a run, built and checked, before any training: what run, evaluate, export and the
     benchmark share."""
     config: Config
-    placement: object  # tfgpu.runtime.distribute.Placement
-    info: object  # tfgpu.data.pipeline.DatasetInfo
-    task: object  # tfgpu.tasks.base.Task
-    trainer: object  # tfgpu.training.trainer.Trainer
+    placement: "Placement"
+    info: "DatasetInfo"
+    task: "Task"
+    trainer: "Trainer"
     total_steps: int
 
 

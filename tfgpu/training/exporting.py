@@ -42,27 +42,19 @@ def description_path(output: str) -> str:
 
 
 def describe(config, info, facts: dict | None = None) -> dict:
-    """What an exported model takes and returns, for its user: a classifier's input range (--input_range, checked
-    against a leading Rescaling when the model was built) and whether it gives logits or probabilities; a GAN
-    generator's image range, which only a final tanh bounds. ``facts``: the task's ``model_facts()`` (None: a
-    classifier that gives logits, a generator that ends in tanh); its ``output_meaning`` describes the output
-    (default ``OUTPUT_MEANINGS``: one per class)."""
+    """What an exported model takes and returns, for its user: the task's own description where it has one
+    (``Task.describe_export``: a GAN generator's latent and image range), else a classifier's: its input range
+    (--input_range, checked against a leading Rescaling when the model was built) and whether it gives logits or
+    probabilities. ``facts``: the task's ``model_facts()`` (None: a classifier that gives logits); its
+    ``output_meaning`` describes the output (default ``OUTPUT_MEANINGS``: one per class)."""
     facts = facts or {}
+    from tfgpu.tasks.registry import get_task
+
+    own = get_task(config.task).describe_export(config, info, facts)
+    if own is not None:
+        return own
     h, w, c = info.image_shape
     images = {"dtype": "float32", "layout": "NHWC", "shape": [None, h, w, c]}
-    if config.task == "gan":
-        from tfgpu.tasks.gan.options import GanOptions
-
-        gan = GanOptions.of(config)
-        inputs = {"latent": {"dtype": "float32", "shape": [None, gan.latent_dim]}}
-        if gan.conditional:
-            inputs["label"] = {"dtype": "int64", "shape": [None]}
-        activation = facts.get("generator_output", "tanh")
-        output = ({**images, "range": [-1.0, 1.0], "meaning": "generated images"} if activation == "tanh" else
-                  {**images, "range": None, "meaning": f"generated images, trained toward [-1, 1] but not bounded "
-                   f"(the generator ends in {activation}, not tanh): clip to [-1, 1] before making pixels"})
-        return {"task": "gan", "model": config.model, "input": inputs, "output": output,
-                "classes": list(info.classes)}
     low, high = (float(v) for v in config.input_range)
     kind = facts.get("model_output", "logits")
     return {"task": config.task, "model": config.model,
@@ -85,9 +77,10 @@ OUTPUT_MEANINGS = {"logits": "logits, one per class (softmax gives probabilities
 def summary(description: dict) -> str:
     """One line for the log: what the exported model takes (and gives, where that is not the usual)."""
     output = description["output"]
-    if description["task"] == "gan":
-        return ("outputs float32 images in [-1, 1]" if output["range"] else
-                "outputs float32 images, not bounded to [-1, 1] (no final tanh)")
+    if "bare" not in description:  # it takes no pixels (a generator's latent): what it gives is what to say
+        bounds = output.get("range")
+        return f"outputs {output['dtype']} {output['meaning']}" + (f" in [{bounds[0]:g}, {bounds[1]:g}]" if bounds
+                                                                    else "")
     low, high = description["bare"]["input"]["range"]
     gives = "; output: probabilities" if output["kind"] == "probabilities" else ""
     bare = f"; {description['bare']['file']}: float32 in [{low:g}, {high:g}]" if "file" in description["bare"] else ""

@@ -150,10 +150,6 @@ def unpatch() -> None:
     _ORIGINALS.clear()
 
 
-def is_patched() -> bool:
-    return bool(_ORIGINALS)
-
-
 # -- the replacements ---------------------------------------------------------------------------------------------
 
 def _is_multi_worker(strategy) -> bool:

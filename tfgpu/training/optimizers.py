@@ -3,9 +3,14 @@
 The peak learning rate is ``base_learning_rate * global_batch_size / 256``
 (linear scaling, Goyal et al. 2017), reached by a linear warmup and followed by
 one of ``SCHEDULES``: cosine decay to zero, step decay, or a constant. Warmup and
-decay points are durations (steps, epochs or examples: ``tfgpu.durations``).
+decay points are durations (steps, epochs or examples: ``tfgpu.durations``). The optimizer is one of
+``OPTIMIZERS`` (sgd, adam, adamw). A new schedule or optimizer is an entry here and its name among the flag's
+choices in ``config.py`` (a leaf, so it cannot read these tables); ``tests/training/test_optimizers.py`` ties
+the two.
 """
+import dataclasses
 import math
+from typing import Callable
 
 import keras
 import tensorflow as tf
@@ -100,16 +105,35 @@ def decays(variable) -> bool:
     return len(variable.shape) > 1
 
 
+@dataclasses.dataclass(frozen=True)
+class OptimizerKind:
+    """What --optimizer=NAME builds: ``build(config, learning_rate)`` -> the inner Keras optimizer, and whether it
+    decays weights itself (decoupled) or takes L2 through ``l2_penalty`` in the task's loss."""
+    build: Callable
+    decoupled_decay: bool = False
+
+
+# --optimizer: the classifier's optimizer by name (Config's optimizer choices list the same names).
+OPTIMIZERS = {
+    "sgd": OptimizerKind(lambda config, lr: keras.optimizers.SGD(lr, momentum=config.momentum,
+                                                                 nesterov=config.nesterov)),
+    "adam": OptimizerKind(lambda config, lr: keras.optimizers.Adam(lr)),
+    "adamw": OptimizerKind(lambda config, lr: keras.optimizers.AdamW(lr, weight_decay=config.weight_decay),
+                           decoupled_decay=True),
+}
+
+
+def optimizer_kind(config: OptimizationConfig) -> OptimizerKind:
+    """The ``OPTIMIZERS`` entry --optimizer names; ConfigError(optimizer) for an unknown name."""
+    if config.optimizer not in OPTIMIZERS:
+        raise ConfigError("optimizer", f"unknown optimizer {config.optimizer!r}; known: {', '.join(OPTIMIZERS)}")
+    return OPTIMIZERS[config.optimizer]
+
+
 def create_optimizer(config: OptimizationConfig, learning_rate) -> keras.optimizers.Optimizer:
-    """The inner optimizer (before loss-scale wrapping). Only adamw decays decoupled; sgd and adam get L2
-    through ``l2_penalty`` in the task's loss."""
-    if config.optimizer == "sgd":
-        return keras.optimizers.SGD(learning_rate, momentum=config.momentum, nesterov=config.nesterov)
-    if config.optimizer == "adam":
-        return keras.optimizers.Adam(learning_rate)
-    if config.optimizer == "adamw":
-        return keras.optimizers.AdamW(learning_rate, weight_decay=config.weight_decay)
-    raise ValueError(f"unknown optimizer {config.optimizer!r}")
+    """The inner optimizer (before loss-scale wrapping). Only a decoupled one (adamw) decays weights itself; sgd
+    and adam get L2 through ``l2_penalty`` in the task's loss."""
+    return optimizer_kind(config).build(config, learning_rate)
 
 
 def exclude_from_decay(optimizer, variables) -> None:
@@ -122,7 +146,7 @@ def exclude_from_decay(optimizer, variables) -> None:
 def l2_penalty(config: OptimizationConfig, variables, num_replicas: int):
     """0.5 * wd * sum(w^2) over decayed variables, divided by the replicas (their gradients are summed),
     so each weight's gradient gains exactly ``weight_decay * w``. Zero for adamw (decoupled)."""
-    if not config.weight_decay or config.optimizer == "adamw":
+    if not config.weight_decay or optimizer_kind(config).decoupled_decay:
         return tf.constant(0.0)
     squares = [tf.reduce_sum(tf.square(tf.cast(v, tf.float32))) for v in variables if decays(v)]
     return 0.5 * config.weight_decay * tf.add_n(squares) / num_replicas

@@ -35,7 +35,7 @@ def conv_discriminator(image_shape, num_classes, conditional, width, norm, sync_
     return keras.Model([image, label] if conditional else image, logits, name=name)
 
 
-@register_model("dcgan", family="gan", default_image_size=32)
+@register_model("dcgan", family="gan", default_image_size=32, options=("sync_batch_norm",))
 def dcgan(image_shape, num_classes, latent_dim=128, conditional=False, width=64, sync_batch_norm=False):
     """DCGAN: BatchNorm generator and discriminator (non-saturating loss in the paper)."""
     return GanModels(
@@ -43,7 +43,7 @@ def dcgan(image_shape, num_classes, latent_dim=128, conditional=False, width=64,
         conv_discriminator(image_shape, num_classes, conditional, width, "batch", sync_batch_norm))
 
 
-@register_model("wgan_gp", family="gan", default_image_size=32)
+@register_model("wgan_gp", family="gan", default_image_size=32, options=("sync_batch_norm",))
 def wgan_gp(image_shape, num_classes, latent_dim=128, conditional=False, width=64, sync_batch_norm=False):
     """WGAN-GP: the DCGAN generator and a LayerNorm critic. Train it with the paper's --gan_loss=wasserstein
     --gradient_penalty=10 --n_critic=5 and Adam(1e-4, beta_1=0, beta_2=0.9): configs/cifar10_wgan_gp.flags."""

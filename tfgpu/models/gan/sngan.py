@@ -29,7 +29,7 @@ def sn_discriminator(image_shape, num_classes, conditional, width, name="discrim
     return keras.Model([image, label] if conditional else image, logits, name=name)
 
 
-@register_model("sngan", family="gan", default_image_size=32)
+@register_model("sngan", family="gan", default_image_size=32, options=("sync_batch_norm",))
 def sngan(image_shape, num_classes, latent_dim=128, conditional=False, width=64, sync_batch_norm=False):
     """SNGAN: spectral normalization in every discriminator layer, no normalization layers there."""
     return GanModels(build_generator(image_shape, num_classes, latent_dim, conditional, width, sync_batch_norm),

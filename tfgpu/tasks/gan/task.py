@@ -159,8 +159,7 @@ class GanTask(GanEvaluation, Task):
     def build(self):
         config = self.config
         options = self.options
-        self.generator, self.discriminator = self._networks(("generator", "discriminator"),
-                                                            sync_batch_norm=config.sync_batch_norm)
+        self.generator, self.discriminator = self._networks(("generator", "discriminator"))
         named = {flag: (flag, getattr(options, flag)) if getattr(options, flag) else ("model", config.model)
                  for flag in ("generator", "discriminator")}
         self.generator_head = network_checks.check_generator(self.generator, *named["generator"])
@@ -177,10 +176,11 @@ class GanTask(GanEvaluation, Task):
         self._penalty_precision = (Float32Forward(self.discriminator) if config.precision == "mixed_float16"
                                    else contextlib.nullcontext())
 
-    def _networks(self, which, **kwargs) -> list:
+    def _networks(self, which) -> list:
         """The networks named in ``which`` ("generator", "discriminator"): the user's builder where --generator or
-        --discriminator names one (``tfgpu.models.user.build_gan_network``), else the --model family's."""
-        from tfgpu.models import user
+        --discriminator names one (``tfgpu.models.user.build_gan_network``), else the --model family's; each given
+        the run's model options it takes."""
+        from tfgpu.models import registry, user
 
         config = self.config
         options = self.options
@@ -190,11 +190,12 @@ class GanTask(GanEvaluation, Task):
         for name in which:
             if getattr(options, name):
                 nets.append(user.build_gan_network(name, getattr(options, name), shape, classes, options.latent_dim,
-                                                   options.conditional, **kwargs))
+                                                   options.conditional, sync_batch_norm=config.sync_batch_norm))
                 continue
             if family is None:
-                family = get_spec(config.model).builder(shape, classes, latent_dim=options.latent_dim,
-                                                        conditional=options.conditional, **kwargs)
+                spec = get_spec(config.model)
+                family = spec.builder(shape, classes, latent_dim=options.latent_dim, conditional=options.conditional,
+                                      **registry.options_for(spec, registry.model_options(config)))
             nets.append(getattr(family, name))
         return nets
 
@@ -372,6 +373,10 @@ class GanTask(GanEvaluation, Task):
 
     def model_facts(self):
         return {"generator_output": self.generator_head.activation or "linear"}
+
+    @classmethod
+    def describe_export(cls, config, info, facts: dict) -> dict:
+        return network_checks.describe_generator(config, info, facts)
 
     def describe(self):
         from tfgpu.models.summary import count_params
