@@ -75,7 +75,8 @@ class Config:
     train_steps: int = _opt(0, "Optimizer steps to train; wins over --epochs when > 0.", "experiment")
     epochs: float = _opt(1.0, "Passes over the train split, used when --train_steps is 0.", "experiment")
     steps_per_loop: int = _opt(100, "Train steps inside one tf.function call (one host round trip).", "experiment")
-    checkpoint_every: str = _opt("", "Save a checkpoint every N steps, Nep (epochs) or Nex (examples), and always at "
+    checkpoint_every: str = _opt("", "Save a checkpoint every N steps, Nep (epochs), Nex (examples) or a time (Ns, "
+                                 "Nmin, Nh: at the first loop end after it, as the chief's clock says), and always at "
                                  "the end; empty = --checkpoint_every_steps.", "experiment")
     checkpoint_every_steps: int = _opt(1000, "Save a checkpoint every N steps (and always at the end); 0 = end only.",
                                        "experiment")
@@ -412,6 +413,7 @@ class TrainerConfig(Section):
     model_dir: str
     steps_per_loop: int
     checkpoint_every_steps: int
+    checkpoint_every: str  # read by the trainer only in its time form (5min), which has no steps
     keep_checkpoints: int
     eval_every_steps: int
     max_nonfinite_steps: int
