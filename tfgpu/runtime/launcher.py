@@ -1,18 +1,23 @@
 """Running N MultiWorkerMirroredStrategy workers on one host: ports, TF_CONFIG, each worker's GPUs and cores,
-and supervision (output prefixed ``[worker i]``, failures and signals, exit codes). ``python -m tfgpu.launch``
-(``tfgpu/launch.py``) parses its flags and hands them to ``Launcher``; see its docstring for the behaviour.
+and supervision (output prefixed ``[worker i]``, failures, hangs seen in the workers' heartbeat files, signals,
+exit codes) and, with --max_restarts, a new group after a failure (``runtime/restarts.py`` decides what it
+runs on). ``python -m tfgpu.launch`` (``tfgpu/launch.py``) parses its flags and hands them to ``Launcher``; see
+its docstring for the behaviour.
 """
 import collections
 import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
+from tfgpu.runtime import heartbeat, restarts
 from tfgpu.training import failures as exit_codes  # the one table of exit codes (loads no TensorFlow)
 
 LAST_LINES = 20
@@ -178,15 +183,41 @@ def _child_setup(cores):
     return setup
 
 
-class Worker:
-    """One worker process, the thread that copies its output and the last lines it printed."""
+def batch_rule(args, worker_args, gpus_per_worker_share):
+    """``fits(n)``: whether n workers divide the workers' global (and eval) batch over their replicas, read from
+    the tfgpu.train flags they are given (no TensorFlow); always True for another program or flags that do not
+    parse (the workers then say what is wrong). ``gpus_per_worker_share``: one worker's CUDA_VISIBLE_DEVICES."""
+    if worker_command(args, worker_args)[1:3] != ["-m", "tfgpu.train"]:
+        return lambda n: True
+    try:
+        from tfgpu import cli
 
-    def __init__(self, index, proc, out):
+        parser = cli.ArgumentParser(prog="tfgpu.train")
+        parser.add_config_flags(config_file=True)
+        namespace = parser.parse_args(list(worker_args))
+        config = cli.resolve(namespace, namespace.config, references=False)
+    except Exception:  # noqa: BLE001 - the workers report their own flag errors
+        return lambda n: True
+    gpus = len(gpus_per_worker_share.split(",")) if gpus_per_worker_share else 0
+    replicas = config.cpu_logical_devices or gpus or 1
+    batches = [config.global_batch_size, config.eval_batch_size or config.global_batch_size]
+    return lambda n: all(b % (n * replicas) == 0 for b in batches)
+
+
+class Worker:
+    """One worker process, the thread that copies its output, the last lines it printed and its progress (the
+    heartbeat file the trainer replaces after every loop: ``runtime/heartbeat.py``)."""
+
+    def __init__(self, index, slot, proc, out, heartbeat_path=""):
         self.index = index
+        self.slot = slot
         self.proc = proc
         self.last_lines = collections.deque(maxlen=LAST_LINES)
         self.exit_code = None
         self.exited_at = None  # monotonic time the process ended, to tell the first failure from its echoes
+        self.heartbeat_path = heartbeat_path
+        self.beat = None  # the last heartbeat read
+        self.progress_at = time.monotonic()  # when it started, or when its heartbeat last changed
         self._reaped_group = False
         self._out = out
         self._reader = threading.Thread(target=self._copy_output, daemon=True)
@@ -217,6 +248,24 @@ class Worker:
     def running(self):
         return self.exited_at is None
 
+    def read_heartbeat(self, now: float) -> None:
+        """Takes in the worker's heartbeat file; a new record is progress."""
+        beat = heartbeat.read(self.heartbeat_path) if self.heartbeat_path else None
+        if beat is not None and beat != self.beat:
+            self.beat, self.progress_at = beat, now
+
+    @property
+    def phase(self) -> str:
+        return self.beat["phase"] if self.beat else "starting"
+
+    def stopped(self) -> bool:
+        """Whether the process is stopped by a signal (SIGSTOP, SIGTSTP): state T in /proc."""
+        try:
+            with open(f"/proc/{self.proc.pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+        except (OSError, IndexError):
+            return False
+
     def signal(self, signum):
         """Sends ``signum`` to the worker's whole process group (it started its own)."""
         if self._reaped_group:
@@ -231,7 +280,7 @@ class Worker:
 
 
 class Launcher:
-    """Starts and supervises the workers; ``run`` returns the job's exit code."""
+    """Starts and supervises the worker groups; ``run`` returns the job's exit code."""
 
     def __init__(self, args, worker_args, out=None, err=None):
         self.args = args
@@ -240,7 +289,14 @@ class Launcher:
         self._stdout = out or sys.stdout.buffer
         self._stderr = err or sys.stderr
         self.workers = []
+        self.groups = 0
+        self.restarts = 0
         self._signal = None
+        self._heartbeats = None  # the directory of the workers' heartbeat files
+        self._recovering = None  # (restart number, time.time() of the failure) until the new group's first loop
+
+    def _option(self, name, default):
+        return getattr(self.args, name, default)
 
     def _write(self, data: bytes):
         with self._out_lock:
@@ -251,30 +307,47 @@ class Launcher:
         with self._out_lock:
             print(f"tfgpu.launch: {message}", file=self._stderr, flush=True)
 
-    def start(self):
-        """Starts every worker; no thread of ours runs yet (preexec_fn is not thread-safe)."""
+    def prepare(self):
+        """Each slot's cores and GPUs, the worker command and the group sizes that fit; LaunchError before any
+        worker starts."""
         n = self.args.num_workers
-        cores = core_sets(n, self.args.cpu_cores_per_worker)
-        gpus = gpu_sets(n, self.args.gpus_per_worker, *host_gpus())
+        self.cores = core_sets(n, self.args.cpu_cores_per_worker)
+        self.gpus = gpu_sets(n, self.args.gpus_per_worker, *host_gpus())
+        self.command = worker_command(self.args, self.worker_args)
+        self.fits = batch_rule(self.args, self.worker_args, self.gpus[0])
+        self._heartbeats = tempfile.mkdtemp(prefix="tfgpu-launch-")
+
+    def start(self, slots=None):
+        """Starts one worker per slot (every slot by default); no thread of ours runs yet (preexec_fn is not
+        thread-safe)."""
+        if not hasattr(self, "command"):
+            self.prepare()
+        slots = list(range(self.args.num_workers)) if slots is None else list(slots)
+        n = len(slots)
+        self.groups += 1
         configs = tf_configs(self.args.host, free_ports(n))
-        command = worker_command(self.args, self.worker_args)
+        self.workers = []
         try:
-            for index in range(n):
-                env = {**os.environ, "TF_CONFIG": configs[index], "PYTHONUNBUFFERED": "1"}
-                if gpus[index] is not None:
-                    env["CUDA_VISIBLE_DEVICES"] = gpus[index]
-                proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            for index, slot in enumerate(slots):
+                beat_path = os.path.join(self._heartbeats, f"group{self.groups}-worker{index}.json")
+                env = {**os.environ, "TF_CONFIG": configs[index], "PYTHONUNBUFFERED": "1",
+                       heartbeat.ENV: beat_path}
+                if self.gpus[slot] is not None:
+                    env["CUDA_VISIBLE_DEVICES"] = self.gpus[slot]
+                proc = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, start_new_session=True,
-                                        preexec_fn=_child_setup(cores[index]))
-                self.workers.append(Worker(index, proc, self._write))
+                                        preexec_fn=_child_setup(self.cores[slot]))
+                self.workers.append(Worker(index, slot, proc, self._write, beat_path))
         except OSError as e:
-            raise LaunchError(f"cannot start {' '.join(command[:3])}: {e} (check --python)") from None
+            raise LaunchError(f"cannot start {' '.join(self.command[:3])}: {e} (check --python)") from None
         finally:
             for worker in self.workers:  # also those started before a failure, so stop() can reap them
                 worker.start_threads()
+        cores = [self.cores[s] for s in slots]
+        gpus = [self.gpus[s] for s in slots]
         pinned = "" if cores[0] is None else " pinned to cores " + " | ".join(_ranges(sorted(c)) for c in cores)
         split = "" if gpus[0] is None else " with GPUs " + " | ".join(g or "none" for g in gpus)
-        self.say(f"started {n} worker(s): {' '.join(command)}{pinned}{split}")
+        self.say(f"started {n} worker(s): {' '.join(self.command)}{pinned}{split}")
 
     def _on_signal(self, signum, frame):
         if self._signal is not None:  # second Ctrl-C: no more waiting
@@ -285,49 +358,165 @@ class Launcher:
     def run(self) -> int:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            self.start()
-            return self._supervise()
+            self.prepare()
+            slots = list(range(self.args.num_workers))
+            while True:
+                self.start(slots)
+                outcome = self._supervise()
+                if not isinstance(outcome, restarts.Failure):
+                    return outcome
+                slots = self._restart(outcome, slots)
+                if not slots:
+                    return self._failed(outcome)
         finally:
             self.stop(grace_s=0.0)  # whatever happened above, no worker outlives the launcher
             for s, handler in previous.items():
                 signal.signal(s, handler)
+            if self._heartbeats:
+                shutil.rmtree(self._heartbeats, ignore_errors=True)
 
-    def _supervise(self) -> int:
-        started = time.monotonic()
-        timeout = self.args.worker_timeout_s
+    def _supervise(self):
+        """Watches the group until it ends: its exit code (done, interrupted) or the Failure that stopped it
+        (the group is stopped by then)."""
+        progress_limit = self._option("worker_timeout_s", 0.0)
+        startup_limit = self._option("startup_timeout_s", 0.0) or progress_limit
+        next_read = 0.0
         while True:
             for worker in self.workers:
                 if worker.exit_code is None and not worker.running():
                     worker.exit_code = exit_code(worker.proc.returncode)
-            failures = [w for w in self.workers if w.exit_code not in (None, 0)]
-            if failures:  # the first to fail is the cause; peers that lost it exit a moment later
-                return self._worker_failed(min(failures, key=lambda w: w.exited_at))
+            now = time.monotonic()
+            if now >= next_read:
+                next_read = now + 0.25
+                for worker in self.workers:
+                    worker.read_heartbeat(now)
+                self._note_recovery()
+            if any(w.exit_code not in (None, 0) for w in self.workers):
+                return self._stop_failed_group()
             if all(w.exit_code is not None for w in self.workers):
                 for worker in self.workers:
                     worker.finish_output()
-                self.say(f"all {len(self.workers)} workers finished")
-                return 0
+                after = f" after {self.restarts} restart(s)" if self.restarts else ""
+                self.say(f"all {len(self.workers)} workers finished{after}")
+                return exit_codes.OK
             if self._signal is not None:
                 return self._interrupted(self._signal)
-            if timeout and time.monotonic() - started > timeout:
-                self.say(f"error: the job ran longer than --worker_timeout_s={timeout:g}; stopping every worker")
-                self.stop(self.args.stop_grace_s)
-                self._report_codes()
-                return exit_codes.TIMEOUT
+            if progress_limit:
+                silent = [w for w in self.workers if w.running() and w.phase != "done" and now - w.progress_at >
+                          (progress_limit if w.phase == "training" else startup_limit)]
+                if silent:
+                    return self._stop_hung_group(silent, now)
             time.sleep(0.05)
 
-    def _worker_failed(self, failed) -> int:
-        others = [w for w in self.workers if w.exit_code is None]
+    def _last_step(self):
+        steps = [w.beat["step"] for w in self.workers if w.beat]
+        return max(steps) if steps else None
+
+    def _stop_failed_group(self):
+        """A worker exited non-zero: find the cause, stop the rest (a stopped cause is killed at once)."""
+        time.sleep(0.2)  # the peers of a killed worker fail a moment later; let their exits be seen with it
+        for worker in self.workers:
+            worker.read_heartbeat(time.monotonic())  # the last beats before the failure count as done
+            if worker.exit_code is None and not worker.running():
+                worker.exit_code = exit_code(worker.proc.returncode)
+        running = {w.index for w in self.workers if w.exit_code is None}
+        stopped = {w.index for w in self.workers if w.index in running and w.stopped()}
+        index = restarts.choose_cause({w.index: w.exit_code for w in self.workers if w.exit_code is not None},
+                                      {w.index: w.exited_at for w in self.workers if w.exit_code is not None},
+                                      stopped, running)
+        cause = self.workers[index]
+        last_step = self._last_step()
+        if cause.exit_code is None:  # its peers lost it: it hangs (or is stopped) while they exited 129
+            silent_s = time.monotonic() - cause.progress_at
+            state = "is stopped (SIGSTOP)" if index in stopped else "still runs"
+            failure = restarts.Failure(index, cause.slot, None, f"{state} while its peers lost it (no progress for "
+                                       f"{silent_s:.1f} s)", hung=True, no_progress_s=silent_s, last_step=last_step)
+            cause.signal(signal.SIGKILL)
+        else:
+            failure = restarts.Failure(index, cause.slot, cause.exit_code, restarts.describe_exit(cause.exit_code),
+                                       last_step=last_step)
+        others = [w for w in self.workers if w.exit_code is None and w is not cause]
         if others:
-            self.say(f"worker {failed.index} exited with code {failed.exit_code}; stopping the other "
-                     f"{len(others)} worker(s) (SIGTERM, SIGKILL after {self.args.stop_grace_s:g}s)")
+            self.say(f"worker {index} {failure.reason}; stopping the other {len(others)} worker(s) (SIGTERM, "
+                     f"SIGKILL after {self.args.stop_grace_s:g}s)")
         self.stop(self.args.stop_grace_s)
+        return failure
+
+    def _stop_hung_group(self, silent, now):
+        """Workers showed no progress for --worker_timeout_s: the cause (stopped by a signal, else the one silent
+        longest) is killed, the others stopped; a hang is a failure like an exit."""
+        stopped = [w for w in silent if w.stopped()]
+        cause = stopped[0] if stopped else min(silent, key=lambda w: (w.progress_at, w.index))
+        silent_s = now - cause.progress_at
+        state = ", stopped by a signal" if stopped else ""
+        if cause.phase == "training":
+            reason = f"made no progress for {silent_s:.1f} s (--worker_timeout_s={self.args.worker_timeout_s:g}{state})"
+        else:
+            flag = "--startup_timeout_s" if self._option("startup_timeout_s", 0.0) else "--worker_timeout_s"
+            reason = (f"did not start training within {silent_s:.1f} s ({flag}="
+                      f"{self._option('startup_timeout_s', 0.0) or self.args.worker_timeout_s:g}{state})")
+        failure = restarts.Failure(cause.index, cause.slot, None, reason, hung=True, no_progress_s=silent_s,
+                                   last_step=self._last_step())
+        self.say(f"worker {cause.index} {failure.reason}; killing it and stopping the other "
+                 f"{len(self.workers) - 1} worker(s)")
+        cause.signal(signal.SIGKILL)
+        self.stop(self.args.stop_grace_s)
+        self.say(f"group stopped {time.monotonic() - cause.progress_at:.1f} s after worker {cause.index}'s last "
+                 "progress")
+        return failure
+
+    def _restart(self, failure, slots) -> list:
+        """The slots of the next group after ``failure`` (logged, recorded in history.jsonl); [] when the job
+        stops instead."""
+        max_restarts = self._option("max_restarts", 0)
+        if not failure.retryable or self._signal is not None:
+            return []
+        if self.restarts >= max_restarts:
+            if max_restarts:
+                self.say(f"no restart left (--max_restarts={max_restarts})")
+            return []
+        new_slots, why = restarts.next_slots(slots, failure, self._option("min_workers", 1) or 1, self.fits,
+                                             self._option("reuse_failed_slots", False))
+        if not new_slots:
+            self.say(f"cannot restart: {why}")
+            return []
+        self.restarts += 1
+        model_dir = next((w.beat.get("model_dir") for w in self.workers if w.beat and w.beat.get("model_dir")), "")
+        resumed = restarts.checkpoint_step(model_dir)
+        failed_at = time.time()
+        self.say(restarts.restart_line(self.restarts, max_restarts, failure, len(slots), len(new_slots), resumed))
+        if model_dir and "://" not in model_dir:
+            record = {"kind": "restart", "step": resumed or 0, "time": round(failed_at, 3),
+                      **restarts.restart_record(self.restarts, failure, len(slots), len(new_slots), resumed,
+                                                failed_at)}
+            with contextlib.suppress(OSError), open(os.path.join(model_dir, "history.jsonl"), "a") as f:
+                f.write(json.dumps(record) + "\n")
+        self._recovering = (self.restarts, failed_at)
+        return new_slots
+
+    def _note_recovery(self):
+        """One line when the group started by a restart finishes its first loop: how long the restart took."""
+        if self._recovering is None or not any(w.phase in ("training", "done") for w in self.workers):
+            return
+        number, failed_at = self._recovering
+        self._recovering = None
+        step = self._last_step()
+        self.say(f"restart {number}: the new group of {len(self.workers)} finished its first loop (step {step}) "
+                 f"{time.time() - failed_at:.1f} s after the group was stopped")
+
+    def _failed(self, failure) -> int:
+        """The job ends with ``failure``: its worker's last lines and its exit code."""
+        failed = self.workers[failure.worker]
         failed.finish_output()
         lines = "\n".join(f"  {line}" for line in failed.last_lines) or "  (no output)"
         self._report_codes()
-        self.say(f"error: worker {failed.index} failed with exit code {failed.exit_code}. "
-                 f"Its last {len(failed.last_lines)} lines:\n{lines}")
-        return failed.exit_code
+        if failure.hung:
+            self.say(f"error: worker {failure.worker} {failure.reason}; exit {failure.exit_code}. Its last "
+                     f"{len(failed.last_lines)} lines:\n{lines}")
+        else:
+            self.say(f"error: worker {failure.worker} failed with exit code {failure.code}. "
+                     f"Its last {len(failed.last_lines)} lines:\n{lines}")
+        return failure.exit_code
 
     def _interrupted(self, signum) -> int:
         name = signal.Signals(signum).name
