@@ -6,6 +6,7 @@ its docstring for the behaviour.
 """
 import collections
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -392,7 +393,7 @@ class Launcher:
                     worker.read_heartbeat(now)
                 self._note_recovery()
             if any(w.exit_code not in (None, 0) for w in self.workers):
-                return self._stop_failed_group()
+                return self._stopped(self._stop_failed_group())
             if all(w.exit_code is not None for w in self.workers):
                 for worker in self.workers:
                     worker.finish_output()
@@ -405,7 +406,7 @@ class Launcher:
                 silent = [w for w in self.workers if w.running() and w.phase != "done" and now - w.progress_at >
                           (progress_limit if w.phase == "training" else startup_limit)]
                 if silent:
-                    return self._stop_hung_group(silent, now)
+                    return self._stopped(self._stop_hung_group(silent, now))
             time.sleep(0.05)
 
     def _last_step(self):
@@ -461,9 +462,16 @@ class Launcher:
                  f"{len(self.workers) - 1} worker(s)")
         cause.signal(signal.SIGKILL)
         self.stop(self.args.stop_grace_s)
-        self.say(f"group stopped {time.monotonic() - cause.progress_at:.1f} s after worker {cause.index}'s last "
-                 "progress")
         return failure
+
+    def _stopped(self, failure):
+        """The failure, with how long after the group's last progress (any worker's newest heartbeat, or its
+        start) every worker had stopped: what --worker_timeout_s bounds for a hang."""
+        last = max(self.workers, key=lambda w: w.progress_at)
+        since = time.monotonic() - last.progress_at
+        self.say(f"group stopped {since:.1f} s after its last progress (worker {last.index}, {last.phase} at step "
+                 f"{last.beat['step'] if last.beat else 0})")
+        return dataclasses.replace(failure, stopped_after_s=since)
 
     def _restart(self, failure, slots) -> list:
         """The slots of the next group after ``failure`` (logged, recorded in history.jsonl); [] when the job

@@ -26,6 +26,7 @@ class Failure:
     hung: bool = False
     no_progress_s: float = 0.0  # for a hang: how long the group had shown no progress when it was stopped
     last_step: int | None = None  # the last step any worker of the group reported finishing
+    stopped_after_s: float = 0.0  # from the group's last progress to every worker stopped
 
     @property
     def retryable(self) -> bool:
@@ -127,4 +128,5 @@ def restart_record(number: int, failure: Failure, before: int, after: int, resum
     return {"restart": number, "reason": failure.reason, "worker": failure.worker, "exit_code": failure.code,
             "hung": failure.hung, "no_progress_s": round(failure.no_progress_s, 3) if failure.hung else None,
             "workers_before": before, "workers_after": after, "last_step": failure.last_step,
-            "steps_lost": steps_lost(failure.last_step, resumed_step), "failed_at": round(failed_at, 3)}
+            "steps_lost": steps_lost(failure.last_step, resumed_step), "failed_at": round(failed_at, 3),
+            "stopped_after_progress_s": round(failure.stopped_after_s, 3)}
