@@ -88,7 +88,7 @@ def final_accuracy(model_dir):
 def launch_command(args, model_dir):
     return [sys.executable, "-m", "tfgpu.launch", f"--num_workers={args.workers}", f"--min_workers={args.min_workers}",
             "--max_restarts=2", f"--worker_timeout_s={args.worker_timeout_s:g}",
-            f"--startup_timeout_s={args.startup_timeout_s:g}", "--stop_grace_s=10", "--",
+            f"--startup_timeout_s={args.startup_timeout_s:g}", "--stop_grace_s=5", "--",
             *args.train_flags.split(), *args.extra, f"--model_dir={model_dir}"]
 
 
