@@ -319,8 +319,9 @@ class Launcher:
         self._heartbeats = tempfile.mkdtemp(prefix="tfgpu-launch-")
 
     def start(self, slots=None):
-        """Starts one worker per slot (every slot by default); no thread of ours runs yet (preexec_fn is not
-        thread-safe)."""
+        """Starts one worker per slot (every slot by default), with a fresh TF_CONFIG, free ports and its own
+        heartbeat file. No thread of ours runs yet (preexec_fn is not thread-safe): a restart starts the next group
+        after ``stop`` joined the previous group's threads."""
         if not hasattr(self, "command"):
             self.prepare()
         slots = list(range(self.args.num_workers)) if slots is None else list(slots)
