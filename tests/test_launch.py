@@ -1,6 +1,8 @@
-"""tfgpu.launch: local multi-worker jobs start, fail fast, stop on signals and leave no process behind.
+"""tfgpu.launch: local multi-worker jobs start, fail fast, stop on signals, leave no process behind, and with
+--max_restarts heal: a killed or hung worker's group is stopped and started again on the slots left.
 
-Most tests launch a tiny worker module written to tmp_path (no TensorFlow, so they take about a second).
+Most tests launch a tiny worker module written to tmp_path (no TensorFlow, so they take about a second); its
+``heal`` mode stands in for the trainer's checkpoints and heartbeat (tools/heal_trials.py runs the real one).
 Two slow tests run TensorFlow workers: a bare MultiWorkerMirroredStrategy all-reduce and tfgpu.train end to end;
 the default suite launches tfgpu.train on two workers in
 tests/test_multi_worker.py::test_two_workers_through_the_launcher_match_mirrored_two_replicas.
