@@ -188,7 +188,8 @@ def batch_rule(args, worker_args, gpus_per_worker_share):
     """``fits(n)``: whether n workers divide the workers' global (and eval) batch over their replicas, read from
     the tfgpu.train flags they are given (no TensorFlow); always True for another program or flags that do not
     parse (the workers then say what is wrong). ``gpus_per_worker_share``: one worker's CUDA_VISIBLE_DEVICES."""
-    if worker_command(args, worker_args)[1:3] != ["-m", "tfgpu.train"] or any("://" in a for a in worker_args):
+    if worker_command(args, worker_args)[1:3] != ["-m", "tfgpu.train"] or any(
+            "://" in a for a in worker_args if a.startswith(("--config", "--flagfile"))):
         return lambda n: True  # another program, or a remote --config/--flagfile (reading it would load TensorFlow)
     try:
         from tfgpu import cli
