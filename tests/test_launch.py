@@ -257,18 +257,22 @@ def test_a_killed_worker_is_restarted_on_the_slots_left_from_the_newest_checkpoi
     code, output = _run(worker_module, "--num_workers=3", "--min_workers=2", "--max_restarts=2", "--stop_grace_s=2",
                         mode="heal:kill:1:12", env={"TINY_MODEL_DIR": str(model_dir)})
     assert code == 0, output
+    # The stand-in workers are not in lockstep: a peer may be a few steps (and a checkpoint) ahead of the victim.
     line = re.search(r"tfgpu.launch: restart 1 of --max_restarts=2: worker 1 was killed by SIGKILL \(exit 137\) "
-                     r"after step (\d+); 3 -> 2 workers, resuming from the checkpoint at step 10 \((\d+) step\(s\) "
+                     r"after step (\d+); 3 -> 2 workers, resuming from the checkpoint at step (\d+) \((\d+) step\(s\) "
                      r"lost\)$", output, re.M)
-    assert line and int(line.group(2)) == int(line.group(1)) - 10 >= 2, output
-    assert output.count("resumed at 10 on 2 workers") == 2 and output.count("finished at 30") == 2, output
+    assert line, output
+    last, resumed, lost = (int(g) for g in line.groups())
+    assert last >= 12 and resumed % 5 == 0 and 10 <= resumed <= last and lost == last - resumed, output
+    assert output.count(f"resumed at {resumed} on 2 workers") == 2 and output.count("finished at 30") == 2, output
     assert "all 2 workers finished after 1 restart(s)" in output
-    assert re.search(r"restart 1: the new group of 2 finished its first loop \(step 1\d\) [\d.]+ s after", output)
+    first = re.search(r"restart 1: the new group of 2 finished its first loop \(step (\d+)\) [\d.]+ s after", output)
+    assert first and int(first.group(1)) > resumed, output
     clusters = re.findall(r"cluster=(\S+)", output)
     assert len(set(clusters)) == 2 and len(clusters[-1].split(",")) == 2  # fresh ports for the new group
     record, = _history(model_dir, "restart")
     assert (record["step"], record["worker"], record["exit_code"], record["workers_before"],
-            record["workers_after"], record["steps_lost"]) == (10, 1, 137, 3, 2, int(line.group(2)))
+            record["workers_after"], record["steps_lost"]) == (resumed, 1, 137, 3, 2, lost)
     assert all(_gone(pid) for pid in _pids(output))
 
 
@@ -286,8 +290,9 @@ def test_a_hung_worker_is_killed_within_the_timeout_of_its_last_progress(worker_
     stopped = re.search(r"group stopped ([\d.]+) s after its last progress \(worker \d, training at step \d\)",
                         output)
     assert stopped and float(stopped.group(1)) < 1.5 + 1.5, output  # the timeout, then the kill and a SIGTERM
-    assert re.search(r"restart 1 of --max_restarts=1: worker 2 made no progress .* after step \d+; 3 -> 2 workers, "
-                     r"resuming from the checkpoint at step 5", output), output
+    line = re.search(r"restart 1 of --max_restarts=1: worker 2 made no progress .* after step (\d+); 3 -> 2 workers, "
+                     r"resuming from the checkpoint at step (\d+)", output)
+    assert line and int(line.group(1)) >= 7 and 5 <= int(line.group(2)) <= int(line.group(1)), output
     assert output.count("finished at 30") == 2 and time.time() - started < 40
     assert _history(model_dir, "restart")[0]["hung"] is True
 

@@ -25,7 +25,8 @@ Workers run in their own process groups and die with the launcher (PR_SET_PDEATH
 """
 import sys
 
-from tfgpu.runtime.launcher import Launcher, LaunchError
+from tfgpu.runtime.launcher import LaunchError
+from tfgpu.runtime.supervisor import Launcher
 from tfgpu.training import failures
 
 USAGE = ("python -m tfgpu.launch --num_workers=N [--gpus_per_worker=G] [--cpu_cores_per_worker=K] "
