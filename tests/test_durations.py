@@ -124,3 +124,21 @@ def test_without_a_batch_change_a_resume_counts_exactly_as_an_uninterrupted_run(
     uninterrupted = durations.train_steps(length, records / batch, batch)
     assert durations.train_steps(length, records / batch, batch, (step, fed)) == max(uninterrupted, step)
     assert durations.epochs_at(step, records / batch, batch, (step, fed)) == pytest.approx(step * batch / records)
+
+
+@pytest.mark.parametrize("text,seconds", [("5min", 300.0), ("90s", 90.0), ("1.5h", 5400.0), ("20 sec", 20.0)])
+def test_checkpoint_every_takes_a_time_in_seconds(text, seconds):
+    duration = durations.parse(text, "checkpoint_every")
+    assert durations.seconds(duration) == seconds
+    assert durations.seconds(durations.parse("500", "checkpoint_every")) == 0.0
+    with pytest.raises(ValueError, match="is a time"):
+        durations.to_steps(duration, 10.0, 64)
+
+
+@pytest.mark.parametrize("flag", ["train", "warmup", "eval_every", "lr_decay_at"])
+def test_only_checkpoint_every_takes_a_time(flag):
+    with pytest.raises(ConfigError) as error:
+        durations.check(Config(**BASE, **{flag: "5min"}))
+    assert str(error.value).startswith(f"--{flag}: '5min' is a time; only --checkpoint_every takes one")
+    with pytest.raises(ConfigError, match="a time must be positive"):
+        durations.parse("0min", "checkpoint_every")

@@ -1,10 +1,13 @@
-"""tfgpu.launch: local multi-worker jobs start, fail fast, stop on signals and leave no process behind.
+"""tfgpu.launch: local multi-worker jobs start, fail fast, stop on signals, leave no process behind, and with
+--max_restarts heal: a killed or hung worker's group is stopped and started again on the slots left.
 
-Most tests launch a tiny worker module written to tmp_path (no TensorFlow, so they take about a second).
+Most tests launch a tiny worker module written to tmp_path (no TensorFlow, so they take about a second); its
+``heal`` mode stands in for the trainer's checkpoints and heartbeat (tools/heal_trials.py runs the real one).
 Two slow tests run TensorFlow workers: a bare MultiWorkerMirroredStrategy all-reduce and tfgpu.train end to end;
 the default suite launches tfgpu.train on two workers in
 tests/test_multi_worker.py::test_two_workers_through_the_launcher_match_mirrored_two_replicas.
 """
+import json
 import os
 import re
 import signal
@@ -22,8 +25,46 @@ from tfgpu.runtime import launcher
 # A worker that follows its TF_CONFIG and does what TINY_MODE says: "ok" prints and exits 0, "fail:I:CODE" makes
 # worker I exit CODE after some output while the others wait, "stubborn" ignores SIGTERM, "save" exits 143 on
 # SIGTERM like a tfgpu trainer that saved, "child" also starts a grandchild that sleeps.
-TINY_WORKER = '''
-import json, os, signal, subprocess, sys, time
+TINY_WORKER = r'''
+import json, os, re, signal, subprocess, sys, time
+
+
+def heal(mode, index, workers):
+    """A stand-in trainer: resumes from the newest 'checkpoint' (a state file naming ckpt-STEP, written by worker 0
+    every 5 steps), beats after every step, trains to 30. In the first group worker VICTIM kills (kill) or stops
+    (stop) itself at step AT; its peers then exit 129 (kill: a lost peer) or block (stop: a collective that waits)."""
+    from tfgpu.runtime import heartbeat
+    _, action, victim, at = mode.split(":")
+    model_dir = os.environ["TINY_MODEL_DIR"]
+    state = os.path.join(model_dir, "checkpoints", "checkpoint")
+    step = int(re.search(r"ckpt-(\d+)", open(state).read()).group(1)) if os.path.exists(state) else 0
+    print(f"resumed at {step} on {len(workers)} workers", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    heartbeat.beat("restored", step, model_dir)
+    lost = os.path.join(model_dir, "lost-" + "-".join(w.split(":")[1] for w in workers))  # this group's
+    while step < 30:
+        time.sleep(0.1)
+        if os.path.exists(lost):
+            if action == "kill":
+                sys.exit(129)
+            time.sleep(300)
+        step += 1
+        if index == 0 and step % 5 == 0:
+            os.makedirs(os.path.dirname(state), exist_ok=True)
+            with open(state + ".tmp", "w") as f:
+                f.write(f'model_checkpoint_path: "ckpt-{step}"\n')
+            os.replace(state + ".tmp", state)
+        heartbeat.beat("training", step, model_dir)
+        done = os.path.join(model_dir, "victim-done")
+        if index == int(victim) and step == int(at) and not os.path.exists(done):
+            open(done, "w").close()
+            open(lost, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL if action == "kill" else signal.SIGSTOP)
+    heartbeat.beat("done", step, model_dir)
+    print(f"finished at {step}", flush=True)
+    sys.exit(0)
+
+
 task = json.loads(os.environ["TF_CONFIG"])
 index = task["task"]["index"]
 mode = os.environ.get("TINY_MODE", "ok")
@@ -39,6 +80,8 @@ if mode == "stubborn":
 if mode == "child":
     child = subprocess.Popen(["sleep", "300"])
     print(f"grandchild={child.pid}")
+if mode.startswith("heal:"):
+    heal(mode, index, task["cluster"]["worker"])
 if mode.startswith("fail:"):
     _, bad, code = mode.split(":")
     if index == int(bad):
@@ -195,10 +238,85 @@ def test_normal_exit_kills_leftover_grandchildren(worker_module):
     assert len(grandchildren) == 2 and all(_gone(pid) for pid in grandchildren)
 
 
-def test_timeout_stops_the_job(worker_module):
+def test_a_worker_that_never_starts_training_is_a_hang_and_ends_the_job_124(worker_module):
     code, output = _run(worker_module, "--num_workers=2", "--worker_timeout_s=1", "--stop_grace_s=1", mode="hang")
     assert code == 124, output
-    assert "ran longer than --worker_timeout_s=1" in output
+    assert re.search(r"error: worker \d did not start training within 1\.\d s \(--worker_timeout_s=1\); exit 124",
+                     output), output
+    assert all(_gone(pid) for pid in _pids(output))
+
+
+def _history(model_dir, kind):
+    records = [json.loads(line) for line in (model_dir / "history.jsonl").read_text().splitlines()]
+    return [r for r in records if r["kind"] == kind]
+
+
+def test_a_killed_worker_is_restarted_on_the_slots_left_from_the_newest_checkpoint(worker_module, tmp_path):
+    model_dir = tmp_path / "run"
+    model_dir.mkdir()
+    code, output = _run(worker_module, "--num_workers=3", "--min_workers=2", "--max_restarts=2", "--stop_grace_s=2",
+                        mode="heal:kill:1:12", env={"TINY_MODEL_DIR": str(model_dir)})
+    assert code == 0, output
+    # The stand-in workers are not in lockstep: a peer may be a few steps (and a checkpoint) ahead of the victim.
+    line = re.search(r"tfgpu.launch: restart 1 of --max_restarts=2: worker 1 was killed by SIGKILL \(exit 137\) "
+                     r"after step (\d+); 3 -> 2 workers, resuming from the checkpoint at step (\d+) \((\d+) step\(s\) "
+                     r"lost\)$", output, re.M)
+    assert line, output
+    last, resumed, lost = (int(g) for g in line.groups())
+    assert last >= 12 and resumed % 5 == 0 and 10 <= resumed <= last and lost == last - resumed, output
+    assert output.count(f"resumed at {resumed} on 2 workers") == 2 and output.count("finished at 30") == 2, output
+    assert "all 2 workers finished after 1 restart(s)" in output
+    first = re.search(r"restart 1: the new group of 2 finished its first loop \(step (\d+)\) [\d.]+ s after", output)
+    assert first and int(first.group(1)) > resumed, output
+    clusters = re.findall(r"cluster=(\S+)", output)
+    assert len(set(clusters)) == 2 and len(clusters[-1].split(",")) == 2  # fresh ports for the new group
+    record, = _history(model_dir, "restart")
+    assert (record["step"], record["worker"], record["exit_code"], record["workers_before"],
+            record["workers_after"], record["steps_lost"]) == (resumed, 1, 137, 3, 2, lost)
+    assert all(_gone(pid) for pid in _pids(output))
+
+
+def test_a_hung_worker_is_killed_within_the_timeout_of_its_last_progress(worker_module, tmp_path):
+    model_dir = tmp_path / "run"
+    model_dir.mkdir()
+    started = time.time()
+    code, output = _run(worker_module, "--num_workers=3", "--min_workers=2", "--max_restarts=1",
+                        "--worker_timeout_s=1.5", "--startup_timeout_s=30", "--stop_grace_s=1", mode="heal:stop:2:7",
+                        env={"TINY_MODEL_DIR": str(model_dir)})
+    assert code == 0, output
+    hang = re.search(r"worker 2 made no progress for ([\d.]+) s \(--worker_timeout_s=1.5, stopped by a signal\)",
+                     output)
+    assert hang and 1.5 <= float(hang.group(1)) < 2.5, output
+    stopped = re.search(r"group stopped ([\d.]+) s after its last progress \(worker \d, training at step \d\)",
+                        output)
+    assert stopped and float(stopped.group(1)) < 1.5 + 1.5, output  # the timeout, then the kill and a SIGTERM
+    line = re.search(r"restart 1 of --max_restarts=1: worker 2 made no progress .* after step (\d+); 3 -> 2 workers, "
+                     r"resuming from the checkpoint at step (\d+)", output)
+    assert line and int(line.group(1)) >= 7 and 5 <= int(line.group(2)) <= int(line.group(1)), output
+    assert output.count("finished at 30") == 2 and time.time() - started < 40
+    assert _history(model_dir, "restart")[0]["hung"] is True
+
+
+def test_failures_a_restart_cannot_help_end_the_job(worker_module, tmp_path):
+    code, output = _run(worker_module, "--num_workers=3", "--max_restarts=3", "--stop_grace_s=2", mode="fail:1:3")
+    assert code == 3 and "restart 1" not in output, output  # exit 3: a kernel failed, it would again
+    model_dir = tmp_path / "run"
+    model_dir.mkdir()
+    code, output = _run(worker_module, "--num_workers=2", "--min_workers=2", "--max_restarts=3", "--stop_grace_s=2",
+                        mode="heal:kill:1:6", env={"TINY_MODEL_DIR": str(model_dir)})
+    assert code == 137, output
+    assert "cannot restart: 1 worker slot(s) left, fewer than --min_workers=2" in output
+    assert "error: worker 1 failed with exit code 137" in output
+
+
+def test_restarts_stop_after_max_restarts_with_the_last_failure(worker_module, tmp_path):
+    model_dir = tmp_path / "run"
+    model_dir.mkdir()
+    code, output = _run(worker_module, "--num_workers=2", "--max_restarts=1", "--reuse_failed_slots",
+                        "--stop_grace_s=2", mode="heal:kill:0:6", env={"TINY_MODEL_DIR": str(model_dir)})
+    assert code == 0, output  # one restart, on both slots: the victim's slot is reused
+    assert "restart 1 of --max_restarts=1: worker 0 was killed by SIGKILL (exit 137) after step" in output
+    assert "2 -> 2 workers, resuming from the checkpoint at step 5" in output, output
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
@@ -216,6 +334,8 @@ def test_cores_are_pinned_per_worker(worker_module):
     (["--num_workers=2", "--cpu_cores_per_worker=100000"], "--cpu_cores_per_worker=100000 x --num_workers=2 needs 200000 cores"),
     (["--num_workers=two"], "--num_workers: invalid int value: 'two'"),
     (["--num_workers=2", "--python=/no/such/python"], "cannot start /no/such/python"),
+    (["--num_workers=2", "--min_workers=3"], "--min_workers=3 must be between 1 and --num_workers=2"),
+    (["--num_workers=2", "--max_restarts=-1"], "--max_restarts must be >= 0, got -1"),
     ([], "--num_workers: is required"),
 ])
 def test_bad_launcher_flags_exit_1_before_starting(worker_module, args, message):

@@ -74,8 +74,9 @@ class Config:
     train_steps: int = option(0, "Optimizer steps to train; wins over --epochs when > 0.", "experiment")
     epochs: float = option(1.0, "Passes over the train split, used when --train_steps is 0.", "experiment")
     steps_per_loop: int = option(100, "Train steps inside one tf.function call (one host round trip).", "experiment")
-    checkpoint_every: str = option("", "Save a checkpoint every N steps, Nep (epochs) or Nex (examples), and always at "
-                                   "the end; empty = --checkpoint_every_steps.", "experiment")
+    checkpoint_every: str = option("", "Save a checkpoint every N steps, Nep (epochs), Nex (examples) or a time (Ns, "
+                                   "Nmin, Nh: at the first loop end after it, as the chief's clock says), and always "
+                                   "at the end; empty = --checkpoint_every_steps.", "experiment")
     checkpoint_every_steps: int = option(1000, "Save a checkpoint every N steps (and always at the end); 0 = end only.",
                                          "experiment")
     keep_checkpoints: int = option(3, "How many recent checkpoints to keep.", "experiment")
@@ -411,6 +412,7 @@ class TrainerConfig(Section):
     model_dir: str
     steps_per_loop: int
     checkpoint_every_steps: int
+    checkpoint_every: str  # read by the trainer only in its time form (5min), which has no steps
     keep_checkpoints: int
     eval_every_steps: int
     max_nonfinite_steps: int

@@ -2,7 +2,8 @@
 steps in one place.
 
 A duration flag (--train, --warmup, --eval_every, --checkpoint_every, and each point of --lr_decay_at) takes
-``N`` or ``Nsteps`` (steps), ``Nep``/``Nepochs`` or ``Nex``/``Nexamples``. Left empty, the older flags that spell the
+``N`` or ``Nsteps`` (steps), ``Nep``/``Nepochs`` or ``Nex``/``Nexamples``; --checkpoint_every also a time,
+``Ns``, ``Nmin`` or ``Nh`` (``seconds``; the trainer saves at the first loop end after it). Left empty, the older flags that spell the
 same duration in one unit (--train_steps, else --epochs; --warmup_steps, else --warmup_epochs; ...) keep their
 meaning. Parsing is pure Python, so a bad value is one line before TensorFlow is imported.
 """
@@ -12,8 +13,13 @@ import re
 
 from tfgpu.config import Config, ConfigError
 
-STEPS, EPOCHS, EXAMPLES = "steps", "epochs", "examples"
-UNITS = {"": STEPS, "steps": STEPS, "ep": EPOCHS, "epochs": EPOCHS, "ex": EXAMPLES, "examples": EXAMPLES}
+STEPS, EPOCHS, EXAMPLES, SECONDS = "steps", "epochs", "examples", "seconds"
+UNITS = {"": STEPS, "steps": STEPS, "ep": EPOCHS, "epochs": EPOCHS, "ex": EXAMPLES, "examples": EXAMPLES,
+         "s": SECONDS, "sec": SECONDS, "min": SECONDS, "h": SECONDS}
+SECONDS_PER = {"s": 1.0, "sec": 1.0, "min": 60.0, "h": 3600.0}
+# The flags whose duration may be a time: a checkpoint interval bounds the work a lost worker costs in seconds;
+# a length of training or a schedule's points must be the same steps on every rerun, so they stay in steps.
+TIMED_FLAGS = ("checkpoint_every",)
 
 # Each duration flag and the older flags that give it in one unit, in the order they win (a flag counts when > 0).
 OLDER_FLAGS = {
@@ -37,13 +43,22 @@ class Duration:
 
 
 def parse(text: str, flag: str) -> Duration:
-    """``N``/``Nsteps``, ``Nep``/``Nepochs`` or ``Nex``/``Nexamples``; ConfigError(flag) for anything else."""
+    """``N``/``Nsteps``, ``Nep``/``Nepochs`` or ``Nex``/``Nexamples`` (and for TIMED_FLAGS ``Ns``/``Nmin``/``Nh``, kept
+    in seconds); ConfigError(flag) for anything else."""
     match = _FORM.match(text.strip().lower())
     unit = UNITS.get(match.group(2)) if match else None
     if unit is None:
-        raise ConfigError(flag, f"{text!r} is not a duration: N or Nsteps (optimizer steps), Nep (epochs) or Nex "
-                          "(examples), e.g. 500, 2ep, 50000ex")
+        timed = " or a time (Ns, Nmin, Nh)" if flag in TIMED_FLAGS else ""
+        raise ConfigError(flag, f"{text!r} is not a duration: N or Nsteps (optimizer steps), Nep (epochs), Nex "
+                          f"(examples){timed}, e.g. 500, 2ep, 50000ex")
     amount = float(match.group(1))
+    if unit == SECONDS:
+        if flag not in TIMED_FLAGS:
+            raise ConfigError(flag, f"{text!r} is a time; only --{', --'.join(TIMED_FLAGS)} takes one (Ns, Nmin, Nh): "
+                              "give N steps, Nep or Nex")
+        amount *= SECONDS_PER[match.group(2)]
+        if amount <= 0:
+            raise ConfigError(flag, f"{text!r}: a time must be positive")
     if unit == STEPS and not amount.is_integer():
         raise ConfigError(flag, f"{text!r}: steps are whole numbers (use Nep for a fraction of an epoch)")
     return Duration(amount, unit)
@@ -77,6 +92,8 @@ def to_steps(duration: Duration, steps_per_epoch: float, examples_per_step: int,
     """Optimizer steps in ``duration``: epochs and examples are rounded to the nearest step, or up with
     ``round_up`` (a training length then covers its last partial epoch); a positive duration is at least one step
     (an interval of a few examples must not become 0, which means "at the end only")."""
+    if duration.unit == SECONDS:
+        raise ValueError(f"{duration} is a time, not a number of steps (durations.seconds gives it)")
     if duration.unit == STEPS:
         return int(duration.amount)
     steps = duration.amount * steps_per_epoch if duration.unit == EPOCHS else duration.amount / examples_per_step
@@ -103,6 +120,11 @@ def epochs_at(step: int, steps_per_epoch: float, examples_per_step: int, resumed
         return step / steps_per_epoch
     start, examples_done = resumed
     return (examples_done + (step - start) * examples_per_step) / (steps_per_epoch * examples_per_step)
+
+
+def seconds(duration: Duration) -> float:
+    """The seconds of a time duration; 0.0 for one in steps, epochs or examples."""
+    return duration.amount if duration.unit == SECONDS else 0.0
 
 
 def check(config: Config) -> Config:

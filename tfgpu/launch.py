@@ -11,13 +11,22 @@ CUDA_VISIBLE_DEVICES), prefixes their output with ``[worker i]``, and supervises
 - SIGINT/SIGTERM to the launcher → forwarded to every worker as SIGTERM (so they can save
   a checkpoint and exit 143), SIGKILL after the grace period; the exit code is the worst
   worker code (a failure beats 143, 143 beats 0);
-- ``--worker_timeout_s`` → the whole job is stopped the same way and the launcher exits 124.
+- a worker whose heartbeat (``runtime/heartbeat.py``: the trainer replaces it after every loop) shows no
+  progress for ``--worker_timeout_s`` (or has not started training within ``--startup_timeout_s``) has hung:
+  it is killed, the others stopped the same way, and the launcher exits 124;
+- ``--max_restarts=K`` (with ``--min_workers=M``): after a failure a restart could help (a worker killed by a
+  signal, hung, lost a peer or preempted: codes >= 128; never 1-127, which would fail again) a new group is
+  started with a fresh TF_CONFIG and ports, on the same slots, less the cause's when it was killed or hung
+  (``--reuse_failed_slots`` keeps it), as many as divide the global batch and at least M; it resumes from the
+  newest checkpoint, exactly, on its topology. One line and a ``restart`` record in history.jsonl per restart;
+  after K restarts, or below M workers, the job ends with the last failure's code.
 
 Workers run in their own process groups and die with the launcher (PR_SET_PDEATHSIG).
 """
 import sys
 
-from tfgpu.runtime.launcher import Launcher, LaunchError
+from tfgpu.runtime.launcher import LaunchError
+from tfgpu.runtime.supervisor import Launcher
 from tfgpu.training import failures
 
 USAGE = ("python -m tfgpu.launch --num_workers=N [--gpus_per_worker=G] [--cpu_cores_per_worker=K] "
@@ -38,7 +47,21 @@ def _parser():
     p.add_argument("--cpu_cores_per_worker", type=int, default=0,
                    help="Pin worker i to cores [i*K, (i+1)*K) of the cores this launcher may use; 0 = no pinning.")
     p.add_argument("--worker_timeout_s", type=float, default=0.0,
-                   help="Stop every worker and exit 124 when the job runs longer than this; 0 = no limit.")
+                   help="A worker that shows no progress (its heartbeat: one per loop of --steps_per_loop steps, "
+                        "evaluations and saves included) for this long has hung: it is killed and the group "
+                        "stopped (restarted with --max_restarts, else exit 124); 0 = never.")
+    p.add_argument("--startup_timeout_s", type=float, default=0.0,
+                   help="How long a worker may take to finish its first loop (imports, restore, tracing) before "
+                        "it counts as hung; 0 = --worker_timeout_s.")
+    p.add_argument("--max_restarts", type=int, default=0,
+                   help="Start a new worker group after a failure, up to this many times: it resumes from the "
+                        "newest checkpoint; 0 = the first failure ends the job.")
+    p.add_argument("--min_workers", type=int, default=0,
+                   help="The fewest workers a restarted group may have (a killed or hung worker's slot is left "
+                        "out); 0 = --num_workers (no shrinking).")
+    p.add_argument("--reuse_failed_slots", action="store_true",
+                   help="Restart on every slot, the failed worker's too (by default a slot whose worker was killed "
+                        "or hung is left out of the next group).")
     p.add_argument("--stop_grace_s", type=float, default=30.0,
                    help="After SIGTERM, seconds a worker gets to save and exit before SIGKILL.")
     p.add_argument("--python", default=sys.executable, help="Python interpreter for the workers.")
@@ -67,8 +90,13 @@ def parse_args(argv):
                           f"{args.gpus_per_worker}")
     if args.cpu_cores_per_worker < 0:
         raise LaunchError(f"--cpu_cores_per_worker must be >= 0, got {args.cpu_cores_per_worker}")
-    if args.worker_timeout_s < 0 or args.stop_grace_s < 0:
-        raise LaunchError("--worker_timeout_s and --stop_grace_s must be >= 0")
+    if args.worker_timeout_s < 0 or args.stop_grace_s < 0 or args.startup_timeout_s < 0:
+        raise LaunchError("--worker_timeout_s, --startup_timeout_s and --stop_grace_s must be >= 0")
+    if args.max_restarts < 0:
+        raise LaunchError(f"--max_restarts must be >= 0, got {args.max_restarts}")
+    if not 0 <= args.min_workers <= args.num_workers:
+        raise LaunchError(f"--min_workers={args.min_workers} must be between 1 and --num_workers={args.num_workers}")
+    args.min_workers = args.min_workers or args.num_workers
     return args
 
 

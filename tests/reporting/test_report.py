@@ -324,3 +324,16 @@ def test_a_metrics_json_that_is_not_tfgpus_is_a_note_naming_it_not_a_run_still_g
     text = (tmp_path / "report.md").read_text()
     assert f"- {tmp_path / 'metrics.json'} is not a tfgpu metrics.json: it holds a list, not an object." in text
     assert "No metrics.json yet" not in text
+
+
+def test_each_restart_of_the_launcher_is_one_line_even_two_from_one_checkpoint(tmp_path):
+    records = [{"kind": "restart", "step": 100, "time": 1.0 + i, "restart": i + 1, "worker": 1,
+                "reason": "was killed by SIGKILL (exit 137)", "last_step": 120 + i, "workers_before": 3 - i,
+                "workers_after": 2, "steps_lost": 20 + i} for i in range(2)]
+    (tmp_path / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    history, bad = report.read_history(str(tmp_path / "history.jsonl"))
+    assert bad == 0 and len(history["restart"]) == 2  # both resumed from step 100: neither replaces the other
+    text = report.render(str(tmp_path), history, 0, results.RunResult(step=450), {}, None, [])
+    assert ("## Restarts\n\n- restart 1: worker 1 was killed by SIGKILL (exit 137) after step 120; 3 -> 2 workers, "
+            "resumed from step 100 (20 steps lost)\n- restart 2: worker 1 was killed by SIGKILL (exit 137) after "
+            "step 121; 2 -> 2 workers, resumed from step 100 (21 steps lost)\n") in text

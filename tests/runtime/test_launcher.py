@@ -78,3 +78,17 @@ def test_exit_code_rules():
     assert launcher.worst_exit_code([143, 137, 1]) == 137
     configs = [json.loads(c) for c in launcher.tf_configs("localhost", [1, 2])]
     assert configs[1] == {"cluster": {"worker": ["localhost:1", "localhost:2"]}, "task": {"type": "worker", "index": 1}}
+
+
+def test_group_sizes_must_divide_the_workers_global_batch():
+    import argparse
+
+    args = argparse.Namespace(module=None, python="python")
+    fits = launcher.batch_rule(args, ["--flagfile=configs/quickstart.flags", "--global_batch_size=48",
+                                      "--model_dir=/tmp/r"], None)
+    assert [n for n in range(1, 7) if fits(n)] == [1, 2, 3, 4, 6]
+    two_gpus = launcher.batch_rule(args, ["--dataset=digits", "--global_batch_size=36", "--model_dir=/tmp/r"],
+                                   "0,1")
+    assert [n for n in range(1, 7) if two_gpus(n)] == [1, 2, 3, 6]  # 2 replicas per worker: 4 x 2 does not divide 36
+    assert launcher.batch_rule(args, ["python", "my_script.py"], None)(7)  # another program: any size
+    assert launcher.batch_rule(args, ["--no_such_flag=1"], None)(7)  # the workers will name the flag

@@ -74,6 +74,7 @@ def kubernetes_hostname(job, service, index):
     ["--workers=4", "--gpus=8", "--pvc=tfgpu-shared", "--namespace=ml", "--cpu=16", "--memory=64Gi"],
     ["--workers=2", "--model_dir=gs://bucket/run", "--restart_policy=OnFailure"],
     ["--workers=1", "--pvc=c", "--restart_policy=Never", "--", "--train_steps=7"],
+    ["--workers=3", "--pvc=c", "--worker_timeout_s=120", "--startup_timeout_s=300"],
 ])
 def test_every_manifest_fits_the_kubernetes_schemas(args):
     for manifest in _manifests(*args):
@@ -208,3 +209,34 @@ def test_bad_flags_are_one_line_errors(args, message):
     code, out, err = _render(f"--flagfile={QUICKSTART}", "--image=i", *args)
     assert code == 1 and out == "" and err.startswith("error: ") and message in err, err
     assert err.count("\n") == 1
+
+
+def test_the_heartbeat_probes_fail_a_worker_that_stopped_making_progress_and_only_it(tmp_path):
+    """--worker_timeout_s is tfgpu.launch's limit as a livenessProbe: the probes' own shell commands, run against
+    heartbeat files the trainer's writer wrote, pass a worker that trains or is done and fail a silent one."""
+    from tfgpu.runtime import heartbeat
+
+    _, _, job = _manifests("--workers=3", "--pvc=c", "--worker_timeout_s=30", "--startup_timeout_s=300")
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert {"name": "TFGPU_HEARTBEAT_FILE", "value": "/tmp/tfgpu-heartbeat.json"} in container["env"]
+    assert container["startupProbe"]["periodSeconds"] * container["startupProbe"]["failureThreshold"] == 300
+    assert container["livenessProbe"]["failureThreshold"] == 1
+    path = tmp_path / "heartbeat.json"
+
+    def passes(probe):
+        command = container[probe]["exec"]["command"][-1].replace("/tmp/tfgpu-heartbeat.json", str(path))
+        return subprocess.run(["sh", "-c", command], stderr=subprocess.DEVNULL).returncode == 0
+
+    assert not passes("startupProbe")  # no heartbeat yet
+    heartbeat.beat("restored", 0, environ={heartbeat.ENV: str(path)})
+    assert not passes("startupProbe") and passes("livenessProbe")  # restored: the first loop still to come
+    heartbeat.beat("training", 10, environ={heartbeat.ENV: str(path)})
+    assert passes("startupProbe") and passes("livenessProbe")
+    os.utime(path, (os.path.getmtime(path) - 31,) * 2)  # 31 s without a loop
+    assert not passes("livenessProbe")
+    heartbeat.beat("done", 450, environ={heartbeat.ENV: str(path)})
+    os.utime(path, (os.path.getmtime(path) - 600,) * 2)  # the chief exporting for 10 minutes
+    assert passes("livenessProbe")
+    _, _, plain = _manifests("--workers=3", "--pvc=c")
+    (container,) = plain["spec"]["template"]["spec"]["containers"]
+    assert "livenessProbe" not in container and "TFGPU_HEARTBEAT_FILE" not in str(container)

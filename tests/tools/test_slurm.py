@@ -39,14 +39,14 @@ def slurm_cluster():
 class Job:
     """One sbatch of the template with a tiny digits run; its output file and model_dir live under tmp_path."""
 
-    def __init__(self, tmp_path, data_cache, steps, *train_flags, python=sys.executable):
+    def __init__(self, tmp_path, data_cache, steps, *train_flags, python=sys.executable, env=None):
         self.out, self.model_dir, self.tmp = tmp_path / "job.out", tmp_path / "run", tmp_path / "tmp"
         self.tmp.mkdir()
         flags = tmp_path / "tiny.flags"
         flags.write_text("--dataset=digits\n--model=small_cnn\n--global_batch_size=64\n--steps_per_loop=4\n"
                          f"--checkpoint_every_steps=8\n--eval_split=none\n--train_steps={steps}\n")
         env = {**os.environ, "TFGPU_PYTHON": str(python), "TFGPU_DATA_CACHE": data_cache,
-               "TF_CPP_MIN_LOG_LEVEL": "2", "TMPDIR": str(self.tmp)}
+               "TF_CPP_MIN_LOG_LEVEL": "2", "TMPDIR": str(self.tmp), **(env or {})}
         env.pop("TF_CONFIG", None)
         proc = subprocess.run(["sbatch", "--parsable", "--job-name=tfgpu-test", *CPU_PARTITION,
                                f"--output={self.out}", f"--chdir={REPO}", TEMPLATE, str(flags), str(self.model_dir),
@@ -105,8 +105,8 @@ class Job:
 def submit(slurm_cluster, tmp_path, data_cache):
     jobs = []
 
-    def run(steps, *train_flags, python=sys.executable):
-        jobs.append(Job(tmp_path, data_cache, steps, *train_flags, python=python))
+    def run(steps, *train_flags, python=sys.executable, env=None):
+        jobs.append(Job(tmp_path, data_cache, steps, *train_flags, python=python, env=env))
         return jobs[-1]
 
     yield run
@@ -208,6 +208,23 @@ def test_a_killed_worker_makes_its_peer_exit_129_and_the_job_requeues(submit):
     # Restarts may be 2: on a loaded host slurmctld's delayed cancel of the first run's step 0 can hit the
     # requeued run's step 0 (same id); that SIGTERM is one more save and requeue (seen once on 2 cores).
     assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, out[-4000:]
+    assert re.search(r"^0: .*restored .*ckpt-(\d+): resuming at step \1$", out, re.M), out[-4000:]
+    assert _finals(out) == {0: steps, 1: steps}
+
+
+def test_a_killed_worker_is_restarted_inside_the_allocation_without_a_requeue(submit):
+    """TFGPU_MAX_RESTARTS: the failed step is started again at once on the nodes still up (here the one node,
+    both tasks), resumes from the last checkpoint and finishes; the job is never requeued."""
+    steps = 200
+    job = submit(steps, env={"TFGPU_MAX_RESTARTS": "1"})
+    job.wait_for_output(r"^0: step 12/")
+    os.kill(job.worker_pid(1), 9)
+    job.wait_for_output(r"^tfgpu: restart 1 of TFGPU_MAX_RESTARTS=1: the step exited (137|143); 2 -> 2 tasks on 1 "
+                        r"node\(s\), resuming from the newest checkpoint in ")
+    info = job.wait_until_final()
+    out = job.output()
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 0, out[-4000:]
+    assert "requeueing" not in out
     assert re.search(r"^0: .*restored .*ckpt-(\d+): resuming at step \1$", out, re.M), out[-4000:]
     assert _finals(out) == {0: steps, 1: steps}
 

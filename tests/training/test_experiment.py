@@ -15,3 +15,6 @@ def test_eval_and_checkpoint_intervals_in_epochs_or_examples_become_the_trainers
     older = Config(model_dir="unused", dataset="digits", eval_every_steps=7)
     section = experiment._trainer_config(older, InputConfig.of(older, batches_per_step=1), info)
     assert (section.eval_every_steps, section.checkpoint_every_steps) == (7, 1000)
+    timed = Config(model_dir="unused", dataset="digits", checkpoint_every="5min")
+    section = experiment._trainer_config(timed, InputConfig.of(timed, batches_per_step=1), info)
+    assert (section.checkpoint_every_steps, section.checkpoint_every) == (0, "5min")  # the trainer's clock decides

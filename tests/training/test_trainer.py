@@ -1,6 +1,7 @@
 """The training loop under each strategy: agreement across replicas, exact resume, preemption, lost peers,
 skipped (non-finite) steps and the schedule, failing kernels, quickstart."""
 import os
+import re
 import signal
 import sys
 
@@ -457,3 +458,26 @@ def test_a_preemption_at_an_evaluation_step_leaves_that_evaluation_to_the_resume
     assert "resuming at step 2" in resumed.output
     assert "owed_evaluation_s" in read_history(tmp_path / "split", "startup")[-1]
     assert "evaluating step 2 first: the run that saved its checkpoint stopped before evaluating it" in resumed.output
+
+
+def test_checkpoint_every_a_time_saves_at_loop_ends_and_the_heartbeat_follows_the_loop(train_here, tmp_path,
+                                                                                        monkeypatch):
+    """--checkpoint_every=<time>: a save at each loop end once the interval has passed (here every loop), none
+    before the end with an hour; the launcher's heartbeat file ends at the last step, phase done."""
+    import json
+
+    from tfgpu.runtime import heartbeat
+
+    beat = tmp_path / "beat.json"
+    monkeypatch.setenv(heartbeat.ENV, str(beat))
+    common = SMALL + ["--model=small_cnn", "--train_steps=8", "--steps_per_loop=2", "--keep_checkpoints=10"]
+    train_here(*common, "--checkpoint_every=0.001s", f"--model_dir={tmp_path / 'often'}")
+    assert json.loads(beat.read_text())["phase"] == "done" and json.loads(beat.read_text())["step"] == 8
+    train_here(*common, "--checkpoint_every=1h", f"--model_dir={tmp_path / 'hourly'}")
+
+    def saved(run):
+        state = (tmp_path / run / "checkpoints" / "checkpoint").read_text()
+        return [int(s) for s in re.findall(r'all_model_checkpoint_paths: "ckpt-(\d+)"', state)]
+
+    assert saved("often") == [2, 4, 6, 8]
+    assert saved("hourly") == [8]

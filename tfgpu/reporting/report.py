@@ -49,7 +49,7 @@ def read_history(path: str) -> tuple:
         try:
             record = json.loads(line)
             key = (record["kind"], int(record["step"]))
-            if key[0] == config_change.HISTORY_KIND:
+            if key[0] in (config_change.HISTORY_KIND, "restart"):  # events: two may share a step
                 key += (len(by_key),)
         except (ValueError, KeyError, TypeError):
             bad += 1  # e.g. the half-written last line of a killed run
@@ -227,6 +227,18 @@ def _topology_changes(history: dict) -> list:
     return ["## Topology changes", "", *lines, ""] if lines else []
 
 
+def _restarts(history: dict) -> list:
+    """The worker groups tfgpu.launch restarted (history.jsonl's ``restart`` records), one line each."""
+    lines = []
+    for r in history.get("restart", []):
+        lost = r.get("steps_lost")
+        lines.append(f"- restart {r.get('restart')}: worker {r.get('worker')} {r.get('reason')}"
+                     f"{'' if r.get('last_step') is None else ' after step ' + str(r['last_step'])}; "
+                     f"{r.get('workers_before')} -> {r.get('workers_after')} workers, resumed from step {r['step']}"
+                     f"{'' if lost is None else f' ({lost} steps lost)'}")
+    return ["## Restarts", "", *lines, ""] if lines else []
+
+
 def _config_changes(records: list) -> list:
     """The section listing each change --allow_config_change let a resume make, by the step it took effect."""
     if not records:
@@ -282,6 +294,7 @@ def render(model_dir: str, history: dict, bad_lines: int, result, config, profil
     if reached:
         lines += [reached[:1].upper() + reached[1:] + ".", ""]
 
+    lines += _restarts(history)
     lines += _topology_changes(history)
     lines += ["## Input pipeline", "", input_verdict(profile) + ".", ""]
     caveat = contention_note(profile)

@@ -1,17 +1,14 @@
-"""Running N MultiWorkerMirroredStrategy workers on one host: ports, TF_CONFIG, each worker's GPUs and cores,
-and supervision (output prefixed ``[worker i]``, failures and signals, exit codes). ``python -m tfgpu.launch``
-(``tfgpu/launch.py``) parses its flags and hands them to ``Launcher``; see its docstring for the behaviour.
+"""What N MultiWorkerMirroredStrategy workers on one host are given: the command, ports and TF_CONFIG, each
+worker's GPUs and cores, the group sizes the global batch allows, and the exit-code rules. The processes
+themselves are ``runtime/supervisor.py``'s; ``python -m tfgpu.launch`` (``tfgpu/launch.py``) parses its flags
+and hands them to ``supervisor.Launcher``.
 """
-import collections
 import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
-import sys
-import threading
-import time
 
 from tfgpu.training import failures as exit_codes  # the one table of exit codes (loads no TensorFlow)
 
@@ -178,185 +175,23 @@ def _child_setup(cores):
     return setup
 
 
-class Worker:
-    """One worker process, the thread that copies its output and the last lines it printed."""
+def batch_rule(args, worker_args, gpus_per_worker_share):
+    """``fits(n)``: whether n workers divide the workers' global (and eval) batch over their replicas, read from
+    the tfgpu.train flags they are given (no TensorFlow); always True for another program or flags that do not
+    parse (the workers then say what is wrong). ``gpus_per_worker_share``: one worker's CUDA_VISIBLE_DEVICES."""
+    if worker_command(args, worker_args)[1:3] != ["-m", "tfgpu.train"] or any(
+            "://" in a for a in worker_args if a.startswith(("--config", "--flagfile"))):
+        return lambda n: True  # another program, or a remote --config/--flagfile (reading it would load TensorFlow)
+    try:
+        from tfgpu import cli
 
-    def __init__(self, index, proc, out):
-        self.index = index
-        self.proc = proc
-        self.last_lines = collections.deque(maxlen=LAST_LINES)
-        self.exit_code = None
-        self.exited_at = None  # monotonic time the process ended, to tell the first failure from its echoes
-        self._reaped_group = False
-        self._out = out
-        self._reader = threading.Thread(target=self._copy_output, daemon=True)
-        self._waiter = threading.Thread(target=self._wait, daemon=True)
-
-    def start_threads(self):
-        self._reader.start()
-        self._waiter.start()
-
-    def _wait(self):
-        self.proc.wait()
-        self.exited_at = time.monotonic()
-
-    def _copy_output(self):
-        prefix = f"[worker {self.index}] ".encode()
-        for raw in iter(self.proc.stdout.readline, b""):
-            line = raw.rstrip(b"\n")
-            self.last_lines.append(line.decode("utf-8", "replace"))
-            self._out(prefix + line + b"\n")
-        self.proc.stdout.close()
-
-    def finish_output(self, timeout=5.0):
-        self._reader.join(timeout)
-
-    def finish_waiter(self):
-        self._waiter.join()
-
-    def running(self):
-        return self.exited_at is None
-
-    def signal(self, signum):
-        """Sends ``signum`` to the worker's whole process group (it started its own)."""
-        if self._reaped_group:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signum)
-
-    def kill_leftovers(self):
-        """After the worker exited: SIGKILL anything it started that is still in its process group, once."""
-        self.signal(signal.SIGKILL)
-        self._reaped_group = True
-
-
-class Launcher:
-    """Starts and supervises the workers; ``run`` returns the job's exit code."""
-
-    def __init__(self, args, worker_args, out=None, err=None):
-        self.args = args
-        self.worker_args = list(worker_args)
-        self._out_lock = threading.Lock()
-        self._stdout = out or sys.stdout.buffer
-        self._stderr = err or sys.stderr
-        self.workers = []
-        self._signal = None
-
-    def _write(self, data: bytes):
-        with self._out_lock:
-            self._stdout.write(data)
-            self._stdout.flush()
-
-    def say(self, message):
-        with self._out_lock:
-            print(f"tfgpu.launch: {message}", file=self._stderr, flush=True)
-
-    def start(self):
-        """Starts every worker; no thread of ours runs yet (preexec_fn is not thread-safe)."""
-        n = self.args.num_workers
-        cores = core_sets(n, self.args.cpu_cores_per_worker)
-        gpus = gpu_sets(n, self.args.gpus_per_worker, *host_gpus())
-        configs = tf_configs(self.args.host, free_ports(n))
-        command = worker_command(self.args, self.worker_args)
-        try:
-            for index in range(n):
-                env = {**os.environ, "TF_CONFIG": configs[index], "PYTHONUNBUFFERED": "1"}
-                if gpus[index] is not None:
-                    env["CUDA_VISIBLE_DEVICES"] = gpus[index]
-                proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, start_new_session=True,
-                                        preexec_fn=_child_setup(cores[index]))
-                self.workers.append(Worker(index, proc, self._write))
-        except OSError as e:
-            raise LaunchError(f"cannot start {' '.join(command[:3])}: {e} (check --python)") from None
-        finally:
-            for worker in self.workers:  # also those started before a failure, so stop() can reap them
-                worker.start_threads()
-        pinned = "" if cores[0] is None else " pinned to cores " + " | ".join(_ranges(sorted(c)) for c in cores)
-        split = "" if gpus[0] is None else " with GPUs " + " | ".join(g or "none" for g in gpus)
-        self.say(f"started {n} worker(s): {' '.join(command)}{pinned}{split}")
-
-    def _on_signal(self, signum, frame):
-        if self._signal is not None:  # second Ctrl-C: no more waiting
-            for worker in self.workers:
-                worker.signal(signal.SIGKILL)
-        self._signal = signum
-
-    def run(self) -> int:
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            self.start()
-            return self._supervise()
-        finally:
-            self.stop(grace_s=0.0)  # whatever happened above, no worker outlives the launcher
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-
-    def _supervise(self) -> int:
-        started = time.monotonic()
-        timeout = self.args.worker_timeout_s
-        while True:
-            for worker in self.workers:
-                if worker.exit_code is None and not worker.running():
-                    worker.exit_code = exit_code(worker.proc.returncode)
-            failures = [w for w in self.workers if w.exit_code not in (None, 0)]
-            if failures:  # the first to fail is the cause; peers that lost it exit a moment later
-                return self._worker_failed(min(failures, key=lambda w: w.exited_at))
-            if all(w.exit_code is not None for w in self.workers):
-                for worker in self.workers:
-                    worker.finish_output()
-                self.say(f"all {len(self.workers)} workers finished")
-                return 0
-            if self._signal is not None:
-                return self._interrupted(self._signal)
-            if timeout and time.monotonic() - started > timeout:
-                self.say(f"error: the job ran longer than --worker_timeout_s={timeout:g}; stopping every worker")
-                self.stop(self.args.stop_grace_s)
-                self._report_codes()
-                return exit_codes.TIMEOUT
-            time.sleep(0.05)
-
-    def _worker_failed(self, failed) -> int:
-        others = [w for w in self.workers if w.exit_code is None]
-        if others:
-            self.say(f"worker {failed.index} exited with code {failed.exit_code}; stopping the other "
-                     f"{len(others)} worker(s) (SIGTERM, SIGKILL after {self.args.stop_grace_s:g}s)")
-        self.stop(self.args.stop_grace_s)
-        failed.finish_output()
-        lines = "\n".join(f"  {line}" for line in failed.last_lines) or "  (no output)"
-        self._report_codes()
-        self.say(f"error: worker {failed.index} failed with exit code {failed.exit_code}. "
-                 f"Its last {len(failed.last_lines)} lines:\n{lines}")
-        return failed.exit_code
-
-    def _interrupted(self, signum) -> int:
-        name = signal.Signals(signum).name
-        self.say(f"{name}: forwarding SIGTERM to every worker so they can save "
-                 f"(SIGKILL after {self.args.stop_grace_s:g}s)")
-        self.stop(self.args.stop_grace_s)
-        codes = [w.exit_code for w in self.workers]
-        self._report_codes()
-        code = worst_exit_code(codes)
-        return code if code else 128 + signum
-
-    def _report_codes(self):
-        self.say("exit codes: " + ", ".join(f"worker {w.index}={w.exit_code}" for w in self.workers))
-
-    def stop(self, grace_s: float):
-        """SIGTERM to every running worker, SIGKILL to those still running after ``grace_s``; waits for all."""
-        running = [w for w in self.workers if w.running()]
-        for worker in running:
-            worker.signal(signal.SIGTERM if grace_s > 0 else signal.SIGKILL)
-        deadline = time.monotonic() + grace_s
-        while any(w.running() for w in running) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        for worker in self.workers:
-            if worker.running():
-                worker.signal(signal.SIGKILL)
-            worker.proc.wait()
-            worker.finish_waiter()
-            if worker.exit_code is None:
-                worker.exit_code = exit_code(worker.proc.returncode)
-            worker.kill_leftovers()
-        for worker in self.workers:
-            worker.finish_output(timeout=2.0)
+        parser = cli.ArgumentParser(prog="tfgpu.train")
+        parser.add_config_flags(config_file=True)
+        namespace = parser.parse_args(list(worker_args))
+        config = cli.resolve(namespace, namespace.config, references=False)
+    except Exception:  # noqa: BLE001 - the workers report their own flag errors
+        return lambda n: True
+    gpus = len(gpus_per_worker_share.split(",")) if gpus_per_worker_share else 0
+    replicas = config.cpu_logical_devices or gpus or 1
+    batches = [config.global_batch_size, config.eval_batch_size or config.global_batch_size]
+    return lambda n: all(b % (n * replicas) == 0 for b in batches)

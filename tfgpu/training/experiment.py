@@ -193,8 +193,9 @@ def _trainer_config(config: Config, inputs, info) -> TrainerConfig:
     from tfgpu.data import pipeline
 
     per_epoch = pipeline.steps_per_epoch(inputs, info)
-    every = {f"{name}_steps": durations.to_steps(durations.of(config, name), per_epoch, inputs.examples_per_step)
-             for name in ("eval_every", "checkpoint_every")}
+    given = {name: durations.of(config, name) for name in ("eval_every", "checkpoint_every")}
+    every = {f"{name}_steps": 0 if durations.seconds(duration) else
+             durations.to_steps(duration, per_epoch, inputs.examples_per_step) for name, duration in given.items()}
     return TrainerConfig.of(config, **every)
 
 

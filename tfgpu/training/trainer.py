@@ -29,6 +29,7 @@ from tfgpu.data import pipeline, records
 from tfgpu.data import position as data_position
 from tfgpu.data import resume
 from tfgpu.runtime import precision
+from tfgpu.runtime import heartbeat
 from tfgpu.runtime.distribute import Placement
 from tfgpu.training import checkpoint as checkpoint_lib
 from tfgpu.training import failures, input_profile, loop, metric_specs, results
@@ -88,6 +89,8 @@ class Trainer:
         self._fresh = checkpoint_lib.latest(self.model_dir) is None
         task.check_fine_tuning(loads_initial_weights=self._fresh)
         self._steps_done = 0
+        self._checkpoint_every_s = (durations.seconds(durations.parse(config.checkpoint_every, "checkpoint_every"))
+                                    if config.checkpoint_every else 0.0)
         with self._failures_named():  # creating variables under several workers broadcasts them: a collective
             self._build()
 
@@ -275,6 +278,19 @@ class Trainer:
         log.warning("SIGTERM: saving a checkpoint at the end of this loop, then stopping (exit %d)",
                     failures.PREEMPTED)
 
+    def _checkpoint_due(self) -> bool:
+        """--checkpoint_every in time: due when the chief's clock says the interval has passed since the last timed
+        save (or the start); the chief decides and every worker learns it in one collective, so all take part in
+        the save at the same step."""
+        every = self._checkpoint_every_s
+        if not every:
+            return False
+        due = self.chief and time.monotonic() - self._last_timed_save >= every
+        if not self._any_worker(due):
+            return False
+        self._last_timed_save = time.monotonic()
+        return True
+
     def _any_worker_preempted(self) -> bool:
         return self._any_worker(self._preempt_requested)
 
@@ -455,8 +471,11 @@ class Trainer:
             for call in self.on_restored:
                 call(start_step, self.history)
             previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+            heartbeat.beat("restored", start_step, self.model_dir)  # tfgpu.launch's view of this worker's progress
             try:
-                return self._train_from(start_step)
+                result = self._train_from(start_step)
+                heartbeat.beat("done", result.step, self.model_dir)
+                return result
             finally:
                 signal.signal(signal.SIGTERM, previous_handler)
                 self.checkpointer.close()
@@ -466,6 +485,7 @@ class Trainer:
         step = start_step
         last, last_eval, rates = {}, {}, []
         eval_steps = self._eval_steps()
+        self._last_timed_save = time.monotonic()
         stopped = self._resume(step)  # at the target: no more training, no more evaluation
         if step < self.total_steps and not stopped:
             # Released on leaving the block, an error or a preemption included (loop.Feed: TF can block that)
@@ -493,6 +513,7 @@ class Trainer:
                         first_loop = step == start_step
                         step += num_steps
                         self._steps_done = step
+                        heartbeat.beat("training", step, self.model_dir)
                         if profile and step == profile[-1] and self.chief:
                             tf.profiler.experimental.stop()
                         last = self._log_loop(step, num_steps, sums, elapsed, progress)
@@ -507,6 +528,8 @@ class Trainer:
                                         step)
                             # A worker's own save is a temporary copy: the chief's directory is the one to resume.
                             raise Preempted(step, saved_to if self.chief else self.checkpointer.real_dir)
+                        if step < self.total_steps and self._checkpoint_due():
+                            self.checkpointer.save()
                     if step < self.total_steps:
                         saved = bool(config.checkpoint_every_steps and step % config.checkpoint_every_steps == 0)
                         if saved:

@@ -13,7 +13,9 @@ JobSet recreates it, up to ``--backoff_limit`` times; every worker then resumes 
 
 ``--restart_policy=ExitCode`` (default) restarts on any failure except exit codes 1-3 (bad config, non-finite
 steps, a kernel failure), which fail the JobSet at once; ``OnFailure`` restarts on any failure; ``Never`` does not
-restart.
+restart. This is ``tfgpu.launch --max_restarts=--backoff_limit`` for pods; ``--worker_timeout_s`` adds the
+launcher's hang rule as a livenessProbe on the trainer's heartbeat. The group always comes back with --workers
+pods (there is no --min_workers: pods that cannot be scheduled wait); render again with fewer --workers to shrink.
 """
 import os
 import sys

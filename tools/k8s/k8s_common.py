@@ -53,6 +53,13 @@ def parser(prog: str, description: str, restart_policies, default_restart_policy
     p.add_argument("--memory", default="", help="Memory request/limit per worker, e.g. 64Gi (default: none).")
     p.add_argument("--shm_size", default="16Gi", help="Size of /dev/shm (NCCL and tf.data need more than "
                    "Docker's 64M default).")
+    p.add_argument("--worker_timeout_s", type=int, default=0,
+                   help="As tfgpu.launch's: a worker whose heartbeat (replaced after every loop) is older than this "
+                        "is hung, and a livenessProbe has the kubelet kill it (the restart policy then restarts "
+                        "it); 0 = no probe.")
+    p.add_argument("--startup_timeout_s", type=int, default=600,
+                   help="With --worker_timeout_s: how long a worker may take to finish its first loop (a "
+                        "startupProbe) before it counts as hung.")
     p.add_argument("--output", default="", help="Write the YAML here instead of stdout.")
     p.set_defaults(name_limit=name_limit)
     return p
@@ -70,6 +77,9 @@ def check(args, extra_train_flags, tool: str):
         raise RenderError(f"--gpus must be >= 0, got {args.gpus}")
     if args.backoff_limit < 0:
         raise RenderError(f"--backoff_limit must be >= 0, got {args.backoff_limit}")
+    if args.worker_timeout_s < 0 or (args.worker_timeout_s and args.startup_timeout_s < PROBE_PERIOD_S):
+        raise RenderError(f"--worker_timeout_s must be >= 0 and --startup_timeout_s at least {PROBE_PERIOD_S}, got "
+                          f"{args.worker_timeout_s} and {args.startup_timeout_s}")
     if not os.path.isfile(args.flagfile):
         raise RenderError(f"--flagfile {args.flagfile!r} does not exist")
     limit = args.name_limit
@@ -113,14 +123,39 @@ def train_args(model_dir, extra_train_flags):
             *extra_train_flags]
 
 
+# The heartbeat the trainer replaces after every loop (tfgpu/runtime/heartbeat.py), and the probes that read it.
+HEARTBEAT_FILE = "/tmp/tfgpu-heartbeat.json"
+PROBE_PERIOD_S = 10
+
+
+def heartbeat_probes(worker_timeout_s: int, startup_timeout_s: int) -> dict:
+    """A startupProbe that passes once the worker finished a loop, and a livenessProbe that fails when its
+    heartbeat is older than ``worker_timeout_s`` while it trains (after ``done`` the export needs no peer)."""
+    trained = f"grep -qE '\"phase\": \"(training|done)\"' {HEARTBEAT_FILE}"
+    fresh = (f"grep -q '\"phase\": \"done\"' {HEARTBEAT_FILE} || "
+             f"test $(( $(date +%s) - $(stat -c %Y {HEARTBEAT_FILE}) )) -lt {worker_timeout_s}")
+    period = min(PROBE_PERIOD_S, worker_timeout_s)
+    return {
+        "startupProbe": {"exec": {"command": ["sh", "-c", trained]}, "periodSeconds": PROBE_PERIOD_S,
+                         "failureThreshold": -(-startup_timeout_s // PROBE_PERIOD_S)},
+        "livenessProbe": {"exec": {"command": ["sh", "-c", fresh]}, "periodSeconds": period,
+                          "failureThreshold": 1, "timeoutSeconds": 5},
+    }
+
+
 def container(args, model_dir, extra_train_flags, command=("python", "-m", "tfgpu.train"), env=None):
-    """The training container: ``command`` with the train flags as its args, GPUs, mounts and the port."""
+    """The training container: ``command`` with the train flags as its args, GPUs, mounts and the port; with
+    --worker_timeout_s, the heartbeat file and the probes that read it."""
     spec = {
         "name": CONTAINER,
         "image": args.image,
         "command": list(command),
         "args": train_args(model_dir, extra_train_flags),
     }
+    env = dict(env or {})
+    if getattr(args, "worker_timeout_s", 0):
+        env["TFGPU_HEARTBEAT_FILE"] = HEARTBEAT_FILE
+        spec.update(heartbeat_probes(args.worker_timeout_s, args.startup_timeout_s))
     if env:
         spec["env"] = [{"name": k, "value": v} for k, v in env.items()]
     spec["ports"] = [{"name": "tfjob-port", "containerPort": PORT}]

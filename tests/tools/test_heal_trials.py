@@ -1,0 +1,40 @@
+"""tools/heal_trials.py: the seed decides the victim and the step; one real trial (3 workers, one kill -9'd,
+--min_workers=2) finishes on its own, audits clean and lands near the uninterrupted run (slow)."""
+import importlib.util
+import json
+import os
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "tools", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+trials = _load("heal_trials")
+
+
+def test_the_launch_command_asks_for_restarts_on_the_workers_left(tmp_path):
+    args = trials.parse_args(["--output_dir", str(tmp_path), "--workers=3", "--min_workers=2", "--", "--epochs=2"])
+    command = trials.launch_command(args, str(tmp_path / "run"))
+    assert command[command.index("-m") + 1] == "tfgpu.launch"
+    assert {"--num_workers=3", "--min_workers=2", "--max_restarts=2"} <= set(command)
+    assert command[-2:] == ["--epochs=2", f"--model_dir={tmp_path / 'run'}"]  # extra flags win over the defaults
+    assert "--checkpoint_every=20s" in command
+
+
+@pytest.mark.slow
+def test_one_killed_worker_heals_audits_clean_and_keeps_the_accuracy(tmp_path):
+    out = tmp_path / "trials"
+    code = trials.main(["--trials=1", "--failure=kill", f"--output_dir={out}"])  # the quickstart's 450 steps
+    report = json.loads((out / "trials-kill.json").read_text())
+    trial, = report["trials"]
+    assert code == 0 and trial["ok"], trial
+    restart, = trial["restarts"]
+    assert (restart["workers_before"], restart["workers_after"], restart["exit_code"]) == (3, 2, 137)
+    assert trial["audit"] == {"duplicated": 0, "missing": 0}

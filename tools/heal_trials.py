@@ -1,0 +1,236 @@
+"""Trials of a job that heals itself: a multi-worker run started by ``tfgpu.launch --max_restarts``, one worker
+killed (``--failure=kill``: SIGKILL) or hung (``--failure=stop``: SIGSTOP) at a step its trial's seed picks; each
+trial must finish on its own.
+
+    python tools/heal_trials.py --trials=10 --failure=kill --output_dir=/tmp/heal [--workers=3 --min_workers=2]
+        [-- extra train flags]
+
+Per trial (seed s): worker ``random.Random(s).randrange(workers)`` is signalled once the chief's history.jsonl
+reaches a step drawn from [--first_step, --last_step]; the launcher stops the group and starts one on the
+workers left. What is measured, from the run's own files and the tool's clock:
+
+- the launcher's exit code and its ``restart`` records (history.jsonl): old -> new size, steps lost;
+- recovery: from the signal to the end of the new group's first loop (its first ``train`` record); the first
+  step itself ends up to --steps_per_loop steps earlier;
+- for a hang: how long after the group's last progress it was stopped (``stopped_after_progress_s``);
+- the exactly-once audit: ``python -m tfgpu.audit_input`` over each recorded topology change (previous workers,
+  the step resumed from, one epoch after), which must show 0 records fed twice and 0 never;
+- the final val_accuracy against an uninterrupted run of the same flags (``--baseline``, run once first).
+
+Writes ``trials.json`` and prints one line per trial and the medians and maxima. Exit 0 when every trial
+finished, audited clean and landed within --accuracy_tolerance of the baseline, else 2.
+"""
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN_FLAGS = ["--flagfile=configs/quickstart.flags", "--global_batch_size=48", "--steps_per_loop=10",
+               "--checkpoint_every_steps=1000", "--checkpoint_every=20s", "--verbose=2"]
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--trials", type=int, default=10)
+    p.add_argument("--first_seed", type=int, default=0)
+    p.add_argument("--failure", choices=("kill", "stop"), default="kill")
+    p.add_argument("--workers", type=int, default=3)
+    p.add_argument("--min_workers", type=int, default=2)
+    p.add_argument("--first_step", type=int, default=40, help="The earliest step a worker is signalled at.")
+    p.add_argument("--last_step", type=int, default=360, help="The latest step a worker is signalled at.")
+    p.add_argument("--worker_timeout_s", type=float, default=30.0)
+    p.add_argument("--startup_timeout_s", type=float, default=300.0)
+    p.add_argument("--trial_timeout_s", type=float, default=900.0)
+    p.add_argument("--accuracy_tolerance", type=float, default=0.01)
+    p.add_argument("--output_dir", required=True)
+    p.add_argument("--train_flags", default=" ".join(TRAIN_FLAGS),
+                   help="The run's train flags (the quickstart's digits run on a global batch 2 and 3 divide).")
+    args, extra = p.parse_known_args(argv)
+    args.extra = [a for a in extra if a != "--"]
+    return args
+
+
+def _env():
+    return {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def read_history(model_dir):
+    try:
+        with open(os.path.join(model_dir, "history.jsonl")) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    records = []
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            pass
+    return records
+
+
+def final_accuracy(model_dir):
+    try:
+        with open(os.path.join(model_dir, "metrics.json")) as f:
+            return json.load(f).get("val_accuracy")
+    except (OSError, ValueError):
+        return None
+
+
+def launch_command(args, model_dir):
+    return [sys.executable, "-m", "tfgpu.launch", f"--num_workers={args.workers}", f"--min_workers={args.min_workers}",
+            "--max_restarts=2", f"--worker_timeout_s={args.worker_timeout_s:g}",
+            f"--startup_timeout_s={args.startup_timeout_s:g}", "--stop_grace_s=5", "--",
+            *args.train_flags.split(), *args.extra, f"--model_dir={model_dir}"]
+
+
+def worker_pids(launcher_pid):
+    """{task index: pid} of the launcher's worker processes, from their TF_CONFIG."""
+    import psutil
+
+    found = {}
+    try:
+        children = psutil.Process(launcher_pid).children()
+    except psutil.NoSuchProcess:
+        return found
+    for child in children:
+        try:
+            config = json.loads(child.environ().get("TF_CONFIG", "{}"))
+            found[config["task"]["index"]] = child.pid
+        except (psutil.Error, ValueError, KeyError):
+            continue
+    return found
+
+
+def run_trial(args, seed, model_dir, log_path):
+    """Starts the launcher, signals the seed's worker at the seed's step, waits; returns what happened."""
+    rng = random.Random(seed)
+    victim, at_step = rng.randrange(args.workers), rng.randint(args.first_step, args.last_step)
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(launch_command(args, model_dir), cwd=REPO, env=_env(), stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        signalled_at, signalled_step = None, None
+        deadline = time.time() + args.trial_timeout_s
+        try:
+            while proc.poll() is None and time.time() < deadline:
+                if signalled_at is None:
+                    steps = [r["step"] for r in read_history(model_dir) if r["kind"] == "train"]
+                    if steps and max(steps) >= at_step:
+                        pid = worker_pids(proc.pid).get(victim)
+                        if pid is not None:
+                            os.kill(pid, signal.SIGKILL if args.failure == "kill" else signal.SIGSTOP)
+                            signalled_at, signalled_step = time.time(), max(steps)
+                time.sleep(0.2)
+            timed_out = proc.poll() is None
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    history = read_history(model_dir)
+    restarts = [r for r in history if r["kind"] == "restart"]
+    after = [r for r in history if r["kind"] == "train" and restarts and r["time"] > restarts[0]["time"]]
+    return {"seed": seed, "victim": victim, "at_step": at_step, "signalled_step": signalled_step,
+            "exit_code": None if timed_out else proc.returncode, "timed_out": timed_out,
+            "restarts": restarts,
+            "recovery_s": round(after[0]["time"] - signalled_at, 2) if after and signalled_at else None,
+            "first_loop_step": after[0]["step"] if after else None,
+            "topologies": [r for r in history if r["kind"] == "topology"],
+            "val_accuracy": final_accuracy(model_dir)}
+
+
+def audit(args, trial, log_path):
+    """tfgpu.audit_input over each recorded topology change (or the final topology from the start): the worst
+    counts of records fed twice and never."""
+    changes = [(t["before"]["num_workers"], t["after"]["num_workers"], t["step"]) for t in trial["topologies"]]
+    if not changes:  # restarted before the first checkpoint, or on the same topology: one plain audit
+        workers = trial["restarts"][-1]["workers_after"] if trial["restarts"] else args.workers
+        changes = [(workers, workers, 0)]
+    worst = {"duplicated": 0, "missing": 0}
+    for before, after, step in changes:
+        out = log_path + f".audit-{step}.json"
+        command = [sys.executable, "-m", "tfgpu.audit_input", *args.train_flags.split(), *args.extra,
+                   f"--num_workers={after}", f"--previous_num_workers={before}", f"--resume_from_step={step}",
+                   "--epochs=1", f"--output_json={out}"]
+        done = subprocess.run(command, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, timeout=600)
+        try:
+            with open(out) as f:
+                epochs = json.load(f)["epochs"]
+        except (OSError, ValueError, KeyError):
+            raise RuntimeError(f"audit failed (exit {done.returncode}): {done.stdout[-2000:]}") from None
+        for key in worst:
+            worst[key] = max(worst[key], max(e[key] for e in epochs))
+    return worst
+
+
+def baseline(args):
+    model_dir = os.path.join(args.output_dir, "baseline")
+    accuracy = final_accuracy(model_dir)
+    if accuracy is None:
+        log = model_dir + ".log"
+        started = time.time()
+        with open(log, "wb") as f:
+            subprocess.run(launch_command(args, model_dir), cwd=REPO, env=_env(), stdout=f, stderr=subprocess.STDOUT,
+                           timeout=args.trial_timeout_s)
+        accuracy = final_accuracy(model_dir)
+        print(f"baseline (uninterrupted, {args.workers} workers): val_accuracy={accuracy} in "
+              f"{time.time() - started:.0f} s", flush=True)
+    return accuracy
+
+
+def summary(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return "n/a"
+    return f"median {statistics.median(values):g}, max {max(values):g} (n={len(values)})"
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    os.makedirs(args.output_dir, exist_ok=True)
+    reference = baseline(args)
+    trials = []
+    for seed in range(args.first_seed, args.first_seed + args.trials):
+        model_dir = os.path.join(args.output_dir, f"{args.failure}-{seed}")
+        log_path = model_dir + ".log"
+        if os.path.exists(model_dir):
+            raise SystemExit(f"error: --output_dir: {model_dir} exists; use a new --output_dir or another "
+                             "--first_seed")
+        started = time.time()
+        trial = run_trial(args, seed, model_dir, log_path)
+        trial["audit"] = audit(args, trial, log_path) if trial["exit_code"] == 0 else None
+        trial["wall_s"] = round(time.time() - started, 1)
+        restart = trial["restarts"][0] if trial["restarts"] else {}
+        trial["steps_lost"] = restart.get("steps_lost")
+        trial["stopped_after_progress_s"] = restart.get("stopped_after_progress_s")
+        accuracy = trial["val_accuracy"]
+        trial["ok"] = bool(trial["exit_code"] == 0 and trial["audit"] and not any(trial["audit"].values())
+                           and restart and accuracy is not None and reference is not None
+                           and abs(accuracy - reference) <= args.accuracy_tolerance)
+        trials.append(trial)
+        print(f"trial {seed}: {args.failure} worker {trial['victim']} at step {trial['signalled_step']} -> exit "
+              f"{trial['exit_code']}, {restart.get('workers_before')} -> {restart.get('workers_after')} workers, "
+              f"resumed at {restart.get('step')}, steps lost {trial['steps_lost']}, recovery {trial['recovery_s']} s, "
+              f"stopped {trial['stopped_after_progress_s']} s after the last progress, audit {trial['audit']}, "
+              f"val_accuracy {accuracy} (baseline {reference}), {trial['wall_s']} s: "
+              f"{'ok' if trial['ok'] else 'FAILED'}", flush=True)
+        with open(os.path.join(args.output_dir, f"trials-{args.failure}.json"), "w") as f:
+            json.dump({"baseline_val_accuracy": reference, "trials": trials}, f, indent=2)
+    print(f"{args.failure}: {sum(t['ok'] for t in trials)}/{len(trials)} trials ok; recovery s "
+          f"{summary([t['recovery_s'] for t in trials])}; steps lost {summary([t['steps_lost'] for t in trials])}; "
+          f"stopped after last progress s {summary([t['stopped_after_progress_s'] for t in trials])}; "
+          f"|val_accuracy - baseline| "
+          f"{summary([abs(t['val_accuracy'] - reference) for t in trials if t['val_accuracy'] is not None])}")
+    return 0 if all(t["ok"] for t in trials) else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
