@@ -7,7 +7,9 @@ and zeroes, and returns: one host call per loop, no eager op between loops; a ru
 (non-finite) steps is counted across loops. A stop request (``StopFlag``: Ctrl-C, SIGTERM) ends a loop after the
 step in flight, and the loop says how many steps it ran.
 """
+import contextlib
 import threading
+import time
 
 import tensorflow as tf
 
@@ -124,6 +126,7 @@ class SkippedRun:
 # Several workers agree whether to stop about this often (wall time): one all-reduce of two numbers per check.
 CHECK_INTERVAL_S = 0.5
 MAX_CHECK_EVERY = 100_000
+CLOCK_TICK_S = 0.05  # how often ``StopFlag.ticking`` sets the loops' clock
 
 
 class StopFlag:
@@ -138,7 +141,8 @@ class StopFlag:
     worker, from the same sums. ``check_every`` is set from that summed time to about ``CHECK_INTERVAL_S`` apart
     (at least every step), so a check costs one small all-reduce per half second (measured: 1.5-2 ms a check on
     two localhost workers over gRPC, 30-50% of a 3-5 ms toy step if done every step) and a stop waits at most
-    max(one step, ``CHECK_INTERVAL_S``)."""
+    max(one step, ``CHECK_INTERVAL_S``). The time comes from ``clock``, a variable a thread sets while training
+    (``ticking``): TensorFlow's own clock op (tf.timestamp) is refused under --deterministic's op determinism."""
 
     def __init__(self, strategy, num_workers: int):
         self.strategy = strategy
@@ -150,7 +154,8 @@ class StopFlag:
             if num_workers > 1:
                 self.since_check = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps_since_stop_check")
                 self.check_every = tf.Variable(1, dtype=tf.int64, trainable=False, name="stop_check_every")
-                self.checked_at = tf.Variable(tf.timestamp(), trainable=False, name="stop_checked_at")
+                self.clock = tf.Variable(time.time(), dtype=tf.float64, trainable=False, name="stop_clock")
+                self.checked_at = tf.Variable(time.time(), dtype=tf.float64, trainable=False, name="stop_checked_at")
 
     def request(self, by=True) -> None:
         """Asks the running (or next) loop to stop after its current step; ``by``: what asked (kept for the host)."""
@@ -161,6 +166,29 @@ class StopFlag:
     def clear(self) -> None:
         self.requested_by = None
         self.flag.assign(0.0)
+
+    @contextlib.contextmanager
+    def ticking(self):
+        """While inside, with several workers: a thread sets ``clock`` to the wall time every ``CLOCK_TICK_S`` for the
+        loops' checks (stopped and joined on leaving)."""
+        if self.num_workers == 1:
+            yield
+            return
+        done = threading.Event()
+
+        def tick():
+            while not done.wait(CLOCK_TICK_S):
+                self.clock.assign(time.time())
+
+        thread = threading.Thread(target=tick, name="tfgpu-stop-clock", daemon=True)
+        self.clock.assign(time.time())
+        self.checked_at.assign(time.time())
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
 
     def at_start(self):
         """In a loop's graph, before its first step: whether to run no step at all. One worker reads its flag (a
@@ -183,14 +211,16 @@ class StopFlag:
         steps = tf.cast(self.since_check.read_value(), tf.float64)
 
         def replica_share():
-            mine = tf.stack([tf.cast(self.flag.read_value(), tf.float64), tf.timestamp() - self.checked_at])
+            mine = tf.stack([tf.cast(self.flag.read_value(), tf.float64), self.clock.read_value() - self.checked_at])
             return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, mine)
 
         total = self.strategy.experimental_local_results(self.strategy.run(replica_share))[0]
         step_s = total[1] / float(self.strategy.num_replicas_in_sync) / tf.maximum(steps, 1.0)
-        every = tf.clip_by_value(tf.floor(CHECK_INTERVAL_S / tf.maximum(step_s, 1e-6)), 1.0, MAX_CHECK_EVERY)
+        # At most twice as many steps as the last time: the clock ticks every CLOCK_TICK_S, so short checks read 0 s.
+        every = tf.clip_by_value(tf.minimum(tf.floor(CHECK_INTERVAL_S / tf.maximum(step_s, 1e-6)), 2.0 * steps),
+                                 1.0, MAX_CHECK_EVERY)
         with tf.control_dependencies([self.check_every.assign(tf.cast(every, tf.int64)),
-                                      self.since_check.assign(0), self.checked_at.assign(tf.timestamp())]):
+                                      self.since_check.assign(0), self.checked_at.assign(self.clock.read_value())]):
             return total[0] > 0
 
 

@@ -492,7 +492,8 @@ class Trainer:
                 call(start_step, self.history)
             self._stop.clear()
             try:
-                with interrupts.StopSignals(self._on_stop_signal, self._unsaved, process_exit.in_command()):
+                with interrupts.StopSignals(self._on_stop_signal, self._unsaved, process_exit.in_command()), \
+                        self._stop.ticking():
                     try:
                         return self._train_from(start_step)
                     except _EvaluationStopped:
