@@ -108,13 +108,18 @@ class StopSignals:
         if len(self.received) == 1:
             self.on_stop(signum)
         elif signum == signal.SIGINT and self.exit_at_once:
-            print(f"stopped: {self._lost_sentence()}", file=sys.stderr, flush=True)
-            os._exit(128 + signal.SIGINT)
+            end_now(128 + signal.SIGINT, self._lost_sentence())
         elif signum == signal.SIGTERM:
             log.warning("SIGTERM again: the checkpoint is being saved; stopping once it is")
 
     def _lost_sentence(self) -> str:
         return f"a second SIGINT (Ctrl-C) ended it at once, without saving: {self.lost()}"
+
+
+def end_now(code: int, sentence: str) -> None:
+    """Ends a command's process at once with ``code``, after one line (``stopped: <sentence>``) on stderr."""
+    print(f"stopped: {sentence}", file=sys.stderr, flush=True)
+    os._exit(code)
 
 
 def name(signum: int) -> str:

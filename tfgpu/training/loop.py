@@ -161,11 +161,13 @@ class StopFlag:
         """Asks the running (or next) loop to stop after its current step; ``by``: what asked (kept for the host)."""
         if self.requested_by is None:
             self.requested_by = by
-        self.flag.assign(1.0)
+        with tf.init_scope():  # now, even from a handler that Python runs while the main thread traces a function
+            self.flag.assign(1.0)
 
     def clear(self) -> None:
         self.requested_by = None
-        self.flag.assign(0.0)
+        with tf.init_scope():
+            self.flag.assign(0.0)
 
     @contextlib.contextmanager
     def ticking(self):

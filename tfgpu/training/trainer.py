@@ -86,6 +86,7 @@ class Trainer:
         task.check_fine_tuning(loads_initial_weights=self._fresh)
         self._steps_done = 0
         self._saved_step = None  # the step of the checkpoint last saved or restored
+        self._compiling = False  # inside the first train loop call, which compiles before its first step
         with self._failures_named():  # creating variables under several workers broadcasts them: a collective
             self._build()
 
@@ -273,11 +274,25 @@ class Trainer:
     def _on_stop_signal(self, signum: int) -> None:
         """The first SIGTERM or SIGINT (``interrupts.StopSignals``, maybe from its watcher thread while a loop runs):
         the loops stop after the step in flight; the trainer then saves and raises (``_stop_at``)."""
-        self._stop.request(signum)
         error = failures.stopped_by(signum)
+        if self._nothing_to_save():
+            interrupts.end_now(failures.EXIT_CODES[error], f"{interrupts.name(signum)} before this run's first step "
+                               f"(its train loop still compiling): nothing trained since "
+                               f"{'step ' + str(self._saved_step) if self._saved_step else 'the start'}, nothing to "
+                               "save; run the same command again to resume")
+        self._stop.request(signum)
         log.warning("%s: stopping after the current step to save a checkpoint there, then exiting %d%s",
                     interrupts.name(signum), failures.EXIT_CODES[error],
                     " (Ctrl-C again: stop at once without saving)" if error is failures.Interrupted else "")
+
+    def _nothing_to_save(self) -> bool:
+        """Whether a command on one worker may end at once: the first loop call is still tracing and compiling (a
+        ResNet-56 with XLA on a loaded 2-core CPU took 158 s) and no step ran since the restored checkpoint. Several
+        workers stop together after a step instead (one ending alone would leave its peers a lost worker)."""
+        if not (self._compiling and process_exit.in_command() and self.placement.num_workers == 1):
+            return False
+        with tf.init_scope():  # Python may run the signal's handler while the main thread traces the loop
+            return int(self.step.numpy()) == self._steps_done
 
     def _any_worker_preempted(self) -> bool:
         """Whether a stop was requested on any worker (after a loop that ran all its steps: a request made as it
@@ -526,11 +541,13 @@ class Trainer:
                             tf.profiler.experimental.start(os.path.join(self.model_dir, "profile"))
                         num_steps = min(config.steps_per_loop, boundary - step)
                         started = time.perf_counter()
+                        self._compiling = step == start_step  # the first call traces and compiles the loop first
                         with self._reading_input():
                             sums, longest_skipped_run, ran = self._train_loop(feed.iterator,
                                                                               tf.constant(num_steps, tf.int64))
                             sums = loop.as_floats(sums)  # reading waits for the steps to finish
                             ran = int(ran)  # fewer than num_steps when a stop signal came (every worker alike)
+                        self._compiling = False
                         elapsed = time.perf_counter() - started
                         first_loop = step == start_step
                         step += ran
