@@ -130,9 +130,11 @@ def checkpoint_weights(model_dir):
                                              "model_fingerprint/"))}
 
 
-def preempted(args, model_dir, train_lines: int = 1, env=None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Runs ``args`` (a training command) from the repository, sends it a real SIGTERM once ``model_dir``'s
-    history.jsonl holds ``train_lines`` lines, and returns the CompletedProcess (stdout+stderr in .output)."""
+def preempted(args, model_dir, train_lines: int = 1, env=None, timeout: float = 300,
+              sig=None) -> subprocess.CompletedProcess:
+    """Runs ``args`` (a training command) from the repository, sends it a real SIGTERM (or ``sig``) once
+    ``model_dir``'s history.jsonl holds ``train_lines`` lines, and returns the CompletedProcess (stdout+stderr in
+    .output)."""
     import signal
     import time
 
@@ -146,7 +148,7 @@ def preempted(args, model_dir, train_lines: int = 1, env=None, timeout: float = 
         while not (os.path.exists(history) and open(history).read().count("\n") >= train_lines):
             assert proc.poll() is None and time.time() < deadline, "the run ended before it could be preempted"
             time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig or signal.SIGTERM)
         output, _ = proc.communicate(timeout=120)
     finally:
         proc.kill()

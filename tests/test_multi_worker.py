@@ -152,23 +152,33 @@ def test_max_restarts_lets_the_survivor_wait_for_a_replaced_worker(straight, tmp
 
 
 # Slow: a third 2-worker launch. SIGTERM's save-and-exit-143 runs by default on one worker
-# (tests/training/test_trainer.py::test_sigterm_saves_exits_143_and_resume_is_exact) and through tfgpu.launch
-# (tests/test_launch.py::test_sigterm_to_the_launcher_lets_workers_save_and_exits_143).
+# (tests/training/test_trainer.py::test_ctrl_c_mid_loop_saves_the_step_in_flight_exits_130_and_the_resumed_run_is_exact)
+# and through tfgpu.launch (tests/test_launch.py::test_sigterm_to_the_launcher_lets_workers_save_and_exits_143).
 @pytest.mark.slow
-def test_sigterm_to_one_worker_checkpoints_all_at_the_same_step(tmp_path, data_cache):
+def test_sigterm_to_one_worker_stops_all_inside_a_loop_at_the_same_step(tmp_path, data_cache):
+    """One loop of 100,000 steps: the workers all-reduce their stop flags inside it (loop.StopFlag), so a SIGTERM to
+    one worker stops both after the same step, long before the loop's end, and both save that step."""
     model_dir = tmp_path / "run"
-    procs = _start_workers(LONG + ["--train_steps=400", f"--model_dir={model_dir}"], data_cache)
+    procs = _start_workers(LONG + ["--train_steps=100000", "--steps_per_loop=100000", "--checkpoint_every_steps=0",
+                                   f"--model_dir={model_dir}"], data_cache)
     try:
-        _wait_for_loops(model_dir, procs, loops=2)
+        deadline = time.time() + 180
+        while not (model_dir / "config.yaml").exists():
+            assert all(p.poll() is None for p in procs) and time.time() < deadline, "run ended too early"
+            time.sleep(0.1)
+        time.sleep(20)  # into the loop (tracing takes seconds)
         procs[1].send_signal(signal.SIGTERM)
+        sent = time.time()
         outputs = [p.communicate(timeout=90)[0] for p in procs]
+        took = time.time() - sent
     finally:
         for p in procs:
             p.kill()
     assert [p.returncode for p in procs] == [143, 143], outputs[0][-2000:] + outputs[1][-2000:]
     steps = {re.search(r"checkpoint saved at step (\d+)", out).group(1) for out in outputs}
-    assert len(steps) == 1
+    assert len(steps) == 1 and 0 < int(next(iter(steps))) < 100000, steps
     assert os.path.exists(model_dir / "checkpoints" / f"ckpt-{steps.pop()}.index")
+    assert took < 60, took
 
 
 def test_two_workers_through_the_launcher_match_mirrored_two_replicas(run_train, tmp_path, data_cache):

@@ -293,3 +293,31 @@ def test_a_bad_flag_or_value_is_one_line_before_tensorflow_is_imported(tmp_path,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
     assert proc.returncode == 1 and proc.stdout.strip().startswith(error), proc.stdout
     assert len(proc.stdout.strip().splitlines()) == 1, proc.stdout
+
+
+# Slow (a process of its own, twice): the same stop runs in-process by default
+# (tests/training/test_trainer.py::test_ctrl_c_mid_loop_saves_the_step_in_flight_exits_130_and_the_resumed_run_is_exact).
+@pytest.mark.slow
+def test_ctrl_c_to_the_command_saves_exits_130_in_one_line_and_the_rerun_records_each_step_once(run_train,
+                                                                                                data_cache, tmp_path):
+    """python -m tfgpu.train given a real SIGINT (what Ctrl-C sends) inside its second loop of 200 steps: a checkpoint
+    at the step in flight, one "stopped:" line, no traceback, exit 130; the rerun finishes with one record per step."""
+    import signal
+    import sys
+
+    from tests.conftest import preempted
+
+    args = ["--dataset=digits", "--model=small_cnn", "--global_batch_size=32", "--train_steps=1000",
+            "--steps_per_loop=200", "--eval_split=none", "--checkpoint_every_steps=0", "--verbose=2"]
+    model_dir = tmp_path / "run"
+    proc = preempted([sys.executable, "-m", "tfgpu.train", *args, f"--model_dir={model_dir}"], model_dir,
+                     train_lines=1, env={"TFGPU_DATA_CACHE": data_cache}, sig=signal.SIGINT)
+    stopped = [line for line in proc.stdout.splitlines() if line.startswith("stopped:")]
+    assert proc.returncode == 130 and len(stopped) == 1 and "Traceback" not in proc.stdout, proc.stdout[-3000:]
+    step = read_history(model_dir)[-1]["step"]
+    assert stopped[0].startswith(f"stopped: interrupted by SIGINT (Ctrl-C): checkpoint saved at step {step} (")
+    assert (model_dir / "checkpoints" / f"ckpt-{step}.index").exists() and 200 <= step < 1000
+    rerun = run_train(*args, f"--model_dir={model_dir}")
+    assert f"resuming at step {step}" in rerun.output and "final: step=1000" in rerun.output
+    steps = [r["step"] for r in map(json.loads, open(model_dir / "history.jsonl")) if r["kind"] == "train"]
+    assert steps == sorted(set(steps)) and steps[-1] == 1000

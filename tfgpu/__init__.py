@@ -5,7 +5,8 @@ Importing ``tfgpu`` is cheap: the attributes below load TensorFlow only when fir
 - ``tfgpu.fit(model_fn, train_data, *, model_dir, eval_data=None, **options)``: the run of
   ``python -m tfgpu.train`` for your own model and data (``tfgpu.training.fit``).
 - ``tfgpu.ConfigError``: what a bad option or argument raises; ``.flag`` names it.
-- ``tfgpu.Preempted``: what ``fit`` raises after a SIGTERM, once the checkpoint is saved (``.step``).
+- ``tfgpu.Preempted``: what ``fit`` raises after a SIGTERM or a Ctrl-C, once the checkpoint is saved
+  (``.step``); a Ctrl-C's is also a ``KeyboardInterrupt``.
 - ``tfgpu.keras_fit``: stock ``model.fit`` under multi-worker strategies (``tfgpu.training.keras_fit``).
 """
 

@@ -6,7 +6,8 @@ flagfiles, the command line. Flagfiles may nest (a relative path inside a
 flagfile is resolved against that file's directory first). Exit codes
 (``tfgpu.training.failures.EXIT_CODES``): 0 done, 1 bad flag or input, 2 too many
 non-finite steps, 3 a GPU kernel failed, 129 a worker was lost (after
-``--max_restarts`` re-executions), 143 preempted by SIGTERM (checkpoint saved).
+``--max_restarts`` re-executions), 130 stopped by Ctrl-C and 143 by SIGTERM (each after saving a checkpoint
+at the step in flight; a second Ctrl-C ends at once without saving).
 """
 import time
 
@@ -91,16 +92,16 @@ def main(argv=None) -> int:
         config = config_sources.check_names(cli.resolve(namespace, namespace.config, references=False))
     except ConfigError as e:
         return failures.report(e)
-    # Checking what the values name imports the model registry, and with it Keras and TensorFlow: their own phase
-    # of the startup record (seconds), not hidden in the check's.
-    with logs.quiet_native_startup(show=USER_TF_LOG_LEVEL is not None):
-        import keras  # noqa: F401
-        import tensorflow as tf
-
-        tf.config.list_physical_devices("GPU")  # CUDA's first lines (cuInit on a host without a driver) are start-up's
-
-    startup.mark("tensorflow_import")
     try:
+        # Checking what the values name imports the model registry, and with it Keras and TensorFlow: their own
+        # phase of the startup record (seconds), not hidden in the check's.
+        with logs.quiet_native_startup(show=USER_TF_LOG_LEVEL is not None):
+            import keras  # noqa: F401
+            import tensorflow as tf
+
+            tf.config.list_physical_devices("GPU")  # CUDA's first lines (cuInit without a driver) are start-up's
+
+        startup.mark("tensorflow_import")
         config_sources.check_references(config)
         from tfgpu.training import experiment
 
@@ -110,8 +111,12 @@ def main(argv=None) -> int:
         code = failures.report(e)
         _restart_if_allowed(config.max_restarts, argv)
         return code
-    except failures.FAILURES as e:
+    except failures.FAILURES as e:  # Interrupted (Ctrl-C while training, after its save) among them
         return failures.report(e)
+    except KeyboardInterrupt:  # Ctrl-C before training started or after it ended: nothing of training is lost
+        print(f"stopped: interrupted by SIGINT (Ctrl-C) outside training; {config.model_dir} keeps its latest "
+              "checkpoint, if any: run the same command again to resume from it", file=sys.stderr, flush=True)
+        return failures.INTERRUPTED
     from tfgpu.training import results
 
     print("final: " + " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"

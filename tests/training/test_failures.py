@@ -34,6 +34,23 @@ def test_every_failure_has_its_exit_code_in_one_table_and_the_values_clusters_re
         failures.exit_code(KeyError("x"))
 
 
+def test_a_ctrl_c_stop_is_a_preemption_and_a_keyboard_interrupt_exiting_130():
+    """tfgpu.fit's callers catch a Ctrl-C's stop as Preempted (with SIGTERM's) or as the KeyboardInterrupt Python
+    raises for Ctrl-C; a command exits 130, says so in one line, and a SIGTERM's stop stays 143."""
+    import signal
+
+    from tfgpu.training import failures
+
+    stop = failures.stopped_by(signal.SIGINT)(12, "run/checkpoints/ckpt-12")
+    assert isinstance(stop, failures.Preempted) and isinstance(stop, KeyboardInterrupt) and stop.step == 12
+    assert failures.exit_code(stop) == failures.INTERRUPTED == 130
+    assert str(stop) == ("interrupted by SIGINT (Ctrl-C): checkpoint saved at step 12 (run/checkpoints/ckpt-12); run "
+                         "the same command again (or call tfgpu.fit again with the same model_dir) to resume from it")
+    sigterm = failures.stopped_by(signal.SIGTERM)(12, "ckpt-12")
+    assert type(sigterm) is failures.Preempted and failures.exit_code(sigterm) == 143
+    assert not isinstance(sigterm, KeyboardInterrupt)
+
+
 def test_the_launcher_and_the_table_load_no_tensorflow():
     """The launcher reads the table without importing TensorFlow (it must not initialise a runtime its workers
     need); subprocess: what a fresh interpreter imports is what is tested."""

@@ -232,6 +232,34 @@ def test_a_sigterm_under_fit_raises_preempted_to_the_caller_after_the_checkpoint
     assert metrics["step"] == 3 and [r["step"] for r in read_history(tmp_path)] == [1, 2, 3]
 
 
+def test_a_ctrl_c_under_fit_saves_then_raises_a_keyboard_interrupt_that_is_a_preemption(digits, tmp_path, run_state,
+                                                                                         monkeypatch):
+    """A real SIGINT mid-run under tfgpu.fit: the step's checkpoint is saved, then the caller gets what Ctrl-C gives
+    in Python, a KeyboardInterrupt, which is also a tfgpu.Preempted naming the checkpoint; the caller's own SIGINT
+    handler is back; calling fit again resumes there."""
+    from tfgpu.training import history
+
+    write = history.History.write
+
+    def sigint_after_step_1(self, kind, step, values):
+        write(self, kind, step, values)
+        if kind == "train" and step == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    (xt, yt), _ = digits
+    options = dict(SMALL, checkpoint_every_steps=0)
+    monkeypatch.setattr(history.History, "write", sigint_after_step_1)
+    callers_handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        tfgpu.fit(build_model, _ds((xt, yt)), model_dir=str(tmp_path), train_steps=3, **options)
+    monkeypatch.setattr(history.History, "write", write)
+    assert signal.getsignal(signal.SIGINT) is callers_handler
+    assert isinstance(stopped.value, tfgpu.Preempted) and stopped.value.step == 1
+    assert stopped.value.checkpoint.endswith("ckpt-1") and "interrupted by SIGINT (Ctrl-C)" in str(stopped.value)
+    metrics = tfgpu.fit(build_model, _ds((xt, yt)), model_dir=str(tmp_path), train_steps=3, **options)
+    assert metrics["step"] == 3 and [r["step"] for r in read_history(tmp_path)] == [1, 2, 3]
+
+
 @pytest.mark.slow
 def test_fit_with_model_dir_on_ram_writes_reuses_and_resumes_there(digits, tmp_path, run_state, monkeypatch, capsys):
     """model_dir on a TensorFlow file system (ram://, standing in for gs://): the Dataset is written into

@@ -1,5 +1,8 @@
 """Progress lines: the declared metrics, then elapsed time and the ETA to the end of the schedule; with --target the
-best value of its metric so far."""
+best value of its metric so far. A resumed run's history.jsonl and TensorBoard files hold one record per step."""
+import json
+import os
+
 from tfgpu.runtime import progress as progress_lib
 from tfgpu.training import history
 
@@ -45,3 +48,49 @@ def test_the_shutdown_is_timed_from_the_last_record_with_the_same_clock(tmp_path
     shutdown.mark("export")
     assert shutdown.record() == {"trainer_teardown_s": 30.5, "export_s": 1.5, "total_s": 32.0}
     assert shutdown.describe() == "shutdown: 32.0 s to the outputs written (trainer teardown 30.5, export 1.5)"
+
+
+def _records(path):
+    with open(path) as f:
+        return [(r["kind"], r["step"]) for r in map(json.loads, f)]
+
+
+def test_a_resume_cuts_the_records_an_earlier_run_wrote_past_its_checkpoint(tmp_path):
+    """Steps 40 and 60 were trained and recorded, then lost (no checkpoint past 25): resuming at 25 cuts them and
+    the killed run's half-written line, so the resumed run's records follow on, one per step. What happened up to
+    the checkpoint stays (a process's startup record included)."""
+    log = history.History(str(tmp_path), enabled=True)
+    for kind, step in [("startup", 0), ("train", 20), ("eval", 20), ("train", 25), ("train", 40), ("eval", 40),
+                       ("startup", 25), ("train", 60)]:
+        log.write(kind, step, {"loss": 1.0})
+    with open(log.path, "a") as f:
+        f.write('{"kind": "train", "st')  # killed while writing
+    assert log.cut_after(25) == 3
+    assert _records(log.path) == [("startup", 0), ("train", 20), ("eval", 20), ("train", 25), ("startup", 25)]
+    log.write("train", 45, {"loss": 0.5})
+    assert _records(log.path)[-1] == ("train", 45)
+    before = os.stat(log.path)
+    assert log.cut_after(45) == 0
+    assert os.stat(log.path).st_ino == before.st_ino  # nothing to cut: not rewritten
+    assert history.History(str(tmp_path / "none"), enabled=True).cut_after(3) == 0  # no file yet
+    assert history.History(str(tmp_path), enabled=False).cut_after(0) == 0  # not the chief: the chief's file
+    assert len(_records(log.path)) == 6
+
+
+def test_a_resume_cuts_tensorboard_scalars_past_its_checkpoint(tmp_path):
+    """TensorBoard draws every event it finds: a lost run's points past the checkpoint would overlay the resumed
+    run's curve. Events of steps up to it stay, as do the files' own (version) events."""
+    import tensorflow as tf
+
+    run_dir = str(tmp_path / "summaries" / "train")
+    writer = tf.summary.create_file_writer(run_dir)
+    with writer.as_default():
+        for step in (10, 20, 30, 40):
+            tf.summary.scalar("loss", 1.0 / step, step=step)
+    writer.close()
+    assert history.cut_summaries([run_dir, str(tmp_path / "summaries" / "validation")], 20) == 2
+    (events,) = tf.io.gfile.glob(os.path.join(run_dir, "events.out.tfevents.*"))
+    kept = [tf.compat.v1.Event.FromString(r.numpy()) for r in tf.data.TFRecordDataset(events)]
+    assert [(e.step, e.summary.value[0].tag) for e in kept if e.HasField("summary")] == [(10, "loss"), (20, "loss")]
+    assert any(e.file_version for e in kept)
+    assert history.cut_summaries([run_dir], 20) == 0

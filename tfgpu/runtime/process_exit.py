@@ -22,6 +22,7 @@ import time
 GRACE_S = 2.0
 
 _tracked = []  # (thread, monotonic start) of teardown threads that exit_command may abandon
+_in_command = False  # whether run_command runs this process's command (not a library call from a user's Python)
 
 
 def track(thread: threading.Thread) -> None:
@@ -47,6 +48,8 @@ def run_command(main):
     ``SystemExit`` it raised included: a preempted run's 143 (``failures.PREEMPTED``, which ``main`` returns) must
     not wait either, nor a crashed worker, whose peers wait for it to go. An uncaught exception is printed and
     exits 1, as the interpreter would do."""
+    global _in_command
+    _in_command = True
     try:
         code = main()
     except SystemExit as e:
@@ -55,6 +58,12 @@ def run_command(main):
         sys.excepthook(*sys.exc_info())
         code = 1
     exit_command(code)
+
+
+def in_command() -> bool:
+    """Whether this process is a tfgpu command (``run_command``), which may end the process itself (a second Ctrl-C
+    while training), rather than a user's Python calling tfgpu (``tfgpu.fit``), whose process is the user's."""
+    return _in_command
 
 
 def exit_command(code):

@@ -1,7 +1,7 @@
 """How a run fails: its exceptions, and the one table of the exit codes every command and the launcher use.
 
-A SIGTERM checkpoints and raises ``Preempted`` (``python -m tfgpu.train`` exits 143, retried; ``tfgpu.fit``
-lets it reach the caller); a lost peer exits 129 (retried by Kubeflow's ExitCode policy); a failing kernel
+A SIGTERM checkpoints at the current step and raises ``Preempted`` (``python -m tfgpu.train`` exits 143, retried;
+``tfgpu.fit`` lets it reach the caller), a Ctrl-C likewise ``Interrupted`` (exit 130; a ``KeyboardInterrupt`` too); a lost peer exits 129 (retried by Kubeflow's ExitCode policy); a failing kernel
 exits 3 and too many skipped non-finite steps exit 2 (both permanent: a rerun would fail the same way); a bad
 flag, file or record (``ConfigError``) exits 1. ``lost_peer`` tells a collective that failed because another
 worker is gone from a kernel that failed here. Importing this module loads no TensorFlow: the launcher and the
@@ -27,10 +27,27 @@ class Preempted(RuntimeError):
     """A SIGTERM stopped training after the coordinated checkpoint at ``step`` (in ``checkpoint``); training
     again into the same model_dir resumes there. Not a SystemExit: under ``tfgpu.fit`` the caller decides."""
 
+    cause = "preempted by SIGTERM"
+
     def __init__(self, step: int, checkpoint: str):
-        super().__init__(f"preempted by SIGTERM: checkpoint saved at step {step} ({checkpoint}); run the same "
+        super().__init__(f"{self.cause}: checkpoint saved at step {step} ({checkpoint}); run the same "
                          "command again (or call tfgpu.fit again with the same model_dir) to resume from it")
         self.step, self.checkpoint = step, checkpoint
+
+
+class Interrupted(Preempted, KeyboardInterrupt):
+    """Ctrl-C (SIGINT) stopped training after the checkpoint at ``step``, as a SIGTERM does: a ``Preempted`` for
+    callers of ``tfgpu.fit`` that catch that, and a ``KeyboardInterrupt``, as Python's own Ctrl-C is, for the
+    others (a notebook's interrupted cell)."""
+
+    cause = "interrupted by SIGINT (Ctrl-C)"
+
+
+def stopped_by(signum: int):
+    """The exception a stop signal ends training with: Interrupted for SIGINT, Preempted for any other."""
+    import signal
+
+    return Interrupted if signum == signal.SIGINT else Preempted
 
 
 class NonFiniteError(RuntimeError):
@@ -47,7 +64,7 @@ class KernelFailed(RuntimeError):
 
 # Every failure a command reports in one line, and the exit code it ends with.
 EXIT_CODES = {ConfigError: BAD_INPUT, NonFiniteError: NON_FINITE, KernelFailed: KERNEL_FAILED,
-              WorkerLost: WORKER_LOST, Preempted: PREEMPTED}
+              WorkerLost: WORKER_LOST, Preempted: PREEMPTED, Interrupted: INTERRUPTED}
 FAILURES = tuple(EXIT_CODES)  # for ``except failures.FAILURES``
 
 

@@ -6,13 +6,20 @@ One JSON object per loop of steps (``kind: train``) or evaluation (``kind: eval`
 metrics.json, the report), both timed by ``PhaseTimer``, and one ``kind: config_change`` (``field``, ``old``,
 ``new``) per field a resume changed under --allow_config_change (``training.config_change``); the report
 reads them back (``tfgpu.reporting.report.read_history``).
+
+A resumed run first cuts what an earlier process recorded past the checkpoint it resumes from (``cut_after``:
+steps it trained without saving, killed or stopped before a save), in history.jsonl and in the TensorBoard event
+files (``cut_summaries``), so each shows one record per step: the resumed run's.
 """
 import json
+import logging
 import os
 import sys
 import time
 
 from tfgpu.runtime import fileio, progress
+
+log = logging.getLogger("tfgpu")
 
 
 class History:
@@ -31,12 +38,71 @@ class History:
         fileio.append_text(self.path, line + "\n")
         self.last_time = time.time()
 
+    def cut_after(self, step: int) -> int:
+        """Rewrites history.jsonl (atomically) without the records past ``step``, and without lines that do not
+        read (a killed run's half-written last line, onto which the next record would be appended); returns how
+        many records were cut. Chief only; the file is left alone when there is nothing to cut."""
+        if not self.enabled:
+            return 0
+        try:
+            text = fileio.read_text(self.path, errors="replace")
+        except FileNotFoundError:
+            return 0
+        kept, cut, unreadable = [], 0, 0
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            try:
+                past = int(json.loads(line)["step"]) > step
+            except (ValueError, KeyError, TypeError):
+                unreadable += 1
+                continue
+            if past:
+                cut += 1
+            else:
+                kept.append(line)
+        if cut or unreadable or (text and not text.endswith("\n")):
+            fileio.atomic_write_bytes(self.path, "".join(line + "\n" for line in kept).encode())
+        if cut:
+            log.info("history.jsonl: removed %d record(s) past step %d, the checkpoint this run resumes from (an "
+                     "earlier run trained past it without saving)", cut, step)
+        return cut
+
     def steps(self, kind: str) -> set:
         """The steps with a ``kind`` record in history.jsonl so far (an unreadable line, such as a killed run's
         half-written last one, records nothing). Reads the whole file: once per resume."""
         from tfgpu.reporting.report import read_history
 
         return {int(record["step"]) for record in read_history(self.path)[0].get(kind, [])}
+
+
+def cut_summaries(run_dirs, step: int) -> int:
+    """Rewrites each TensorBoard event file in ``run_dirs`` (atomically) without the scalars of steps past ``step``,
+    so that a resumed run's curve is not drawn over the lost steps of an earlier process; returns the number of
+    events removed. Files with nothing to remove are left alone."""
+    import tensorflow as tf
+
+    removed = 0
+    for run_dir in run_dirs:
+        for path in sorted(fileio.glob(os.path.join(run_dir, "events.out.tfevents.*"))):
+            kept, past = [], 0
+            try:
+                for record in tf.data.TFRecordDataset(path):
+                    data = record.numpy()
+                    event = tf.compat.v1.Event.FromString(data)
+                    if event.HasField("summary") and event.step > step:
+                        past += 1
+                    else:
+                        kept.append(data)
+            except tf.errors.DataLossError:  # a killed run's truncated last event: cut it too
+                past += 1
+            if past:
+                with fileio.atomic_path(path) as tmp:
+                    with tf.io.TFRecordWriter(tmp) as writer:
+                        for data in kept:
+                            writer.write(data)
+                removed += past
+    return removed
 
 
 class PhaseTimer:

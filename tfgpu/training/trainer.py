@@ -17,7 +17,6 @@ import dataclasses
 import logging
 import math
 import os
-import signal
 import time
 
 import numpy as np
@@ -30,11 +29,13 @@ from tfgpu.data import position as data_position
 from tfgpu.data import resume
 from tfgpu.runtime import precision
 from tfgpu.runtime import heartbeat
+from tfgpu.runtime import process_exit
 from tfgpu.runtime.distribute import Placement
 from tfgpu.training import checkpoint as checkpoint_lib
-from tfgpu.training import failures, input_profile, loop, metric_specs, results
+from tfgpu.training import failures, input_profile, interrupts, loop, metric_specs, results
 from tfgpu.training import target as target_lib
 from tfgpu.training.failures import KernelFailed, NonFiniteError, Preempted, WorkerLost  # noqa: F401 (re-exported)
+from tfgpu.training import history
 from tfgpu.training.history import History, Progress
 
 log = logging.getLogger("tfgpu")
@@ -71,7 +72,6 @@ class Trainer:
         self.model_dir = config.model_dir
         self.chief = placement.is_chief
         self.history = (history_class or History)(self.model_dir, self.chief)
-        self._preempt_requested = False
         self.declarations = metric_specs.of_task(task)
         self.target = target_lib.resolve(config.target, self.declarations) if config.target else None
         if self.target and not self._evaluates:
@@ -91,6 +91,8 @@ class Trainer:
         self._steps_done = 0
         self._checkpoint_every_s = (durations.seconds(durations.parse(config.checkpoint_every, "checkpoint_every"))
                                     if config.checkpoint_every else 0.0)
+        self._saved_step = None  # the step of the checkpoint last saved or restored
+        self._compiling = False  # inside the first train loop call, which compiles before its first step
         with self._failures_named():  # creating variables under several workers broadcasts them: a collective
             self._build()
 
@@ -119,24 +121,27 @@ class Trainer:
         self.train_sums = loop.accumulators(self.strategy, train_names)
         self.eval_sums = loop.accumulators(self.strategy, self.task.eval_metric_names())
         self.skipped_run = loop.SkippedRun(self.strategy)
+        self._stop = loop.StopFlag(self.strategy, self.placement.num_workers)  # Ctrl-C, SIGTERM: read between steps
         self.checkpointer = checkpoint_lib.Checkpointer(
             self.model_dir, self.placement, self.task.checkpoint_items(), self.step, self.config.keep_checkpoints,
             self._position_record)
 
         self._trace_train_loop()
         # The task's step as it is when the loop traces (tests wrap it after construction).
-        self._eval_loop = loop.build_loop(self.strategy, lambda batch: self.task.eval_step(batch), self.eval_sums)
-        # Each writer is made at its first scalar (making one writes an events file): a resume refused once the
-        # trainer is built writes nothing.
-        self._writers = ({kind: os.path.join(self.model_dir, "summaries", run)
-                          for kind, run in (("train", "train"), ("eval", "validation"))}
-                         if self.chief and self.config.tensorboard else {})
+        self._eval_loop = loop.build_loop(self.strategy, lambda batch: self.task.eval_step(batch), self.eval_sums,
+                                          stop=self._stop)
+        # TensorBoard's runs (chief, --tensorboard), each writer made at its first record: after train() has cut
+        # what an earlier process recorded past the checkpoint (history.cut_summaries) from the files it left.
+        self._summary_dirs = ({kind: os.path.join(self.model_dir, "summaries", run)
+                               for kind, run in (("train", "train"), ("eval", "validation"))}
+                              if self.chief and self.config.tensorboard else {})
+        self._writers = {}
 
     def _trace_train_loop(self):
         """A fresh train loop; the task's ``at_step`` asks for one when a step trains other variables."""
         self._train_loop = loop.build_loop(self.strategy, lambda batch: self.task.train_step(batch), self.train_sums,
                                            self.step, self.inputs.batches_per_step, self.skipped_run,
-                                           self.nonfinite_names)
+                                           self.nonfinite_names, stop=self._stop)
 
     def _eval_steps(self) -> set:
         """Steps before the last at which the run evaluates: every --eval_every_steps; with a target and no
@@ -272,11 +277,29 @@ class Trainer:
             "before": dataclasses.asdict(before), "after": dataclasses.asdict(after), "epoch": pos.epoch + 1,
             "records_consumed_in_epoch": pos.records_in_epoch, "records": total})
 
-    # -- preemption ------------------------------------------------------------
-    def _on_sigterm(self, signum, frame):
-        self._preempt_requested = True
-        log.warning("SIGTERM: saving a checkpoint at the end of this loop, then stopping (exit %d)",
-                    failures.PREEMPTED)
+    # -- stopping: SIGTERM (preemption), Ctrl-C ---------------------------------
+    def _on_stop_signal(self, signum: int) -> None:
+        """The first SIGTERM or SIGINT (``interrupts.StopSignals``, maybe from its watcher thread while a loop runs):
+        the loops stop after the step in flight; the trainer then saves and raises (``_stop_at``)."""
+        error = failures.stopped_by(signum)
+        if self._nothing_to_save():
+            interrupts.end_now(failures.EXIT_CODES[error], f"{interrupts.name(signum)} before this run's first step "
+                               f"(its train loop still compiling): nothing trained since "
+                               f"{'step ' + str(self._saved_step) if self._saved_step else 'the start'}, nothing to "
+                               "save; run the same command again to resume")
+        self._stop.request(signum)
+        log.warning("%s: stopping after the current step to save a checkpoint there, then exiting %d%s",
+                    interrupts.name(signum), failures.EXIT_CODES[error],
+                    " (Ctrl-C again: stop at once without saving)" if error is failures.Interrupted else "")
+
+    def _nothing_to_save(self) -> bool:
+        """Whether a command on one worker may end at once: the first loop call is still tracing and compiling (a
+        ResNet-56 with XLA on a loaded 2-core CPU took 158 s) and no step ran since the restored checkpoint. Several
+        workers stop together after a step instead (one ending alone would leave its peers a lost worker)."""
+        if not (self._compiling and process_exit.in_command() and self.placement.num_workers == 1):
+            return False
+        with tf.init_scope():  # Python may run the signal's handler while the main thread traces the loop
+            return int(self.step.numpy()) == self._steps_done
 
     def _checkpoint_due(self) -> bool:
         """--checkpoint_every in time: due when the chief's clock says the interval has passed since the last timed
@@ -292,7 +315,33 @@ class Trainer:
         return True
 
     def _any_worker_preempted(self) -> bool:
-        return self._any_worker(self._preempt_requested)
+        """Whether a stop was requested on any worker (after a loop that ran all its steps: a request made as it
+        ended, which its own checks did not see)."""
+        return self._any_worker(self._stop.requested_by is not None)
+
+    def _save(self) -> str:
+        path = self.checkpointer.save()
+        self._saved_step = int(self.step.numpy())
+        return path
+
+    def _stop_at(self, step: int):
+        """Saves the checkpoint at ``step`` (unless there is one) and raises the stop's exception (Preempted,
+        Interrupted): what a stop signal ends training with. Every worker calls it at the same step."""
+        saved_to = (self._save() if self._saved_step != step else
+                    tf.train.latest_checkpoint(self.checkpointer.real_dir))
+        signum = self._stop.requested_by
+        error = failures.stopped_by(signum if isinstance(signum, int) else 0)
+        log.warning("%s: checkpoint saved at step %d; rerun the same command to resume",
+                    "interrupted" if error is failures.Interrupted else "preempted", step)
+        # A worker's own save is a temporary copy: the chief's directory is the one to resume.
+        raise error(step, saved_to if self.chief else self.checkpointer.real_dir)
+
+    def _unsaved(self) -> str:
+        """What a second Ctrl-C loses (said from the signal watcher: no TensorFlow call)."""
+        if self._saved_step is None:
+            return f"no checkpoint was saved in {self.checkpointer.real_dir}; a rerun starts at step 0"
+        return (f"training after step {self._saved_step} is not saved (the last checkpoint, in "
+                f"{self.checkpointer.real_dir}); a rerun resumes there")
 
     def _any_worker(self, flag: bool) -> bool:
         """Whether ``flag`` is true on any worker: the same answer on every worker (a collective when there are
@@ -388,7 +437,9 @@ class Trainer:
             with loop.Feed(loop.input_iterator(self.strategy, self.placement,
                                                pipeline.eval_dataset_fn(self.inputs, self.info, steps,
                                                                         self.task.examples()))) as feed:
-                sums, _ = self._eval_loop(feed.iterator, tf.constant(steps))
+                sums, _, ran = self._eval_loop(feed.iterator, tf.constant(steps))
+                if int(ran) < steps:  # a stop signal: no metric from part of the split
+                    raise _EvaluationStopped()
             return loop.as_floats(sums)
 
         start = time.time()
@@ -413,11 +464,11 @@ class Trainer:
         """TensorBoard scalars as Keras writes them: runs ``summaries/train`` and ``summaries/validation`` with the
         same tag for the same metric (``loss``, ``accuracy``: an evaluation's ``val_`` prefix is the run's name),
         so train and validation curves overlay."""
-        writer = self._writers.get(kind)
-        if writer is None:
+        if kind not in self._summary_dirs:
             return
-        if isinstance(writer, str):
-            writer = self._writers[kind] = tf.summary.create_file_writer(writer)
+        if kind not in self._writers:
+            self._writers[kind] = tf.summary.create_file_writer(self._summary_dirs[kind])
+        writer = self._writers[kind]
         with writer.as_default(step=step):
             for name, value in values.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
@@ -459,25 +510,35 @@ class Trainer:
 
     def train(self) -> "results.RunResult":
         """Trains to ``total_steps`` (resuming from the latest checkpoint) and returns the run's results; raises
-        ``Preempted`` after the checkpoint a SIGTERM asks for."""
+        ``Preempted`` after the checkpoint a SIGTERM asks for (``Interrupted`` after a Ctrl-C's), at the step in
+        flight when it came (``interrupts``)."""
         self._steps_done = 0
         with self._failures_named():
             # Restoring broadcasts variables: a collective too.
             start_step = self._steps_done = self.restore(initial_weights=True)
+            self._saved_step = start_step if start_step else None
             self._plan = self._resume_plan(start_step)
             if self.startup:
                 self.startup.mark("restore")
+            # What an earlier process recorded past the checkpoint resumed from: one record per step from here on.
+            self.history.cut_after(start_step)
+            history.cut_summaries(self._summary_dirs.values(), start_step)
             self.write_metric_specs()
             for call in self.on_restored:
                 call(start_step, self.history)
-            previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._stop.clear()
             heartbeat.beat("restored", start_step, self.model_dir)  # tfgpu.launch's view of this worker's progress
             try:
-                result = self._train_from(start_step)
-                heartbeat.beat("done", result.step, self.model_dir)
-                return result
+                with interrupts.StopSignals(self._on_stop_signal, self._unsaved, process_exit.in_command()), \
+                        self._stop.ticking():
+                    try:
+                        result = self._train_from(start_step)
+                        heartbeat.beat("done", result.step, self.model_dir)
+                        return result
+                    except _EvaluationStopped:
+                        pass  # raised below, not inside this handler: the stop is the one exception its caller sees
+                    self._stop_at(self._steps_done)
             finally:
-                signal.signal(signal.SIGTERM, previous_handler)
                 self.checkpointer.close()
 
     def _train_from(self, start_step: int) -> "results.RunResult":
@@ -505,47 +566,47 @@ class Trainer:
                             tf.profiler.experimental.start(os.path.join(self.model_dir, "profile"))
                         num_steps = min(config.steps_per_loop, boundary - step)
                         started = time.perf_counter()
+                        self._compiling = step == start_step  # the first call traces and compiles the loop first
                         with self._reading_input():
-                            sums, longest_skipped_run = self._train_loop(feed.iterator,
-                                                                         tf.constant(num_steps, tf.int64))
+                            sums, longest_skipped_run, ran = self._train_loop(feed.iterator,
+                                                                              tf.constant(num_steps, tf.int64))
                             sums = loop.as_floats(sums)  # reading waits for the steps to finish
+                            ran = int(ran)  # fewer than num_steps when a stop signal came (every worker alike)
+                        self._compiling = False
                         elapsed = time.perf_counter() - started
                         first_loop = step == start_step
-                        step += num_steps
+                        step += ran
                         self._steps_done = step
                         heartbeat.beat("training", step, self.model_dir)
                         if profile and step == profile[-1] and self.chief:
                             tf.profiler.experimental.stop()
-                        last = self._log_loop(step, num_steps, sums, elapsed, progress)
-                        if not first_loop:  # the first loop includes tracing and compilation
-                            rates.append(last["record"]["examples_per_sec"])
-                        elif self.startup:
-                            self._end_startup(start_step)
+                        if ran:
+                            last = self._log_loop(step, ran, sums, elapsed, progress)
+                            if not first_loop:  # the first loop includes tracing and compilation
+                                rates.append(last["record"]["examples_per_sec"])
+                            elif self.startup:
+                                self._end_startup(start_step)
                         self._stop_on_skipped_run(step, int(round(float(longest_skipped_run))))
-                        if self._any_worker_preempted():
-                            saved_to = self.checkpointer.save()
-                            log.warning("preempted: checkpoint saved at step %d; rerun the same command to resume",
-                                        step)
-                            # A worker's own save is a temporary copy: the chief's directory is the one to resume.
-                            raise Preempted(step, saved_to if self.chief else self.checkpointer.real_dir)
+                        if ran < num_steps or self._any_worker_preempted():
+                            self._stop_at(step)
                         if step < self.total_steps and self._checkpoint_due():
-                            self.checkpointer.save()
+                            self._save()
                     if step < self.total_steps:
                         saved = bool(config.checkpoint_every_steps and step % config.checkpoint_every_steps == 0)
                         if saved:
-                            self.checkpointer.save()
+                            self._save()
                         if step in eval_steps:
                             last_eval = self.evaluate(step)
                             stopped = self._reaches_target(step, last_eval, progress)
                             if stopped:
                                 if not saved:
-                                    self.checkpointer.save()
+                                    self._save()
                                 break
                         if self.task.at_step(step):
                             self._trace_train_loop()
                 progress.close()
             if not stopped:
-                self.checkpointer.save()
+                self._save()
             if profiled:
                 input_profile.finish(profiled, float(np.median(rates)) if rates else
                                      last["record"]["examples_per_sec"], self.model_dir, self.chief)
@@ -607,6 +668,10 @@ class Trainer:
                 f"each loop's are in history.jsonl as {counted}). A skipped step changes no "
                 f"weight, so the last checkpoint in {self.checkpointer.real_dir} is good. "
                 + precision.nonfinite_advice(self.task.checkpoint_items().values(), self.placement.num_replicas))
+
+
+class _EvaluationStopped(Exception):
+    """A stop signal ended an evaluation part way (``Trainer.train`` saves and stops)."""
 
 
 def _fmt(values: dict) -> str:
