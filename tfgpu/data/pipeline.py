@@ -143,6 +143,13 @@ def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, re
                 return key
             return examples.example(serialized, info.train_split, key, seed=index)
 
+        def parse_unchecked(index, element):  # the label check runs per batch (check_batch)
+            key, serialized = element
+            return (*examples.train_example(serialized, info.train_split, key, seed=index), key)
+
+        def check(x, y, keys):
+            return x, examples.check_batch(y, keys, info.train_split)
+
         if config.data_service:
             reader = Segments(info, info.train_split, segments)
             segment_ds = reader.dataset
@@ -168,9 +175,12 @@ def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, re
         else:
             records = ordinary.stream(start_epoch, offset, workers, config.cache)
         indexed = tf.data.Dataset.zip(tf.data.Dataset.counter(start=consumed), records)
-        ds = indexed.map(_no_autograph(lambda i, element: parse(tf.stack([seed, i]), element)),
+        one = parse if record_keys else parse_unchecked
+        ds = indexed.map(_no_autograph(lambda i, element: one(tf.stack([seed, i]), element)),
                          num_parallel_calls=workers, deterministic=config.deterministic_input)
         ds = ds.batch(per_replica, drop_remainder=True)
+        if not record_keys:
+            ds = ds.map(_no_autograph(check))
         return _with_options(ds.prefetch(tf.data.AUTOTUNE), config, config.deterministic_input)
 
     return dataset_fn
