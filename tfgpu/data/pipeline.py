@@ -9,10 +9,10 @@ Each input pipeline trains on its own share of the train split (``train_share``:
 contiguous record ranges of nearly equal size), and an epoch is the same number
 of records in every pipeline, so one epoch of all pipelines together holds every
 record once (but for fewer than num_pipelines left out as the remainder).
-Training order is a pure function of (seed, position): each epoch shuffles the
-pipeline's segments and records with seeds derived from the epoch number, and a
-resumed run skips, inside its epoch, the records the checkpointed steps consumed
-(cheap: before decoding). So a run resumed at step N sees exactly the batches an
+Training order is a pure function of (seed, position): each epoch's order is a
+permutation of the share's record indices (``share_order``, ``data.order``), read
+by byte offset, and a resumed run starts at its record of that order by arithmetic
+(nothing before it is read). So a run resumed at step N sees exactly the batches an
 uninterrupted run sees from step N on (with a tf.data service: the same epochs,
 not the same order). Evaluation visits every example exactly once across all
 pipelines; pipelines are padded with weight-0 examples so all replicas run the
