@@ -173,10 +173,14 @@ class Order:
             return tf.data.Dataset.from_tensor_slices((keys, self._positions(keys))).map(
                 lambda key, p: (key, tf.gather(cached, p)))
         offsets = tf.gather(tf.constant(self.offset, tf.int64), perm)
-        filenames = tf.gather(tf.constant(self.filenames), tf.gather(tf.constant(self.file, tf.int64), perm))
-        return tf.data.Dataset.from_tensor_slices((keys, filenames, offsets)).interleave(
-            _no_autograph(lambda key, f, o: tf.data.Dataset.zip(tf.data.Dataset.from_tensors(key),
-                                                                self._read(f, o).take(1))),
+        names = tf.constant(self.filenames)  # a record's shard name looked up as it is read: no string per record
+
+        def read(key, offset):
+            filename = tf.gather(names, tf.bitwise.right_shift(key, 32))
+            return tf.data.Dataset.zip(tf.data.Dataset.from_tensors(key), self._read(filename, offset).take(1))
+
+        return tf.data.Dataset.from_tensor_slices((keys, offsets)).interleave(
+            _no_autograph(read),
             cycle_length=READ_CYCLE, block_length=1, num_parallel_calls=workers, deterministic=True)
 
     def epoch_records(self, epoch, w0=0, k0=0, workers=tf.data.AUTOTUNE, cached=None):
