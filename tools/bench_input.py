@@ -1,6 +1,7 @@
 """Input pipeline speed, shuffle memory and resume cost, measured in one run (issue 40).
 
-Throughput, records/s, on the same shards in the same process (``--repeats`` interleaved rounds, the median):
+Throughput, records per wall second and per CPU second of the process (steadier on a shared host), on the same
+shards in the same process (``--repeats`` interleaved rounds, the median):
   tfgpu          tfgpu's training pipeline (``pipeline.train_dataset_fn``: the epoch's order by index, parse, decode,
                  label checks, batch), default settings;
   bare           ``TFRecordDataset(files)`` -> parse (and the same decode) -> batch: a bare read + parse loop;
@@ -173,28 +174,33 @@ def bare_pipeline(data_dir: str, jpeg: bool, shuffle_buffer: int):
     return ds.batch(BATCH, drop_remainder=True).prefetch(auto)
 
 
-def rate(ds, seconds: float, warmup: int = 3) -> float:
+def rate(ds, seconds: float, warmup: int = 3):
+    """(records per wall second, records per CPU second of this process) over ``seconds`` after ``warmup``
+    batches. On a shared host the CPU rate is the steadier one: other jobs change the wall time, not the work."""
     it = iter(ds)
     for _ in range(warmup):
         next(it)
-    n, start = 0, time.perf_counter()
+    n, start, cpu = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - start < seconds:
         next(it)
         n += 1
-    return n * BATCH / (time.perf_counter() - start)
+    return n * BATCH / (time.perf_counter() - start), n * BATCH / max(1e-9, time.process_time() - cpu)
 
 
 def throughput(data_dir: str, jpeg: bool, seconds: float, repeats: int, shuffle_buffer: int) -> dict:
-    """records/s of each pipeline, ``repeats`` interleaved rounds; the median and every round."""
+    """records/s (wall and CPU) of each pipeline, ``repeats`` interleaved rounds; the medians and every round."""
     makers = {"tfgpu": lambda: tfgpu_pipeline(data_dir, jpeg), "bare": lambda: bare(data_dir, jpeg),
               "bare_pipeline": lambda: bare_pipeline(data_dir, jpeg, shuffle_buffer)}
     rounds = {name: [] for name in makers}
     for _ in range(repeats):
         for name, make in makers.items():
             rounds[name].append(rate(make(), seconds))
-    row = {name: statistics.median(r) for name, r in rounds.items()}
-    row.update(rounds={k: [round(x) for x in v] for k, v in rounds.items()},
-               tfgpu_vs_bare=row["tfgpu"] / row["bare"], tfgpu_vs_bare_pipeline=row["tfgpu"] / row["bare_pipeline"])
+    row = {name: statistics.median(w for w, _ in r) for name, r in rounds.items()}
+    row.update({f"{name}_per_cpu_s": statistics.median(c for _, c in r) for name, r in rounds.items()})
+    row.update(rounds={k: [(round(w), round(c)) for w, c in v] for k, v in rounds.items()},
+               tfgpu_vs_bare=row["tfgpu"] / row["bare"], tfgpu_vs_bare_pipeline=row["tfgpu"] / row["bare_pipeline"],
+               cpu_tfgpu_vs_bare=row["tfgpu_per_cpu_s"] / row["bare_per_cpu_s"],
+               cpu_tfgpu_vs_bare_pipeline=row["tfgpu_per_cpu_s"] / row["bare_pipeline_per_cpu_s"])
     return row
 
 
@@ -292,14 +298,18 @@ def main(argv=None) -> int:
         result["rows"]["raw16"] = row
         print(f"raw 16x16 ({o.raw_records} records): tfgpu {row['tfgpu']:.0f}/s, bare read+parse {row['bare']:.0f}/s, "
               f"bare pipeline {row['bare_pipeline']:.0f}/s; tfgpu/bare {row['tfgpu_vs_bare']:.2f}, "
-              f"tfgpu/bare pipeline {row['tfgpu_vs_bare_pipeline']:.2f}  {row['rounds']}", flush=True)
+              f"tfgpu/bare pipeline {row['tfgpu_vs_bare_pipeline']:.2f}; per CPU second: tfgpu/bare "
+              f"{row['cpu_tfgpu_vs_bare']:.2f}, tfgpu/bare pipeline {row['cpu_tfgpu_vs_bare_pipeline']:.2f}  "
+              f"(wall, cpu) {row['rounds']}", flush=True)
     if o.jpeg_records and not over():
         data = jpeg_dataset(o.work_dir, o.jpeg_records)
         row = throughput(data, True, o.seconds, o.repeats, o.shuffle_buffer)
         result["rows"]["jpeg100k"] = row
         print(f"JPEG ~100 KB ({o.jpeg_records} records): tfgpu {row['tfgpu']:.0f}/s, bare read+decode "
               f"{row['bare']:.0f}/s, bare pipeline {row['bare_pipeline']:.0f}/s; tfgpu/bare {row['tfgpu_vs_bare']:.2f}, "
-              f"tfgpu/bare pipeline {row['tfgpu_vs_bare_pipeline']:.2f}  {row['rounds']}", flush=True)
+              f"tfgpu/bare pipeline {row['tfgpu_vs_bare_pipeline']:.2f}; per CPU second: tfgpu/bare "
+              f"{row['cpu_tfgpu_vs_bare']:.2f}, tfgpu/bare pipeline {row['cpu_tfgpu_vs_bare_pipeline']:.2f}  "
+              f"(wall, cpu) {row['rounds']}", flush=True)
         if o.memory_batches:
             ours = shuffle_memory(data, o.memory_batches, f"tfgpu_pipeline({data!r}, True)")
             theirs = shuffle_memory(data, o.memory_batches, f"bare_pipeline({data!r}, True, {o.shuffle_buffer})")
