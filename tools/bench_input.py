@@ -306,7 +306,8 @@ def main(argv=None) -> int:
         row = throughput(data, True, o.seconds, o.repeats, o.shuffle_buffer)
         result["rows"]["jpeg100k"] = row
         print(f"JPEG ~100 KB ({o.jpeg_records} records): tfgpu {row['tfgpu']:.0f}/s, bare read+decode "
-              f"{row['bare']:.0f}/s, bare pipeline {row['bare_pipeline']:.0f}/s; tfgpu/bare {row['tfgpu_vs_bare']:.2f}, "
+              f"{row['bare']:.0f}/s, bare pipeline {row['bare_pipeline']:.0f}/s; "
+              f"tfgpu/bare {row['tfgpu_vs_bare']:.2f}, "
               f"tfgpu/bare pipeline {row['tfgpu_vs_bare_pipeline']:.2f}; per CPU second: tfgpu/bare "
               f"{row['cpu_tfgpu_vs_bare']:.2f}, tfgpu/bare pipeline {row['cpu_tfgpu_vs_bare_pipeline']:.2f}  "
               f"(wall, cpu) {row['rounds']}", flush=True)

@@ -103,7 +103,8 @@ def test_every_record_once_per_epoch_and_a_resume_continues_the_uninterrupted_or
 TRANSITIONS = dict(sizes=st.lists(st.integers(1, 200), min_size=1, max_size=5),
                    topologies=st.lists(st.integers(1, 4), min_size=2, max_size=3),
                    steps=st.lists(st.integers(0, 30), min_size=2, max_size=2), seed=st.integers(0, 99),
-                   shuffle_buffer=st.sampled_from([0, 50, 10000]), record_bytes=st.sampled_from([40, order.LARGE_RECORD]))
+                   shuffle_buffer=st.sampled_from([0, 50, 10000]),
+                   record_bytes=st.sampled_from([40, order.LARGE_RECORD]))
 
 
 @settings(max_examples=4, deadline=None)
