@@ -6,9 +6,8 @@ the way). The manifest's sha256 of a shard, where it records one, is checked by 
 Which records are unreadable (data failing its crc32c) is looked up only when it matters: a shard whose sha256
 is not the manifest's, or any shard under --skip_corrupt_records without a recorded sha256 (a full read,
 TensorFlow's own reader checking each record). What a scan found is cached per shard, keyed by the shard's
-path, size and modification time, so each check is paid once per shard and data cache; the cache keeps every
-record's byte offset too (compactly: about a byte a record), the table the input pipeline reads records by
-(``record_table``: record ``k`` of a shard is addressable without reading the ones before it).
+path, size and modification time, so each check is paid once per shard and data cache; with every record's
+byte offset (packed), the index the input pipeline reads records by (``record_table``).
 
 ``verify`` judges the scans against ``dataset.json`` and raises ShardError (one line naming the shard, the
 manifest and the fix) for a count the shard does not hold, a damaged length header, a changed shard, or an
@@ -61,16 +60,11 @@ class Scan:
         """Every record known to be unreadable, in order."""
         return tuple(sorted(set(self.lost) | set(self.unreadable or ())))
 
-    def cached(self) -> "Scan":
-        """This scan as the cache keeps it (all of it: the offsets are the table records are read by)."""
-        return self
 
 
 def _pack(values) -> str:
-    """A tuple of ascending-ish integers (offsets, lengths) as a short string: zlib of their int64 differences,
-    base64 (ImageNet's 1.28M offsets: about 2 MB instead of 20 MB of JSON numbers)."""
-    array = np.asarray(values, np.int64)
-    deltas = np.diff(array, prepend=np.int64(0)).astype("<i8")
+    """Integers (offsets, lengths) as base64 of the zlib of their int64 differences: short JSON."""
+    deltas = np.diff(np.asarray(values, np.int64), prepend=np.int64(0)).astype("<i8")
     return base64.b64encode(zlib.compress(deltas.tobytes(), 6)).decode()
 
 
@@ -79,9 +73,8 @@ def _unpack(text: str) -> tuple:
 
 
 def record_table(result: Scan, compression: str):
-    """Each record's byte offset in the shard (the start of its length header; -1 for a record whose header is
-    damaged) and the shard's size as a last entry: what the input pipeline reads records at (a seek and a
-    read). None for a gzip shard, whose offsets are in the decompressed stream (read from its start instead)."""
+    """Each record's byte offset (its length header's; -1: header damaged), then the shard's size; None for a
+    gzip shard (offsets inside the compressed stream: read from its start)."""
     if compression == "gzip" or result.offsets is None:
         return None
     offsets = np.asarray(result.offsets, np.int64)
@@ -309,7 +302,7 @@ class Cache:
         return self.scans.get(self._key(path))
 
     def put(self, path: str, result: Scan):
-        name, result = self._key(path), result.cached()
+        name = self._key(path)
         if self.scans.get(name) != result:
             self.scans[name], self.changed = result, True
 
@@ -379,8 +372,7 @@ def _counted(result: Scan, count: int, path: str, manifest_path: str) -> Scan:
 
 
 def _verified(path, count, expected_sha, compression, skip_corrupt, cache, manifest_path):
-    """Judges one shard (scanning it as far as needed): (its Damaged, or None when every record reads; its
-    record_table)."""
+    """Judges one shard (scanning it as far as needed): (its Damaged or None, its record_table)."""
     result = scan(path, compression, sha256=bool(expected_sha), data=skip_corrupt and not expected_sha,
                   known=cache.get(path))
     changed = bool(expected_sha) and result.sha256 != expected_sha
