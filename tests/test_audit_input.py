@@ -97,3 +97,35 @@ def test_digits_resumed_on_another_topology_reads_0_twice_and_0_never(data_cache
         "epoch": 1, "records_consumed_before": 720, "records_fed_after_per_worker": (1438 - 720) // after}
     assert [(e["missing"], e["duplicated"], e["left_out"]) for e in result["epochs"]] == [
         (0, 0, (1438 - 720) % after), (0, 0, 1438 % after)]
+
+
+@pytest.mark.parametrize("workers,before,shuffle_buffer", [(1, 1, 10000), (3, 2, 8)])
+def test_the_index_audit_computes_the_keys_the_real_pipelines_read(four_shards, workers, before, shuffle_buffer):
+    """audit_input's default reads no record: each worker's keys come from the epochs' orders (data.order). They
+    must be the keys the real pipelines read, in order, across an epoch boundary and a resume on another topology."""
+    from tfgpu.config import Config, DatasetConfig
+    from tfgpu.data import catalog, position, resume
+    from tfgpu.tasks.registry import input_config
+
+    config = Config(model_dir="unused", data_dir=four_shards, global_batch_size=6, seed=3,
+                    shuffle_buffer=shuffle_buffer)
+    info = catalog.prepare(DatasetConfig.of(config))
+    inputs = input_config(config)
+    recorded = position.from_step(2, position.Topology(before, 1, 6, 1), 31)
+    plan = resume.plan_resume(inputs, info, workers, 2, recorded)
+    records = 31 // workers + 12
+    computed = audit_input.index_keys(inputs, info, workers, records, plan)
+    read = audit_input.read_keys(config, info, workers, 1, records, 2, plan)
+    for worker in range(workers):
+        assert computed[worker].tolist() == read[worker].tolist(), f"worker {worker}"
+
+
+def test_the_audit_reads_no_record_unless_asked(four_shards, tmp_path, monkeypatch):
+    real, calls = audit_input.read_keys, []
+    monkeypatch.setattr(audit_input, "read_keys", lambda *a, **k: calls.append(1) or real(*a, **k))
+    code, result = _audit(tmp_path, f"--data_dir={four_shards}", "--num_workers=2", "--global_batch_size=4")
+    assert code == 0 and not calls and result["read_records"] is False
+    assert result["epochs"][0]["missing"] == result["epochs"][0]["duplicated"] == 0
+    code, result = _audit(tmp_path, f"--data_dir={four_shards}", "--num_workers=2", "--global_batch_size=4",
+                          "--read_records")
+    assert code == 0 and calls and result["read_records"] is True

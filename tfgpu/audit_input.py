@@ -1,10 +1,12 @@
 """``python -m tfgpu.audit_input --data_dir=D --num_workers=N [--replicas_per_worker=R]
-[--data_service_workers=K] [--epochs=E] [--output_json=F] [train flags]``.
+[--data_service_workers=K] [--epochs=E] [--read_records] [--output_json=F] [train flags]``.
 
-Answers "does each worker see each example exactly once?" for a run's own flags: builds every worker's
-training input pipeline (``pipeline.train_dataset_fn``, the one training uses, with the run's seed, batch,
-cache, shuffle and data service settings), reads ``--epochs`` epochs of all of them and prints, per epoch,
-how many records of the train split were seen once, never (missing) and twice or more (duplicated).
+Answers "does each worker see each example exactly once?" for a run's own flags: computes every worker's
+training order (``data.order``, the one ``pipeline.train_dataset_fn`` reads by, with the run's seed, batch,
+shuffle settings) for ``--epochs`` epochs from the shards' record index, without reading a record (seconds for
+ImageNet), and prints, per epoch, how many records of the train split were seen once, never (missing) and twice or
+more (duplicated). ``--read_records`` reads them through the real pipelines instead (as a tf.data service always
+is): the order the records really arrive in.
 
 A record is identified by its place in the split (shard, index in the shard), which the pipeline reads
 alongside it instead of decoding the image, so two byte-identical records (the same image stored twice)
@@ -33,7 +35,7 @@ from tfgpu.config import ConfigError, DatasetConfig  # noqa: E402
 from tfgpu.training import failures  # noqa: E402
 
 USAGE = ("python -m tfgpu.audit_input --data_dir=D [--dataset=NAME] --num_workers=N [--replicas_per_worker=R] "
-         "[--data_service_workers=K] [--epochs=E] [--resume_from_step=S --previous_num_workers=N "
+         "[--data_service_workers=K] [--epochs=E] [--read_records] [--resume_from_step=S --previous_num_workers=N "
          "--previous_replicas_per_worker=R --previous_global_batch_size=B] [--output_json=F] [train flags]")
 
 
@@ -54,6 +56,9 @@ def parser():
                    "interrupted run; 0 = --replicas_per_worker.")
     p.add_argument("--previous_global_batch_size", type=int, default=0, help="Global batch of the interrupted run; "
                    "0 = --global_batch_size.")
+    p.add_argument("--read_records", action="store_true", help="Read every record through the real pipelines "
+                   "(minutes at ImageNet's size) instead of computing each epoch's order from the shards' record "
+                   "index (seconds); a tf.data service is always read.")
     p.add_argument("--output_json", default="", help="Also write the counts as JSON here.")
     p.add_config_flags(config_file=True)
     return p
@@ -90,6 +95,28 @@ def read_keys(config, info, num_workers: int, replicas_per_worker: int, records:
     return per_worker
 
 
+def index_keys(inputs, info, num_workers: int, records: int, plan=None):
+    """The first ``records`` record identities each worker's training pipeline feeds (resumed by ``plan``), in
+    order, computed from the epochs' orders (``data.order``) without reading a record: what ``read_keys`` reads."""
+    import numpy as np
+
+    from tfgpu.data import pipeline
+
+    per_worker = []
+    for worker in range(num_workers):
+        ordinary = pipeline.share_order(inputs, info, num_workers, worker)
+        epoch, offset = (plan.position.epoch, plan.position.stages[-1].consumed) if plan is not None else (0, 0)
+        parts, need = [], records
+        if plan is not None and plan.in_later_stage:
+            parts.append(plan.stage_order(inputs, info, worker).keys(epoch, offset, need))
+            need, epoch, offset = need - len(parts[-1]), epoch + 1, 0
+        while need > 0:
+            parts.append(ordinary.keys(epoch, offset, need))
+            need, epoch, offset = need - len(parts[-1]), epoch + 1, 0
+        per_worker.append(np.concatenate(parts) if parts else np.zeros(0, np.int64))
+    return per_worker
+
+
 def _count_epoch(total: int, first_of_file, parts, ranges, epoch_length: int, before=(), unreadable=None) -> dict:
     """Seen once / missing / duplicated / left out of one epoch: ``parts`` the record keys each worker fed in it,
     ``before`` the split indices fed before (an interrupted epoch's), ``ranges`` each worker's records of it;
@@ -123,10 +150,12 @@ def _share_indices(info, first_of_file, num_workers: int):
 
 
 def audit(config, num_workers: int, replicas_per_worker: int = 1, epochs: int = 1, previous=None,
-          resume_from_step: int = 0) -> dict:
-    """Counts, per epoch, the train records all workers' pipelines yield 0, 1 and 2+ times. With
-    ``resume_from_step``, the run resumes there from one on ``previous`` (a ``position.Topology``): the interrupted
-    epoch (records consumed before plus fed after), then ``epochs`` epochs."""
+          resume_from_step: int = 0, read_records: bool = False) -> dict:
+    """Counts, per epoch, the train records all workers' pipelines yield 0, 1 and 2+ times: computed from the
+    epochs' orders (``index_keys``; no record read), or, with ``read_records`` (and always through a tf.data
+    service, whose order is not computable), read through the real pipelines. With ``resume_from_step``, the run
+    resumes there from one on ``previous`` (a ``position.Topology``): the interrupted epoch (records consumed
+    before plus fed after), then ``epochs`` epochs."""
     import numpy as np
 
     from tfgpu.data import catalog, position, records, resume
@@ -165,8 +194,15 @@ def audit(config, num_workers: int, replicas_per_worker: int = 1, epochs: int = 
                       previous_global_batch_size=previous.global_batch_size,
                       interrupted_epoch={"epoch": first_epoch + 1, "records_consumed_before": len(before),
                                          "records_fed_after_per_worker": stage_reads})
-    keys = read_keys(config, info, num_workers, replicas_per_worker, stage_reads + epochs * epoch_size,
-                     resume_from_step, plan)
+    reading = read_records or bool(inputs.data_service)
+    result["read_records"] = reading
+    if reading:
+        keys = read_keys(config, info, num_workers, replicas_per_worker, stage_reads + epochs * epoch_size,
+                         resume_from_step, plan)
+    else:
+        if plan is None:
+            plan = resume.plan_resume(inputs, info, num_workers, 0)
+        keys = index_keys(inputs, info, num_workers, stage_reads + epochs * epoch_size, plan)
     if resume_from_step:
         result["epochs"].append({"epoch": first_epoch + 1, **_count_epoch(
             total, starts, [k[:stage_reads] for k in keys], ranges, plan.stage_length, before, unreadable)})
@@ -263,7 +299,7 @@ def main(argv=None) -> int:
         if opts.resume_from_step:
             _check_previous_batch(config, previous, opts)
         result = audit(config, num_workers, replicas, max(1, math.ceil(config.epochs)), previous,
-                       opts.resume_from_step)
+                       opts.resume_from_step, opts.read_records)
         result["data_service_workers"] = service_workers
     except ConfigError as e:
         return failures.report(e)

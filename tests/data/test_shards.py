@@ -274,3 +274,23 @@ def test_each_skipped_record_is_logged_once_with_its_shard_and_index(tmp_path, c
     lines = [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()]
     assert lines == [f"--skip_corrupt_records: skipping 2 unreadable record(s) of {paths[0]}, every epoch: "
                      "record(s) 2, 6"]
+
+
+def test_every_record_is_addressable_by_its_offset_from_the_cached_index(tmp_path, monkeypatch):
+    """The index the pipelines read by: record k of a shard starts at tables[shard][k] (TensorFlow's reader finds
+    that record there), kept in the shard cache compactly and read back unchanged without walking the shard."""
+    from tensorflow.python.lib.io import _pywrap_record_io
+
+    directory, paths = write_dataset(tmp_path / "d", [[example(i % 3) for i in range(n)] for n in (5, 9)], 3)
+    info = pipeline.prepare(config(directory, tmp_path / "cache"))
+    for path, n in zip(paths, (5, 9)):
+        table = info.tables[path]
+        assert len(table) == n + 1 and table[-1] == os.path.getsize(path)
+        reader = _pywrap_record_io.RandomRecordReader(path)
+        for k in range(n):
+            assert reader.read(int(table[k]))[0] == example(k % 3)
+    monkeypatch.setattr(shards, "_headers", lambda *a: pytest.fail("walked a cached shard"))
+    again = pipeline.prepare(config(directory, tmp_path / "cache"))
+    assert {p: t.tolist() for p, t in again.tables.items()} == {p: t.tolist() for p, t in info.tables.items()}
+    cached = json.loads(open(shards.Cache(str(tmp_path / "cache"), directory).path).read())
+    assert all(isinstance(entry["offsets"], str) for entry in cached["shards"].values())  # packed, not a list

@@ -37,6 +37,7 @@ class DatasetInfo:
     eval_split: str  # "" when there is no evaluation
     damaged: dict = dataclasses.field(default_factory=dict)  # shard -> shards.Damaged (--skip_corrupt_records)
     record_keys: tfrecord.RecordKeys = tfrecord.OWN_KEYS  # the features records are read by (dataset.json)
+    tables: dict = dataclasses.field(default_factory=dict, compare=False)  # shard -> shards.record_table (by offset)
 
     @property
     def num_classes(self) -> int:
@@ -265,10 +266,11 @@ def prepare(config: DatasetConfig) -> DatasetInfo:
         classes = tuple(str(i) for i in range(config.num_classes))
     compression = manifest.get("compression", "none")
     read_splits = {split: files[split] for split in dict.fromkeys((config.train_split, eval_split)) if split}
-    damaged = _verify_shards(config, flag, directory, manifest, read_splits, compression, bool(classes))
+    tables = {}
+    damaged = _verify_shards(config, flag, directory, manifest, read_splits, compression, bool(classes), tables)
     return DatasetInfo(manifest.get("name", os.path.basename(directory.rstrip("/"))), directory, classes,
                        (int(h), int(w), int(c)), sizes, files, compression, config.train_split, eval_split, damaged,
-                       tfrecord.record_keys(manifest))
+                       tfrecord.record_keys(manifest), tables)
 
 
 def _outside(directory: str, path: str) -> bool:
@@ -277,15 +279,16 @@ def _outside(directory: str, path: str) -> bool:
 
 
 def _verify_shards(config: DatasetConfig, flag: str, directory: str, manifest: dict, split_files: dict,
-                   compression: str, labelled: bool) -> dict:
+                   compression: str, labelled: bool, tables: dict = None) -> dict:
     """The shards the run reads, checked against ``dataset.json`` (``shards.verify``: counts, sha256s, unreadable
     records; cached) and for the keys the reader needs (each shard's first readable record: a foreign writer's
-    keys are the same in every record). Returns {shard: Damaged}; raises ConfigError naming ``flag``."""
+    keys are the same in every record). Returns {shard: Damaged} and fills ``tables`` with each shard's record
+    offsets; raises ConfigError naming ``flag``."""
     from tfgpu.data import shards
 
     try:
         damaged = shards.verify(directory, manifest, split_files, compression, config.skip_corrupt_records,
-                                config.data_cache_dir or default_cache_dir())
+                                config.data_cache_dir or default_cache_dir(), tables)
     except shards.ShardError as e:
         raise ConfigError(flag, str(e)) from None
     keys = tfrecord.record_keys(manifest)

@@ -9,10 +9,10 @@ Each input pipeline trains on its own share of the train split (``train_share``:
 contiguous record ranges of nearly equal size), and an epoch is the same number
 of records in every pipeline, so one epoch of all pipelines together holds every
 record once (but for fewer than num_pipelines left out as the remainder).
-Training order is a pure function of (seed, position): each epoch shuffles the
-pipeline's segments and records with seeds derived from the epoch number, and a
-resumed run skips, inside its epoch, the records the checkpointed steps consumed
-(cheap: before decoding). So a run resumed at step N sees exactly the batches an
+Training order is a pure function of (seed, position): each epoch's order is a
+permutation of the share's record indices (``share_order``, ``data.order``), read
+by byte offset, and a resumed run starts at its record of that order by arithmetic
+(nothing before it is read). So a run resumed at step N sees exactly the batches an
 uninterrupted run sees from step N on (with a tf.data service: the same epochs,
 not the same order). Evaluation visits every example exactly once across all
 pipelines; pipelines are padded with weight-0 examples so all replicas run the
@@ -27,8 +27,9 @@ import tensorflow as tf
 
 from tfgpu import durations
 from tfgpu.config import ConfigError, InputConfig
-from tfgpu.data import augment, position
-from tfgpu.data.records import Examples, Segments, _no_autograph, readable_files, segment_records, train_records
+from tfgpu.data import augment, order, position
+from tfgpu.data.records import (Examples, Segments, _no_autograph, readable_files, readable_indices, segment_records,
+                                train_records)
 from tfgpu.data.catalog import EVAL_SPLITS, DatasetInfo, default_cache_dir, prepare  # noqa: F401 (API)
 
 log = logging.getLogger("tfgpu")
@@ -88,30 +89,13 @@ def _pipeline_seed(config: InputConfig, pipeline_id: int) -> int:
     return config.seed * 1_000_003 + pipeline_id
 
 
-def _graph_seed_not_zero():
-    """TensorFlow compares an op seed with 0 in Python when the graph's seed is 0 (``--seed=0`` sets the global
-    seed), which fails for the tensor seeds an epoch is shuffled with (computed from the epoch number inside
-    ``flat_map``). So the traced epoch function's own graph, never the user's global seed, then gets another."""
-    graph = tf.compat.v1.get_default_graph()
-    if graph.seed == 0:
-        graph.seed = _SEED_FOR_GLOBAL_SEED_ZERO
-
-
-_SEED_FOR_GLOBAL_SEED_ZERO = 0x5EED
-
-
-def _ordinary_epoch(config: InputConfig, segment_ds, num_segments, read, share, epoch_size, pipeline_id, e,
-                    cached=None):
-    """Epoch ``e`` of one pipeline's share: its segments and records shuffled with seeds of (seed, e, pipeline)."""
-    _graph_seed_not_zero()
-    seed = _pipeline_seed(config, pipeline_id)
-    if cached is not None:
-        records = cached
-    else:
-        records = read(segment_ds.shuffle(num_segments, seed=seed + e * 7919))
-    if config.shuffle_buffer > 1:
-        records = records.shuffle(config.shuffle_buffer, seed=seed + e * 104729 + 1)
-    return _exact_epoch(records, share, epoch_size)
+def share_order(config: InputConfig, info: DatasetInfo, num_pipelines: int, pipeline_id: int) -> order.Order:
+    """The order of pipeline ``pipeline_id``'s share (``train_share``) in ordinary epochs: chunks of its readable
+    records, permuted and mixed per epoch with seeds of (seed, epoch, pipeline) (``order``)."""
+    split = info.train_split
+    segments, epoch_size = train_share(readable_files(info, split), num_pipelines, pipeline_id)
+    runs = [(i, readable_indices(info, split, i, first, count)) for i, first, count in segments]
+    return order.build(info, split, runs, epoch_size, _pipeline_seed(config, pipeline_id), 0, config.shuffle_buffer)
 
 
 def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, record_keys: bool = False,
@@ -152,11 +136,6 @@ def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, re
             ctx.num_input_pipelines, 1, config.global_batch_size, config.batches_per_step), train_records(info))
         start_epoch, offset = start.epoch, start.stages[-1].consumed
         seed = _pipeline_seed(config, ctx.input_pipeline_id)
-        reader = Segments(info, info.train_split, segments)
-        segment_ds = reader.dataset
-
-        def read(ds):
-            return segment_records(reader, ds, workers)
 
         def parse(index, element):
             key, serialized = element
@@ -164,7 +143,20 @@ def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, re
                 return key
             return examples.example(serialized, info.train_split, key, seed=index)
 
+        def parse_unchecked(index, element):  # the label check runs per batch (check_batch)
+            key, serialized = element
+            return (*examples.train_example(serialized, info.train_split, key, seed=index), key)
+
+        def check(x, y, keys):
+            return x, examples.check_batch(y, keys, info.train_split)
+
         if config.data_service:
+            reader = Segments(info, info.train_split, segments)
+            segment_ds = reader.dataset
+
+            def read(ds):
+                return segment_records(reader, ds, workers)
+
             ds = _service_epochs(config, segment_ds, read, parse, per_replica, share, epoch_size)
             # Two epochs open at a time, read one after the other: the next epoch's job starts while this one
             # is consumed (a new job takes about a second to reach its first example).
@@ -175,23 +167,20 @@ def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, re
             ds = ds.batch(per_replica, drop_remainder=True)
             return _with_options(ds.prefetch(tf.data.AUTOTUNE), config, config.deterministic_input)
 
-        cached = read(segment_ds).cache() if config.cache else None  # in memory after the first pass
-
-        def epoch(e):
-            records = _ordinary_epoch(config, segment_ds, len(segments), read, share, epoch_size,
-                                      ctx.input_pipeline_id, e, cached)
-            return records.skip(tf.where(e == start_epoch, tf.constant(offset, tf.int64), 0))
-
+        ordinary = share_order(config, info, ctx.num_input_pipelines, ctx.input_pipeline_id)
         if plan is not None and plan.in_later_stage:
-            later = plan.stage_records(config, info, ctx.input_pipeline_id).skip(offset)  # (key, record) pairs
-            records = later.concatenate(tf.data.Dataset.range(start_epoch + 1, 1 << 40).flat_map(
-                _no_autograph(epoch)))
+            later = plan.stage_order(config, info, ctx.input_pipeline_id)  # its records, from the stage's start
+            records = later.stream(start_epoch, offset, workers, config.cache, epochs=1).concatenate(
+                ordinary.stream(start_epoch + 1, 0, workers, config.cache))
         else:
-            records = tf.data.Dataset.range(start_epoch, 1 << 40).flat_map(_no_autograph(epoch))
+            records = ordinary.stream(start_epoch, offset, workers, config.cache)
         indexed = tf.data.Dataset.zip(tf.data.Dataset.counter(start=consumed), records)
-        ds = indexed.map(_no_autograph(lambda i, element: parse(tf.stack([seed, i]), element)),
+        one = parse if record_keys else parse_unchecked
+        ds = indexed.map(_no_autograph(lambda i, element: one(tf.stack([seed, i]), element)),
                          num_parallel_calls=workers, deterministic=config.deterministic_input)
         ds = ds.batch(per_replica, drop_remainder=True)
+        if not record_keys:
+            ds = ds.map(_no_autograph(check))
         return _with_options(ds.prefetch(tf.data.AUTOTUNE), config, config.deterministic_input)
 
     return dataset_fn

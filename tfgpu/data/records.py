@@ -100,6 +100,17 @@ def checked_label(split: str, key, label, num_classes: int):
         return tf.identity(label)
 
 
+def checked_labels(split: str, keys, labels, num_classes: int):
+    """``labels`` (a batch, with their records' ``keys``) once every one is a class index: one vectorized
+    comparison a batch; the error names the first bad record as ``checked_label`` does."""
+    bad = tf.logical_or(labels < 0, labels >= num_classes)
+    first = tf.argmax(tf.cast(bad, tf.int32), output_type=tf.int32)
+    ok = tf.logical_not(tf.reduce_any(bad))
+    with tf.control_dependencies([tf.debugging.Assert(ok, [LABEL_ERROR, split, tf.gather(keys, first),
+                                                           tf.gather(labels, first)])]):
+        return tf.identity(labels)
+
+
 LABEL_ERROR = "tfgpu: bad label in split"
 RECORD_ERROR = "tfgpu: bad record in split"
 
@@ -143,6 +154,22 @@ class Examples:
         """The target, checked as it is parsed."""
         label = features[tfrecord.LABEL]
         return checked_label(split, key, label, self.info.num_classes) if self.labelled else label
+
+    def train_example(self, serialized, split: str, key, seed):
+        """``example`` as the train pipeline calls it per record: classification's label check is left to
+        ``check_batch`` (one vectorized check a batch instead of an assertion a record); a task's own ``label``
+        checks as it parses."""
+        if type(self).label is not Examples.label or not self.labelled:
+            return self.example(serialized, split, key, seed)
+        features = self.parse(serialized)
+        return self.image(features, seed), features[tfrecord.LABEL]
+
+    def check_batch(self, labels, keys, split: str):
+        """``labels`` of a batch once each is a class index (classification's labels, left unchecked by
+        ``train_example``); else the step fails naming the first bad record, as ``checked_label`` does."""
+        if type(self).label is not Examples.label or not self.labelled:
+            return labels
+        return checked_labels(split, keys, labels, self.info.num_classes)
 
     def example(self, serialized, split: str, key, seed=None):
         """``(x, y)`` of one serialized record of ``split`` (``key``: its identity for errors); ``seed`` given:

@@ -1,109 +1,48 @@
 """Resuming inside an epoch on another topology: which records the interrupted epoch fed, and the rest of it.
 
 ``data.position`` says in records where a run is (epoch, stages); this module turns a position into records. The
-records a stage's pipelines consumed are found by ``stage_keys``, which runs each pipeline's own shuffle over
-record numbers without opening a file (the order of ``pipeline``'s reads is a function of the segments' lengths and
-the seeds); the rest of the epoch is read by ``stage_records``, each new pipeline its contiguous range of the
-records no stage consumed. ``plan_resume`` is the one entry point: the trainer and ``tfgpu.audit_input`` call it,
-``pipeline.train_dataset_fn`` reads the ``ResumePlan`` it returns.
+records a stage's pipelines consumed are the first ``consumed`` of each pipeline's order (``stage_keys``: computed
+from the chunk tables and seeds by ``data.order``, no file opened); the rest of the epoch is read by
+``stage_order``, each new pipeline its contiguous range of the records no stage consumed, in an order of its own.
+``plan_resume`` is the one entry point: the trainer and ``tfgpu.audit_input`` call it, ``pipeline.train_dataset_fn``
+reads the ``ResumePlan`` it returns.
 """
 import dataclasses
 
 import numpy as np
-import tensorflow as tf
 
 from tfgpu.config import ConfigError, InputConfig
-from tfgpu.data import position
+from tfgpu.data import order, position
 from tfgpu.data.catalog import DatasetInfo
-from tfgpu.data.pipeline import _exact_epoch, _ordinary_epoch, _pipeline_seed, train_share
-from tfgpu.data.records import Segments, _no_autograph, open_records, train_records
+from tfgpu.data.pipeline import _pipeline_seed, share_order
+from tfgpu.data.records import train_records
+
+STAGE_SALT = 15_485_863  # a later stage's orders differ from the ordinary epoch's and from each other
 
 
-def _virtual_keys(segment_ds, num_segments):
-    """The keys of the segments' records in the order ``records.segment_records`` reads them, without opening a file:
-    an interleave's order is a function of its inputs' lengths alone (deterministic, with or without parallel
-    calls), and a record-less range costs a tenth of a parallel read (0.09 s against 1.4 s for 76,800 keys)."""
-
-    def keys(filename, file_index, first, count, row, rows):  # (a segment of records.Segments: no damaged shard here)
-        start = file_index * (1 << 32) + first
-        return tf.data.Dataset.range(start, start + count)
-
-    return segment_ds.interleave(_no_autograph(keys), cycle_length=min(num_segments, 16), block_length=1)
-
-
-def _stage_segments(info: DatasetInfo, indices):
-    """A later stage's records ``indices`` (split indices, ascending) as segments: per file, the span from its first
-    to its last such record, with the range of ``keys`` (their identities, in order) that fall in it."""
+def stage_order(config: InputConfig, info: DatasetInfo, indices, length: int, pipeline_id: int,
+                stage: int) -> order.Order:
+    """One pipeline's part of a later stage of an interrupted epoch: the records ``indices`` (split indices,
+    ascending), ``length`` of them an epoch, ordered with seeds of (seed, epoch, stage, pipeline)."""
     split_files = info.split_files[info.train_split]
     starts = position.first_of_file(split_files)
+    indices = np.asarray(indices, np.int64)
     file_of = np.searchsorted(starts, indices, side="right") - 1
-    keys = (file_of.astype(np.int64) << 32) + (indices - starts[file_of])
-    files, lo = np.unique(file_of, return_index=True)
-    bounds = list(zip(lo, list(lo[1:]) + [len(indices)]))
-    segments = [(int(f), int(indices[a] - starts[f]), int(indices[b - 1] - indices[a] + 1), int(a), int(b))
-                for f, (a, b) in zip(files, bounds)]
-    if not segments:  # fewer remaining records than pipelines: this one reads none of them (an empty segment)
-        segments = [(0, 0, 0, 0, 0)]
-    columns = [tf.constant(column, tf.int64) for column in zip(*segments)]
-    table = tf.data.Dataset.from_tensor_slices(([split_files[f][0] for f, *_ in segments], *columns))
-    return table, len(segments), tf.constant(keys, tf.int64)
-
-
-def _stage_records(config: InputConfig, info: DatasetInfo, indices, length: int, pipeline_id: int, epoch: int,
-                   stage: int, virtual: bool = False):
-    """One pipeline's part of a later stage of an interrupted epoch: the records ``indices`` (split indices,
-    ascending), read span by span (the records between them read and dropped, not decoded), shuffled with seeds of
-    (seed, epoch, stage, pipeline); ``length`` of them, as (key, record) pairs, or keys alone when ``virtual``
-    (no file opened)."""
-    workers = config.data_workers or tf.data.AUTOTUNE
-    table, num_segments, keys = _stage_segments(info, indices)
-    wanted = np.zeros(info.num_train_examples, bool)
-    wanted[indices] = True
-    wanted = tf.constant(wanted)
-    starts = tf.constant(position.first_of_file(info.split_files[info.train_split]))
-    seed = _pipeline_seed(config, pipeline_id) + epoch * 7919 + stage * 15_485_863
-
-    def read(filename, file_index, first, count, key_lo, key_hi):
-        if virtual:
-            return tf.data.Dataset.from_tensor_slices(keys[key_lo:key_hi])
-        records = tf.data.Dataset.zip(tf.data.Dataset.counter(start=file_index * (1 << 32)),
-                                      open_records(filename, info.compression))
-        return records.skip(first).take(count).filter(lambda key, record: tf.gather(
-            wanted, tf.gather(starts, tf.bitwise.right_shift(key, 32)) + tf.bitwise.bitwise_and(key, 0xFFFFFFFF)))
-
-    shuffled = table.shuffle(num_segments, seed=seed)
-    interleave = dict(cycle_length=min(num_segments, 16), block_length=1)
-    records = (shuffled.interleave(_no_autograph(read), **interleave) if virtual else
-               shuffled.interleave(_no_autograph(read), **interleave, num_parallel_calls=workers, deterministic=True))
-    if config.shuffle_buffer > 1:
-        records = records.shuffle(config.shuffle_buffer, seed=seed + 1)
-    return _exact_epoch(records, len(indices), length)
+    runs = [(int(f), indices[file_of == f] - starts[f]) for f in np.unique(file_of)]
+    return order.build(info, info.train_split, runs, length, _pipeline_seed(config, pipeline_id),
+                       stage * STAGE_SALT, config.shuffle_buffer)
 
 
 def stage_keys(config: InputConfig, info: DatasetInfo, epoch: int, stage: int, num_pipelines: int, pipeline_id: int,
                indices=None, length: int = 0, records: int = 0):
     """The first ``records`` record keys pipeline ``pipeline_id`` of ``num_pipelines`` feeds in stage ``stage`` of
     ``epoch`` (stage 0: the ordinary epoch; later stages: its ``indices``, ``length`` of them), in order: the
-    records a checkpointed position consumed. Reads no file (the order is a function of the segments' lengths and
-    the seeds; ``plan_resume`` refuses another topology where --skip_corrupt_records reads around records)."""
-    split_files = info.split_files[info.train_split]
+    records a checkpointed position consumed. Reads no file (``order.Order.keys``)."""
     if stage == 0:
-        segments, epoch_size = train_share(split_files, num_pipelines, pipeline_id)
-        segment_ds = Segments(info, info.train_split, segments).dataset
-        share = sum(n for _, _, n in segments)
-
-        def read(ds):
-            return _virtual_keys(ds, len(segments))
-
-        cached = read(segment_ds) if config.cache else None
-        ds = tf.data.Dataset.range(epoch, epoch + 1).flat_map(_no_autograph(
-            lambda e: _ordinary_epoch(config, segment_ds, len(segments), read, share, epoch_size, pipeline_id, e,
-                                      cached)))
+        chosen = share_order(config, info, num_pipelines, pipeline_id)
     else:
-        ds = _stage_records(config, info, indices, length, pipeline_id, epoch, stage, virtual=True)
-    ds = ds.take(records)
-    found = [np.asarray(b) for b in ds.batch(1 << 16).as_numpy_iterator()]
-    return np.concatenate(found) if found else np.zeros(0, np.int64)
+        chosen = stage_order(config, info, indices, length, pipeline_id, stage)
+    return chosen.keys(epoch, 0, records)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,10 +61,10 @@ class ResumePlan:
     def in_later_stage(self) -> bool:
         return not self.position.is_ordinary
 
-    def stage_records(self, config: InputConfig, info: DatasetInfo, pipeline_id: int):
-        """Pipeline ``pipeline_id``'s (key, record) pairs of the later stage it resumes in, from its start."""
-        return _stage_records(config, info, self.ranges[pipeline_id], self.stage_length, pipeline_id,
-                              self.position.epoch, len(self.position.stages) - 1)
+    def stage_order(self, config: InputConfig, info: DatasetInfo, pipeline_id: int) -> order.Order:
+        """Pipeline ``pipeline_id``'s order of the later stage it resumes in."""
+        return stage_order(config, info, self.ranges[pipeline_id], self.stage_length, pipeline_id,
+                           len(self.position.stages) - 1)
 
 
 def consumed_records(config: InputConfig, info: DatasetInfo, pos: position.Position):

@@ -6,13 +6,15 @@ the way). The manifest's sha256 of a shard, where it records one, is checked by 
 Which records are unreadable (data failing its crc32c) is looked up only when it matters: a shard whose sha256
 is not the manifest's, or any shard under --skip_corrupt_records without a recorded sha256 (a full read,
 TensorFlow's own reader checking each record). What a scan found is cached per shard, keyed by the shard's
-path, size and modification time, so each check is paid once per shard and data cache.
+path, size and modification time, so each check is paid once per shard and data cache; with every record's
+byte offset (packed), the index the input pipeline reads records by (``record_table``).
 
 ``verify`` judges the scans against ``dataset.json`` and raises ShardError (one line naming the shard, the
 manifest and the fix) for a count the shard does not hold, a damaged length header, a changed shard, or an
 unreadable record without --skip_corrupt_records; with it, the unreadable records of each shard are returned
 (``Damaged``) so the input pipeline reads around them.
 """
+import base64
 import dataclasses
 import gzip
 import hashlib
@@ -22,11 +24,13 @@ import os
 import struct
 import zlib
 
+import numpy as np
+
 from tfgpu.runtime import fileio
 
 log = logging.getLogger("tfgpu")
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: every shard's record offsets kept (compact), for reading by index
 HEADER_BYTES = 12  # uint64 length + uint32 masked crc32c of it
 FOOTER_BYTES = 4  # uint32 masked crc32c of the data
 
@@ -40,8 +44,7 @@ class Scan:
     """What the passes over a shard found. ``damage``: why the records from ``records`` on cannot be located
     ("" when every record was); ``lost``: records whose length header is damaged (the next one found again);
     ``unreadable``: records whose data fails its checksum (None: not looked up); ``offsets``/``lengths``: where
-    each record's data is (None when not kept: cached scans keep them only for shards with bad records, as they
-    take about 20 bytes a record)."""
+    each record's data is (None when not known; the cache keeps them compactly, ``_pack``)."""
     size: int
     mtime_ns: int
     records: int
@@ -57,9 +60,25 @@ class Scan:
         """Every record known to be unreadable, in order."""
         return tuple(sorted(set(self.lost) | set(self.unreadable or ())))
 
-    def cached(self) -> "Scan":
-        """This scan as the cache keeps it."""
-        return self if self.bad else dataclasses.replace(self, offsets=None, lengths=None)
+
+
+def _pack(values) -> str:
+    """Integers (offsets, lengths) as base64 of the zlib of their int64 differences: short JSON."""
+    deltas = np.diff(np.asarray(values, np.int64), prepend=np.int64(0)).astype("<i8")
+    return base64.b64encode(zlib.compress(deltas.tobytes(), 6)).decode()
+
+
+def _unpack(text: str) -> tuple:
+    return tuple(np.cumsum(np.frombuffer(zlib.decompress(base64.b64decode(text)), "<i8")).tolist())
+
+
+def record_table(result: Scan, compression: str):
+    """Each record's byte offset (its length header's; -1: header damaged), then the shard's size; None for a
+    gzip shard (offsets inside the compressed stream: read from its start)."""
+    if compression == "gzip" or result.offsets is None:
+        return None
+    offsets = np.asarray(result.offsets, np.int64)
+    return np.append(np.where(offsets < 0, -1, offsets - HEADER_BYTES), np.int64(result.size))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,6 +267,9 @@ def with_offsets(path: str, compression: str, result: Scan) -> Scan:
     return dataclasses.replace(result, offsets=tuple(offsets), lengths=tuple(lengths))
 
 
+_PACKED = ("offsets", "lengths")
+
+
 class Cache:
     """Scans of a dataset's shards, kept in ``<data cache>/verified/<hash of the dataset directory>.json``.
 
@@ -264,7 +286,8 @@ class Cache:
         try:
             stored = json.loads(fileio.read_text(self.path))
             if stored.get("version") == CACHE_VERSION and stored.get("directory") == directory:
-                self.scans = {name: Scan(**{k: tuple(v) if isinstance(v, list) else v for k, v in entry.items()})
+                self.scans = {name: Scan(**{k: _unpack(v) if k in _PACKED and isinstance(v, str) else
+                                            tuple(v) if isinstance(v, list) else v for k, v in entry.items()})
                               for name, entry in stored["shards"].items()}
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             self.scans = {}  # no cache yet, or one this version cannot read: scanned again and rewritten
@@ -279,7 +302,7 @@ class Cache:
         return self.scans.get(self._key(path))
 
     def put(self, path: str, result: Scan):
-        name, result = self._key(path), result.cached()
+        name = self._key(path)
         if self.scans.get(name) != result:
             self.scans[name], self.changed = result, True
 
@@ -287,7 +310,8 @@ class Cache:
         if not self.changed:
             return
         body = {"version": CACHE_VERSION, "directory": self.directory,
-                "shards": {name: dataclasses.asdict(s) for name, s in self.scans.items()}}
+                "shards": {name: {k: _pack(v) if k in _PACKED and v is not None else v
+                                  for k, v in dataclasses.asdict(s).items()} for name, s in self.scans.items()}}
         try:
             fileio.makedirs(os.path.dirname(self.path))
             fileio.atomic_write_bytes(self.path, json.dumps(body).encode())
@@ -297,9 +321,10 @@ class Cache:
 
 
 def verify(directory: str, manifest: dict, split_files: dict, compression: str, skip_corrupt: bool,
-           cache_dir: str) -> dict:
+           cache_dir: str, tables: dict = None) -> dict:
     """Checks every shard of ``split_files`` (split -> ((path, count), ...)) against ``manifest``; returns
-    {path: Damaged} for the shards whose unreadable records --skip_corrupt_records reads around. Raises
+    {path: Damaged} for the shards whose unreadable records --skip_corrupt_records reads around, and fills
+    ``tables`` (when given) with {path: record_table} for the shards whose records can be read by offset. Raises
     ShardError naming the shard."""
     from tfgpu.data import tfrecord
 
@@ -315,10 +340,12 @@ def verify(directory: str, manifest: dict, split_files: dict, compression: str, 
                                  f"its shards list {listed}; convert the dataset again")
             expected_sha = {os.path.join(directory, s["file"]): s.get("sha256") for s in entry["shards"]}
             for path, count in files:
-                found = _verified(path, count, expected_sha.get(path), compression, skip_corrupt, cache,
-                                  manifest_path)
+                found, table = _verified(path, count, expected_sha.get(path), compression, skip_corrupt, cache,
+                                         manifest_path)
                 if found is not None:
                     damaged[path] = found
+                if tables is not None and table is not None:
+                    tables[path] = table
     finally:
         cache.save()
     return damaged
@@ -345,7 +372,7 @@ def _counted(result: Scan, count: int, path: str, manifest_path: str) -> Scan:
 
 
 def _verified(path, count, expected_sha, compression, skip_corrupt, cache, manifest_path):
-    """Judges one shard (scanning it as far as needed); its Damaged, or None when every record reads."""
+    """Judges one shard (scanning it as far as needed): (its Damaged or None, its record_table)."""
     result = scan(path, compression, sha256=bool(expected_sha), data=skip_corrupt and not expected_sha,
                   known=cache.get(path))
     changed = bool(expected_sha) and result.sha256 != expected_sha
@@ -362,7 +389,7 @@ def _verified(path, count, expected_sha, compression, skip_corrupt, cache, manif
                          "conversion; convert the dataset again")
     bad = result.bad
     if not bad:
-        return None
+        return None, record_table(result, compression)
     if not skip_corrupt:
         raise ShardError(f"{path}: record {bad[0]} is unreadable (it fails its checksum; {len(bad)} of "
                          f"{result.records} in this shard); convert the dataset again, or pass --skip_corrupt_records "
@@ -370,4 +397,4 @@ def _verified(path, count, expected_sha, compression, skip_corrupt, cache, manif
     log.warning("--skip_corrupt_records: skipping %d unreadable record(s) of %s, every epoch: record(s) %s",
                 len(bad), path, ", ".join(map(str, bad)))
     result = with_offsets(path, compression, result)
-    return Damaged(bad, result.offsets, result.lengths)
+    return Damaged(bad, result.offsets, result.lengths), record_table(result, compression)

@@ -1,0 +1,262 @@
+"""An epoch's order as record indices, computed without reading a record, and the records read in it by offset.
+
+A pipeline's part of an epoch (its share of the split, or its range of a later stage of an interrupted epoch) is
+cut into *chunks*: runs of consecutive readable records of one shard, about ``CHUNK_BYTES`` each (small records)
+or one record each (records of ``LARGE_RECORD`` bytes and more). Every epoch permutes the chunks with a seed of
+(seed, epoch, stage, pipeline). Small records: the permuted chunks are grouped into *windows* of about
+--shuffle_buffer records, and within a window the records of its chunks are interleaved at random (a shuffled
+list of chunk numbers says which chunk the next record comes from; a chunk's records keep their shard order and
+are read by one reader from the chunk's byte offset). Large records: the permutation of one-record chunks is the
+epoch's order, a global shuffle, each record read on its own at its offset (reads in parallel, order kept).
+
+The order is a pure function of the chunk table and the seeds, computed by TensorFlow's stateless shuffles: the
+same ops in the pipeline's graph and eagerly here (``keys``). Where a run is inside an epoch is a window and a
+count into it (``locate``), so a resumed pipeline starts there reading nothing before its first record, and the
+shuffle holds indices, never records: its memory does not grow with the records' size (a window's open readers
+each buffer at most ``CHUNK_BYTES``).
+"""
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+CHUNK_BYTES = 64 << 10  # records read together from one offset (one buffered read of small records)
+MAX_CHUNK_RECORDS = 128
+LARGE_RECORD = 16 << 10  # records this large are read one at a time, in a global permutation
+MAX_OPEN_CHUNKS = 256  # readers open at once in a window of small records (one file handle each)
+READ_CYCLE = 16  # large records read in parallel (order kept)
+
+_no_autograph = tf.autograph.experimental.do_not_convert
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Order:
+    """One pipeline's chunks (``file``: index into ``filenames``, ``index``: first record's index in its shard,
+    ``count``, ``offset``: its byte offset, -1 when the shard has no offset table) and how an epoch orders them:
+    ``length`` records an epoch (the first ``length`` of each epoch's order; a share one record longer leaves
+    out the record its order puts last), ``window`` chunks mixed at a time."""
+    filenames: tuple
+    compression: str
+    file: np.ndarray
+    index: np.ndarray
+    count: np.ndarray
+    offset: np.ndarray
+    length: int
+    window: int
+    seed: int
+    salt: int
+    single: bool
+    buffer_size: int
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.count)
+
+    @property
+    def num_windows(self) -> int:
+        return -(-self.num_chunks // self.window) if self.num_chunks else 0
+
+    @property
+    def by_offset(self) -> bool:
+        return bool(self.num_chunks) and bool((self.offset >= 0).all())
+
+    # -- the order (TensorFlow ops: the same in a dataset's graph and eagerly) ----------------------------------
+    def _epoch_seed(self, epoch):
+        return tf.stack([tf.constant(self.seed, tf.int64), tf.constant(self.salt, tf.int64)
+                         + tf.cast(epoch, tf.int64) * 7919])
+
+    def chunk_order(self, epoch):
+        """The epoch's permutation of the chunks."""
+        return tf.random.experimental.stateless_shuffle(tf.range(self.num_chunks, dtype=tf.int64),
+                                                        seed=self._epoch_seed(epoch))
+
+    def _window_plan(self, epoch, perm, w):
+        """(chunk ids, which chunk each record of window ``w`` comes from, the records' keys, their ranks in
+        their chunks) of the window."""
+        w = tf.cast(w, tf.int64)
+        ids = perm[w * self.window:(w + 1) * self.window]
+        counts = tf.gather(tf.constant(self.count, tf.int64), ids)
+        slots = tf.range(tf.size(ids, out_type=tf.int64), dtype=tf.int64)
+        seed = tf.random.experimental.stateless_fold_in(self._epoch_seed(epoch), w)
+        choice = tf.random.experimental.stateless_shuffle(tf.repeat(slots, counts), seed=seed)
+        first = tf.cumsum(counts, exclusive=True)
+        rank = tf.math.invert_permutation(tf.argsort(choice, stable=True)) - tf.cast(tf.gather(first, choice),
+                                                                                     tf.int32)
+        chunk = tf.gather(ids, choice)
+        keys = (tf.bitwise.left_shift(tf.gather(tf.constant(self.file, tf.int64), chunk), 32)
+                + tf.gather(tf.constant(self.index, tf.int64), chunk) + tf.cast(rank, tf.int64))
+        return ids, choice, keys
+
+    def _single_keys(self, perm):
+        return (tf.bitwise.left_shift(tf.gather(tf.constant(self.file, tf.int64), perm), 32)
+                + tf.gather(tf.constant(self.index, tf.int64), perm))
+
+    # -- where a run is, and which records it fed (eager, no file opened) ----------------------------------------
+    def locate(self, epoch: int, offset: int):
+        """(window, records into it) where record ``offset`` of ``epoch``'s order lies."""
+        if self.single or offset == 0:
+            return 0, int(offset)
+        sizes = self.count[self.chunk_order(epoch).numpy()]
+        ends = np.cumsum(np.add.reduceat(sizes, np.arange(0, len(sizes), self.window)))
+        w = int(np.searchsorted(ends, offset, side="right"))
+        return w, int(offset - (ends[w - 1] if w else 0))
+
+    def keys(self, epoch: int, start: int = 0, count: int = None) -> np.ndarray:
+        """The keys (``file_index * 2**32 + index in the shard``) of records ``[start, start + count)`` of
+        ``epoch``'s order (at most to its ``length``), computed, not read."""
+        end = self.length if count is None else min(self.length, start + count)
+        if end <= start or not self.num_chunks:
+            return np.zeros(0, np.int64)
+        perm = self.chunk_order(epoch)
+        if self.single:
+            return self._single_keys(perm[start:end]).numpy()
+        w, k = self.locate(epoch, start)
+        found, need = [], end - start
+        while need > 0 and w < self.num_windows:
+            keys = self._window_plan(epoch, perm, w)[2].numpy()[k:k + need]
+            found.append(keys)
+            need -= len(keys)
+            w, k = w + 1, 0
+        return np.concatenate(found)
+
+    # -- the records ------------------------------------------------------------------------------------------
+    def _read(self, filename, offset):
+        """A shard's records from byte ``offset`` (the start of a record's length header)."""
+        variant = tf.raw_ops.TFRecordDatasetV2(
+            filenames=tf.reshape(filename, [1]), compression_type="", buffer_size=tf.constant(
+                self.buffer_size, tf.int64), byte_offsets=tf.reshape(tf.cast(offset, tf.int64), [1]))
+        return tf.data.experimental.from_variant(variant, tf.TensorSpec([], tf.string))
+
+    def _chunk_reader(self, chunk, used, remaining):
+        """The records of chunk ``chunk`` after its first ``used``, ``remaining`` of them."""
+        filename = tf.gather(tf.constant(self.filenames), tf.gather(tf.constant(self.file, tf.int64), chunk))
+        if self.by_offset:
+            records = self._read(filename, tf.gather(tf.constant(self.offset, tf.int64), chunk))
+        else:  # no offset table (a gzip shard): from the shard's start, skipping to the chunk (headers only)
+            records = tf.data.TFRecordDataset(filename, "GZIP" if self.compression == "gzip" else None)
+            used = used + tf.gather(tf.constant(self.index, tf.int64), chunk)
+        return records.skip(used).take(remaining)
+
+    def _window_records(self, epoch, perm, w, k, cached):
+        """(key, record) of window ``w`` from its record ``k``."""
+        ids, choice, keys = self._window_plan(epoch, perm, w)
+        m = tf.size(ids, out_type=tf.int64)
+        used = tf.math.unsorted_segment_sum(tf.ones_like(choice[:k]), choice[:k], m)
+        counts = tf.gather(tf.constant(self.count, tf.int64), ids)
+        keys, choice = keys[k:], choice[k:]
+        if cached is not None:
+            return tf.data.Dataset.from_tensor_slices((keys, self._positions(keys))).map(
+                lambda key, p: (key, tf.gather(cached, p)))
+        pad = self.window - m
+        ids = tf.concat([ids, tf.zeros([pad], tf.int64)], 0)
+        used = tf.concat([used, tf.zeros([pad], tf.int64)], 0)
+        remaining = tf.concat([counts, tf.zeros([pad], tf.int64)], 0) - used
+        readers = [self._chunk_reader(ids[j], used[j], remaining[j]) for j in range(self.window)]
+        records = (readers[0] if self.window == 1 else
+                   tf.data.Dataset.choose_from_datasets(readers, tf.data.Dataset.from_tensor_slices(choice)))
+        return tf.data.Dataset.zip(tf.data.Dataset.from_tensor_slices(keys), records)
+
+    def _positions(self, keys):
+        """Where records ``keys`` are in the table order ``table_records`` reads them in (for --cache)."""
+        starts = np.concatenate([[0], np.cumsum(self.count)[:-1]]).astype(np.int64)
+        # a key's chunk: the last chunk (in key order) starting at or before it
+        order = np.lexsort((self.index, self.file))
+        table_keys = (self.file[order].astype(np.int64) << 32) + self.index[order]
+        chunk = tf.gather(tf.constant(order, tf.int64),
+                          tf.searchsorted(tf.constant(table_keys, tf.int64), keys, side="right") - 1)
+        first_key = tf.gather(tf.constant((self.file.astype(np.int64) << 32) + self.index, tf.int64), chunk)
+        return tf.gather(tf.constant(starts, tf.int64), chunk) + keys - first_key
+
+    def _single_records(self, perm, workers, cached):
+        keys = self._single_keys(perm)
+        if cached is not None:
+            return tf.data.Dataset.from_tensor_slices((keys, self._positions(keys))).map(
+                lambda key, p: (key, tf.gather(cached, p)))
+        offsets = tf.gather(tf.constant(self.offset, tf.int64), perm)
+        names = tf.constant(self.filenames)  # a record's shard name looked up as it is read: no string per record
+
+        def read(key, offset):
+            filename = tf.gather(names, tf.bitwise.right_shift(key, 32))
+            return tf.data.Dataset.zip(tf.data.Dataset.from_tensors(key), self._read(filename, offset).take(1))
+
+        return tf.data.Dataset.from_tensor_slices((keys, offsets)).interleave(
+            _no_autograph(read),
+            cycle_length=READ_CYCLE, block_length=1, num_parallel_calls=workers, deterministic=True)
+
+    def epoch_records(self, epoch, w0=0, k0=0, workers=tf.data.AUTOTUNE, cached=None):
+        """(key, record) of ``epoch``'s order from window ``w0``, record ``k0`` into it (``locate``), to its end
+        (the caller takes ``length``)."""
+        perm = self.chunk_order(epoch)
+        if self.single:
+            return self._single_records(perm[k0:], workers, cached)
+        w0 = tf.cast(w0, tf.int64)
+        return tf.data.Dataset.range(w0, self.num_windows).flat_map(_no_autograph(
+            lambda w: self._window_records(epoch, perm, w, tf.where(w == w0, tf.cast(k0, tf.int64), 0), cached)))
+
+    def table_records(self, workers=tf.data.AUTOTUNE):
+        """Every record of the chunks once, in table order (what --cache holds in memory)."""
+        chunks = tf.data.Dataset.range(self.num_chunks)
+        return chunks.interleave(_no_autograph(lambda c: self._chunk_reader(c, tf.constant(0, tf.int64), tf.gather(
+            tf.constant(self.count, tf.int64), c))), cycle_length=READ_CYCLE, block_length=1,
+            num_parallel_calls=workers, deterministic=True)
+
+    def stream(self, start_epoch: int, offset: int, workers=tf.data.AUTOTUNE, cache: bool = False,
+               epochs: int = None):
+        """(key, record) of this order's epochs from record ``offset`` of ``start_epoch`` on (``epochs`` of
+        them, or endless), each ``length`` records; nothing before ``offset`` is read."""
+        w0, k0 = self.locate(start_epoch, offset)
+        end = (1 << 40) if epochs is None else start_epoch + epochs
+
+        def epoch(e, cached=None):
+            first = tf.equal(e, start_epoch)
+            records = self.epoch_records(e, tf.where(first, np.int64(w0), 0), tf.where(first, np.int64(k0), 0),
+                                         workers, cached)
+            return records.take(tf.where(first, np.int64(self.length - offset), self.length))
+
+        epochs_ds = tf.data.Dataset.range(start_epoch, end)
+        if not cache:
+            return epochs_ds.flat_map(_no_autograph(epoch))
+        everything = self.table_records(workers).batch(max(1, int(self.count.sum()))).take(1).cache()
+        return everything.flat_map(_no_autograph(lambda records: epochs_ds.flat_map(_no_autograph(
+            lambda e: epoch(e, records)))))
+
+
+def chunks(runs, tables: dict, filenames):
+    """Chunk columns (file, index, count, offset) of ``runs`` ((file index, record indices in the shard,
+    ascending), ...), and whether records are large (read one at a time). ``tables``: file index -> record
+    offsets (``shards.record_table``) or None."""
+    sizes = [(t[-1] - t[0]) / max(1, len(t) - 1) for t in (tables.get(f) for f, _ in runs) if t is not None]
+    mean = float(np.mean(sizes)) if sizes else 0.0
+    every_table = all(tables.get(f) is not None for f, _ in runs)
+    single = every_table and mean >= LARGE_RECORD
+    per_chunk = 1 if single else int(np.clip(CHUNK_BYTES // max(mean, 1.0), 1, MAX_CHUNK_RECORDS))
+    columns = []
+    for f, idx in runs:
+        idx = np.asarray(idx, np.int64)
+        if not len(idx):
+            continue
+        table = tables.get(f)
+        breaks = np.flatnonzero(np.diff(idx) != 1) + 1
+        for run in np.split(idx, breaks):
+            step = per_chunk if table is not None else len(run)
+            first = run[::step]
+            count = np.minimum(step, len(run) - np.arange(0, len(run), step))
+            offset = table[first] if table is not None else np.full(len(first), -1, np.int64)
+            columns.append(np.stack([np.full(len(first), f, np.int64), first, count, offset]))
+    table = np.concatenate(columns, 1) if columns else np.zeros((4, 0), np.int64)
+    return table, single, per_chunk, mean
+
+
+def build(info, split: str, runs, length: int, seed: int, salt: int, shuffle_buffer: int) -> Order:
+    """The Order of ``runs`` ((file index in the split, record indices in the shard), ...) of ``split``."""
+    files = info.split_files[split]
+    tables = {f: info.tables.get(files[f][0]) for f, _ in runs}
+    table, single, per_chunk, mean = chunks(runs, tables, files)
+    if single:
+        window = 1
+    else:
+        window = int(np.clip(shuffle_buffer // per_chunk, 1, MAX_OPEN_CHUNKS)) if shuffle_buffer > 1 else 1
+        window = max(1, min(window, table.shape[1]))  # no more readers than chunks
+    buffer_size = int(np.clip(per_chunk * (mean + 16), 1 << 12, CHUNK_BYTES + (1 << 12)))
+    return Order(tuple(f for f, _ in files), info.compression, table[0], table[1], table[2], table[3], int(length),
+                 window, int(seed), int(salt), single, buffer_size)
