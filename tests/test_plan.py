@@ -34,7 +34,16 @@ def test_a_bad_request_is_one_line_naming_the_flag(capsys, flag, value, message)
     assert err.startswith(f"error: {message}") and "\n" not in err
 
 
-def test_a_finished_run_is_read_back_and_predicted(tmp_path, capsys):
+def test_a_finished_run_is_read_back_and_predicted(tmp_path, capsys, monkeypatch):
+    from tfgpu.bench import allreduce_probe
+
+    probed = []
+
+    def probe(num_workers, wire_bytes, repeats):  # the host's all-reduce cost, as two local workers would measure it
+        probed.append((num_workers, wire_bytes, repeats))
+        return allreduce_probe.Probe(num_workers, 0.004, 2e-9)
+
+    monkeypatch.setattr(allreduce_probe, "measure", probe)
     run = str(tmp_path / "run")
     write_run(run)
     out = str(tmp_path / "plan.json")
@@ -47,8 +56,41 @@ def test_a_finished_run_is_read_back_and_predicted(tmp_path, capsys):
     assert rows[(1, "100mbit")]["efficiency"] == 1.0
     assert rows[(2, "100mbit")]["predicted_step_s"] > rows[(2, "10gbit")]["predicted_step_s"] > 0.041
     assert rows[(4, "100mbit")]["efficiency"] < rows[(2, "100mbit")]["efficiency"] < 1
+    # The probe ran once, in this run, around these gradients; its cost is a term of every multi-worker row.
+    assert probed == [(2, 16e6, 9)] and result["host_probe"]["fixed_s"] == 0.004
+    assert rows[(2, "10gbit")]["terms_s"]["host all-reduce"] == pytest.approx(0.004 + 2e-9 * 16e6)
+    assert rows[(4, "10gbit")]["terms_s"]["host all-reduce"] == pytest.approx(3 * 0.004 + 2e-9 * 24e6)
+    assert rows[(2, "100mbit")]["dominant"] == "wire" and rows[(2, "10gbit")]["dominant"] == "compute"
     printed = capsys.readouterr().out
     assert "16.0 MB of float32 gradients" in printed and "with --allreduce_dtype=bfloat16" in printed
+    assert "all-reduce host cost (2 workers here, no link limit): 4.0 ms fixed + 2.00 ns/byte sent" in printed
+    assert "wire dominates" in printed and "compute dominates" in printed
+
+
+def _validated(workers, bandwidth, compute, host, wire, measured):
+    terms = {"compute": compute, "host all-reduce": host, "wire": wire}
+    predicted = sum(terms.values())
+    return {"workers": workers, "bandwidth": bandwidth, "measured_step_s": measured,
+            "predicted_step_s_this_host": predicted, "error": predicted / measured - 1,
+            "this_host": {"terms_s": terms, "predicted_step_s": predicted}}
+
+
+def test_validation_prints_every_row_and_fails_naming_the_term_that_missed(capsys):
+    rows = [_validated(2, "100mbit", 0.050, 0.008, 0.099, 0.160), _validated(2, "1gbit", 0.050, 0.008, 0.010, 0.100)]
+    for row in rows:
+        row["missed_term"] = "compute"
+    assert plan.print_validation(rows, 0.2) == 1
+    out, err = capsys.readouterr()
+    assert "| 2 | 100mbit | 50.0 ms | 8.0 ms | 99.0 ms | 157.0 ms | 160.0 ms | -2% |" in out
+    assert "| 2 | 1gbit | 50.0 ms | 8.0 ms | 10.0 ms | 68.0 ms | 100.0 ms | -32% |" in out
+    assert err.strip() == ("error: 2 workers at 1gbit: predicted -32% off (too fast); the term that missed: compute "
+                           "(50.0 ms predicted, 32.0 ms unexplained)")
+    assert plan.print_validation(rows[:1], 0.2) == 0 and capsys.readouterr().err == ""
+
+
+def test_a_validation_without_the_probe_is_one_line(capsys):
+    assert plan.main(["--dataset=digits", "--validate", "--probe_repeats=0"]) == 1
+    assert capsys.readouterr().err.strip().startswith("error: --probe_repeats: --validate needs the host probe")
 
 
 def test_a_directory_that_is_no_finished_run_is_one_line(tmp_path, capsys):
