@@ -112,3 +112,16 @@ def test_the_prediction_holds_on_the_emulated_cluster_where_the_wire_decides(tmp
     assert proc.returncode == 0, proc.stdout[-3000:]
     row = json.loads(out.read_text())["rows"][0]
     assert abs(row["error"]) < 0.2, row
+
+
+def test_a_validation_run_is_split_by_the_link_each_loop_ran_on():
+    # Loops end at these times (the first traces); the link was limited during 13.2-13.4 and freed during 16.1-16.3.
+    records = [{"time": t, "step_time_ms": ms} for t, ms in
+               [(10, 900.0), (11, 60.0), (12, 62.0), (13, 58.0), (14, 120.0), (15, 150.0), (16, 160.0),
+                (17, 90.0), (18, 64.0), (19, 66.0)]]
+    changes = [(13.2, 13.4, True), (16.1, 16.3, False)]
+    unlimited, limited = plan.split_loops(records, changes)
+    assert unlimited == pytest.approx(0.062)  # 60, 62, 58, 64, 66; not the loops under a change
+    assert limited == pytest.approx(0.155)  # 150, 160: the loops to 14 and to 17 ran while the link changed
+    with pytest.raises(RuntimeError, match="raise --validate_steps"):
+        plan.split_loops(records[:4], [])

@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -114,43 +115,86 @@ def measure_one(argv_flags: list, config, steps: int, workdir: str) -> dict:
     return read_run(model_dir)
 
 
-def measure_local(argv_flags: list, config, num_workers: int, steps: int, workdir: str) -> float:
-    """The step of ``num_workers`` MultiWorkerMirroredStrategy workers of the flags' run on this host, over localhost
-    with no link limit (``tfgpu.launch``): their compute at once on shared cores, in lockstep, plus their
-    all-reduce's host cost. The compute side of a validation row on one host is this less the probe's all-reduce."""
-    model_dir = os.path.join(workdir, f"local-{num_workers}")
-    loop = max(1, min(config.steps_per_loop, steps // 4))
-    flags = [f for f in argv_flags if not f.startswith(("--distribution_strategy", "--cpu_logical_devices"))]
-    command = [sys.executable, "-m", "tfgpu.launch", f"--num_workers={num_workers}", "--worker_timeout_s=900", "--",
-               *_train_command(flags + MEASURE_FLAGS[:4], model_dir, steps, config.global_batch_size * num_workers,
-                               loop)[3:]]
-    proc = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if proc.returncode:
-        raise RuntimeError(f"the {num_workers}-worker run over localhost failed (exit {proc.returncode}):\n"
-                           f"{proc.stdout[-3000:]}")
-    return read_run(model_dir)["step_s"]
+UNLIMITED = "100gbit"  # a link no all-reduce here comes near: the host's cores, not the wire, decide
+BLOCK_LOOPS = 3  # loops per stretch of one link setting; the first after a change is not timed
+
+
+def _train_records(model_dir: str) -> list:
+    try:
+        with open(os.path.join(model_dir, "history.jsonl")) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    records = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:  # a line being written
+            continue
+        if record.get("kind") == "train" and "step_time_ms" in record:
+            records.append(record)
+    return records
+
+
+def split_loops(records: list, changes: list, skip_loops: int = 1) -> tuple:
+    """Median step (s) of the train loops run with no link limit and of those run at the limited link.
+    ``changes``: (began, ended, limited) per change of the link, in order; a loop (from the previous record's time
+    to its own) that overlaps a change is neither, and the first ``skip_loops`` (tracing) are left out."""
+    timed = {False: [], True: []}
+    for index in range(max(1, skip_loops), len(records)):
+        start, end = records[index - 1]["time"], records[index]["time"]
+        if any(began < end and ended > start for began, ended, _ in changes):
+            continue
+        limited = [lim for _, ended, lim in changes if ended <= start]
+        timed[limited[-1] if limited else False].append(records[index]["step_time_ms"])
+    if not timed[False] or not timed[True]:
+        raise RuntimeError(f"the validation run has {len(timed[False])} timed loop(s) with no link limit and "
+                           f"{len(timed[True])} at the link; raise --validate_steps")
+    return statistics.median(timed[False]) / 1000, statistics.median(timed[True]) / 1000
 
 
 def validate_row(argv_flags: list, config, num_workers: int, bandwidth: str, latency_ms: float, steps: int,
-                 workdir: str) -> float:
-    """Measured step time of ``num_workers`` workers on the emulated cluster (per-replica batch kept)."""
+                 workdir: str) -> dict:
+    """One run of ``num_workers`` workers on the emulated cluster (per-replica batch kept) whose link alternates,
+    every ``BLOCK_LOOPS`` loops, between no limit and ``bandwidth``, for about ``steps`` steps of each. Returns the
+    median step of each: the N workers' compute at once on this host's cores with their all-reduce's host cost
+    (``unlimited_step_s``) and the row's measured step (``measured_step_s``), both taken in the same seconds, so
+    under the same load."""
+    import threading
+
     from tfgpu.bench import netem
 
     netem.down()
-    netem.up(num_workers, bandwidth, latency_ms)
+    netem.up(num_workers, UNLIMITED, 0.0)
     model_dir = os.path.join(workdir, f"{num_workers}w-{bandwidth}")
-    loop = max(1, min(config.steps_per_loop, steps // 4))
+    loop = max(1, min(config.steps_per_loop, steps // 8))
+    blocks = 2 * -(-(-(-steps // loop)) // (BLOCK_LOOPS - 1))  # each setting gets >= steps/loop timed loops
     flags = [f for f in argv_flags if not f.startswith(("--distribution_strategy", "--cpu_logical_devices"))]
+    changes, done = [], threading.Event()
+
+    def alternate():
+        while not done.wait(0.05):
+            if len(_train_records(model_dir)) >= 1 + (len(changes) + 1) * BLOCK_LOOPS:
+                limited = len(changes) % 2 == 0
+                began = time.time()
+                netem.shape(bandwidth if limited else UNLIMITED, latency_ms if limited else 0.0)
+                changes.append((began, time.time(), limited))
+
+    watcher = threading.Thread(target=alternate, daemon=True)
+    watcher.start()
     try:
-        codes = netem.run(_train_command(flags + MEASURE_FLAGS[:4], model_dir, steps,
+        codes = netem.run(_train_command(flags + MEASURE_FLAGS[:4], model_dir, loop * (1 + blocks * BLOCK_LOOPS),
                                          config.global_batch_size * num_workers, loop),
                           timeout_s=1800, output_dir=workdir)
     finally:
+        done.set()
+        watcher.join()
         netem.down()
     if any(codes):
         with open(os.path.join(workdir, "worker0.log")) as f:
             raise RuntimeError(f"the {num_workers}-worker run at {bandwidth} failed ({codes}):\n{f.read()[-3000:]}")
-    return read_run(model_dir)["step_s"]
+    unlimited, limited = split_loops(_train_records(model_dir), changes)
+    return {"unlimited_step_s": unlimited, "measured_step_s": limited}
 
 
 def _ms(seconds: float) -> str:
@@ -162,33 +206,35 @@ def _terms_text(terms: dict) -> str:
 
 
 def validate(flags: list, config, opts, measured: scaling.Measured, rows: list, workdir: str) -> list:
-    """Runs every row of 2..--validate_max_workers workers on the emulated cluster and, per worker count, the same
-    workers over localhost with no link limit and the all-reduce probe, all in this run; adds to each row the
-    prediction for this host (its three terms), the measured step and the error. Returns the rows validated."""
+    """Runs every row of 2..--validate_max_workers workers on the emulated cluster (``validate_row``: first with no
+    link limit, then at the row's link) and, per worker count, the all-reduce probe, all in this run; adds to each
+    row the prediction for this host (compute and host all-reduce from the unlimited half, split by the probe;
+    the wire from the model), the measured step, the error and the term that missed. Returns the rows validated."""
     from tfgpu.bench import allreduce_probe
 
     steps = opts.validate_steps or opts.measure_steps
-    here, checked = {}, []
+    probes, checked = {}, []
     for row in rows:
         n = row["workers"]
         if not 1 < n <= opts.validate_max_workers:
             continue
-        if n not in here:
-            probe = allreduce_probe.measure(n, measured.wire_bytes, repeats=opts.probe_repeats)
-            local = measure_local(flags, config, n, steps, workdir)
-            host = min(probe.seconds(scaling.bytes_sent(n, measured.wire_bytes)), local)
-            here[n] = {"local_step_s": local, "host_allreduce_s": host, "compute_s": local - host,
-                       "probe": dataclasses.asdict(probe)}
-            print(f"{n} workers on this host over localhost, no link limit: {_ms(local)}/step, of which the "
-                  f"all-reduce probe's host cost {_ms(host)} (fixed {_ms(probe.fixed_s)} + "
-                  f"{probe.per_byte_s * 1e9:.2f} ns/byte sent) and compute {_ms(local - host)}", flush=True)
-        bandwidth = scaling.parse_bandwidth(row["bandwidth"])
-        predicted = scaling.step_terms(here[n]["compute_s"], here[n]["host_allreduce_s"], scaling.wire_s(
-            n, measured.wire_bytes, bandwidth, opts.latency_ms / 1000, opts.link_efficiency))
-        row["this_host"] = {**here[n], **predicted}
+        if n not in probes:
+            probes[n] = allreduce_probe.measure(n, measured.wire_bytes, repeats=opts.probe_repeats)
+        probe = probes[n]
+        run = validate_row(flags, config, n, row["bandwidth"], opts.latency_ms, steps, workdir)
+        local = run["unlimited_step_s"]
+        host = min(probe.seconds(scaling.bytes_sent(n, measured.wire_bytes)), local)
+        predicted = scaling.step_terms(local - host, host, scaling.wire_s(
+            n, measured.wire_bytes, scaling.parse_bandwidth(row["bandwidth"]), opts.latency_ms / 1000,
+            opts.link_efficiency))
+        row["this_host"] = {"unlimited_step_s": local, "probe": dataclasses.asdict(probe), **predicted}
         row["predicted_step_s_this_host"] = predicted["predicted_step_s"]
-        row["measured_step_s"] = validate_row(flags, config, n, row["bandwidth"], opts.latency_ms, steps, workdir)
+        row["measured_step_s"] = run["measured_step_s"]
         row["error"] = row["predicted_step_s_this_host"] / row["measured_step_s"] - 1
+        print(f"{n} workers on this host at {row['bandwidth']}: {_ms(local)}/step with no link limit (the "
+              f"all-reduce probe's host cost {_ms(host)}: fixed {_ms(probe.fixed_s)} + {probe.per_byte_s * 1e9:.2f} "
+              f"ns/byte sent), {_ms(row['measured_step_s'])} at the link, {_ms(predicted['predicted_step_s'])} "
+              f"predicted ({row['error']:+.0%})", flush=True)
         checked.append(row)
     for n in sorted({r["workers"] for r in checked}):
         same = [{**r["this_host"], "measured_step_s": r["measured_step_s"]} for r in checked if r["workers"] == n]
