@@ -81,8 +81,8 @@ def test_validation_prints_every_row_and_fails_naming_the_term_that_missed(capsy
         row["missed_term"] = "compute"
     assert plan.print_validation(rows, 0.2) == 1
     out, err = capsys.readouterr()
-    assert "| 2 | 100mbit | 50.0 ms | 8.0 ms | 99.0 ms | 157.0 ms | 160.0 ms | -2% |" in out
-    assert "| 2 | 1gbit | 50.0 ms | 8.0 ms | 10.0 ms | 68.0 ms | 100.0 ms | -32% |" in out
+    assert "| 2 | 100mbit | 50.0 ms | 8.0 ms | 99.0 ms | -0.0 ms | 157.0 ms | 160.0 ms | -2% |" in out
+    assert "| 2 | 1gbit | 50.0 ms | 8.0 ms | 10.0 ms | -0.0 ms | 68.0 ms | 100.0 ms | -32% |" in out
     assert err.strip() == ("error: 2 workers at 1gbit: predicted -32% off (too fast); the term that missed: compute "
                            "(50.0 ms predicted, 32.0 ms unexplained)")
     assert plan.print_validation(rows[:1], 0.2) == 0 and capsys.readouterr().err == ""

@@ -47,17 +47,20 @@ def test_a_bandwidth_needs_a_unit(text):
         scaling.parse_bandwidth(text)
 
 
-def test_the_host_cost_of_the_all_reduce_adds_beside_the_wire():
+def test_the_host_cost_of_the_all_reduce_stands_beside_the_wire():
     # 3 workers send 2·2/3·6 MB = 8 MB each: 2 ms·2 fixed + 8 MB at 5 ns/byte = 44 ms on the hosts; at 1 Gbit/s
-    # (125 MB/s) and full efficiency the wire adds 64 ms.
+    # (125 MB/s) and full efficiency the wire takes 64 ms. The hosts' 40 ms of per-byte work streams with the wire.
     host = scaling.HostCost(fixed_s=0.002, per_byte_s=5e-9)
     m = scaling.Measured(step_s=0.030, per_replica_batch=32, trainable_parameters=1_500_000)
     row = scaling.predict(m, 3, scaling.parse_bandwidth("1gbit"), latency_s=0.0, efficiency=1.0, host=host)
     assert row["terms_s"] == pytest.approx({"compute": 0.030, "host all-reduce": 0.044, "wire": 0.064})
-    assert row["predicted_step_s"] == pytest.approx(0.138)
-    assert row["dominant"] == "wire" and row["efficiency"] == pytest.approx(0.030 / 0.138)
+    assert row["overlapped_s"] == pytest.approx(0.040)
+    assert row["predicted_step_s"] == pytest.approx(0.030 + 0.004 + 0.064)
+    assert row["predicted_step_s"] == pytest.approx(0.030 + scaling.allreduce_s(3, 6e6, 125e6, 0.0, 1.0, host))
+    assert row["dominant"] == "wire" and row["efficiency"] == pytest.approx(0.030 / 0.098)
     fast = scaling.predict(m, 3, scaling.parse_bandwidth("100gbit"), 0.0, 1.0, host)
     assert fast["dominant"] == "host all-reduce"  # past the wire, the hosts' own work is what is left
+    assert fast["predicted_step_s"] == pytest.approx(0.030 + 0.044)
     assert scaling.predict(m, 1, 1e6, 0.0, 1.0, host)["terms_s"] == {"compute": 0.030, "host all-reduce": 0.0,
                                                                      "wire": 0.0}
 
