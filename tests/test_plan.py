@@ -27,6 +27,8 @@ def write_run(model_dir, step_ms=(900.0, 40.0, 42.0, 41.0), batch=64, params=4_0
     ("bandwidth", "fast", "--bandwidth: 'fast' is not a bandwidth like 100mbit"),
     ("num_workers", "0,2", "--num_workers: must be positive"),
     ("latency_ms", "-1", "--latency_ms: must be >= 0"),
+    ("tolerance", "0", "--tolerance: must be > 0"),
+    ("probe_repeats", "-1", "--probe_repeats: must be >= 0"),
 ])
 def test_a_bad_request_is_one_line_naming_the_flag(capsys, flag, value, message):
     assert plan.main(["--dataset=digits", f"--{flag}={value}"]) == 1

@@ -289,6 +289,8 @@ def main(argv=None) -> int:
             raise ConfigError("link_efficiency", f"must be in (0, 1], got {opts.link_efficiency}")
         if opts.probe_repeats < 0:
             raise ConfigError("probe_repeats", f"must be >= 0, got {opts.probe_repeats}")
+        if opts.tolerance <= 0:
+            raise ConfigError("tolerance", f"must be > 0, got {opts.tolerance}")
         if opts.validate and opts.probe_repeats == 0:
             raise ConfigError("probe_repeats", "--validate needs the host probe (a positive --probe_repeats)")
         config = cli.resolve(opts, "", model_dir="plan")
