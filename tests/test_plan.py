@@ -27,6 +27,8 @@ def write_run(model_dir, step_ms=(900.0, 40.0, 42.0, 41.0), batch=64, params=4_0
     ("bandwidth", "fast", "--bandwidth: 'fast' is not a bandwidth like 100mbit"),
     ("num_workers", "0,2", "--num_workers: must be positive"),
     ("latency_ms", "-1", "--latency_ms: must be >= 0"),
+    ("tolerance", "0", "--tolerance: must be > 0"),
+    ("probe_repeats", "-1", "--probe_repeats: must be >= 0"),
 ])
 def test_a_bad_request_is_one_line_naming_the_flag(capsys, flag, value, message):
     assert plan.main(["--dataset=digits", f"--{flag}={value}"]) == 1
@@ -34,7 +36,16 @@ def test_a_bad_request_is_one_line_naming_the_flag(capsys, flag, value, message)
     assert err.startswith(f"error: {message}") and "\n" not in err
 
 
-def test_a_finished_run_is_read_back_and_predicted(tmp_path, capsys):
+def test_a_finished_run_is_read_back_and_predicted(tmp_path, capsys, monkeypatch):
+    from tfgpu.bench import allreduce_probe
+
+    probed = []
+
+    def probe(num_workers, wire_bytes, repeats):  # the host's all-reduce cost, as two local workers would measure it
+        probed.append((num_workers, wire_bytes, repeats))
+        return allreduce_probe.Probe(num_workers, 0.004, 2e-9)
+
+    monkeypatch.setattr(allreduce_probe, "measure", probe)
     run = str(tmp_path / "run")
     write_run(run)
     out = str(tmp_path / "plan.json")
@@ -47,8 +58,41 @@ def test_a_finished_run_is_read_back_and_predicted(tmp_path, capsys):
     assert rows[(1, "100mbit")]["efficiency"] == 1.0
     assert rows[(2, "100mbit")]["predicted_step_s"] > rows[(2, "10gbit")]["predicted_step_s"] > 0.041
     assert rows[(4, "100mbit")]["efficiency"] < rows[(2, "100mbit")]["efficiency"] < 1
+    # The probe ran once, in this run, around these gradients; its cost is a term of every multi-worker row.
+    assert probed == [(2, 16e6, 9)] and result["host_probe"]["fixed_s"] == 0.004
+    assert rows[(2, "10gbit")]["terms_s"]["host all-reduce"] == pytest.approx(0.004 + 2e-9 * 16e6)
+    assert rows[(4, "10gbit")]["terms_s"]["host all-reduce"] == pytest.approx(3 * 0.004 + 2e-9 * 24e6)
+    assert rows[(2, "100mbit")]["dominant"] == "wire" and rows[(2, "10gbit")]["dominant"] == "compute"
     printed = capsys.readouterr().out
     assert "16.0 MB of float32 gradients" in printed and "with --allreduce_dtype=bfloat16" in printed
+    assert "all-reduce host cost (2 workers here, no link limit): 4.0 ms fixed + 2.00 ns/byte sent" in printed
+    assert "wire dominates" in printed and "compute dominates" in printed
+
+
+def _validated(workers, bandwidth, compute, host, wire, measured):
+    terms = {"compute": compute, "host all-reduce": host, "wire": wire}
+    predicted = sum(terms.values())
+    return {"workers": workers, "bandwidth": bandwidth, "measured_step_s": measured,
+            "predicted_step_s_this_host": predicted, "error": predicted / measured - 1,
+            "this_host": {"terms_s": terms, "predicted_step_s": predicted}}
+
+
+def test_validation_prints_every_row_and_fails_naming_the_term_that_missed(capsys):
+    rows = [_validated(2, "100mbit", 0.050, 0.008, 0.099, 0.160), _validated(2, "1gbit", 0.050, 0.008, 0.010, 0.100)]
+    for row in rows:
+        row["missed_term"] = "compute"
+    assert plan.print_validation(rows, 0.2) == 1
+    out, err = capsys.readouterr()
+    assert "| 2 | 100mbit | 50.0 ms | 8.0 ms | 99.0 ms | -0.0 ms | 157.0 ms | 160.0 ms | -2% |" in out
+    assert "| 2 | 1gbit | 50.0 ms | 8.0 ms | 10.0 ms | -0.0 ms | 68.0 ms | 100.0 ms | -32% |" in out
+    assert err.strip() == ("error: 2 workers at 1gbit: predicted -32% off (too fast); the term that missed: compute "
+                           "(50.0 ms predicted, 32.0 ms unexplained)")
+    assert plan.print_validation(rows[:1], 0.2) == 0 and capsys.readouterr().err == ""
+
+
+def test_a_validation_without_the_probe_is_one_line(capsys):
+    assert plan.main(["--dataset=digits", "--validate", "--probe_repeats=0"]) == 1
+    assert capsys.readouterr().err.strip().startswith("error: --probe_repeats: --validate needs the host probe")
 
 
 def test_a_directory_that_is_no_finished_run_is_one_line(tmp_path, capsys):
@@ -70,3 +114,16 @@ def test_the_prediction_holds_on_the_emulated_cluster_where_the_wire_decides(tmp
     assert proc.returncode == 0, proc.stdout[-3000:]
     row = json.loads(out.read_text())["rows"][0]
     assert abs(row["error"]) < 0.2, row
+
+
+def test_a_validation_run_is_split_by_the_link_each_loop_ran_on():
+    # Loops end at these times (the first traces); the link was limited during 13.2-13.4 and freed during 16.1-16.3.
+    records = [{"time": t, "step_time_ms": ms} for t, ms in
+               [(10, 900.0), (11, 60.0), (12, 62.0), (13, 58.0), (14, 120.0), (15, 150.0), (16, 160.0),
+                (17, 90.0), (18, 64.0), (19, 66.0)]]
+    changes = [(13.2, 13.4, True), (16.1, 16.3, False)]
+    unlimited, limited = plan.split_loops(records, changes)
+    assert unlimited == pytest.approx(0.062)  # 60, 62, 58, 64, 66; not the loops under a change
+    assert limited == pytest.approx(0.155)  # 150, 160: the loops to 14 and to 17 ran while the link changed
+    with pytest.raises(RuntimeError, match="raise --validate_steps"):
+        plan.split_loops(records[:4], [])

@@ -1,17 +1,20 @@
-"""How a run would scale past one machine: measured single-replica step, predicted N-worker steps.
+"""How a run would scale past one machine: measured single-replica step and host costs, predicted N-worker steps.
 
     python -m tfgpu.plan --flagfile=configs/quickstart.flags --num_workers=2,4,8 \\
         --bandwidth=100mbit,1gbit,10gbit --latency_ms=0.5 --output_json=plan.json [--validate]
 
 It trains the flags' run for ``--measure_steps`` steps on one replica in a child process (or reads a finished
 run's ``--from_model_dir``), takes its step time (median over the loops after the first) and its trainable
-parameters (the float32 gradient bytes), and prints, per (workers, bandwidth), the step time, examples/s and
-scaling efficiency that ``tfgpu.bench.scaling``'s model predicts, with the remedy that helps most. The
-per-replica batch stays the run's ``--global_batch_size`` on N workers (weak scaling). ``--validate`` also
-runs each row of up to ``--validate_max_workers`` workers on the emulated cluster network
-(``tfgpu.bench.netem``: root, network namespaces) and adds ``measured_step_s`` and the error of the prediction
-for this host: there the N workers share one host's cores, so the compute side is measured as N independent
-single-replica runs at once (``shared_host_step_s``) and the wire side is the same model.
+parameters (the float32 gradient bytes), probes what an all-reduce of those gradients costs this host with no
+link limit (``tfgpu.bench.allreduce_probe``: two local workers, a few seconds, in this run, so the host's load
+now is in it), and prints, per (workers, bandwidth), the step time with its three terms (compute, the hosts'
+all-reduce, the wire) and which dominates, examples/s and scaling efficiency (``tfgpu.bench.scaling``'s model),
+with the remedy that helps most. The per-replica batch stays the run's ``--global_batch_size`` on N workers
+(weak scaling). ``--validate`` also runs each row of up to ``--validate_max_workers`` workers on the emulated
+cluster network (``tfgpu.bench.netem``: root, network namespaces) and prints every row's prediction for this
+host, measured step and error; it exits 1 when a row is off by more than ``--tolerance``, naming the term that
+missed. There the N workers share one host's cores, so the compute term is measured in the same run: the same
+N workers over localhost with no link limit, less the probe's all-reduce for N workers.
 """
 import dataclasses
 import json
@@ -20,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -49,6 +53,10 @@ def parser() -> cli.ArgumentParser:
     p.add_argument("--validate_max_workers", type=int, default=3)
     p.add_argument("--validate_steps", type=int, default=0, help="Steps of each validation run; 0 = "
                    "--measure_steps.")
+    p.add_argument("--probe_repeats", type=int, default=9, help="Repeats of each size of the all-reduce probe "
+                   "(the host's own cost of the collective, measured in this run); 0 = no probe (a fixed 2 ms).")
+    p.add_argument("--tolerance", type=float, default=0.2, help="--validate exits 1 when a row's prediction is off "
+                   "by more than this share of the measured step.")
     p.add_argument("--output_json", default="")
     p.add_config_flags(exclude=("model_dir",))
     return p
@@ -107,38 +115,160 @@ def measure_one(argv_flags: list, config, steps: int, workdir: str) -> dict:
     return read_run(model_dir)
 
 
-def measure_shared(argv_flags: list, config, num_workers: int, steps: int, workdir: str) -> float:
-    """The single-replica step when ``num_workers`` independent runs share this host at once, as the emulated
-    cluster's workers do (mean of their steps): the compute side of a validation row on one host."""
-    loop = max(1, min(config.steps_per_loop, steps // 4))
-    dirs = [os.path.join(workdir, f"shared-{num_workers}-{i}") for i in range(num_workers)]
-    procs = [subprocess.Popen(_train_command(argv_flags + MEASURE_FLAGS, d, steps, config.global_batch_size, loop),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT) for d in dirs]
-    if any(p.wait() for p in procs):
-        raise RuntimeError(f"{num_workers} single-replica runs sharing the host failed")
-    return statistics.mean(read_run(d)["step_s"] for d in dirs)
+UNLIMITED = "100gbit"  # a link no all-reduce here comes near: the host's cores, not the wire, decide
+BLOCK_LOOPS = 3  # loops per stretch of one link setting; the first after a change is not timed
+
+
+def _train_records(model_dir: str) -> list:
+    try:
+        with open(os.path.join(model_dir, "history.jsonl")) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    records = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:  # a line being written
+            continue
+        if record.get("kind") == "train" and "step_time_ms" in record:
+            records.append(record)
+    return records
+
+
+def split_loops(records: list, changes: list, skip_loops: int = 1) -> tuple:
+    """Median step (s) of the train loops run with no link limit and of those run at the limited link.
+    ``changes``: (began, ended, limited) per change of the link, in order; a loop (from the previous record's time
+    to its own) that overlaps a change is neither, and the first ``skip_loops`` (tracing) are left out."""
+    timed = {False: [], True: []}
+    for index in range(max(1, skip_loops), len(records)):
+        start, end = records[index - 1]["time"], records[index]["time"]
+        if any(began < end and ended > start for began, ended, _ in changes):
+            continue
+        limited = [lim for _, ended, lim in changes if ended <= start]
+        timed[limited[-1] if limited else False].append(records[index]["step_time_ms"])
+    if not timed[False] or not timed[True]:
+        raise RuntimeError(f"the validation run has {len(timed[False])} timed loop(s) with no link limit and "
+                           f"{len(timed[True])} at the link; raise --validate_steps")
+    return statistics.median(timed[False]) / 1000, statistics.median(timed[True]) / 1000
 
 
 def validate_row(argv_flags: list, config, num_workers: int, bandwidth: str, latency_ms: float, steps: int,
-                 workdir: str) -> float:
-    """Measured step time of ``num_workers`` workers on the emulated cluster (per-replica batch kept)."""
+                 workdir: str) -> dict:
+    """One run of ``num_workers`` workers on the emulated cluster (per-replica batch kept) whose link alternates,
+    every ``BLOCK_LOOPS`` loops, between no limit and ``bandwidth``, for about ``steps`` steps of each. Returns the
+    median step of each: the N workers' compute at once on this host's cores with their all-reduce's host cost
+    (``unlimited_step_s``) and the row's measured step (``measured_step_s``), both taken in the same seconds, so
+    under the same load."""
+    import threading
+
     from tfgpu.bench import netem
 
     netem.down()
-    netem.up(num_workers, bandwidth, latency_ms)
+    netem.up(num_workers, UNLIMITED, 0.0)
     model_dir = os.path.join(workdir, f"{num_workers}w-{bandwidth}")
-    loop = max(1, min(config.steps_per_loop, steps // 4))
+    loop = max(1, min(config.steps_per_loop, steps // 8))
+    blocks = 2 * -(-(-(-steps // loop)) // (BLOCK_LOOPS - 1))  # each setting gets >= steps/loop timed loops
     flags = [f for f in argv_flags if not f.startswith(("--distribution_strategy", "--cpu_logical_devices"))]
+    changes, done = [], threading.Event()
+
+    def alternate():
+        while not done.wait(0.05):
+            if len(_train_records(model_dir)) >= 1 + (len(changes) + 1) * BLOCK_LOOPS:
+                limited = len(changes) % 2 == 0
+                began = time.time()
+                netem.shape(bandwidth if limited else UNLIMITED, latency_ms if limited else 0.0)
+                changes.append((began, time.time(), limited))
+
+    watcher = threading.Thread(target=alternate, daemon=True)
+    watcher.start()
     try:
-        codes = netem.run(_train_command(flags + MEASURE_FLAGS[:4], model_dir, steps,
+        codes = netem.run(_train_command(flags + MEASURE_FLAGS[:4], model_dir, loop * (1 + blocks * BLOCK_LOOPS),
                                          config.global_batch_size * num_workers, loop),
                           timeout_s=1800, output_dir=workdir)
     finally:
+        done.set()
+        watcher.join()
         netem.down()
     if any(codes):
         with open(os.path.join(workdir, "worker0.log")) as f:
             raise RuntimeError(f"the {num_workers}-worker run at {bandwidth} failed ({codes}):\n{f.read()[-3000:]}")
-    return read_run(model_dir)["step_s"]
+    unlimited, limited = split_loops(_train_records(model_dir), changes)
+    return {"unlimited_step_s": unlimited, "measured_step_s": limited}
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
+def _terms_text(terms: dict) -> str:
+    return ", ".join(f"{name} {_ms(value)}" for name, value in terms.items())
+
+
+def validate(flags: list, config, opts, measured: scaling.Measured, rows: list, workdir: str) -> list:
+    """Runs every row of 2..--validate_max_workers workers on the emulated cluster (``validate_row``: first with no
+    link limit, then at the row's link) and, per worker count, the all-reduce probe, all in this run; adds to each
+    row the prediction for this host (compute and host all-reduce from the unlimited half, split by the probe;
+    the wire from the model), the measured step, the error and the term that missed. Returns the rows validated."""
+    from tfgpu.bench import allreduce_probe
+
+    steps = opts.validate_steps or opts.measure_steps
+    probes, checked = {}, []
+    for row in rows:
+        n = row["workers"]
+        if not 1 < n <= opts.validate_max_workers:
+            continue
+        if n not in probes:
+            probes[n] = allreduce_probe.measure(n, measured.wire_bytes, repeats=opts.probe_repeats)
+        probe = probes[n]
+        run = validate_row(flags, config, n, row["bandwidth"], opts.latency_ms, steps, workdir)
+        local = run["unlimited_step_s"]
+        host = min(probe.seconds(scaling.bytes_sent(n, measured.wire_bytes)), local)
+        predicted = scaling.step_terms(local - host, host, scaling.wire_s(
+            n, measured.wire_bytes, scaling.parse_bandwidth(row["bandwidth"]), opts.latency_ms / 1000,
+            opts.link_efficiency), min(probe.fixed_s, host))
+        row["this_host"] = {"unlimited_step_s": local, "probe": dataclasses.asdict(probe), **predicted}
+        row["predicted_step_s_this_host"] = predicted["predicted_step_s"]
+        row["measured_step_s"] = run["measured_step_s"]
+        row["error"] = row["predicted_step_s_this_host"] / row["measured_step_s"] - 1
+        print(f"{n} workers on this host at {row['bandwidth']}: {_ms(local)}/step with no link limit (the "
+              f"all-reduce probe's host cost {_ms(host)}: fixed {_ms(probe.fixed_s)} + {probe.per_byte_s * 1e9:.2f} "
+              f"ns/byte sent), {_ms(row['measured_step_s'])} at the link, {_ms(predicted['predicted_step_s'])} "
+              f"predicted ({row['error']:+.0%})", flush=True)
+        checked.append(row)
+    for n in sorted({r["workers"] for r in checked}):
+        same = [{**r["this_host"], "measured_step_s": r["measured_step_s"]} for r in checked if r["workers"] == n]
+        term = scaling.missed_term(same)
+        for row in checked:
+            if row["workers"] == n:
+                row["missed_term"] = term
+    return checked
+
+
+def print_validation(rows: list, tolerance: float) -> int:
+    """The validation table (every row: predicted, measured, error, the prediction's terms); 1 when a row is off
+    by more than ``tolerance``, naming the term that missed, else 0."""
+    print(f"\nvalidation on this host (N workers share its cores; within {tolerance:.0%} passes):")
+    print("| workers | link | compute | host all-reduce | wire | of these streaming together | predicted step | "
+          "measured step | error |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    failed = []
+    for row in rows:
+        h = row["this_host"]
+        t = h["terms_s"]
+        print(f"| {row['workers']} | {row['bandwidth']} | {_ms(t['compute'])} | {_ms(t['host all-reduce'])} | "
+              f"{_ms(t['wire'])} | -{_ms(h.get('overlapped_s', 0.0))} | {_ms(h['predicted_step_s'])} | "
+              f"{_ms(row['measured_step_s'])} | "
+              f"{row['error']:+.0%} |")
+        if abs(row["error"]) > tolerance:
+            failed.append(row)
+    for row in failed:
+        direction = "fast" if row["error"] < 0 else "slow"
+        print(f"error: {row['workers']} workers at {row['bandwidth']}: predicted {row['error']:+.0%} off (too "
+              f"{direction}); the term that missed: {row['missed_term']} "
+              f"({_ms(row['this_host']['terms_s'][row['missed_term']])} predicted, "
+              f"{_ms(row['measured_step_s'] - row['predicted_step_s_this_host'])} unexplained)", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def main(argv=None) -> int:
@@ -157,10 +287,17 @@ def main(argv=None) -> int:
             raise ConfigError("latency_ms", f"must be >= 0, got {opts.latency_ms}")
         if not 0 < opts.link_efficiency <= 1:
             raise ConfigError("link_efficiency", f"must be in (0, 1], got {opts.link_efficiency}")
+        if opts.probe_repeats < 0:
+            raise ConfigError("probe_repeats", f"must be >= 0, got {opts.probe_repeats}")
+        if opts.tolerance <= 0:
+            raise ConfigError("tolerance", f"must be > 0, got {opts.tolerance}")
+        if opts.validate and opts.probe_repeats == 0:
+            raise ConfigError("probe_repeats", "--validate needs the host probe (a positive --probe_repeats)")
         config = cli.resolve(opts, "", model_dir="plan")
     except ConfigError as e:
         return failures.report(e)
     flags = [a for a in cli.expand_flagfiles(argv) if a.split("=")[0].lstrip("-") in opts.config_flags]
+    code = 0
     with tempfile.TemporaryDirectory(prefix="tfgpu-plan-") as workdir:
         if opts.from_model_dir:
             one = read_run(opts.from_model_dir)
@@ -171,36 +308,38 @@ def main(argv=None) -> int:
         print(f"one replica: {measured.step_s * 1000:.1f} ms/step at batch {measured.per_replica_batch}, "
               f"{measured.trainable_parameters:,} trainable parameters: {measured.wire_bytes / 1e6:.1f} MB of "
               f"{config.allreduce_dtype} gradients per all-reduce")
-        rows, shared = [], {}
+        host, probe = scaling.HostCost(), None
+        if opts.probe_repeats and any(n > 1 for n in workers):
+            from tfgpu.bench import allreduce_probe
+
+            probe = allreduce_probe.measure(2, measured.wire_bytes, repeats=opts.probe_repeats)
+            host = probe.cost
+            print(f"all-reduce host cost (2 workers here, no link limit): {_ms(probe.fixed_s)} fixed + "
+                  f"{probe.per_byte_s * 1e9:.2f} ns/byte sent: "
+                  f"{_ms(probe.seconds(scaling.bytes_sent(2, measured.wire_bytes)))} for these gradients")
+        rows = []
+        latency = opts.latency_ms / 1000
         for n in workers:
             for name, bandwidth in bandwidths:
-                latency = opts.latency_ms / 1000
                 row = {"workers": n, "bandwidth": name, "latency_ms": opts.latency_ms,
-                       **scaling.predict(measured, n, bandwidth, latency, opts.link_efficiency),
-                       "remedies": scaling.remedies(measured, n, bandwidth, latency, opts.link_efficiency)}
-                if opts.validate and 1 < n <= opts.validate_max_workers:
-                    steps = opts.validate_steps or opts.measure_steps
-                    if n not in shared:
-                        shared[n] = measure_shared(flags, config, n, steps, workdir)
-                    here = scaling.predict(dataclasses.replace(measured, step_s=shared[n]), n, bandwidth, latency,
-                                           opts.link_efficiency)
-                    row["shared_host_step_s"] = shared[n]
-                    row["predicted_step_s_this_host"] = here["predicted_step_s"]
-                    row["measured_step_s"] = validate_row(flags, config, n, name, opts.latency_ms, steps, workdir)
-                    row["error"] = row["predicted_step_s_this_host"] / row["measured_step_s"] - 1
+                       **scaling.predict(measured, n, bandwidth, latency, opts.link_efficiency, host),
+                       "remedies": scaling.remedies(measured, n, bandwidth, latency, opts.link_efficiency, host)}
                 rows.append(row)
-                measured_text = (f"; on this host {row['predicted_step_s_this_host'] * 1000:.1f} ms predicted "
-                                 f"(compute shared by {n} workers: {row['shared_host_step_s'] * 1000:.1f} ms), "
-                                 f"{row['measured_step_s'] * 1000:.1f} ms measured ({row['error']:+.0%})"
-                                 if "measured_step_s" in row else "")
                 best = next(r for r in row["remedies"] if r["keeps_recipe"])
-                print(f"{n:3d} workers {name:>8}: {row['predicted_step_s'] * 1000:8.1f} ms/step, "
-                      f"{row['predicted_examples_per_sec']:9.1f} examples/s, efficiency {row['efficiency']:.0%}"
-                      f"{measured_text}; with {best['remedy']}: {best['efficiency']:.0%}", flush=True)
+                print(f"{n:3d} workers {name:>8}: {row['predicted_step_s'] * 1000:8.1f} ms/step "
+                      f"({_terms_text(row['terms_s'])}: {row['dominant']} dominates), "
+                      f"{row['predicted_examples_per_sec']:9.1f} examples/s, efficiency {row['efficiency']:.0%}; "
+                      f"with {best['remedy']}: {best['efficiency']:.0%}", flush=True)
+        if opts.validate:
+            checked = validate(flags, config, opts, measured, rows, workdir)
+            code = print_validation(checked, opts.tolerance)
     if opts.output_json:
-        with open(opts.output_json, "w") as f:
-            json.dump({"one_replica": one, "link_efficiency": opts.link_efficiency, "rows": rows}, f, indent=2)
-    return 0
+        tmp = opts.output_json + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"one_replica": one, "link_efficiency": opts.link_efficiency,
+                       "host_probe": dataclasses.asdict(probe) if probe else None, "rows": rows}, f, indent=2)
+        os.replace(tmp, opts.output_json)
+    return code
 
 
 if __name__ == "__main__":

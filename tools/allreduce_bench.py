@@ -17,65 +17,21 @@ import itertools
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+from tfgpu.bench import allreduce_probe  # noqa: E402
 from tfgpu.bench import netem as netem_cluster  # noqa: E402
+from tfgpu.bench.allreduce_probe import fit_line  # noqa: E402
 
 
 def worker(sizes_mb: list, repeats: int, out_path: str, dtype_name: str = "float32") -> None:
-    """One worker: all-reduce each size ``repeats`` times (after one warm-up) and, on the chief, write the
-    median seconds per size to ``out_path``."""
-    import tensorflow as tf
-
-    dtype = tf.as_dtype(dtype_name)
-    options = tf.distribute.experimental.CommunicationOptions(
-        implementation=tf.distribute.experimental.CommunicationImplementation.RING)
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-    rows = []
-    for size_mb in sizes_mb:
-        n = int(size_mb * 1e6) // 4
-
-        def reduce_one():
-            # The float32 "gradient" is made inside the replica function (filling n floats costs little next to
-            # the wire) and cast to the wire dtype and back around the all-reduce, as --allreduce_dtype does.
-            grad = tf.fill([n], 1.0)
-            summed = tf.distribute.get_replica_context().all_reduce("SUM", tf.cast(grad, dtype))
-            return tf.cast(summed, tf.float32)
-
-        @tf.function
-        def all_reduce():
-            return strategy.run(reduce_one)
-
-        result = all_reduce()  # warm-up: traces, and the first collective sets up the ring
-        expected = float(strategy.num_replicas_in_sync)
-        assert float(strategy.experimental_local_results(result)[0][0].numpy()) == expected
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            result = all_reduce()
-            strategy.experimental_local_results(result)[0][-1].numpy()  # wait for the values, not only the op
-            times.append(time.perf_counter() - start)
-        rows.append({"size_bytes": n * 4, "dtype": dtype_name, "wire_bytes": n * dtype.size,
-                     "median_s": statistics.median(times), "min_s": min(times),
-                     "max_s": max(times), "repeats": repeats})
-    if strategy.cluster_resolver.task_id == 0:
-        with open(out_path, "w") as f:
-            json.dump(rows, f)
-
-
-def fit_line(points):
-    """Least squares ``t = a + x / B`` over (x bytes, t seconds): (a, B bytes/s)."""
-    n = len(points)
-    mx = sum(x for x, _ in points) / n
-    mt = sum(t for _, t in points) / n
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    slope = sum((x - mx) * (t - mt) for x, t in points) / sxx if sxx else float("nan")
-    return mt - slope * mx, (1 / slope if slope > 0 else float("inf"))
+    """One worker: all-reduce each size ``repeats`` times (after one warm-up; the sizes take turns) and, on the
+    chief, write the median seconds per size to ``out_path`` (``tfgpu.bench.allreduce_probe``'s worker, without the
+    training step's one-float flag beside it)."""
+    allreduce_probe.worker([int(s * 1e6) for s in sizes_mb], repeats, out_path, dtype_name, flag=False)
 
 
 def measure(num_workers: int, bandwidth: str, sizes_mb: list, repeats: int, timeout_s: float,
