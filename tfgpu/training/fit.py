@@ -357,7 +357,7 @@ def _check_saveable(model_fn, model) -> None:
     module = sys.modules.get(getattr(model_fn, "__module__", None) or "")
     if module is not None:
         reference = getattr(model_fn, "__qualname__", None) or type(model_fn).__name__
-        user.UserBuilder(reference, "model_fn", model_fn, module, getattr(module, "__file__", None) or "") \
+        user.UserBuilder(reference, "model", model_fn, module, getattr(module, "__file__", None) or "") \
             .check_saveable(model)
 
 
