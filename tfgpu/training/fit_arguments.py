@@ -26,11 +26,19 @@ DEFAULT_RUNS_DIR = "tfgpu_runs"
 _CALLS = [0]  # tfgpu.fit calls without model_dir in this process (the same count on every worker)
 
 
+# compile()'s arguments, given to fit by mistake: where they belong
+SET_IN_COMPILE = {name: f"is compile()'s: model.compile({name}=...) before tfgpu.fit (tfgpu trains what compile() "
+                  "says)" for name in ("optimizer", "loss", "metrics", "learning_rate", "loss_weights",
+                                       "weighted_metrics", "steps_per_execution", "jit_compile")}
+
+
 def check_names(names, tfgpu_names) -> None:
     """ConfigError for the first keyword argument that is neither Keras' nor a tfgpu option, with a did-you-mean
-    over both."""
+    over both (compile()'s arguments are sent to compile())."""
     known = set(KERAS_ARGUMENTS) | set(ALIASES) | set(tfgpu_names) | {"model_dir", "recipe"}
     for name in names:
+        if name in SET_IN_COMPILE and name not in known:
+            raise ConfigError(name, SET_IN_COMPILE[name])
         if name not in known:
             close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
             close += [n for n in sorted(known) if n.split("_")[0] == name.split("_")[0] and n not in close][:3]
