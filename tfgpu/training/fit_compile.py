@@ -192,13 +192,22 @@ def _metrics(metrics, argument: str) -> tuple:
         raise ConfigError(argument, "compiled with metrics per output: tfgpu.fit trains one output")
     names = []
     for metric in metrics:
-        name = metric if isinstance(metric, str) else getattr(metric, "name", None) or getattr(metric, "__name__", "")
-        kind = metric if isinstance(metric, str) else _metric_kind(metric)
+        if isinstance(metric, dict):  # get_compile_config()'s serialized metric object
+            name = (metric.get("config") or {}).get("name") or metric.get("class_name", "")
+            kind = _SERIALIZED.get(metric.get("class_name"), metric.get("class_name", ""))
+        else:
+            name = metric if isinstance(metric, str) else (getattr(metric, "name", None) or
+                                                           getattr(metric, "__name__", ""))
+            kind = metric if isinstance(metric, str) else _metric_kind(metric)
         if kind not in ACCURACY:
             raise ConfigError(argument, f"compiled with metric {name!r}: tfgpu.fit computes accuracy (and "
                               "val_top5_accuracy in metrics.json); compile with metrics=['accuracy']")
         names.append(name)
     return tuple(names)
+
+
+_SERIALIZED = {"SparseCategoricalAccuracy": "sparse_categorical_accuracy",
+               "CategoricalAccuracy": "categorical_accuracy"}
 
 
 def _metric_kind(metric) -> str:
