@@ -225,10 +225,10 @@ def _fit(model, args: dict, model_dir, options: dict, names: dict):
     hooks = fit_callbacks.KerasLoop(runs_callbacks, history, ends, int(args["initial_epoch"]),
                                     int(args["validation_freq"]), given)
     given.defaults = (config.optimizer, config.base_learning_rate, config.lr_schedule)
-    _fresh_runtime_if_needed(config, multi_worker=num_workers > 1)
+    restarted = _fresh_runtime_if_needed(config, multi_worker=num_workers > 1)
     results = experiment.run(config, cluster_desc=desc, hooks=hooks)
     if given.rebuild is not None:
-        given.rebuild.copy_back(given.compiled.built_optimizer)
+        given.rebuild.copy_back(given.compiled.built_optimizer, restarted)
     history.results, history.model_dir = results, model_dir
     return history
 
@@ -361,8 +361,9 @@ def _check_saveable(model_fn, model) -> None:
             .check_saveable(model)
 
 
-def _fresh_runtime_if_needed(config, multi_worker: bool) -> None:
-    """Restarts TensorFlow's eager runtime when this run needs an unstarted one (see the module docstring)."""
+def _fresh_runtime_if_needed(config, multi_worker: bool) -> bool:
+    """Restarts TensorFlow's eager runtime when this run needs an unstarted one (see the module docstring); returns
+    whether it did."""
     from tensorflow.python.eager import context
 
     from tfgpu.config import RuntimeConfig
@@ -371,9 +372,10 @@ def _fresh_runtime_if_needed(config, multi_worker: bool) -> None:
     if not multi_worker:
         try:
             distribute.configure_devices(RuntimeConfig.of(config))
-            return
+            return False
         except RuntimeError:
             pass
     log.info("restarting TensorFlow's runtime to apply %s (tensors and datasets made before this call may not be "
              "usable after it)", "MultiWorkerMirrored's collectives" if multi_worker else "the device settings")
     context._reset_context()
+    return True

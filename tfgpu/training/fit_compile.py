@@ -43,12 +43,14 @@ _REGISTRY = {}  # registered model name -> Compiled
 
 @dataclasses.dataclass
 class Compiled:
-    """What ``compile()`` said, as the classification task applies it. ``optimizer``: the compiled optimizer (None:
-    tfgpu's); ``loss_name``: the loss's Keras name; ``label_smoothing``; ``loss``: a per-example callable for a loss
-    other than cross-entropy (None: cross-entropy); ``metric_names``: the compiled accuracy names, as History keys;
-    ``class_weight``: {class: weight} for the train loss; ``one_hot``: whether the user's labels were one-hot (what a
-    generic loss is given)."""
-    optimizer: object = None
+    """What ``compile()`` said, as the classification task applies it. ``optimizer_class``/``optimizer_config``: the
+    compiled optimizer's, read at once (None: tfgpu's; after TensorFlow's runtime restarts the user's optimizer
+    cannot be read); ``loss_name``: the loss's Keras name; ``label_smoothing``; ``loss``: a per-example callable for
+    a loss other than cross-entropy (None: cross-entropy); ``metric_names``: the compiled accuracy names, as History
+    keys; ``class_weight``: {class: weight} for the train loss; ``one_hot``: whether the user's labels were one-hot
+    (what a generic loss is given); ``clipping``: Keras' clipnorm/clipvalue/global_clipnorm, done by ``clip``."""
+    optimizer_class: type = None
+    optimizer_config: dict = None
     loss_name: str = "sparse_categorical_crossentropy"
     label_smoothing: float = 0.0
     loss: object = None
@@ -61,30 +63,26 @@ class Compiled:
 
     @property
     def compiled(self) -> bool:
-        return self.optimizer is not None
+        return self.optimizer_class is not None
 
     def make_optimizer(self):
         """A new optimizer of the compiled class and config, without the per-replica clipping (``clip`` does it on
         the all-reduced gradient); call inside the strategy scope."""
-        optimizer = self.optimizer
-        config = optimizer.get_config()
-        schedule = getattr(optimizer, "_learning_rate", None)
-        import keras
-
-        if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
-            config["learning_rate"] = schedule  # the same (stateless) schedule object, custom classes included
-        for name in CLIPPING:
-            config[name] = None
-        self.built_optimizer = type(optimizer).from_config(config)
+        config = dict(self.optimizer_config, **{name: None for name in CLIPPING})
+        self.built_optimizer = self.optimizer_class.from_config(config)
         return self.built_optimizer
 
     def describe(self) -> str:
-        optimizer = self.optimizer
-        lr = getattr(optimizer, "_learning_rate", None)
-        rate = type(lr).__name__ if lr is not None and not hasattr(lr, "numpy") else f"{float(lr.numpy()):.4g}"
-        clip = "".join(f", {k}={v:g}" for k, v in self.clipping.items())
+        rate = self.optimizer_config["learning_rate"]
+        rate = f"{rate:.4g}" if isinstance(rate, (int, float)) else type(rate).__name__
+        extra = "".join(f", {k}={v:g}" for k, v in self.clipping.items())
+        for name in ("momentum", "weight_decay"):
+            if self.optimizer_config.get(name):
+                extra += f", {name}={self.optimizer_config[name]:g}"
+        if self.optimizer_config.get("use_ema"):
+            extra += ", use_ema=True"
         smoothing = f", label_smoothing={self.label_smoothing:g}" if self.label_smoothing else ""
-        return (f"compile(): optimizer={type(optimizer).__name__}(learning_rate={rate}{clip}) "
+        return (f"compile(): optimizer={self.optimizer_class.__name__}(learning_rate={rate}{extra}) "
                 f"loss={self.loss_name}{smoothing} metrics={list(self.metric_names)}")
 
 
@@ -118,6 +116,9 @@ def of_model(model, argument: str = "model") -> Compiled:
         if config.get(name):
             raise ConfigError(argument, f"compiled with {type(optimizer).__name__}({name}={config[name]}): {why}")
     clipping = {name: float(config[name]) for name in CLIPPING if config.get(name)}
+    schedule = getattr(optimizer, "_learning_rate", None)
+    if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+        config["learning_rate"] = schedule  # the same (stateless) schedule object, custom classes included
     compile_config = model.get_compile_config() or {}
     loss_name, smoothing, loss, one_hot, from_logits = _loss(model.loss, argument)
     if compile_config.get("loss_weights"):
@@ -126,7 +127,7 @@ def of_model(model, argument: str = "model") -> Compiled:
         raise ConfigError(argument, "compiled with weighted_metrics: tfgpu.fit computes accuracy over the examples "
                           "(pass metrics=['accuracy'])")
     names = _metrics(compile_config.get("metrics"), argument)
-    return Compiled(optimizer, loss_name, smoothing, loss, names, None, one_hot, clipping, from_logits)
+    return Compiled(type(optimizer), config, loss_name, smoothing, loss, names, None, one_hot, clipping, from_logits)
 
 
 def _loss(loss, argument: str):

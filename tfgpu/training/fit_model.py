@@ -12,6 +12,8 @@ function is called inside the scope as before, with no arguments or as the comma
 import inspect
 import logging
 
+import numpy as np
+
 from tfgpu.config import ConfigError
 
 log = logging.getLogger("tfgpu")
@@ -41,7 +43,8 @@ def call_builder(builder, input_shape, num_classes: int):
 
 class Rebuild:
     """A user's model object, kept so that it can be built again inside a strategy scope and trained weights copied
-    back. Construct it before TensorFlow's runtime may restart (``tfgpu.fit`` does so first)."""
+    back. Construct it before TensorFlow's runtime may restart (``tfgpu.fit`` does so first): after a restart the
+    user's variables cannot be read, so its config (serialized) and weights (numpy) are taken now."""
 
     def __init__(self, model, argument: str = "model"):
         import keras
@@ -50,16 +53,17 @@ class Rebuild:
         if not model.built or not model.weights:
             raise ConfigError(argument, f"{model.name} is not built (it has no weights yet); give its input shape, "
                               "e.g. keras.Input((28, 28, 1)) first, or call it on a batch once")
-        self.weights = [w.numpy() if hasattr(w, "numpy") else w for w in model.get_weights()]
-        self.is_functional = isinstance(model, keras.Sequential) or type(model).__name__ == "Functional"
-        if not self.is_functional:
-            try:
-                config = model.get_config()
-                type(model).from_config(config)
-            except Exception as e:
-                raise ConfigError(argument, f"{type(model).__name__} is a subclassed model that cannot be rebuilt "
-                                  f"from its config ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
-                                  f"{_PASS_BUILDER}") from None
+        self.weights = [np.asarray(w) for w in model.get_weights()]
+        try:
+            self.serialized = keras.saving.serialize_keras_object(model)
+            self.serialized.pop("compile_config", None)  # compile() is read by fit_compile; the optimizer rebuilt
+            functional = isinstance(model, keras.Sequential) or type(model).__name__ == "Functional"
+            if not functional:  # a subclassed model: found out now whether its config rebuilds it
+                keras.saving.deserialize_keras_object(self.serialized)
+        except Exception as e:
+            raise ConfigError(argument, f"{type(model).__name__} is a subclassed model that cannot be rebuilt "
+                              f"from its config ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
+                              f"{_PASS_BUILDER}") from None
         self.built_model = None
 
     def build(self):
@@ -67,9 +71,7 @@ class Rebuild:
         import keras
 
         try:
-            model = keras.models.clone_model(self.user_model)
-            if not model.built:
-                model.build(self.user_model.input_shape)
+            model = keras.saving.deserialize_keras_object(self.serialized)
             model.set_weights(self.weights)
         except Exception as e:
             raise ConfigError(self.argument, f"could not be built again inside the strategy scope "
@@ -77,12 +79,47 @@ class Rebuild:
         self.built_model = model
         return model
 
-    def copy_back(self, optimizer=None) -> None:
+    def copy_back(self, optimizer=None, restarted: bool = False) -> None:
         """The trained weights (and ``optimizer``'s state, into the user's compiled optimizer) into the user's
-        model."""
+        model. ``restarted``: TensorFlow's runtime restarted since the model was made, so its variables are
+        re-created in the running one with the trained values (its metrics' state starts again at zero)."""
         model = self.user_model
-        model.set_weights([w.numpy() if hasattr(w, "numpy") else w for w in self.built_model.get_weights()])
-        copy_optimizer_state(optimizer, getattr(model, "optimizer", None), model)
+        trained = [np.asarray(w) for w in self.built_model.get_weights()]
+        if not restarted:
+            model.set_weights(trained)
+            copy_optimizer_state(optimizer, getattr(model, "optimizer", None), model)
+            return
+        values = {id(v): value for v, value in zip(model.weights, trained)}
+        seen = set()
+        for variable in [*model.variables, *getattr(model, "metrics_variables", [])]:
+            if id(variable) not in seen:
+                seen.add(id(variable))
+                _recreate(variable, values.get(id(variable)))
+        target = getattr(model, "optimizer", None)
+        if target is not None:
+            import keras
+
+            inner = target.inner_optimizer if isinstance(target, keras.optimizers.LossScaleOptimizer) else target
+            for variable in inner.variables:
+                _recreate(variable, None)
+            for variable in getattr(target, "variables", []):
+                if id(variable) not in {id(v) for v in inner.variables}:
+                    _recreate(variable, None)
+            copy_optimizer_state(optimizer, target, model)
+        for name in ("train_function", "test_function", "predict_function"):
+            if hasattr(model, name):
+                setattr(model, name, None)
+
+
+def _recreate(variable, value) -> None:
+    """Gives a Keras variable made in a runtime that has since restarted a new TensorFlow variable in the running
+    one, holding ``value`` (None: zeros; an optimizer's iteration count and rate are copied after)."""
+    import tensorflow as tf
+
+    if value is None:
+        value = np.zeros(tuple(variable.shape), dtype=variable.dtype)
+    with tf.init_scope():
+        variable._initialize(np.asarray(value))
 
 
 def copy_optimizer_state(trained, target, model) -> bool:
