@@ -45,6 +45,20 @@ def small_model(compile_with=None, name="small"):
     return model
 
 
+class Batches(keras.utils.PyDataset):
+    """Arrays in batches of 16, as a PyDataset."""
+
+    def __init__(self, x, y, **kwargs):
+        super().__init__(**kwargs)
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return -(-len(self.x) // 16)
+
+    def __getitem__(self, i):
+        return self.x[16 * i:16 * (i + 1)], self.y[16 * i:16 * (i + 1)]
+
+
 QUICK = dict(verbose=0, steps_per_loop=2, tensorboard=False)
 
 
@@ -86,11 +100,12 @@ def test_sgd_at_learning_rate_zero_moves_no_weight_and_class_weight_counts(digit
     x, y = digits
     model = small_model(dict(optimizer=keras.optimizers.SGD(0.0), loss="sparse_categorical_crossentropy"))
     before = model.get_weights()
-    history = tfgpu.fit(model, x, y, batch_size=32, epochs=1, class_weight={c: 0.0 for c in range(10)},
-                        model_dir="run", **QUICK)
+    history = tfgpu.fit(model, x, y, batch_size=32, epochs=2, class_weight={c: 0.0 for c in range(10)},
+                        validation_split=1 / 3, validation_freq=2, model_dir="run", **QUICK)
     for a, b in zip(before, model.get_weights()):
         np.testing.assert_array_equal(a, b)
-    assert history.history == {"loss": [0.0]}  # no metrics compiled, no validation: Keras' keys
+    assert history.history["loss"] == [0.0, 0.0] and len(history.history["val_loss"]) == 1  # the 2nd epoch's
+    assert set(history.history) == {"loss", "val_loss"}  # no metrics compiled: Keras' keys
 
 
 def test_a_builder_in_either_signature_trains_compiled_or_with_tfgpus_defaults(digits, run_state, capsys):
@@ -107,7 +122,8 @@ def test_a_builder_in_either_signature_trains_compiled_or_with_tfgpus_defaults(d
     assert set(history.history) == {"loss", "acc", "val_loss", "val_acc"}
     assert "compile(): optimizer=SGD(learning_rate=0)" in capsys.readouterr().err
     assert history.results["step"] == 3 and history.results["learning_rate"] == 0.0  # batch_size: Keras' 32
-    tfgpu.fit(lambda: small_model(), x, y, epochs=1, **QUICK)
+    defaults = tfgpu.fit(lambda: small_model(), Batches(x, y), epochs=1, **QUICK)  # a PyDataset: its batch of 16
+    assert defaults.results["step"] == 6 and defaults.model is not None
     assert "the model is not compiled: tfgpu's defaults train it (optimizer=sgd" in capsys.readouterr().err
 
 
@@ -132,6 +148,7 @@ def test_callbacks_see_keras_logs_and_act_on_the_run(digits, run_state, tmp_path
         keras.callbacks.ModelCheckpoint(str(tmp_path / "best.keras")),
         keras.callbacks.BackupAndRestore(str(tmp_path / "backup")),
         keras.callbacks.TerminateOnNaN(),
+        keras.callbacks.TensorBoard(str(tmp_path / "tb"), write_graph=False),
     ]
     model = small_model(dict(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy",
                              metrics=["accuracy"]))
@@ -142,6 +159,7 @@ def test_callbacks_see_keras_logs_and_act_on_the_run(digits, run_state, tmp_path
     assert float(model.optimizer.learning_rate.numpy()) == pytest.approx(0.02)
     assert history.model_dir == str(tmp_path / "backup") and (tmp_path / "backup" / "checkpoints").is_dir()
     assert len((tmp_path / "log.csv").read_text().splitlines()) == 3
+    assert sorted(os.listdir(tmp_path / "tb")) == ["train", "validation"]
     assert keras.saving.load_model(tmp_path / "best.keras").count_params() == model.count_params()
     loss, _ = model.evaluate(x[72:], y[72:], verbose=0)  # the best epoch's weights: the first
     assert loss == pytest.approx(history.history["val_loss"][0], abs=1e-4)
@@ -160,6 +178,7 @@ def test_callbacks_see_keras_logs_and_act_on_the_run(digits, run_state, tmp_path
     (lambda m, x, y: tfgpu.fit(m, x, y, epochs=0), "epochs", "positive integer"),
     (lambda m, x, y: tfgpu.fit(m, x, y, callbacks=[keras.callbacks.ProgbarLogger()]), "callbacks", "ProgbarLogger"),
     (lambda m, x, y: tfgpu.fit(m, x[:, :, :, 0].reshape(len(x), -1), y), "x", "image classifiers"),
+    (lambda m, x, y: tfgpu.fit(m, Batches(x, y, workers=4)), "x", "a PyDataset with workers=4"),
     (lambda m, x, y: tfgpu.fit(m, x, y, input_range=(1, 0)), "input_range", "MIN < MAX"),
 ])
 def test_arguments_keras_refuses_or_tfgpu_cannot_honour_are_one_line_before_any_work(call, argument, message,
@@ -170,6 +189,20 @@ def test_arguments_keras_refuses_or_tfgpu_cannot_honour_are_one_line_before_any_
     assert e.value.flag == argument and str(e.value).startswith(f"tfgpu.fit: {argument}: ") and \
         message in str(e.value), str(e.value)
     assert os.listdir(tmp_path) == []
+
+
+def test_a_callback_stopping_inside_an_epoch_stops_the_run_at_that_loop(digits, run_state):
+    """model.stop_training set in on_train_batch_end ends the run at the end of that loop (steps_per_loop steps),
+    and the epoch ends with what it trained, as in Keras."""
+    x, y = digits
+
+    class StopAtFirstBatch(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            self.model.stop_training = True
+
+    model = small_model(dict(optimizer="sgd", loss="sparse_categorical_crossentropy"))
+    history = tfgpu.fit(model, x, y, batch_size=16, epochs=3, callbacks=[StopAtFirstBatch()], **QUICK)
+    assert history.results["step"] == 2 and history.epoch == [0] and list(history.history) == ["loss"]
 
 
 def test_refused_compile_choices_and_models_are_named(digits, run_state, tmp_path):

@@ -148,6 +148,8 @@ class KerasLoop(LoopHooks):
             self._end_epoch(eval_metrics)
             if not self.stop:
                 self._begin_epoch(self.epoch + 1)
+        elif self.stop and self.epoch not in self.done:  # stopped inside an epoch: Keras ends it with what it has
+            self._end_epoch({})
         return self.stop
 
     def _end_epoch(self, eval_metrics: dict):
