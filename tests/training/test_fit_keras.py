@@ -108,6 +108,18 @@ def test_sgd_at_learning_rate_zero_moves_no_weight_and_class_weight_counts(digit
     assert set(history.history) == {"loss", "val_loss"}  # no metrics compiled: Keras' keys
 
 
+def test_a_model_object_trains_under_the_runs_precision(digits, run_state):
+    """precision="mixed_bfloat16": the rebuilt model computes in bfloat16 (its variables float32), and the user's
+    float32 model gets the trained weights."""
+    x, y = digits
+    model = small_model(dict(optimizer="adam", loss="sparse_categorical_crossentropy"))
+    history = tfgpu.fit(model, x, y, epochs=1, precision="mixed_bfloat16", **QUICK)
+    built = fit_lib._RUNS[history.results["model"]].built
+    assert built.layers[-1].compute_dtype == "bfloat16" and built.layers[-1].kernel.dtype == "float32"
+    assert model.layers[-1].compute_dtype == "float32"
+    np.testing.assert_array_equal(model.get_weights()[0], built.get_weights()[0])
+
+
 def test_a_builder_in_either_signature_trains_compiled_or_with_tfgpus_defaults(digits, run_state, capsys):
     x, y = digits
 

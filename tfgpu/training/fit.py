@@ -343,7 +343,8 @@ def _build(name: str, input_shape, num_classes: int):
     else:
         log.info("%s", fit_compile.defaults_line(*given.defaults))
     fit_compile.register(name, given.compiled)
-    given.built = model
+    if given.built is None:  # the model trained (the export may build a float32 twin afterwards)
+        given.built = model
     return model
 
 

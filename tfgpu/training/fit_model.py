@@ -57,6 +57,7 @@ class Rebuild:
         try:
             self.serialized = keras.saving.serialize_keras_object(model)
             self.serialized.pop("compile_config", None)  # compile() is read by fit_compile; the optimizer rebuilt
+            _follow_the_run_policy(self.serialized, keras.mixed_precision.global_policy().name)
             functional = isinstance(model, keras.Sequential) or type(model).__name__ == "Functional"
             if not functional:  # a subclassed model: found out now whether its config rebuilds it
                 keras.saving.deserialize_keras_object(self.serialized)
@@ -76,7 +77,8 @@ class Rebuild:
         except Exception as e:
             raise ConfigError(self.argument, f"could not be built again inside the strategy scope "
                               f"({type(e).__name__}: {str(e).splitlines()[0][:160]}); {_PASS_BUILDER}") from None
-        self.built_model = model
+        if self.built_model is None:  # the model trained (the export may build a float32 twin afterwards)
+            self.built_model = model
         return model
 
     def copy_back(self, optimizer=None, restarted: bool = False) -> None:
@@ -109,6 +111,21 @@ class Rebuild:
         for name in ("train_function", "test_function", "predict_function"):
             if hasattr(model, name):
                 setattr(model, name, None)
+
+
+def _follow_the_run_policy(config, default_policy: str) -> None:
+    """Drops from a serialized model the dtype policies that are merely the one that was global when it was built,
+    so its layers take the run's policy (``precision=``) when rebuilt; a policy a layer was given stays."""
+    if isinstance(config, dict):
+        dtype = config.get("dtype")
+        if isinstance(dtype, dict) and dtype.get("class_name") == "DTypePolicy" and \
+                (dtype.get("config") or {}).get("name") == default_policy:
+            config["dtype"] = None
+        for value in config.values():
+            _follow_the_run_policy(value, default_policy)
+    elif isinstance(config, list):
+        for value in config:
+            _follow_the_run_policy(value, default_policy)
 
 
 def _recreate(variable, value) -> None:
