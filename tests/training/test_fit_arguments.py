@@ -67,7 +67,7 @@ def test_a_split_leaving_no_example_on_a_side_is_refused_in_keras_words():
 
 
 @pytest.mark.parametrize("name, suggested", [
-    ("batchsize", "batch_size"), ("validation_date", "validation_data"), ("learning_rate", "base_learning_rate"),
+    ("batchsize", "batch_size"), ("validation_date", "validation_data"), ("weight_decy", "weight_decay"),
     ("epoch", "epochs"), ("call_backs", "callbacks"),
 ])
 def test_an_unknown_argument_gets_a_did_you_mean_over_keras_and_tfgpu_names(name, suggested):
