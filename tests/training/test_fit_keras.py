@@ -203,6 +203,17 @@ def test_arguments_keras_refuses_or_tfgpu_cannot_honour_are_one_line_before_any_
     assert os.listdir(tmp_path) == []
 
 
+def test_with_model_dir_a_second_call_resumes_at_the_epoch_the_first_ended(digits, run_state):
+    """epochs=1 then epochs=2 into the same model_dir: the second call trains epoch 1 only, from the checkpoint
+    (its History holds that epoch), on the data the first wrote."""
+    x, y = digits
+    model = small_model(dict(optimizer="adam", loss="sparse_categorical_crossentropy"))
+    first = tfgpu.fit(model, x, y, batch_size=32, epochs=1, model_dir="run", **QUICK)
+    second = tfgpu.fit(model, x, y, batch_size=32, epochs=2, model_dir="run", **QUICK)
+    assert (first.results["step"], second.results["step"]) == (3, 6) and second.epoch == [1]
+    assert int(model.optimizer.iterations.numpy()) == 6
+
+
 def test_a_callback_stopping_inside_an_epoch_stops_the_run_at_that_loop(digits, run_state):
     """model.stop_training set in on_train_batch_end ends the run at the end of that loop (steps_per_loop steps),
     and the epoch ends with what it trained, as in Keras."""

@@ -55,10 +55,9 @@ def prepare(callbacks, is_chief: bool):
         kind = _kind(callback)
         if kind in REFUSED and type(callback).__name__ == kind:
             raise ConfigError("callbacks", f"{kind}: {REFUSED[kind]}")
-        if kind == "BackupAndRestore":
-            if isinstance(getattr(callback, "save_freq", "epoch"), int) or getattr(callback, "double_checkpoint",
-                                                                                   False):
-                log.info("BackupAndRestore: tfgpu checkpoints every epoch and resumes at the exact step")
+        if kind == "BackupAndRestore":  # tfgpu's checkpoints (each epoch) and exact resume do its job
+            log.info("BackupAndRestore(%s): served by tfgpu's checkpoints in the run directory; a rerun resumes at "
+                     "the step it stopped at", callback.backup_dir)
             backup_dir = callback.backup_dir
             continue
         if kind in CHIEF_ONLY and not is_chief:
