@@ -102,7 +102,8 @@ class KerasLoop(LoopHooks):
         compiled = self.given.compiled
         self.metric_names = tuple(compiled.metric_names)
         if compiled.built_optimizer is not None:  # what LearningRateScheduler and ReduceLROnPlateau set
-            model.optimizer = compiled.built_optimizer
+            # Not tracked: the checkpoint keeps the optimizer under the task's "optimizer" alone, as a resume reads it
+            object.__setattr__(model, "optimizer", compiled.built_optimizer)
         model.stop_training = False
         params = {"verbose": 0, "epochs": self.initial_epoch + len(self.ends), "steps": self.ends[0]}
         for callback in self.callbacks:
