@@ -54,10 +54,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--train_steps", type=int, default=300)
     args = parser.parse_args(argv)
     train, val = digits()
-    metrics = tfgpu.fit(build_model, train, eval_data=val, model_dir=args.model_dir,
+    metrics = tfgpu.fit(build_model, train, validation_data=val, model_dir=args.model_dir,
                         train_steps=args.train_steps, global_batch_size=64, base_learning_rate=0.4,
                         warmup_steps=20, weight_decay=5e-4, steps_per_loop=10, checkpoint_every_steps=100,
-                        verbose=2)
+                        input_range=(-1, 1), verbose=2).results  # tfgpu's options, and its metrics.json
     print(f"val_accuracy={metrics['val_accuracy']:.4f} after {metrics['step']} steps", flush=True)
     return metrics
 

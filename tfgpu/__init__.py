@@ -2,8 +2,9 @@
 
 Importing ``tfgpu`` is cheap: the attributes below load TensorFlow only when first used.
 
-- ``tfgpu.fit(model_fn, train_data, *, model_dir, eval_data=None, **options)``: the run of
-  ``python -m tfgpu.train`` for your own model and data (``tfgpu.training.fit``).
+- ``tfgpu.fit(model, x=None, y=None, batch_size=None, epochs=1, ..., *, model_dir=None, **tfgpu_options)``:
+  ``keras.Model.fit``'s arguments and meaning on every device of the job (``model.fit(`` -> ``tfgpu.fit(model, ``);
+  returns a ``keras.callbacks.History`` (``tfgpu.training.fit``, docs/from-model-fit.md).
 - ``tfgpu.ConfigError``: what a bad option or argument raises; ``.flag`` names it.
 - ``tfgpu.Preempted``: what ``fit`` raises after a SIGTERM or a Ctrl-C, once the checkpoint is saved
   (``.step``); a Ctrl-C's is also a ``KeyboardInterrupt``.

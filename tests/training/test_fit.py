@@ -67,9 +67,9 @@ def test_fit_on_a_dataset_equals_train_on_the_same_data_converted(digits, tmp_pa
     from tfgpu import train
 
     (xt, yt), (xv, yv) = digits
-    options = dict(SMALL, train_steps=3, deterministic=True)
+    options = dict(SMALL, train_steps=3, deterministic=True, input_range="0,255")  # fit's model sees the pixels
     fitted = tfgpu.fit(build_model, _ds((xt, yt)), eval_data=_ds((xv, yv)), model_dir=str(tmp_path / "fit"),
-                       **options)
+                       **options).results
     converted = str(tmp_path / "converted")
     splits = {split: tfrecord.write_arrays(converted, split, x, y, num_shards=1)
               for split, (x, y) in (("train", (xt, yt)), ("val", (xv, yv)))}
@@ -91,12 +91,12 @@ def test_fit_on_a_dataset_equals_train_on_the_same_data_converted(digits, tmp_pa
 
 
 @pytest.mark.parametrize("options, flag, message", [
-    (dict(global_batch_sise=64), "global_batch_sise", "unknown option (did you mean global_batch_size"),
+    (dict(global_batch_sise=64), "global_batch_sise", "unknown argument (did you mean global_batch_size"),
     (dict(global_batch_size="many"), "global_batch_size", "expected int, got 'many'"),
     (dict(global_batch_size=0), "global_batch_size", "must be positive"),
     (dict(precision="fp8"), "precision", "'fp8' is not one of float32"),
     (dict(input_range=(1, 0)), "input_range", "MIN < MAX"),
-    (dict(data_dir="/data"), "data_dir", "pass the directory as train_data"),
+    (dict(data_dir="/data"), "data_dir", "pass the directory as x"),
     (dict(eval_split="test"), "eval_split", "written as split 'val'"),
     (dict(sync_batch_norm=True), "sync_batch_norm", "synchronized=True"),
     (dict(task="gan"), "task", "trains classifiers"),
@@ -115,9 +115,9 @@ def test_wrong_data_is_one_error_before_training(digits, tmp_path):
         (dict(train_data=_ds((xt, yt)).batch(8).batch(2)), "train_data", "look batched"),
         (dict(train_data=_ds(xt)), "train_data", "no label"),
         (dict(train_data=_ds((xt.astype("int32"), yt))), "train_data", "uint8 or float pixels in [0, 255]"),
-        (dict(train_data=(xt, yt)), "train_data", "from_tensor_slices"),
+        (dict(train_data=(xt, yt)), "train_data", "pass x and y as two arguments"),
         (dict(train_data=_ds((xt, yt)), eval_data=_ds((np.repeat(xv, 3, -1), yv))), "eval_data", "3 channels"),
-        (dict(train_data=_ds((xt, yt)), eval_data=str(tmp_path)), "eval_data", "must be one too"),
+        (dict(train_data=_ds((xt, yt)), eval_data=str(tmp_path)), "eval_data", "must be (x_val, y_val) arrays or a tf.data.Dataset"),
         (dict(train_data=str(tmp_path / "converted"), eval_data=_ds((xv, yv))), "eval_data", "eval split"),
         (dict(train_data=str(tmp_path / "converted")), "train_data", "no dataset.json in it"),
         (dict(train_data="s3://bucket/converted"), "train_data", "has no s3:// file system"),
@@ -146,10 +146,10 @@ def test_image_dataset_from_directory_output_trains_unchanged_with_its_class_nam
         validation_split=0.25, subset="both", seed=3, verbose=False)
     assert train.element_spec[0].shape.rank == 4 and train.element_spec[0].dtype == tf.float32
     metrics = tfgpu.fit(build_model, train, eval_data=val, model_dir=str(tmp_path / "run"),
-                        **dict(SMALL, train_steps=60, checkpoint_every_steps=60))
+                        **dict(SMALL, train_steps=60, checkpoint_every_steps=60)).results
     assert metrics["val_examples"] == 64 and metrics["val_accuracy"] > 0.7, metrics
     log = capsys.readouterr().err
-    assert "train_data: elements are batches" in log and "float32 images: stored as uint8" in log
+    assert "x: elements are batches" in log and "float32 images: stored as uint8" in log
     manifest = tfrecord.read_manifest(str(tmp_path / "run" / "data"))
     assert manifest["classes"] == sorted(names) == train.class_names
     with open(tmp_path / "run" / "export" / "model.input.json") as f:
@@ -164,12 +164,12 @@ def test_model_fn_is_built_in_the_scope_under_the_policy_and_checked_against_the
         inputs = keras.Input((8, 8, 1))
         return keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Flatten()(inputs)))
 
-    with pytest.raises(tfgpu.ConfigError, match="model_fn: its model has 3 outputs, but the data has 10 classes"):
+    with pytest.raises(tfgpu.ConfigError, match="model: its model has 3 outputs, but the data has 10 classes"):
         tfgpu.fit(three_classes, _ds(digits[0]), model_dir=str(tmp_path), train_steps=1, precision="mixed_bfloat16",
                   **SMALL)
     assert seen == {"policy": "mixed_bfloat16", "in_scope": True}
     assert not os.path.exists(tmp_path / "checkpoints")
-    with pytest.raises(tfgpu.ConfigError, match="model_fn: returned str, not a keras.Model"):
+    with pytest.raises(tfgpu.ConfigError, match="model: returned str, not a keras.Model"):
         tfgpu.fit(lambda: "model", _ds(digits[0]), model_dir=str(tmp_path), train_steps=1, **SMALL)
 
     class Apply(keras.layers.Layer):  # a function as constructor argument: Keras cannot save it
@@ -184,7 +184,7 @@ def test_model_fn_is_built_in_the_scope_under_the_policy_and_checked_against_the
         inputs = keras.Input((8, 8, 1))
         return keras.Model(inputs, keras.layers.Dense(10)(keras.layers.Flatten()(Apply(lambda x: x * 2)(inputs))))
 
-    with pytest.raises(tfgpu.ConfigError, match="model_fn: .*unsaveable's model cannot be saved"):
+    with pytest.raises(tfgpu.ConfigError, match="model: .*unsaveable's model cannot be saved"):
         tfgpu.fit(unsaveable, _ds(digits[0]), model_dir=str(tmp_path), train_steps=1, **SMALL)
 
 
@@ -195,11 +195,12 @@ def test_fitting_again_resumes_without_writing_the_data_again(digits, tmp_path, 
     tfgpu.fit(build_model, _ds((xt, yt)), model_dir=str(tmp_path), train_steps=1, **SMALL)
     shard = tmp_path / "data" / "train-00000-of-00001.tfrecord"
     written = shard.stat().st_mtime_ns
-    metrics = tfgpu.fit(build_model, _ds((xt, yt)).shuffle(256), model_dir=str(tmp_path), train_steps=2, **SMALL)
+    metrics = tfgpu.fit(build_model, _ds((xt, yt)).shuffle(256), model_dir=str(tmp_path), train_steps=2,
+                        **SMALL).results
     assert metrics["step"] == 2 and [r["step"] for r in read_history(tmp_path)] == [1, 2]
     assert shard.stat().st_mtime_ns == written
     assert capsys.readouterr().err.count("tfgpu.fit: writing 256 examples") == 1
-    with pytest.raises(tfgpu.ConfigError, match="train_data: its content differs .*use a new model_dir"):
+    with pytest.raises(tfgpu.ConfigError, match="x: its content differs .*use a new model_dir"):
         tfgpu.fit(build_model, _ds((xt, (yt + 1) % 10)), model_dir=str(tmp_path), train_steps=3, **SMALL)
 
 
@@ -228,7 +229,7 @@ def test_a_sigterm_under_fit_raises_preempted_to_the_caller_after_the_checkpoint
     saved = tf.train.latest_checkpoint(str(tmp_path / "checkpoints"))
     assert stopped.value.step == 1 and stopped.value.checkpoint == saved and saved.endswith("ckpt-1")
     assert "checkpoint saved at step 1" in str(stopped.value) and not (tmp_path / "metrics.json").exists()
-    metrics = tfgpu.fit(build_model, _ds((xt, yt)), model_dir=str(tmp_path), train_steps=3, **options)
+    metrics = tfgpu.fit(build_model, _ds((xt, yt)), model_dir=str(tmp_path), train_steps=3, **options).results
     assert metrics["step"] == 3 and [r["step"] for r in read_history(tmp_path)] == [1, 2, 3]
 
 
@@ -275,10 +276,11 @@ def test_fit_with_model_dir_on_ram_writes_reuses_and_resumes_there(digits, tmp_p
     root = f"ram://tfgpu-test-{uuid.uuid4().hex[:8]}"
     try:
         tfgpu.fit(build_model, _ds((xt[:64], yt[:64])), model_dir=f"{root}/a", train_steps=1, **SMALL)
-        metrics = tfgpu.fit(build_model, _ds((xt[:64], yt[:64])), model_dir=f"{root}/a", train_steps=2, **SMALL)
+        metrics = tfgpu.fit(build_model, _ds((xt[:64], yt[:64])), model_dir=f"{root}/a", train_steps=2,
+                            **SMALL).results
         assert metrics["step"] == 2 and capsys.readouterr().err.count("tfgpu.fit: writing 64 examples") == 1
         assert fileio.exists(f"{root}/a/data/dataset.json") and fileio.exists(f"{root}/a/checkpoints")
-        again = tfgpu.fit(build_model, f"{root}/a/data", model_dir=f"{root}/b", train_steps=1, **SMALL)
+        again = tfgpu.fit(build_model, f"{root}/a/data", model_dir=f"{root}/b", train_steps=1, **SMALL).results
         assert again["step"] == 1 and fileio.exists(f"{root}/b/metrics.json")
         assert os.listdir(tmp_path) == []
     finally:

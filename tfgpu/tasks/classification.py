@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from tfgpu.config import ConfigError, InputConfig, OptimizationConfig, PrecisionConfig
 from tfgpu.runtime import precision
-from tfgpu.training import optimizers, results
+from tfgpu.training import fit_compile, optimizers, results
 from tfgpu.models import batch_norm, create_model, get_spec, heads, model_options
 from tfgpu.models.summary import count_params
 from tfgpu.tasks.base import MetricSpec, Task, register_task, unpack_batch
@@ -55,6 +55,12 @@ class ClassificationTask(Task):
         MetricSpec("loss_scale", plot="learning_rate", panel="loss scale", label="loss scale", scale="log2",
                    progress=True),
     )
+    # tfgpu.fit's compile() (``build`` sets them): None/empty for a run of the options alone
+    compiled = None
+    _label_smoothing = None
+    _generic_loss = None
+    _class_weights = None
+    _clipping = {}
     report_options = ("jit_compile", "optimizer", "base_learning_rate", "lr_schedule", "warmup_epochs", "warmup_steps",
                       "weight_decay", "label_smoothing", "grad_accum_steps", "init_weights", "freeze")
 
@@ -77,13 +83,28 @@ class ClassificationTask(Task):
         inputs = InputConfig.of(config, self.batches_per_step(config))
         self.schedule = optimizers.learning_rate_schedule(optimization, self.total_steps,
                                                           steps_per_epoch(inputs, self.info), inputs.examples_per_step)
-        learning_rate = optimizers.ScheduleAtStep(self.schedule, self.global_step)
-        self.optimizer = precision.wrap_optimizer(optimizers.create_optimizer(optimization, learning_rate),
-                                                  PrecisionConfig.of(config))
-        # The rate for the log, one compiled call per loop (the warmup + decay schedule run eagerly: ~0.9 ms).
-        self._learning_rate_now = tf.function(lambda: self.schedule(self.global_step), autograph=False)
-        # Slots for every variable, frozen or not: the same optimizer (and checkpoint) trains after the unfreeze.
-        optimizers.exclude_from_decay(self.optimizer, self.model.trainable_variables)
+        # tfgpu.fit: what the model's compile() said (training/fit_compile.py); None or uncompiled: the options.
+        self.compiled = fit_compile.lookup(config.model)
+        compiled = self.compiled if self.compiled and self.compiled.compiled else None
+        self._label_smoothing = compiled.label_smoothing if compiled else config.label_smoothing
+        self._generic_loss = compiled.loss if compiled else None
+        self._clipping = compiled.clipping if compiled else {}
+        self._class_weights = (tf.constant([float(self.compiled.class_weight.get(c, 1.0))
+                                            for c in range(self.info.num_classes)])
+                               if self.compiled and self.compiled.class_weight else None)
+        if compiled:
+            fit_compile.check_from_logits(compiled, self.head, config.model)
+            inner = compiled.make_optimizer()
+            self.optimizer = precision.wrap_optimizer(inner, PrecisionConfig.of(config))
+            self._learning_rate_now = lambda: tf.convert_to_tensor(inner.learning_rate).numpy()
+        else:
+            learning_rate = optimizers.ScheduleAtStep(self.schedule, self.global_step)
+            self.optimizer = precision.wrap_optimizer(optimizers.create_optimizer(optimization, learning_rate),
+                                                      PrecisionConfig.of(config))
+            # The rate for the log, one compiled call per loop (the warmup + decay schedule run eagerly: ~0.9 ms).
+            self._learning_rate_now = tf.function(lambda: self.schedule(self.global_step), autograph=False)
+            # Slots for every variable, frozen or not: the same optimizer (and checkpoint) trains after the unfreeze.
+            optimizers.exclude_from_decay(self.optimizer, self.model.trainable_variables)
         self.optimizer.build(self.model.trainable_variables)
         if self.freezer:
             self.freezer.freeze()
@@ -158,9 +179,15 @@ class ClassificationTask(Task):
         """Cross-entropy in float32 of ``outputs``: logits, or probabilities when the softmax is not separable."""
         outputs = tf.cast(outputs, tf.float32)
         num_classes = self.info.num_classes
+        if self._generic_loss is not None:  # a compiled loss other than cross-entropy, on the model's output
+            predicted = tf.nn.softmax(outputs) if self.head.gives_probabilities and not self._from_probabilities \
+                else outputs
+            truth = tf.one_hot(labels, num_classes) if self.compiled.one_hot else labels
+            return tf.cast(self._generic_loss(truth, predicted), tf.float32)
         targets = tf.one_hot(labels, num_classes)
-        if self.config.label_smoothing:
-            targets = targets * (1.0 - self.config.label_smoothing) + self.config.label_smoothing / num_classes
+        smoothing = self.config.label_smoothing if self._label_smoothing is None else self._label_smoothing
+        if smoothing:
+            targets = targets * (1.0 - smoothing) + smoothing / num_classes
         if self._from_probabilities:
             return -tf.reduce_sum(targets * tf.math.log(tf.clip_by_value(outputs, PROBABILITY_FLOOR, 1.0)), -1)
         return tf.nn.softmax_cross_entropy_with_logits(targets, outputs)
@@ -184,10 +211,16 @@ class ClassificationTask(Task):
         for i, (x, y, sample_weight) in enumerate(micro):
             with tf.GradientTape() as tape:
                 outputs = self._forward(x, training=True)
-                summed = tf.reduce_sum(self.per_example_loss(y, outputs) * sample_weight)
+                loss_weight = (sample_weight if self._class_weights is None
+                               else sample_weight * tf.gather(self._class_weights, y))
+                summed = tf.reduce_sum(self.per_example_loss(y, outputs) * loss_weight)
                 loss = summed / config.global_batch_size
                 if i == 0:  # the L2 term counts once per step
                     loss += optimizers.l2_penalty(self.optimization, variables, num_replicas)
+                    if self.compiled and self.compiled.compiled and self.model.losses:  # as Keras adds them
+                        regularization = tf.add_n([tf.cast(v, tf.float32) for v in self.model.losses]) / num_replicas
+                        loss += regularization
+                        summed += regularization * config.global_batch_size
                 scaled = precision.scale_loss(self.optimizer, loss)
             micro_grads = [tf.cast(m, v.dtype) for m, v in zip(tape.gradient(scaled, variables), variables)]
             grads = micro_grads if grads is None else [g + m for g, m in zip(grads, micro_grads)]
@@ -201,6 +234,9 @@ class ClassificationTask(Task):
         saved = [tf.identity(v.value) for v in state]
         grads, loss, accuracy = self._grads_fn(images, labels, weights)
         num_replicas = self.placement.num_replicas
+        if self._clipping:  # a compiled clipnorm/clipvalue/global_clipnorm, on the all-reduced gradient
+            grads = fit_compile.clip(grads, self._clipping, precision.current_loss_scale(self.optimizer),
+                                     num_replicas)
         finite, norm = precision.apply_if_finite(self.optimizer, loss, grads, self.model.trainable_variables,
                                                  self.config.grad_clip_norm, num_replicas)
         precision.restore_if_not_finite(finite, state, saved)

@@ -54,12 +54,13 @@ UNRESOLVED = object()  # ``setup``'s cluster_desc when the caller has not resolv
 
 
 def setup(config: Config, write_config: bool = True, startup: PhaseTimer | None = None,
-          cluster_desc=UNRESOLVED, history_class=None) -> Setup:
+          cluster_desc=UNRESOLVED, history_class=None, hooks=None) -> Setup:
     """Devices, strategy, data description, task and trainer for ``config``; raises ConfigError early.
     ``startup`` times each phase (the trainer goes on timing it to the end of its first loop). ``cluster_desc``:
     the cluster as ``cluster.resolve_for_run`` describes it (None: this process trains alone), when the caller
     resolved it already; it is resolved here, once, otherwise, and the strategy is built from it.
-    ``history_class``: the trainer's history.jsonl writer (default ``History``; the benchmark's also times)."""
+    ``history_class``: the trainer's history.jsonl writer (default ``History``; the benchmark's also times);
+    ``hooks``: the trainer's ``LoopHooks`` (``tfgpu.fit``'s Keras callbacks)."""
     from tfgpu.runtime import cluster
 
     startup = startup or PhaseTimer(time.time())
@@ -134,7 +135,7 @@ def setup(config: Config, write_config: bool = True, startup: PhaseTimer | None 
     on_restored = ([lambda step, history: _write_run_config(config, changes, step, history)]
                    if placement.is_chief and write_config else [])
     trainer = Trainer(_trainer_config(config, inputs, info), inputs, placement, task, info, total_steps, startup,
-                      on_restored, history_class)
+                      on_restored, history_class, hooks)
     changes += _check_model(config, task, trainer.checkpointer, recorded, write_config)
     startup.mark("build")  # the task's models and optimizers, the trainer's loops and checkpointer
     return Setup(config, placement, info, task, trainer, total_steps)
@@ -212,18 +213,18 @@ def _check_batches(config: Config, num_replicas: int) -> None:
         raise ConfigError("eval_batch_size", f"{eval_batch} is not divisible by the {num_replicas} replicas")
 
 
-def run(config: Config, startup: PhaseTimer | None = None, cluster_desc=UNRESOLVED) -> dict:
+def run(config: Config, startup: PhaseTimer | None = None, cluster_desc=UNRESOLVED, hooks=None) -> dict:
     """Trains (or resumes) the run described by ``config``; returns metrics.json's object (every worker).
     ``startup``: the entrypoint's timer, started when the process did (--target's time_to_target_s counts from
     there) with its ``imports`` marked before TensorFlow's; default a timer started now. ``cluster_desc``: as
-    ``setup`` takes it. A SIGTERM ends it with ``failures.Preempted`` once the checkpoint is saved."""
+    ``setup`` takes it; ``hooks``: the trainer's ``LoopHooks``. A SIGTERM ends it with ``failures.Preempted`` once the checkpoint is saved."""
     started = time.time()
     if startup is None:
         startup = PhaseTimer(started)
         startup.mark("imports")
     import tensorflow as tf
 
-    built = setup(config, startup=startup, cluster_desc=cluster_desc)
+    built = setup(config, startup=startup, cluster_desc=cluster_desc, hooks=hooks)
     config, placement, task = built.config, built.placement, built.task  # config: --precision=auto resolved
     try:
         result = built.trainer.train()

@@ -58,10 +58,11 @@ class Trainer:
     compiled loops, the checkpointer and the TensorBoard writers; ``restore`` then only restores. ``startup``:
     the PhaseTimer ``experiment.setup`` began (the first loop finishes it; time_to_target_s counts from its
     start); ``on_restored``: callables(step, history) run once the checkpoint, if any, is restored;
-    ``history_class``: the history.jsonl writer (default ``History``)."""
+    ``history_class``: the history.jsonl writer (default ``History``); ``hooks``: a ``LoopHooks`` (extra loop
+    boundaries and evaluations, told of every loop and boundary, may stop the run; ``tfgpu.fit``'s Keras callbacks)."""
 
     def __init__(self, config: TrainerConfig, inputs: InputConfig, placement: Placement, task, info,
-                 total_steps: int, startup=None, on_restored=(), history_class=None):
+                 total_steps: int, startup=None, on_restored=(), history_class=None, hooks=None):
         self.config = config
         self.inputs = inputs
         self.placement = placement
@@ -72,6 +73,7 @@ class Trainer:
         self.model_dir = config.model_dir
         self.chief = placement.is_chief
         self.history = (history_class or History)(self.model_dir, self.chief)
+        self.hooks = hooks or LoopHooks()
         self.declarations = metric_specs.of_task(task)
         self.target = target_lib.resolve(config.target, self.declarations) if config.target else None
         if self.target and not self._evaluates:
@@ -149,8 +151,11 @@ class Trainer:
         c = self.config
         if not self._evaluates:
             return set()
+        asked = {s for s in self.hooks.evaluations() if 0 < s < self.total_steps}
         if c.eval_every_steps:
-            return set(range(c.eval_every_steps, self.total_steps, c.eval_every_steps))
+            return asked | set(range(c.eval_every_steps, self.total_steps, c.eval_every_steps))
+        if asked:
+            return asked
         if not self.target:
             return set()
         per_epoch = pipeline.steps_per_epoch(self.inputs, self.info)
@@ -165,6 +170,7 @@ class Trainer:
         if c.profile_steps:
             marks.update(int(s) for s in c.profile_steps.split(","))
         marks.update(self.task.step_boundaries())
+        marks.update(self.hooks.boundaries())
         return sorted(m for m in marks if 0 < m < self.total_steps) + [self.total_steps]
 
     @property
@@ -528,6 +534,7 @@ class Trainer:
                 call(start_step, self.history)
             self._stop.clear()
             heartbeat.beat("restored", start_step, self.model_dir)  # tfgpu.launch's view of this worker's progress
+            self.hooks.on_train_begin(start_step)
             try:
                 with interrupts.StopSignals(self._on_stop_signal, self._unsaved, process_exit.in_command()), \
                         self._stop.ticking():
@@ -582,6 +589,8 @@ class Trainer:
                             tf.profiler.experimental.stop()
                         if ran:
                             last = self._log_loop(step, ran, sums, elapsed, progress)
+                            if self.hooks.on_loop_end(step, ran, last["step_metrics"]):
+                                boundary = step  # the hooks ask to stop: this loop's end is a boundary
                             if not first_loop:  # the first loop includes tracing and compilation
                                 rates.append(last["record"]["examples_per_sec"])
                             elif self.startup:
@@ -598,10 +607,11 @@ class Trainer:
                         if step in eval_steps:
                             last_eval = self.evaluate(step)
                             stopped = self._reaches_target(step, last_eval, progress)
-                            if stopped:
-                                if not saved:
-                                    self._save()
-                                break
+                        stopped = self.hooks.on_boundary(step, last_eval if step in eval_steps else {}) or stopped
+                        if stopped:
+                            if not saved:
+                                self._save()
+                            break
                         if self.task.at_step(step):
                             self._trace_train_loop()
                 progress.close()
@@ -618,6 +628,7 @@ class Trainer:
             self._reaches_target(step, last_eval, timed=owed)
         elif not last_eval:  # resumed at the target: the evaluation of the checkpoint, not recorded again
             last_eval = self._resumed_eval
+        self.hooks.on_train_end(step, last_eval)
         values = {}
         if last:  # the train step's metrics as train_<name>; learning rates and loss scales as they are
             values.update({f"train_{k}": v for k, v in last["step_metrics"].items()})
@@ -672,6 +683,31 @@ class Trainer:
 
 class _EvaluationStopped(Exception):
     """A stop signal ended an evaluation part way (``Trainer.train`` saves and stops)."""
+
+
+class LoopHooks:
+    """What a caller adds to the loop (``tfgpu.fit``'s Keras callbacks): steps where a loop must end and steps to
+    evaluate at, and calls at the start, after every loop, at every boundary before the last (True stops the run
+    there, after a checkpoint) and at the end (with the final evaluation, {} when there was none). The default
+    adds nothing; ``on_loop_end`` returning True makes the loop's end a boundary (where ``on_boundary`` may stop)."""
+
+    def boundaries(self) -> tuple:
+        return ()
+
+    def evaluations(self) -> tuple:
+        return ()
+
+    def on_train_begin(self, step: int) -> None:
+        pass
+
+    def on_loop_end(self, step: int, num_steps: int, step_metrics: dict) -> bool:
+        return False
+
+    def on_boundary(self, step: int, eval_metrics: dict) -> bool:
+        return False
+
+    def on_train_end(self, step: int, eval_metrics: dict) -> None:
+        pass
 
 
 def _fmt(values: dict) -> str:
