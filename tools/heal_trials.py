@@ -78,10 +78,13 @@ def read_history(model_dir):
 
 
 def final_accuracy(model_dir):
+    """The run's final val_accuracy from its metrics.json (``results.read``, the file's one reader), or None."""
+    from tfgpu.config import ConfigError
+    from tfgpu.training import results
+
     try:
-        with open(os.path.join(model_dir, "metrics.json")) as f:
-            return json.load(f).get("val_accuracy")
-    except (OSError, ValueError):
+        return results.final_metrics(results.read(model_dir)).get("val_accuracy")
+    except ConfigError:
         return None
 
 

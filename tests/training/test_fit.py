@@ -257,7 +257,7 @@ def test_a_ctrl_c_under_fit_saves_then_raises_a_keyboard_interrupt_that_is_a_pre
     assert signal.getsignal(signal.SIGINT) is callers_handler
     assert isinstance(stopped.value, tfgpu.Preempted) and stopped.value.step == 1
     assert stopped.value.checkpoint.endswith("ckpt-1") and "interrupted by SIGINT (Ctrl-C)" in str(stopped.value)
-    metrics = tfgpu.fit(build_model, _ds((xt, yt)), model_dir=str(tmp_path), train_steps=3, **options)
+    metrics = tfgpu.fit(build_model, _ds((xt, yt)), model_dir=str(tmp_path), train_steps=3, **options).results
     assert metrics["step"] == 3 and [r["step"] for r in read_history(tmp_path)] == [1, 2, 3]
 
 

@@ -147,8 +147,9 @@ def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, re
             key, serialized = element
             return (*examples.train_example(serialized, info.train_split, key, seed=index), key)
 
-        def check(x, y, keys):
-            return x, examples.check_batch(y, keys, info.train_split)
+        def check(x, y, *rest):  # rest: a task's sample weights, if its examples have them, then the keys
+            *weight, keys = rest
+            return (x, examples.check_batch(y, keys, info.train_split), *weight)
 
         if config.data_service:
             reader = Segments(info, info.train_split, segments)

@@ -158,8 +158,8 @@ class Examples:
     def train_example(self, serialized, split: str, key, seed):
         """``example`` as the train pipeline calls it per record: classification's label check is left to
         ``check_batch`` (one vectorized check a batch instead of an assertion a record); a task's own ``label``
-        checks as it parses."""
-        if type(self).label is not Examples.label or not self.labelled:
+        checks as it parses, and a task's own ``example`` (a sample weight, say) is called as it is."""
+        if not self._labels_checked_per_batch():
             return self.example(serialized, split, key, seed)
         features = self.parse(serialized)
         return self.image(features, seed), features[tfrecord.LABEL]
@@ -167,9 +167,15 @@ class Examples:
     def check_batch(self, labels, keys, split: str):
         """``labels`` of a batch once each is a class index (classification's labels, left unchecked by
         ``train_example``); else the step fails naming the first bad record, as ``checked_label`` does."""
-        if type(self).label is not Examples.label or not self.labelled:
+        if not self._labels_checked_per_batch():
             return labels
         return checked_labels(split, keys, labels, self.info.num_classes)
+
+    def _labels_checked_per_batch(self) -> bool:
+        """Whether the train pipeline parses records itself and checks their labels a batch at a time: only for
+        classification's own ``label`` and ``example`` (a task overriding either is called per record)."""
+        cls = type(self)
+        return self.labelled and cls.label is Examples.label and cls.example is Examples.example
 
     def example(self, serialized, split: str, key, seed=None):
         """``(x, y)`` of one serialized record of ``split`` (``key``: its identity for errors); ``seed`` given:

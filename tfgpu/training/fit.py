@@ -312,8 +312,10 @@ def _register(given: "_Model") -> str:
 
 
 def model_fn_of(name: str):
-    """The model_fn registered as ``name`` (``register``), or None: whose source the model fingerprint hashes."""
-    return _MODEL_FNS.get(name)
+    """The builder function registered as ``name`` (``register``), or None (a model object: its layers are what the
+    model fingerprint compares): whose source the fingerprint hashes."""
+    given = _RUNS.get(name)
+    return given.builder if given is not None else None
 
 
 def _build(name: str, input_shape, num_classes: int):
