@@ -150,7 +150,8 @@ class Config:
     augment: str = option("none", "Training augmentation: none, flip, cifar (pad-crop-flip), "
                           "imagenet (random-resized-crop + flip).", "data", ("none", "flip", "cifar", "imagenet"))
     shuffle_buffer: int = option(10000, "Records mixed together per input pipeline (a window of the epoch's index "
-                                 "order; indices are shuffled, not records).", "data")
+                                 "order; indices are shuffled, not records); 1 = no shuffle, records in shard "
+                                 "order.", "data")
     data_workers: int = option(0, "Parallel decode/augment calls per input pipeline; 0 = tf.data AUTOTUNE.", "data")
     deterministic_input: bool = option(True, "Keep the input order a pure function of seed and step (exact resume); "
                                        "false lets tf.data hand out elements as soon as they are ready.", "data")

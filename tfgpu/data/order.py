@@ -47,6 +47,7 @@ class Order:
     salt: int
     single: bool
     buffer_size: int
+    shuffled: bool = True  # False (--shuffle_buffer=1): every epoch reads the chunks in shard order
 
     @property
     def num_chunks(self) -> int:
@@ -66,7 +67,9 @@ class Order:
                          + tf.cast(epoch, tf.int64) * 7919])
 
     def chunk_order(self, epoch):
-        """The epoch's permutation of the chunks."""
+        """The epoch's permutation of the chunks (the identity when the order is not shuffled)."""
+        if not self.shuffled:
+            return tf.range(self.num_chunks, dtype=tf.int64)
         return tf.random.experimental.stateless_shuffle(tf.range(self.num_chunks, dtype=tf.int64),
                                                         seed=self._epoch_seed(epoch))
 
@@ -259,4 +262,4 @@ def build(info, split: str, runs, length: int, seed: int, salt: int, shuffle_buf
         window = max(1, min(window, table.shape[1]))  # no more readers than chunks
     buffer_size = int(np.clip(per_chunk * (mean + 16), 1 << 12, CHUNK_BYTES + (1 << 12)))
     return Order(tuple(f for f, _ in files), info.compression, table[0], table[1], table[2], table[3], int(length),
-                 window, int(seed), int(salt), single, buffer_size)
+                 window, int(seed), int(salt), single, buffer_size, shuffled=shuffle_buffer > 1)
