@@ -281,19 +281,21 @@ def test_a_hung_worker_is_killed_within_the_timeout_of_its_last_progress(worker_
     model_dir.mkdir()
     started = time.time()
     code, output = _run(worker_module, "--num_workers=3", "--min_workers=2", "--max_restarts=1",
-                        "--worker_timeout_s=1.5", "--startup_timeout_s=30", "--stop_grace_s=1", mode="heal:stop:2:7",
+                        "--worker_timeout_s=4", "--startup_timeout_s=30", "--stop_grace_s=1", mode="heal:stop:2:7",
                         env={"TINY_MODEL_DIR": str(model_dir)})
     assert code == 0, output
-    hang = re.search(r"worker 2 made no progress for ([\d.]+) s \(--worker_timeout_s=1.5, stopped by a signal\)",
+    hang = re.search(r"worker 2 made no progress for ([\d.]+) s \(--worker_timeout_s=4, stopped by a signal\)",
                      output)
-    assert hang and 1.5 <= float(hang.group(1)) < 2.5, output
+    assert hang and 0 < float(hang.group(1)) < 4 + 1.5, output  # its peers, waiting for it, can go silent first
     stopped = re.search(r"group stopped ([\d.]+) s after its last progress \(worker \d, training at step \d\)",
                         output)
-    assert stopped and float(stopped.group(1)) < 1.5 + 1.5, output  # the timeout, then the kill and a SIGTERM
+    # the timeout, then the kill and a SIGTERM (4 s, not less: a loaded 2-core host can leave a live worker's
+    # heartbeat 1.5 s old, which was then taken for the hang)
+    assert stopped and float(stopped.group(1)) < 4 + 2.5, output
     line = re.search(r"restart 1 of --max_restarts=1: worker 2 made no progress .* after step (\d+); 3 -> 2 workers, "
                      r"resuming from the checkpoint at step (\d+)", output)
     assert line and int(line.group(1)) >= 7 and 5 <= int(line.group(2)) <= int(line.group(1)), output
-    assert output.count("finished at 30") == 2 and time.time() - started < 40
+    assert output.count("finished at 30") == 2 and time.time() - started < 60
     assert _history(model_dir, "restart")[0]["hung"] is True
 
 

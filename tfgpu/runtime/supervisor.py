@@ -263,8 +263,9 @@ class Launcher:
 
     def _stop_hung_group(self, silent, now):
         """Workers showed no progress for --worker_timeout_s: the cause (stopped by a signal, else the one silent
-        longest) is killed, the others stopped; a hang is a failure like an exit."""
-        stopped = [w for w in silent if w.stopped()]
+        longest) is killed, the others stopped; a hang is a failure like an exit. A stopped worker is the cause even
+        when a peer waiting for it fell silent first (its last beat can be a moment older than the stopped one's)."""
+        stopped = [w for w in self.workers if w.running() and w.stopped()]
         cause = stopped[0] if stopped else min(silent, key=lambda w: (w.progress_at, w.index))
         silent_s = now - cause.progress_at
         state = ", stopped by a signal" if stopped else ""
