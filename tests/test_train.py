@@ -178,14 +178,14 @@ def _tiny_dataset(directory):
 ])
 def test_malformed_dataset_json_is_one_line_naming_it(tmp_path, edit, message):
     from tfgpu.config import Config
-    from tfgpu.data import pipeline
+    from tfgpu.data import catalog
 
     _tiny_dataset(tmp_path)
     path = tmp_path / tfrecord.MANIFEST
     edited = edit(json.loads(path.read_text()))
     path.write_text(edited if isinstance(edited, str) else json.dumps(edited))
     with pytest.raises(ConfigError) as e:
-        pipeline.prepare(Config(model_dir=str(tmp_path / "run"), data_dir=str(tmp_path), eval_split="none"))
+        catalog.prepare(Config(model_dir=str(tmp_path / "run"), data_dir=str(tmp_path), eval_split="none"))
     assert str(e.value).startswith(f"--data_dir: {path}") and message in str(e.value), str(e.value)
     assert "\n" not in str(e.value)
 
@@ -194,10 +194,10 @@ def test_an_image_that_does_not_decode_is_found_by_shard_and_record(tmp_path):
     import tensorflow as tf
 
     from tfgpu.config import Config
-    from tfgpu.data import pipeline
+    from tfgpu.data import catalog
 
     splits = _tiny_dataset(tmp_path)
-    info = pipeline.prepare(Config(model_dir=str(tmp_path / "run"), data_dir=str(tmp_path), eval_split="none"))
+    info = catalog.prepare(Config(model_dir=str(tmp_path / "run"), data_dir=str(tmp_path), eval_split="none"))
     assert experiment.find_undecodable_image(info) is None
     shard = str(tmp_path / splits["train"]["shards"][1]["file"])
     records = list(tf.data.TFRecordDataset(shard).as_numpy_iterator())

@@ -213,7 +213,7 @@ def test_npz_grayscale_raw_round_trip_and_seeded_stratified_split(tmp_path):
 
 def test_builtin_digits_is_read_by_the_training_pipeline(tmp_path):
     from tfgpu.config import Config
-    from tfgpu.data import pipeline
+    from tfgpu.data import catalog
 
     out = tmp_path / "digits"
     assert convert("--source=digits", f"--output_dir={out}", "--num_shards=3")[0] == 0
@@ -222,7 +222,7 @@ def test_builtin_digits_is_read_by_the_training_pipeline(tmp_path):
     assert sum(sizes.values()) == 1797
     assert {s: e["num_examples"] for s, e in m["splits"].items()} == sizes
     assert m["classes"] == [str(i) for i in range(10)]
-    info = pipeline.prepare(Config(model_dir="unused", data_dir=str(out)))
+    info = catalog.prepare(Config(model_dir="unused", data_dir=str(out)))
     assert info.image_shape == (8, 8, 1) and info.num_classes == 10 and info.eval_split == "val"
     assert info.split_sizes == sizes
 

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from tfgpu import config_sources
 from tfgpu.config import Config
-from tfgpu.data import pipeline, position, resume, tfrecord
+from tfgpu.data import catalog, pipeline, position, resume, tfrecord
 from tfgpu.tasks.registry import input_config
 
 _DATASETS = {}
@@ -118,7 +118,7 @@ def stream(config, info, start_step, pipelines, pipeline_id, replicas, num_recor
 
 def check_exactly_once(sizes, pipelines, replicas, per_replica, batches_per_step, cache, shuffle_buffer,
                        resume_step, resumed_pipeline=0, service_target="", num_epochs=2):
-    info = pipeline.prepare(Config(model_dir="unused", data_dir=make_split(sizes)))
+    info = catalog.prepare(Config(model_dir="unused", data_dir=make_split(sizes)))
     total = sum(sizes)
     epoch = total // pipelines
     task = dict(task="gan", n_critic=batches_per_step) if batches_per_step > 1 else dict(task="classification")
@@ -217,7 +217,7 @@ def check_transition(sizes, topologies, steps, per_replica, cache, shuffle_buffe
     (``resume.consumed_records``, as the trainer computes them) plus those the last topology's real pipelines
     feed for the rest of the epoch are every record once, but for fewer than the last topology's pipelines left
     out; the epoch after is an ordinary epoch of the last topology."""
-    info = pipeline.prepare(Config(model_dir="unused", data_dir=make_split(sizes)))
+    info = catalog.prepare(Config(model_dir="unused", data_dir=make_split(sizes)))
     total = sum(sizes)
     config = Config(model_dir="unused", data_dir=info.directory, global_batch_size=6 * per_replica, seed=5,
                     cache=cache, shuffle_buffer=shuffle_buffer)

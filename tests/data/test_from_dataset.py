@@ -9,7 +9,7 @@ import tensorflow as tf
 from hypothesis import given, settings, strategies as st
 
 from tfgpu.config import Config, ConfigError
-from tfgpu.data import builtin, elements, from_dataset, pipeline, tfrecord
+from tfgpu.data import builtin, catalog, elements, from_dataset, tfrecord
 
 ARGS = {"train": "train_data", "val": "eval_data"}
 
@@ -37,7 +37,7 @@ def test_written_records_are_the_converters_and_the_pipeline_reads_them(digits, 
         assert [s["sha256"] for s in manifest["splits"][split]["shards"]] == [s["sha256"] for s in entry["shards"]]
         assert manifest["splits"][split]["class_counts"] == {**{str(c): 0 for c in range(10)},
                                                            **entry["class_counts"]}
-    info = pipeline.prepare(Config(model_dir=str(tmp_path / "run"), data_dir=str(out)))
+    info = catalog.prepare(Config(model_dir=str(tmp_path / "run"), data_dir=str(out)))
     assert info.num_classes == 10 and info.image_shape == (8, 8, 1)
     assert info.split_sizes == {"train": 200, "val": 50} and info.eval_split == "val"
     assert not [f for f in os.listdir(out) if f.endswith(".tmp")]

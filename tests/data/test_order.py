@@ -11,16 +11,16 @@ from hypothesis import strategies as st
 
 from tfgpu import config_sources
 from tfgpu.config import Config
-from tfgpu.data import catalog, order, pipeline, position, resume, tfrecord
+from tfgpu.data import catalog, dataset_info, order, pipeline, position, resume, tfrecord
 from tfgpu.tasks.registry import input_config
 
 
-def index_only(sizes, record_bytes: int) -> catalog.DatasetInfo:
+def index_only(sizes, record_bytes: int) -> dataset_info.DatasetInfo:
     """A split of shards with ``sizes`` records of ``record_bytes`` each, known by its offset tables alone (no
     file: the order is computed, never read)."""
     files = tuple((f"/nowhere/part{i}.tfrecord", n) for i, n in enumerate(sizes))
     tables = {f: np.arange(n + 1, dtype=np.int64) * (record_bytes + 16) for f, n in files}
-    return catalog.DatasetInfo("ids", "/nowhere", tuple(str(i) for i in range(10)), (2, 2, 1),
+    return dataset_info.DatasetInfo("ids", "/nowhere", tuple(str(i) for i in range(10)), (2, 2, 1),
                                {"train": sum(sizes)}, {"train": files}, "none", "train", "", tables=tables)
 
 
@@ -174,7 +174,7 @@ def test_the_pipelines_read_by_offset_in_the_computed_order(tmp_path, record_byt
     _write(directory, sizes, record_bytes)
     config = config_sources.build(model_dir="unused", data_dir=directory, seed=4, global_batch_size=3,
                                   shuffle_buffer=10, data_cache_dir=str(tmp_path / "cache"))
-    info = pipeline.prepare(config)
+    info = catalog.prepare(config)
     share = pipeline.share_order(input_config(config), info, 1, 0)
     assert share.single == (record_bytes >= order.LARGE_RECORD) and share.by_offset
     starts = position.first_of_file(info.split_files["train"])

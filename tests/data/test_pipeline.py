@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tfgpu.config import Config, ConfigError
-from tfgpu.data import builtin, pipeline
+from tfgpu.data import builtin, catalog, pipeline
 from tfgpu.tasks.registry import input_config
 
 
@@ -20,7 +20,7 @@ def digits(tmp_path_factory):
 
     def make(**overrides):
         config = Config(model_dir="unused", dataset="digits", data_cache_dir=cache, **overrides)
-        return config, pipeline.prepare(config)
+        return config, catalog.prepare(config)
 
     return make
 
@@ -103,18 +103,18 @@ def test_unknown_split_names_the_flag(digits):
 
 def test_missing_data_dir_names_the_flag(tmp_path):
     with pytest.raises(ConfigError, match="--data_dir: .*dataset.json not found"):
-        pipeline.prepare(Config(model_dir="unused", data_dir=str(tmp_path)))
+        catalog.prepare(Config(model_dir="unused", data_dir=str(tmp_path)))
 
 
 def test_a_glob_trains_on_the_matching_shards_only(digits):
     config, info = digits()
     glob_config = Config(model_dir="unused", data_dir=f"{info.directory}/train-00000-of-*.tfrecord")
-    subset = pipeline.prepare(glob_config)
+    subset = catalog.prepare(glob_config)
     assert len(subset.split_files["train"]) == 1
     assert subset.num_train_examples == subset.split_files["train"][0][1] < info.num_train_examples
     assert subset.classes == info.classes and subset.eval_split == "val"
     with pytest.raises(ConfigError, match="--data_dir: .* matches none"):
-        pipeline.prepare(Config(model_dir="unused", data_dir=f"{info.directory}/nothing-*.tfrecord"))
+        catalog.prepare(Config(model_dir="unused", data_dir=f"{info.directory}/nothing-*.tfrecord"))
 
 
 def _labels(config, info, start_step, num_records, pipelines=1, pipeline_id=0):
@@ -147,7 +147,7 @@ def test_skip_corrupt_records_costs_only_the_unreadable_record(ids_with_a_corrup
     others). Now only record 5 is lost: every other record once per epoch (but the remainder), resume exact."""
     config = Config(model_dir="unused", data_dir=ids_with_a_corrupt_shard, global_batch_size=pipelines,
                     skip_corrupt_records=True, shuffle_buffer=100, data_cache_dir=str(tmp_path / "cache"))
-    info = pipeline.prepare(config)
+    info = catalog.prepare(config)
     epoch = 19 // pipelines
     epochs = [collections.Counter() for _ in range(3)]
     for pid in range(pipelines):
@@ -207,5 +207,5 @@ def test_images_reach_the_model_spanning_exactly_the_input_range(digits, a, b):
 
 def test_synthetic_data_is_drawn_in_the_input_range():
     config = Config(model_dir="unused", dataset="synthetic", global_batch_size=16, input_range=(0.0, 255.0))
-    images, _ = next(iter(pipeline.train_dataset_fn(input_config(config), pipeline.prepare(config), 0)(_ctx())))
+    images, _ = next(iter(pipeline.train_dataset_fn(input_config(config), catalog.prepare(config), 0)(_ctx())))
     assert 0 <= float(tf.reduce_min(images)) and 1 < float(tf.reduce_max(images)) <= 255

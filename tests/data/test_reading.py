@@ -15,9 +15,9 @@ RUN = ["--model=small_cnn", "--global_batch_size=32", "--train_steps=6", "--step
 def digits_copy(data_cache, tmp_path):
     """A private copy of the converted digits, to damage."""
     from tfgpu.config import Config
-    from tfgpu.data import pipeline
+    from tfgpu.data import catalog
 
-    info = pipeline.prepare(Config(model_dir=str(tmp_path / "unused"), dataset="digits", data_cache_dir=data_cache))
+    info = catalog.prepare(Config(model_dir=str(tmp_path / "unused"), dataset="digits", data_cache_dir=data_cache))
     target = tmp_path / "digits"
     shutil.copytree(info.directory, target)
     return target

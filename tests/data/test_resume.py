@@ -6,14 +6,14 @@ import tensorflow as tf
 
 from tests.data.test_exactly_once import make_split
 from tfgpu.config import Config, ConfigError
-from tfgpu.data import pipeline, position, resume
+from tfgpu.data import catalog, pipeline, position, resume
 from tfgpu.tasks.registry import input_config
 
 
 def test_a_data_service_run_changes_topology_only_at_an_epoch_boundary():
     """The service's order is not a function of the step, so which records an interrupted epoch fed is not known:
     refused in one line with the way out; at an epoch boundary nothing of the epoch was fed, and it resumes."""
-    info = pipeline.prepare(Config(model_dir="unused", data_dir=make_split((9, 9, 5))))
+    info = catalog.prepare(Config(model_dir="unused", data_dir=make_split((9, 9, 5))))
     config = Config(model_dir="unused", data_dir=info.directory, global_batch_size=6, data_service="grpc://x:1")
     with pytest.raises(ConfigError) as refused:
         resume.plan_resume(input_config(config), info, 1, 2, position.from_step(2, position.Topology(2, 1, 6, 1), 23))
@@ -34,7 +34,7 @@ def _real_keys(config, info, plan, pipeline_id, num_records):
 def test_the_consumed_records_are_computed_in_the_order_the_real_pipelines_read_them(cache, shuffle_buffer):
     """resume.stage_keys opens no file: its keys must be the ones training read, in order, in an ordinary epoch
     (epoch 1 of 2 pipelines) and in a later stage (that epoch's rest on 3 pipelines)."""
-    info = pipeline.prepare(Config(model_dir="unused", data_dir=make_split((7, 9, 8, 8))))
+    info = catalog.prepare(Config(model_dir="unused", data_dir=make_split((7, 9, 8, 8))))
     config = Config(model_dir="unused", data_dir=info.directory, global_batch_size=6, seed=3, cache=cache,
                     shuffle_buffer=shuffle_buffer)
     ordinary = resume.plan_resume(input_config(config), info, 2, 0, position.Position(1, (position.Stage(2, 0),)))

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tfgpu.config import Config, ConfigError
-from tfgpu.data import pipeline, records, shards, tfrecord
+from tfgpu.data import catalog, pipeline, records, shards, tfrecord
 from tfgpu.tasks.registry import input_config
 
 PNG = tf.io.encode_png(np.zeros((2, 2, 1), np.uint8)).numpy()
@@ -78,7 +78,7 @@ def test_a_manifest_count_the_shard_does_not_hold_is_refused_naming_both(tmp_pat
     """The pipeline used to fill the claimed 30 records per epoch with repeats of the 20 there are."""
     directory, paths = write_dataset(tmp_path / "d", ids([20]), 20, counts=[30], compression=compression)
     with pytest.raises(ConfigError) as e:
-        pipeline.prepare(config(directory, tmp_path / "cache"))
+        catalog.prepare(config(directory, tmp_path / "cache"))
     message = str(e.value)
     assert message.startswith("--data_dir: ") and "\n" not in message
     assert "dataset.json says train-00000-of-00001.tfrecord holds 30 records" in message
@@ -91,7 +91,7 @@ def test_a_split_count_its_shards_do_not_add_up_to_is_refused(tmp_path):
     manifest["splits"]["train"]["num_examples"] = 12
     open(os.path.join(directory, "dataset.json"), "w").write(json.dumps(manifest))
     with pytest.raises(ConfigError, match=r"dataset.json says split 'train' holds 12 records, but its shards list 10"):
-        pipeline.prepare(config(directory, tmp_path / "cache"))
+        catalog.prepare(config(directory, tmp_path / "cache"))
 
 
 def test_a_shard_changed_since_conversion_is_refused_by_its_sha256(tmp_path):
@@ -101,7 +101,7 @@ def test_a_shard_changed_since_conversion_is_refused_by_its_sha256(tmp_path):
             writer.write(example(label))
     with pytest.raises(ConfigError, match=rf"{paths[0]}: its sha256 .* is not the .*/dataset.json records, though "
                                           "every record reads"):
-        pipeline.prepare(config(directory, tmp_path / "cache"))
+        catalog.prepare(config(directory, tmp_path / "cache"))
 
 
 def test_the_verdict_is_paid_once_per_shard_and_again_when_it_changes(tmp_path, monkeypatch):
@@ -109,12 +109,12 @@ def test_the_verdict_is_paid_once_per_shard_and_again_when_it_changes(tmp_path, 
     walks = []
     real = shards._headers
     monkeypatch.setattr(shards, "_headers", lambda *a: walks.append(a[0]) or real(*a))
-    pipeline.prepare(config(directory, tmp_path / "cache"))
-    pipeline.prepare(config(directory, tmp_path / "cache"))
+    catalog.prepare(config(directory, tmp_path / "cache"))
+    catalog.prepare(config(directory, tmp_path / "cache"))
     assert sorted(walks) == sorted(paths)  # the second run reads the cached verdict
     flip(paths[1], os.path.getsize(paths[1]) - 30)
     with pytest.raises(ConfigError, match=rf"{paths[1]}: record 3 is unreadable"):
-        pipeline.prepare(config(directory, tmp_path / "cache"))
+        catalog.prepare(config(directory, tmp_path / "cache"))
     assert walks[2:] == [paths[1]]
 
 
@@ -124,7 +124,7 @@ def test_a_corrupt_record_of_a_converted_dataset_is_named_before_training(tmp_pa
     record_bytes = os.path.getsize(paths[0]) // 10
     flip(paths[0], 7 * record_bytes + 20)
     with pytest.raises(ConfigError) as e:
-        pipeline.prepare(config(directory, tmp_path / "cache"))
+        catalog.prepare(config(directory, tmp_path / "cache"))
     assert f"{paths[0]}: record 7 is unreadable" in str(e.value) and "--skip_corrupt_records" in str(e.value)
 
 
@@ -145,7 +145,7 @@ def test_a_label_outside_the_classes_stops_naming_file_record_and_label(tmp_path
     """These used to train on all-zero one-hot targets."""
     directory, paths = write_dataset(tmp_path / "d", [[example(label) for label in labels]], 10)
     cfg = config(directory, tmp_path / "cache")
-    message = first_error(cfg, pipeline.prepare(cfg))
+    message = first_error(cfg, catalog.prepare(cfg))
     named = re.match(rf"{paths[0]}: record (\d+) has label (\d+), outside \[0, 10\) for the 10 classes", message)
     assert named and labels[int(named[1])] == int(named[2]) >= 10, message
 
@@ -157,7 +157,7 @@ def test_records_that_store_the_label_under_another_key_are_refused_naming_both(
     """These used to train with label -1 (loss 0, accuracy 0, exit 0)."""
     directory, paths = write_dataset(tmp_path / "d", [[example(i % 3, label_key="label") for i in range(6)]], 3)
     with pytest.raises(ConfigError) as e:
-        pipeline.prepare(config(directory, tmp_path / "cache"))
+        catalog.prepare(config(directory, tmp_path / "cache"))
     assert (f"{paths[0]}: record 0 has no 'image/class/label' (its keys: image/encoded (bytes_list), label "
             "(int64_list))") in str(e.value)
 
@@ -167,7 +167,7 @@ def test_a_record_without_a_label_mid_shard_stops_naming_it(tmp_path):
     records[4] = example(1, label_key="class")
     directory, paths = write_dataset(tmp_path / "d", [records], 3)
     cfg = config(directory, tmp_path / "cache")
-    assert first_error(cfg, pipeline.prepare(cfg)).startswith(f"{paths[0]}: record 4 has no 'image/class/label' "
+    assert first_error(cfg, catalog.prepare(cfg)).startswith(f"{paths[0]}: record 4 has no 'image/class/label' "
                                                               "(its keys: class (int64_list)")
 
 
@@ -175,7 +175,7 @@ def test_unlabelled_data_without_classes_is_read_as_before(tmp_path):
     """An unconditional GAN's data may have no labels (and no classes): nothing to check, nothing refused."""
     directory, _ = write_dataset(tmp_path / "d", [[example() for _ in range(4)]], 0)
     cfg = config(directory, tmp_path / "cache")
-    info = pipeline.prepare(cfg)
+    info = catalog.prepare(cfg)
     batch = next(iter(pipeline.train_dataset_fn(input_config(cfg), info, 0)(tf.distribute.InputContext())))
     assert batch[1].numpy().tolist() == [-1]
 
@@ -237,9 +237,9 @@ def test_every_readable_record_is_trained_exactly_once_per_epoch(tmp_path_factor
     cfg = config(directory, tmp / "cache", skip_corrupt_records=True, cache=cache, global_batch_size=pipelines)
     if any(refused_for_uncountable_gaps(damaged[s], headers[s]) for s in damaged):
         with pytest.raises(ConfigError, match="are damaged, so the records between them cannot be counted"):
-            pipeline.prepare(cfg)
+            catalog.prepare(cfg)
         return
-    info = pipeline.prepare(cfg)
+    info = catalog.prepare(cfg)
     lost = {int(starts[s]) + r for s in damaged for r in damaged[s]}
     assert records.skipped_records(info) == {"train": len(lost)}
     readable = set(range(sum(sizes))) - lost
@@ -270,7 +270,7 @@ def test_each_skipped_record_is_logged_once_with_its_shard_and_index(tmp_path, c
     flip(paths[0], 2 * record_bytes + 3)  # record 2's length header
     flip(paths[0], 6 * record_bytes + 30)  # record 6's data
     with caplog.at_level("WARNING", logger="tfgpu"):
-        pipeline.prepare(config(directory, tmp_path / "cache", skip_corrupt_records=True))
+        catalog.prepare(config(directory, tmp_path / "cache", skip_corrupt_records=True))
     lines = [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()]
     assert lines == [f"--skip_corrupt_records: skipping 2 unreadable record(s) of {paths[0]}, every epoch: "
                      "record(s) 2, 6"]
@@ -282,7 +282,7 @@ def test_every_record_is_addressable_by_its_offset_from_the_cached_index(tmp_pat
     from tensorflow.python.lib.io import _pywrap_record_io
 
     directory, paths = write_dataset(tmp_path / "d", [[example(i % 3) for i in range(n)] for n in (5, 9)], 3)
-    info = pipeline.prepare(config(directory, tmp_path / "cache"))
+    info = catalog.prepare(config(directory, tmp_path / "cache"))
     for path, n in zip(paths, (5, 9)):
         table = info.tables[path]
         assert len(table) == n + 1 and table[-1] == os.path.getsize(path)
@@ -290,7 +290,7 @@ def test_every_record_is_addressable_by_its_offset_from_the_cached_index(tmp_pat
         for k in range(n):
             assert reader.read(int(table[k]))[0] == example(k % 3)
     monkeypatch.setattr(shards, "_headers", lambda *a: pytest.fail("walked a cached shard"))
-    again = pipeline.prepare(config(directory, tmp_path / "cache"))
+    again = catalog.prepare(config(directory, tmp_path / "cache"))
     assert {p: t.tolist() for p, t in again.tables.items()} == {p: t.tolist() for p, t in info.tables.items()}
     cached = json.loads(open(shards.Cache(str(tmp_path / "cache"), directory).path).read())
     assert all(isinstance(entry["offsets"], str) for entry in cached["shards"].values())  # packed, not a list

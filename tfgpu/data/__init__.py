@@ -1,1 +1,16 @@
-"""Datasets: TFRecord schema and writer, built-in sources, tf.data pipelines."""
+"""Datasets, in two halves that share only the schema (checked by tests/data/test_halves.py).
+
+- **Schema**, what a converted dataset is on disk: ``tfrecord`` (the record format, ``dataset.json``'s reader and
+  writer), ``shards`` (shards checked against their manifest).
+- **Writing** (the converter, ``python -m tfgpu.convert`` and ``tfgpu.fit``'s own data): ``convert``,
+  ``source_formats``, ``sources``, ``builtin``, ``folders``, ``csvlist``, ``tfds_source``, ``foreign``, ``encode``,
+  ``workers``, ``outdir``, ``manifest``, ``from_dataset`` (a user's ``tf.data.Dataset`` written once) and
+  ``elements`` (what such a dataset's elements must be as they are written).
+- **Reading** (a run's input): ``dataset_info`` (a converted directory described from its ``dataset.json``),
+  ``records``, ``pipeline``, ``order``, ``position``, ``resume``, ``augment``.
+- **Bridge**: ``catalog`` (which dataset a run names; a built-in or TFDS one converted into the cache first) imports
+  both halves; neither half imports it.
+
+The read half imports nothing of the write half, nor the write half of the read half: reading a dataset does not
+depend on how it was written.
+"""

@@ -1,6 +1,6 @@
 """Input pipelines: a converted dataset (or a built-in one) to per-replica batches.
 
-``prepare`` (``tfgpu.data.catalog``, re-exported here) resolves where the data is
+``tfgpu.data.catalog.prepare`` resolves where the data is
 and what it looks like (``DatasetInfo``). ``train_dataset_fn`` / ``eval_dataset_fn``
 return the functions ``strategy.distribute_datasets_from_function`` calls once
 per input pipeline (one per worker).
@@ -30,7 +30,7 @@ from tfgpu.config import ConfigError, InputConfig
 from tfgpu.data import augment, order, position
 from tfgpu.data.records import (Examples, Segments, _no_autograph, readable_files, readable_indices, segment_records,
                                 train_records)
-from tfgpu.data.catalog import EVAL_SPLITS, DatasetInfo, default_cache_dir, prepare  # noqa: F401 (API)
+from tfgpu.data.dataset_info import DatasetInfo
 
 log = logging.getLogger("tfgpu")
 

@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgpu.data import augment, shards, tfrecord
-from tfgpu.data.catalog import DatasetInfo
+from tfgpu.data.dataset_info import DatasetInfo
 
 # tf.data traces every function given to map/interleave/flat_map below. None branches on a tensor in Python, so
 # autograph is off for them (as for the train loop): converting every call inside them took 0.6 s of the first

@@ -13,7 +13,7 @@ import numpy as np
 
 from tfgpu.config import ConfigError, InputConfig
 from tfgpu.data import order, position
-from tfgpu.data.catalog import DatasetInfo
+from tfgpu.data.dataset_info import DatasetInfo
 from tfgpu.data.pipeline import _pipeline_seed, share_order
 from tfgpu.data.records import train_records
 

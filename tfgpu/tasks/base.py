@@ -73,7 +73,7 @@ class Task(abc.ABC):
 
     def __init__(self, config: Config, info, placement, total_steps: int, global_step):
         self.config = config
-        self.info = info  # tfgpu.data.pipeline.DatasetInfo
+        self.info = info  # tfgpu.data.dataset_info.DatasetInfo
         self.placement = placement  # tfgpu.runtime.distribute.Placement
         self.total_steps = total_steps
         # The run's one step counter (a tf.Variable, ``tfgpu.training.trainer.step_counter``); the train loop

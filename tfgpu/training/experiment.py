@@ -16,7 +16,7 @@ from tfgpu.training import config_change, exporting, results
 from tfgpu.training.history import PhaseTimer
 
 if TYPE_CHECKING:  # for Setup's field types only: these import TensorFlow, which setup() imports when it runs
-    from tfgpu.data.catalog import DatasetInfo
+    from tfgpu.data.dataset_info import DatasetInfo
     from tfgpu.runtime.distribute import Placement
     from tfgpu.tasks.base import Task
     from tfgpu.training.trainer import Trainer

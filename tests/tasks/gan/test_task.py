@@ -13,7 +13,7 @@ from tests.conftest import REPO, checkpoint_weights, read_history, read_metrics
 from tfgpu import config_sources
 from tfgpu.runtime import precision
 from tfgpu.config import ConfigError
-from tfgpu.data import pipeline
+from tfgpu.data import catalog, pipeline
 from tfgpu.runtime.distribute import Placement
 from tfgpu.tasks.gan import task as gan_task
 from tfgpu.tasks.registry import input_config
@@ -34,7 +34,7 @@ def make_task(tmp_path, data_cache):
                       data_cache_dir=data_cache, global_batch_size=8, latent_dim=8, seed=3)
         values.update(overrides)
         config = config_sources.build(**values).check_values()
-        info = pipeline.prepare(config)
+        info = catalog.prepare(config)
         strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
         placement = Placement(strategy, "one_device", 1, 1, 0, True, ("/cpu:0",), False)
         keras.backend.clear_session(free_memory=False)
