@@ -120,20 +120,9 @@ BLOCK_LOOPS = 3  # loops per stretch of one link setting; the first after a chan
 
 
 def _train_records(model_dir: str) -> list:
-    try:
-        with open(os.path.join(model_dir, "history.jsonl")) as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return []
-    records = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:  # a line being written
-            continue
-        if record.get("kind") == "train" and "step_time_ms" in record:
-            records.append(record)
-    return records
+    from tfgpu.training import history
+
+    return [r for r in history.read(model_dir) if r.get("kind") == "train" and "step_time_ms" in r]
 
 
 def split_loops(records: list, changes: list, skip_loops: int = 1) -> tuple:

@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import random
-import re
 import signal
 import statistics
 import subprocess
@@ -63,18 +62,9 @@ def _env():
 
 
 def read_history(model_dir):
-    try:
-        with open(os.path.join(model_dir, "history.jsonl")) as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return []
-    records = []
-    for line in lines:
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            pass
-    return records
+    from tfgpu.training import history
+
+    return history.read(model_dir)
 
 
 def final_accuracy(model_dir):

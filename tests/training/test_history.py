@@ -94,3 +94,13 @@ def test_a_resume_cuts_tensorboard_scalars_past_its_checkpoint(tmp_path):
     assert [(e.step, e.summary.value[0].tag) for e in kept if e.HasField("summary")] == [(10, "loss"), (20, "loss")]
     assert any(e.file_version for e in kept)
     assert history.cut_summaries([run_dir], 20) == 0
+
+
+def test_read_gives_every_record_that_reads_and_leaves_a_half_written_line_out(tmp_path):
+    """``history.read``, what commands and tools that watch a run use: records in order, a killed run's half line
+    left out, [] with no file."""
+    from tfgpu.training import history as history_lib
+
+    assert history_lib.read(str(tmp_path)) == []
+    (tmp_path / "history.jsonl").write_text('{"kind": "train", "step": 1}\n{"kind": "eval", "step": 1}\n{"kind": "tr')
+    assert history_lib.read(str(tmp_path)) == [{"kind": "train", "step": 1}, {"kind": "eval", "step": 1}]

@@ -76,6 +76,23 @@ class History:
         return {int(record["step"]) for record in read_history(self.path)[0].get(kind, [])}
 
 
+def read(model_dir: str) -> list:
+    """Every record of ``<model_dir>/history.jsonl`` that reads, in order (a line being written, or a killed run's
+    half-written last line, is left out); [] when there is no file. For commands and tools that watch a run."""
+    try:
+        with open(os.path.join(model_dir, "history.jsonl")) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    records = []
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records
+
+
 def cut_summaries(run_dirs, step: int) -> int:
     """Rewrites each TensorBoard event file in ``run_dirs`` (atomically) without the scalars of steps past ``step``,
     so that a resumed run's curve is not drawn over the lost steps of an earlier process; returns the number of
