@@ -32,6 +32,8 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)  # tfgpu from this checkout
+from tfgpu.training import run_dir  # noqa: E402 (after the checkout is on the path)
 TRAIN_FLAGS = ["--flagfile=configs/quickstart.flags", "--global_batch_size=48", "--steps_per_loop=10",
                "--checkpoint_every_steps=1000", "--checkpoint_every=20s", "--verbose=2"]
 
@@ -64,7 +66,7 @@ def _env():
 
 def read_history(model_dir):
     try:
-        with open(os.path.join(model_dir, "history.jsonl")) as f:
+        with open(run_dir.history(model_dir)) as f:
             lines = f.read().splitlines()
     except OSError:
         return []
@@ -79,7 +81,7 @@ def read_history(model_dir):
 
 def final_accuracy(model_dir):
     try:
-        with open(os.path.join(model_dir, "metrics.json")) as f:
+        with open(run_dir.metrics(model_dir)) as f:
             return json.load(f).get("val_accuracy")
     except (OSError, ValueError):
         return None
