@@ -22,7 +22,8 @@ plots/<plot>.png            reporting/plots.py                         report.md
 checkpoints/                training/checkpoint.py (TensorFlow's       training/checkpoint.py, training/trainer.py,
   ckpt-<step>.index/.data     CheckpointManager, prefix ``ckpt-``)     runtime/restarts.py (state file only),
   checkpoint (state file)                                              tools/stop_latency.py
-summaries/train, /validation  training/trainer.py (TensorBoard)        TensorBoard
+summaries/train             training/trainer.py (TensorBoard)          TensorBoard
+summaries/validation        training/trainer.py (TensorBoard)          TensorBoard
 summaries/samples           tasks/gan/evaluation.py                    TensorBoard
 profile/                    training/trainer.py (--profile_steps)      TensorBoard's profiler
 export/model.keras          training/experiment.py, export.py,         tasks/gan/fid.py (a classifier for FID)
@@ -30,6 +31,7 @@ export/model.bare.keras       tasks/gan/fid.py                         tasks/gan
 export/saved_model          export.py (--format=saved_model)           TensorFlow Serving
 samples/step_<N>.png        tasks/gan/evaluation.py                    report.md (metric ``samples``)
 samples/sample_step<N>.png  sample.py                                  the user
+eval-<split>-step<N>.json   evaluate.py                                the user
 fid_features/               tasks/gan/evaluation.py                    tasks/gan/evaluation.py
 data/                       training/fit.py (tfgpu.fit's arrays)       training/fit.py (the run's --data_dir)
 .write-test-<pid>           training/experiment.py (a probe, removed)  -
@@ -57,6 +59,7 @@ EXPORTED_BARE_MODEL = "model.bare.keras"
 EXPORTED_SAVED_MODEL = "saved_model"
 SAMPLES_DIR = "samples"
 FID_FEATURES_DIR = "fid_features"
+EVALUATION_PREFIX = "eval-"
 FIT_DATA_DIR = "data"
 WRITE_PROBE = ".write-test-"
 
@@ -169,6 +172,11 @@ def evaluation_samples(model_dir: str, step: int) -> str:
 def sampled(model_dir: str, step: int) -> str:
     """The grid ``tfgpu.sample`` writes from the checkpoint of ``step`` (unless --out names another)."""
     return os.path.join(model_dir, SAMPLES_DIR, f"sample_step{step}.png")
+
+
+def evaluation(model_dir: str, split: str, step: int) -> str:
+    """The metrics ``tfgpu.evaluate`` writes for ``split`` at ``step`` (unless --output_json names another)."""
+    return os.path.join(model_dir, f"{EVALUATION_PREFIX}{split}-step{step}.json")
 
 
 def fid_features(model_dir: str) -> str:
