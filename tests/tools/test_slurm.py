@@ -14,6 +14,7 @@ import time
 import pytest
 
 from tests.conftest import REPO, read_history, read_metrics
+from tfgpu.training import run_dir
 
 pytestmark = pytest.mark.slurm
 
@@ -136,7 +137,7 @@ def test_template_trains_two_workers_and_only_the_chief_writes(submit):
     # One writer: one summary file, single-shard checkpoints, and worker 1's share of each save deleted.
     assert sorted(os.listdir(job.model_dir / "summaries")) == ["train", "validation"]
     assert all(len(os.listdir(job.model_dir / "summaries" / run)) == 1 for run in ("train", "validation"))
-    data = [f for f in os.listdir(job.model_dir / "checkpoints") if ".data-" in f]
+    data = [f for f in os.listdir(job.model_dir / run_dir.CHECKPOINTS_DIR) if ".data-" in f]
     assert data and all(f.endswith("-of-00001") for f in data), data
     assert os.listdir(job.tmp) == []
 
