@@ -54,8 +54,9 @@ def test_the_line_and_record_say_why_who_sizes_the_step_and_the_steps_lost(tmp_p
     (tmp_path / run_dir.CHECKPOINTS_DIR).mkdir()
     assert restarts.checkpoint_step(str(tmp_path)) is None
     (tmp_path / run_dir.CHECKPOINTS_DIR / run_dir.CHECKPOINT_STATE_FILE).write_text(
-        'model_checkpoint_path: "ckpt-225"\nall_model_checkpoint_paths: "ckpt-180"\n'
-        'all_model_checkpoint_paths: "ckpt-225"\n')
+        f'model_checkpoint_path: "{run_dir.CHECKPOINT_PREFIX}225"\n'
+        f'all_model_checkpoint_paths: "{run_dir.CHECKPOINT_PREFIX}180"\n'
+        f'all_model_checkpoint_paths: "{run_dir.CHECKPOINT_PREFIX}225"\n')
     assert restarts.checkpoint_step(str(tmp_path)) == 225
     assert restarts.checkpoint_step("gs://bucket/run") is None
     failure = Failure(1, 1, 137, restarts.describe_exit(137), last_step=240)
