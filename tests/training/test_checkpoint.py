@@ -3,6 +3,7 @@ a directory or a file that is no checkpoint each stop with one ConfigError namin
 variable that does not fit. The checkpoints here are written with TensorFlow and Keras directly, not by tfgpu.
 Each checkpoint tfgpu writes holds the data position and topology that trained it; older ones restore without."""
 import os
+import re
 
 import numpy as np
 import pytest
@@ -130,9 +131,10 @@ def test_a_state_file_naming_deleted_files_or_garbled_is_refused_not_restarted_f
         checkpoint.latest(str(tmp_path))
     (tmp_path / run_dir.CHECKPOINTS_DIR / run_dir.CHECKPOINT_STATE_FILE).write_text(state)
     for name in os.listdir(tmp_path / run_dir.CHECKPOINTS_DIR):
-        if name.startswith(run_dir.CHECKPOINT_PREFIX + ""):
+        if name.startswith(os.path.basename(path) + "."):
             os.remove(tmp_path / run_dir.CHECKPOINTS_DIR / name)
-    with pytest.raises(ConfigError, match=r"^--model_dir: .*/checkpoint names .*ckpt-1, whose files are missing"):
+    with pytest.raises(ConfigError, match=r"^--model_dir: .*/checkpoint names .*" + re.escape(os.path.basename(path))
+                       + ", whose files are missing"):
         checkpoint.latest(str(tmp_path))
     assert checkpoint.latest(str(tmp_path / "fresh")) is None
 

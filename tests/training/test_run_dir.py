@@ -44,10 +44,9 @@ def test_paths_are_distinct():
 
 def test_checkpoints_are_named_as_tensorflow_names_them():
     """``checkpoint(model_dir, step)`` is the prefix TensorFlow's CheckpointManager writes for ``step`` with
-    ``CHECKPOINT_NAME`` (which is TensorFlow's default, so runs from before this module still resume)."""
-    assert run_dir.checkpoint("/r", 12) == "/r/checkpoints/ckpt-12"
+    ``CHECKPOINT_NAME``, in ``checkpoints(model_dir)`` beside TensorFlow's state file."""
+    assert run_dir.checkpoint("/r", 12) == os.path.join(run_dir.checkpoints("/r"), run_dir.CHECKPOINT_NAME + "-12")
     assert run_dir.checkpoint_state("/r") == os.path.join(run_dir.checkpoints("/r"), "checkpoint")
-    assert run_dir.CHECKPOINT_PREFIX == run_dir.CHECKPOINT_NAME + "-"
 
 
 def test_the_launcher_reads_the_step_from_the_state_file_it_names(tmp_path):
