@@ -183,7 +183,7 @@ def test_a_peer_lost_outside_the_train_loop_is_reported_as_worker_lost(tmp_path,
     run._any_worker_preempted = vote_after_the_peer_died
     try:
         with pytest.raises(trainer.WorkerLost, match=r"worker 0: a collective failed after step 4 .*aborted by.*"
-                           r"Last checkpoint: .*ckpt-2; rerun the same launch"):
+                           r"Last checkpoint: .*" + re.escape(run_dir.CHECKPOINT_PREFIX) + r"2; rerun the same launch"):
             run.train()
     finally:
         keras.backend.clear_session(free_memory=False)
@@ -446,9 +446,9 @@ def test_a_preemption_at_an_evaluation_step_leaves_that_evaluation_to_the_resume
     monkeypatch.undo()
     assert preempted.returncode == 143 and read_history(tmp_path / "split", "eval") == []
     stopped = [line for line in preempted.output.splitlines() if line.startswith("stopped:")]
-    assert stopped == [f"stopped: preempted by SIGTERM: checkpoint saved at step 2 ({tmp_path / 'split'}/checkpoints/"
-                       "ckpt-2); run the same command again (or call tfgpu.fit again with the same model_dir) to "
-                       "resume from it"], preempted.output
+    saved = run_dir.checkpoint(tmp_path / "split", 2)
+    assert stopped == [f"stopped: preempted by SIGTERM: checkpoint saved at step 2 ({saved}); run the same command "
+                       "again (or call tfgpu.fit again with the same model_dir) to resume from it"], preempted.output
     resumed = train_here(*common, f"--model_dir={tmp_path / 'split'}")
     straight, split = read_history(tmp_path / "straight", "eval"), read_history(tmp_path / "split", "eval")
     assert [e["step"] for e in split] == [e["step"] for e in straight] == [2, 4]
