@@ -16,6 +16,8 @@ import pytest
 from tests.conftest import REPO, read_history, read_metrics
 from tfgpu.training import run_dir
 
+RESUMED = r"^0: .*restored .*" + re.escape(run_dir.CHECKPOINT_PREFIX) + r"(\d+): resuming at step \1$"
+
 pytestmark = pytest.mark.slurm
 
 TEMPLATE = os.path.join(REPO, "tools", "slurm", "train.sbatch")
@@ -209,7 +211,7 @@ def test_a_killed_worker_makes_its_peer_exit_129_and_the_job_requeues(submit):
     # Restarts may be 2: on a loaded host slurmctld's delayed cancel of the first run's step 0 can hit the
     # requeued run's step 0 (same id); that SIGTERM is one more save and requeue (seen once on 2 cores).
     assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, out[-4000:]
-    assert re.search(r"^0: .*restored .*ckpt-(\d+): resuming at step \1$", out, re.M), out[-4000:]
+    assert re.search(RESUMED, out, re.M), out[-4000:]
     assert _finals(out) == {0: steps, 1: steps}
 
 
@@ -226,7 +228,7 @@ def test_a_killed_worker_is_restarted_inside_the_allocation_without_a_requeue(su
     out = job.output()
     assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 0, out[-4000:]
     assert "requeueing" not in out
-    assert re.search(r"^0: .*restored .*ckpt-(\d+): resuming at step \1$", out, re.M), out[-4000:]
+    assert re.search(RESUMED, out, re.M), out[-4000:]
     assert _finals(out) == {0: steps, 1: steps}
 
 
