@@ -15,6 +15,8 @@ import types
 
 import pytest
 
+from tfgpu.training import run_dir
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -124,7 +126,7 @@ def checkpoint_weights(model_dir):
     not a variable) is left out: runs on different topologies train the same weights."""
     import tensorflow as tf
 
-    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints")))
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(run_dir.checkpoints(model_dir)))
     return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
             if not name.startswith(("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter", "data_position/",
                                              "model_fingerprint/"))}

@@ -13,7 +13,7 @@ from tfgpu import audit_input, benchmark, cli, evaluate, export, sample, train
 from tfgpu import config as config_lib
 from tfgpu import config_sources
 from tfgpu.models import registry  # noqa: F401 - imports TensorFlow (which raises the recursion limit) up front
-from tfgpu.training import restore
+from tfgpu.training import restore, run_dir
 
 COMMANDS = ("train", "evaluate", "export", "sample", "benchmark", "audit_input", "launch", "convert", "doctor",
             "report", "plan")
@@ -104,7 +104,7 @@ def test_run_commands_read_the_saved_config_under_their_flags(tmp_path):
     run.mkdir()
     saved = config_lib.Config(model_dir="/where/it/trained", dataset="digits", model="small_cnn", seed=3,
                               eval_split="val", cpu_logical_devices=4)
-    config_sources.save_yaml(saved, str(run / "config.yaml"))
+    config_sources.save_yaml(saved, run_dir.config_yaml(run))
     (tmp_path / "f.flags").write_text("--cpu_logical_devices=2\n--eval_split=test\n")
     opts = evaluate.parser().parse_args([f"--model_dir={run}", "--cpu_logical_devices=0",
                                          f"--flagfile={tmp_path / 'f.flags'}"])

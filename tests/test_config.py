@@ -1,5 +1,4 @@
 """tfgpu.config: a YAML config (--config) that is malformed stops the run with one line naming the file."""
-import os
 
 import pytest
 import yaml
@@ -7,6 +6,7 @@ import yaml
 from tfgpu import config as config_lib
 from tfgpu import config_sources
 from tfgpu.config import ConfigError
+from tfgpu.training import run_dir
 
 BASE = {"dataset": "digits", "model": "small_cnn", "model_dir": "/tmp/unused"}
 
@@ -63,7 +63,7 @@ def test_well_formed_yaml_still_loads_and_command_line_wins(tmp_path):
 
 def test_a_saved_config_replays(tmp_path):
     config = config_sources.resolve(BASE)
-    path = os.path.join(tmp_path, "config.yaml")
+    path = run_dir.config_yaml(tmp_path)
     config_sources.save_yaml(config, path)
     assert config_sources.resolve({}, path) == config
 

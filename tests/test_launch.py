@@ -34,10 +34,13 @@ def heal(mode, index, workers):
     every 5 steps), beats after every step, trains to 30. In the first group worker VICTIM kills (kill) or stops
     (stop) itself at step AT; its peers then exit 129 (kill: a lost peer) or block (stop: a collective that waits)."""
     from tfgpu.runtime import heartbeat
+    from tfgpu.training import run_dir
     _, action, victim, at = mode.split(":")
     model_dir = os.environ["TINY_MODEL_DIR"]
-    state = os.path.join(model_dir, "checkpoints", "checkpoint")
-    step = int(re.search(r"ckpt-(\d+)", open(state).read()).group(1)) if os.path.exists(state) else 0
+    state = run_dir.checkpoint_state(model_dir)
+    text = open(state).read() if os.path.exists(state) else ""
+    found = re.search(re.escape(run_dir.CHECKPOINT_PREFIX) + r"(\d+)", text)
+    step = int(found.group(1)) if found else 0
     print(f"resumed at {step} on {len(workers)} workers", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     heartbeat.beat("restored", step, model_dir)
@@ -52,7 +55,7 @@ def heal(mode, index, workers):
         if index == 0 and step % 5 == 0:
             os.makedirs(os.path.dirname(state), exist_ok=True)
             with open(state + ".tmp", "w") as f:
-                f.write(f'model_checkpoint_path: "ckpt-{step}"\n')
+                f.write(f'model_checkpoint_path: "{os.path.basename(run_dir.checkpoint(model_dir, step))}"\n')
             os.replace(state + ".tmp", state)
         heartbeat.beat("training", step, model_dir)
         done = os.path.join(model_dir, "victim-done")

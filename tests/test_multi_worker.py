@@ -20,6 +20,7 @@ import portpicker
 import pytest
 
 from tests.conftest import REPO, checkpoint_weights, read_history, read_metrics
+from tfgpu.training import run_dir
 
 
 def _worker(args, data_cache, cluster, index):
@@ -60,8 +61,8 @@ def test_two_workers_train_agree_and_only_the_chief_writes(tmp_path, data_cache)
     history = read_history(model_dir)
     assert [r["step"] for r in history] == [4, 8] and history[-1]["loss"] < history[0]["loss"] + 0.5
     assert read_metrics(model_dir)["num_workers"] == 2
-    assert sorted(f for f in os.listdir(model_dir / "checkpoints") if f.endswith(".index")) == \
-        ["ckpt-4.index", "ckpt-8.index"]
+    assert sorted(f for f in os.listdir(model_dir / run_dir.CHECKPOINTS_DIR) if f.endswith(".index")) == \
+        [run_dir.CHECKPOINT_PREFIX + "4.index", run_dir.CHECKPOINT_PREFIX + "8.index"]
     assert read_history(model_dir, "eval")[-1]["val_examples"] == 359
 
 
@@ -163,7 +164,7 @@ def test_sigterm_to_one_worker_stops_all_inside_a_loop_at_the_same_step(tmp_path
                                    f"--model_dir={model_dir}"], data_cache)
     try:
         deadline = time.time() + 180
-        while not (model_dir / "config.yaml").exists():
+        while not (model_dir / run_dir.CONFIG_FILE).exists():
             assert all(p.poll() is None for p in procs) and time.time() < deadline, "run ended too early"
             time.sleep(0.1)
         time.sleep(20)  # into the loop (tracing takes seconds)
@@ -177,7 +178,7 @@ def test_sigterm_to_one_worker_stops_all_inside_a_loop_at_the_same_step(tmp_path
     assert [p.returncode for p in procs] == [143, 143], outputs[0][-2000:] + outputs[1][-2000:]
     steps = {re.search(r"checkpoint saved at step (\d+)", out).group(1) for out in outputs}
     assert len(steps) == 1 and 0 < int(next(iter(steps))) < 100000, steps
-    assert os.path.exists(model_dir / "checkpoints" / f"ckpt-{steps.pop()}.index")
+    assert os.path.exists(model_dir / run_dir.CHECKPOINTS_DIR / f"{run_dir.CHECKPOINT_PREFIX}{steps.pop()}.index")
     assert took < 60, took
 
 
@@ -221,8 +222,8 @@ def test_two_workers_through_the_launcher_match_mirrored_two_replicas(run_train,
     assert finals.keys() == {"0", "1"} and finals["0"] == finals["1"], launch.stdout[-3000:]  # all-reduced loss
     metrics = read_metrics(tmp_path / "workers")
     assert (metrics["strategy"], metrics["num_workers"], metrics["step"]) == ("multi_worker_mirrored", 2, 8)
-    assert sorted(f for f in os.listdir(tmp_path / "workers" / "checkpoints") if f.endswith(".index")) == \
-        ["ckpt-4.index", "ckpt-8.index"]
+    assert sorted(f for f in os.listdir(tmp_path / "workers" / run_dir.CHECKPOINTS_DIR) if f.endswith(".index")) == \
+        [run_dir.CHECKPOINT_PREFIX + "4.index", run_dir.CHECKPOINT_PREFIX + "8.index"]
     assert read_history(tmp_path / "workers", "eval")[-1]["val_examples"] == 359
     mirrored, workers = read_history(tmp_path / "mirrored"), read_history(tmp_path / "workers")
     assert [r["step"] for r in workers] == [4, 8] and workers[-1]["loss"] < workers[0]["loss"] + 0.5
@@ -323,7 +324,7 @@ def test_a_run_preempted_and_resumed_on_another_topology_ends_like_an_uninterrup
     first = subprocess.Popen(_command(before, model_dir), cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT)
     deadline = time.time() + 300
-    while not (model_dir / "checkpoints" / "ckpt-90.index").exists() and first.poll() is None:
+    while not os.path.exists(run_dir.checkpoint(model_dir, 90) + ".index") and first.poll() is None:
         assert time.time() < deadline, "no checkpoint at step 90"
         time.sleep(0.5)
     first.send_signal(signal.SIGTERM)

@@ -11,11 +11,12 @@ import pytest
 from tests.conftest import REPO
 from tfgpu import plan
 from tfgpu.training import results
+from tfgpu.training import run_dir
 
 
 def write_run(model_dir, step_ms=(900.0, 40.0, 42.0, 41.0), batch=64, params=4_000_000):
     os.makedirs(model_dir)
-    with open(os.path.join(model_dir, "config.yaml"), "w") as f:
+    with open(run_dir.config_yaml(model_dir), "w") as f:
         f.write(f"global_batch_size: {batch}\nallreduce_dtype: float32\n")
     results.write(model_dir, results.RunResult(parameters=results.ParameterCounts(trainable=params)))
     with open(os.path.join(model_dir, "history.jsonl"), "w") as f:

@@ -12,6 +12,7 @@ from tfgpu import train
 from tfgpu.training import experiment
 from tfgpu.config import ConfigError
 from tfgpu.data import tfrecord
+from tfgpu.training import run_dir
 
 DIGITS = ["--dataset=digits", "--model=small_cnn"]
 
@@ -82,19 +83,19 @@ def test_batch_not_divisible_by_replicas_exits_nonzero(run_train, tmp_path):
                  "--distribution_strategy=mirrored", f"--model_dir={tmp_path}", check=False, timeout=120)
     assert proc.returncode == 1
     assert "error: --global_batch_size: 33 is not divisible by the 2 replicas" in proc.output
-    assert not os.path.exists(tmp_path / "checkpoints")
+    assert not os.path.exists(tmp_path / run_dir.CHECKPOINTS_DIR)
 
 
 # Slow: (26 s loaded, subprocesses); --config=<model_dir>/config.yaml replaying a run stays in-process in
 # tests/runtime/test_precision.py.
 @pytest.mark.slow
 def test_effective_config_is_written_and_replays(run_train, tmp_path):
-    run_dir = tmp_path / "run"
+    model_dir = tmp_path / "run"
     run_train(*DIGITS, "--train_steps=3", "--steps_per_loop=3", "--global_batch_size=32", "--eval_steps=1",
-          f"--model_dir={run_dir}", timeout=180)
-    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+          f"--model_dir={model_dir}", timeout=180)
+    saved = yaml.safe_load((model_dir / run_dir.CONFIG_FILE).read_text())
     assert saved["train_steps"] == 3 and saved["model"] == "small_cnn"
-    again = train.parse([f"--config={run_dir / 'config.yaml'}"])
+    again = train.parse([f"--config={run_dir.config_yaml(model_dir)}"])
     assert again.to_dict() == saved
 
 
@@ -316,7 +317,7 @@ def test_ctrl_c_to_the_command_saves_exits_130_in_one_line_and_the_rerun_records
     assert proc.returncode == 130 and len(stopped) == 1 and "Traceback" not in proc.stdout, proc.stdout[-3000:]
     step = read_history(model_dir)[-1]["step"]
     assert stopped[0].startswith(f"stopped: interrupted by SIGINT (Ctrl-C): checkpoint saved at step {step} (")
-    assert (model_dir / "checkpoints" / f"ckpt-{step}.index").exists() and 200 <= step < 1000
+    assert os.path.exists(run_dir.checkpoint(model_dir, step) + ".index") and 200 <= step < 1000
     rerun = run_train(*args, f"--model_dir={model_dir}")
     assert f"resuming at step {step}" in rerun.output and "final: step=1000" in rerun.output
     steps = [r["step"] for r in map(json.loads, open(model_dir / "history.jsonl")) if r["kind"] == "train"]

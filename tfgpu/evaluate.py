@@ -8,14 +8,13 @@ the metrics as JSON and writes them to ``D/eval-<split>-step<N>.json``. D (and
 ``ram://``).
 """
 import json
-import os
 import sys
 
 from tfgpu import cli
 from tfgpu.config import ConfigError
 from tfgpu.training import failures
 from tfgpu.runtime import fileio, process_exit
-from tfgpu.training import restore
+from tfgpu.training import restore, run_dir
 
 USAGE = "python -m tfgpu.evaluate --model_dir=D [--checkpoint=PATH] [--data=DIR|NAME] [--output_json=F] [train flags]"
 
@@ -50,8 +49,7 @@ def main(argv=None) -> int:
     if built.placement.is_chief:
         from tfgpu.runtime.fileio import atomic_write_bytes
 
-        path = opts.output_json or os.path.join(
-            config.model_dir, f"eval-{built.info.eval_split or 'gan'}-step{step}.json")
+        path = opts.output_json or run_dir.evaluation(config.model_dir, built.info.eval_split or "gan", step)
         atomic_write_bytes(path, text.encode())
     return 0
 

@@ -11,13 +11,13 @@ images in [-1, 1] (unbounded when it does not end in tanh). Beside the model,
 pixels) and output, and the command's last line repeats the range. ``--model_dir``
 and ``--output`` may be local or any path TensorFlow opens (``gs://``, ``ram://``).
 """
-import os
 import sys
 
 from tfgpu import cli
 from tfgpu.config import ConfigError
 from tfgpu.runtime import fileio
 from tfgpu.training import failures, restore
+from tfgpu.training import run_dir
 from tfgpu.training.exporting import read_description, save, summary, write_description
 
 USAGE = ("python -m tfgpu.export --model_dir=D [--format=keras|saved_model] [--output=PATH] [--checkpoint=PATH] "
@@ -41,8 +41,7 @@ def main(argv=None) -> int:
         return 0
     try:
         opts = parser().parse_args(argv)
-        output = opts.output or os.path.join(
-            opts.model_dir, "export", "model.keras" if opts.format == "keras" else "saved_model")
+        output = opts.output or (run_dir.exported_model if opts.format == "keras" else run_dir.exported_saved_model)(opts.model_dir)
         fileio.check_scheme(output, "output")
         if opts.format == "keras" and not output.endswith(".keras"):
             raise ConfigError("output", f"{output!r}: a Keras model file must end in .keras")

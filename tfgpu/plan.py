@@ -31,6 +31,7 @@ from tfgpu import cli  # noqa: E402
 from tfgpu.bench import scaling  # noqa: E402
 from tfgpu.config import ConfigError  # noqa: E402
 from tfgpu.training import failures  # noqa: E402
+from tfgpu.training import run_dir  # noqa: E402
 
 USAGE = ("python -m tfgpu.plan --flagfile=F [train flags] --num_workers=2,4,8 --bandwidth=100mbit,1gbit "
          "[--latency_ms=0.5] [--output_json=F] [--validate]")
@@ -81,9 +82,9 @@ def read_run(model_dir: str, skip_loops: int = 1) -> dict:
     try:
         if result is None:
             raise FileNotFoundError(f"no {results.FILE}")
-        with open(os.path.join(model_dir, "history.jsonl")) as f:
+        with open(run_dir.history(model_dir)) as f:
             loops = [r for r in map(json.loads, f) if r.get("kind") == "train" and "step_time_ms" in r]
-        with open(os.path.join(model_dir, "config.yaml")) as f:
+        with open(run_dir.config_yaml(model_dir)) as f:
             import yaml
 
             config = yaml.safe_load(f)

@@ -4,7 +4,6 @@ D may be a local directory or any path TensorFlow opens (``gs://``, ``ram://``).
 
 The report itself (what it reads, how it renders) lives in ``tfgpu.reporting.report``.
 """
-import os
 import sys
 
 from tfgpu import cli
@@ -13,6 +12,7 @@ from tfgpu.training import failures
 from tfgpu.reporting.report import write_report
 from tfgpu.runtime import fileio
 from tfgpu.training import results
+from tfgpu.training import run_dir
 
 
 def main(argv=None) -> int:
@@ -24,7 +24,7 @@ def main(argv=None) -> int:
         fileio.check_scheme(opts.model_dir, "model_dir")
         if not fileio.isdir(opts.model_dir):
             raise ConfigError("model_dir", f"{opts.model_dir!r} is not a directory")
-        if not any(fileio.exists(os.path.join(opts.model_dir, f)) for f in ("history.jsonl", "config.yaml")) \
+        if not any(fileio.exists(path(opts.model_dir)) for path in (run_dir.history, run_dir.config_yaml)) \
                 and not fileio.exists(results.path(opts.model_dir)):
             raise ConfigError("model_dir", f"{opts.model_dir!r} has no history.jsonl, metrics.json or config.yaml: "
                               "not a tfgpu run directory")

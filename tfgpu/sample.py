@@ -7,7 +7,6 @@ given here override it (e.g. ``--cpu_logical_devices=0``); ``--seed`` here is th
 latent seed, not the run's. ``--model_dir`` and ``--out`` may be local or any path
 TensorFlow opens (``gs://``, ``ram://``).
 """
-import os
 import sys
 
 from tfgpu import cli
@@ -15,6 +14,7 @@ from tfgpu.config import ConfigError
 from tfgpu.runtime import fileio
 from tfgpu.tasks.gan.options import GanOptions
 from tfgpu.training import failures, restore
+from tfgpu.training import run_dir
 
 USAGE = ("python -m tfgpu.sample --model_dir=D [--num=64] [--out=PNG] [--checkpoint=PATH] [--raw] [--seed=N] "
          "[--nrow=N] [train flags]")
@@ -44,7 +44,7 @@ def main(argv=None) -> int:
         config, built, step = restore.restored(opts, task="gan", task_name="GAN")
         from tfgpu.tasks.gan import images
 
-        out = opts.out or os.path.join(config.model_dir, "samples", f"sample_step{step}.png")
+        out = opts.out or run_dir.sampled(config.model_dir, step)
         fileio.makedirs(fileio.parent(out))
         generated = built.task.sample(opts.num, ema=not opts.raw, seed=opts.seed)
         images.save_grid(generated, out, nrow=opts.nrow)

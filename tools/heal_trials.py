@@ -31,6 +31,7 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)  # tfgpu from this checkout
 TRAIN_FLAGS = ["--flagfile=configs/quickstart.flags", "--global_batch_size=48", "--steps_per_loop=10",
                "--checkpoint_every_steps=1000", "--checkpoint_every=20s", "--verbose=2"]
 

@@ -17,6 +17,10 @@ import sys
 import threading
 import time
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)  # tfgpu from this checkout
+from tfgpu.training import run_dir  # noqa: E402 (after the checkout is on the path)
+
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -49,7 +53,7 @@ def main(argv=None) -> int:
     proc.wait(timeout=1800)
     ended = time.time()
     reader.join()
-    directory = os.path.join(args.model_dir, "checkpoints")
+    directory = run_dir.checkpoints(args.model_dir)
     index = [os.path.join(directory, f) for f in os.listdir(directory) if f.endswith(".index")] \
         if os.path.isdir(directory) else []
     newest = max(index, key=os.path.getmtime) if index else None

@@ -17,6 +17,7 @@ import types
 import pytest
 
 from tests.conftest import REPO, preempted, read_metrics
+from tfgpu.training import run_dir
 
 SCRIPT = os.path.join(REPO, "examples", "fit_dataset.py")
 
@@ -105,4 +106,4 @@ def test_a_sigterm_to_the_script_saves_a_checkpoint_and_exits_143(tmp_path):
     proc = preempted([sys.executable, SCRIPT, f"--model_dir={tmp_path}"], tmp_path)
     assert proc.returncode == 143, proc.stdout[-3000:]
     assert "stopped: preempted by SIGTERM: checkpoint saved at step" in proc.stdout and "Traceback" not in proc.stdout
-    assert any(name.endswith(".index") for name in os.listdir(tmp_path / "checkpoints"))
+    assert any(name.endswith(".index") for name in os.listdir(tmp_path / run_dir.CHECKPOINTS_DIR))

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO, read_history, read_metrics
+from tfgpu.training import run_dir
 
 EXAMPLE = os.path.join(REPO, "examples", "own_model")
 FLAGS = ["--flagfile=examples/own_model/own_model.flags", "--steps_per_loop=5", "--checkpoint_every_steps=10",
@@ -75,7 +76,7 @@ def test_the_example_trains_records_its_source_and_exports_a_model_that_loads_wi
     assert len(losses) == 2 and np.all(np.isfinite(losses)) and losses[-1] < losses[0], losses
 
     model_file = os.path.join(EXAMPLE, "my_model.py")
-    assert f"model: {model_file}:build_model\n" in (model_dir / "config.yaml").read_text()
+    assert f"model: {model_file}:build_model\n" in (model_dir / run_dir.CONFIG_FILE).read_text()
     source = json.loads((model_dir / "model_source.json").read_text())["model"]
     assert source["file"] == model_file and len(source["sha256"]) == 64
 

@@ -13,6 +13,7 @@ from PIL import Image
 
 from tfgpu.reporting import report
 from tfgpu.training import metric_specs, results
+from tfgpu.training import run_dir
 
 from tests.conftest import REPO
 
@@ -61,7 +62,7 @@ def classification_run(model_dir, steps=3000, loop=100, eval_every=500, resumed_
               "global_batch_size": 1024, "precision": "mixed_bfloat16", "distribution_strategy": "mirrored",
               "train_steps": steps, "optimizer": "sgd", "base_learning_rate": 0.1, "lr_schedule": "cosine",
               "warmup_steps": warmup, "data_workers": 0, "cache": False, "jit_compile": True, "seed": 42}
-    with open(os.path.join(model_dir, "config.yaml"), "w") as f:
+    with open(run_dir.config_yaml(model_dir), "w") as f:
         f.write("# Effective tfgpu config; rerun with --config=<this file>.\n" + yaml.safe_dump(config))
     last_eval = [r for r in records if r["kind"] == "eval"][-1]
     metrics = {"step": steps, "train_loss": 0.08, "train_accuracy": 0.985, "val_loss": last_eval["val_loss"],
@@ -92,7 +93,7 @@ def gan_run(model_dir, steps=2000, loop=100):
                             "sampled_with": "ema"})
     write_lines(os.path.join(model_dir, "history.jsonl"), records)
     declare(model_dir, "gan")
-    with open(os.path.join(model_dir, "config.yaml"), "w") as f:
+    with open(run_dir.config_yaml(model_dir), "w") as f:
         yaml.safe_dump({"task": "gan", "model": "dcgan", "dataset": "synthetic", "gan_loss": "non_saturating",
                         "precision": "mixed_float16", "global_batch_size": 64, "train_steps": steps}, f)
     os.makedirs(os.path.join(model_dir, "samples"))
@@ -194,7 +195,7 @@ def test_the_report_lists_every_config_change_a_resume_was_allowed_to_make(tmp_p
 
 def test_missing_and_partial_files(tmp_path):
     # Nothing but a config: a run that has not logged yet.
-    (tmp_path / "config.yaml").write_text("task: classification\nmodel: resnet20\n")
+    (tmp_path / run_dir.CONFIG_FILE).write_text("task: classification\nmodel: resnet20\n")
     report.write_report(str(tmp_path))
     text = (tmp_path / "report.md").read_text()
     assert "history.jsonl is missing or empty: no curves to plot" in text
@@ -204,7 +205,7 @@ def test_missing_and_partial_files(tmp_path):
     other = tmp_path / "other"
     other.mkdir()
     (other / "metrics.json").write_text('{"step": 7, "train_loss": NaN, "val_accuracy": 0.5}')
-    (other / "config.yaml").write_text("{unclosed: [")
+    (other / run_dir.CONFIG_FILE).write_text("{unclosed: [")
     report.write_report(str(other))
     text = (other / "report.md").read_text()
     assert "| val_accuracy | 0.5 |" in text and "| train_loss | nan |" not in text
@@ -318,7 +319,7 @@ def test_a_resume_on_another_topology_is_one_line_of_the_report(tmp_path):
 def test_a_metrics_json_that_is_not_tfgpus_is_a_note_naming_it_not_a_run_still_going(tmp_path):
     """A metrics.json the run did not write (a list, here) is named in the report's notes; before, the report
     said the run had none yet, as if it were still going."""
-    (tmp_path / "config.yaml").write_text("task: classification\nmodel: resnet20\n")
+    (tmp_path / run_dir.CONFIG_FILE).write_text("task: classification\nmodel: resnet20\n")
     (tmp_path / "metrics.json").write_text("[0.97]")
     report.write_report(str(tmp_path))
     text = (tmp_path / "report.md").read_text()

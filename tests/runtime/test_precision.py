@@ -16,6 +16,7 @@ import yaml
 from tests.conftest import REPO, read_history
 from tfgpu.config import Config
 from tfgpu.runtime import host, precision
+from tfgpu.training import run_dir
 
 SMALL = ["--dataset=digits", "--model=small_cnn", "--global_batch_size=32", "--eval_split=none", "--verbose=2",
          "--base_learning_rate=0.8", "--lr_schedule=constant"]
@@ -223,7 +224,7 @@ def test_setup_resolves_auto_before_anything_reads_it(tmp_path, data_cache, monk
     assert [r.getMessage() for r in caplog.records if "precision" in r.getMessage()] == [
         "precision: --precision=auto chose mixed_bfloat16 (this CPU has amx_bf16, so oneDNN computes bfloat16 "
         "matrix work in its AMX tiles)"]
-    with open(tmp_path / "config.yaml") as f:
+    with open(tmp_path / run_dir.CONFIG_FILE) as f:
         assert yaml.safe_load(f)["precision"] == "mixed_bfloat16"
     repeated = train.parse([f"--config={tmp_path / 'config.yaml'}", f"--model_dir={tmp_path / 'again'}"])
     assert repeated.precision == "mixed_bfloat16"
@@ -239,7 +240,7 @@ def test_auto_run_records_the_resolved_precision_and_its_config_repeats_it(train
     first = tmp_path / "first"
     out = train_here(*tiny, "--precision=auto", f"--model_dir={first}").output
     assert "--precision=auto chose mixed_bfloat16 (this CPU has amx_bf16" in out, out[-2000:]
-    with open(first / "config.yaml") as f:
+    with open(first / run_dir.CONFIG_FILE) as f:
         assert yaml.safe_load(f)["precision"] == "mixed_bfloat16"
     with open(first / "metrics.json") as f:
         assert json.load(f)["precision"] == "mixed_bfloat16"
@@ -322,7 +323,7 @@ def test_workers_on_different_cpus_agree_on_one_policy(tmp_path, data_cache):
     assert "precision: --precision=auto chose float32, which every worker can run (this worker alone would run " \
            "mixed_bfloat16: this CPU has amx_bf16" in outputs[0], outputs[0][-3000:]
     assert "precision: --precision=auto chose float32 (this CPU has no AVX512_BF16/AMX" in outputs[1]
-    with open(tmp_path / "config.yaml") as f:
+    with open(tmp_path / run_dir.CONFIG_FILE) as f:
         assert yaml.safe_load(f)["precision"] == "float32"
     with open(tmp_path / "metrics.json") as f:
         assert json.load(f)["precision"] == "float32"

@@ -5,6 +5,7 @@ import pytest
 
 from tfgpu.runtime import restarts
 from tfgpu.runtime.restarts import Failure
+from tfgpu.training import run_dir
 
 
 @pytest.mark.parametrize("exits, exited_at, stopped, running, cause", [
@@ -50,11 +51,12 @@ def test_the_next_group_is_the_largest_that_fits_and_never_below_min_workers(num
 
 
 def test_the_line_and_record_say_why_who_sizes_the_step_and_the_steps_lost(tmp_path):
-    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / run_dir.CHECKPOINTS_DIR).mkdir()
     assert restarts.checkpoint_step(str(tmp_path)) is None
-    (tmp_path / "checkpoints" / "checkpoint").write_text(
-        'model_checkpoint_path: "ckpt-225"\nall_model_checkpoint_paths: "ckpt-180"\n'
-        'all_model_checkpoint_paths: "ckpt-225"\n')
+    (tmp_path / run_dir.CHECKPOINTS_DIR / run_dir.CHECKPOINT_STATE_FILE).write_text(
+        f'model_checkpoint_path: "{run_dir.CHECKPOINT_PREFIX}225"\n'
+        f'all_model_checkpoint_paths: "{run_dir.CHECKPOINT_PREFIX}180"\n'
+        f'all_model_checkpoint_paths: "{run_dir.CHECKPOINT_PREFIX}225"\n')
     assert restarts.checkpoint_step(str(tmp_path)) == 225
     assert restarts.checkpoint_step("gs://bucket/run") is None
     failure = Failure(1, 1, 137, restarts.describe_exit(137), last_step=240)

@@ -16,6 +16,7 @@ from tfgpu.data import records
 from tfgpu.models import register_model
 from tfgpu.tasks.base import register_task
 from tfgpu.tasks.classification import ClassificationTask, check_model
+from tfgpu.training import run_dir
 
 
 @register_model("test_mlp_without_bn")
@@ -250,7 +251,7 @@ def _first_kernel(model_dir, step):
     """small_cnn's first conv kernel (the only model variable of shape (3, 3, 1, 32)) in a checkpoint."""
     import tensorflow as tf
 
-    reader = tf.train.load_checkpoint(os.path.join(model_dir, "checkpoints", f"ckpt-{step}"))
+    reader = tf.train.load_checkpoint(run_dir.checkpoint(model_dir, step))
     found = [reader.get_tensor(name) for name, shape in reader.get_variable_to_shape_map().items()
              if shape == [3, 3, 1, 32] and ("_trainable_variables" in name or name.startswith("model/"))]
     assert len(found) == 1, reader.get_variable_to_shape_map()
@@ -296,7 +297,7 @@ def test_bad_fine_tuning_flags_are_one_line_before_training(train_here, tmp_path
     errors = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert result.returncode == 1 and len(errors) == 1 and errors[0].startswith(expected.format(tmp=tmp))
     assert "Traceback" not in result.output
-    assert not os.path.exists(os.path.join(tmp, "run", "checkpoints"))  # refused before a step or checkpoint
+    assert not os.path.exists(run_dir.checkpoints(os.path.join(tmp, "run")))  # refused before a step or checkpoint
 
 
 # -- a softmax head on the user's model (issue 28 item 8) ------------------------------------------------------------
@@ -401,7 +402,7 @@ def test_a_users_model_with_the_wrong_ends_stops_before_training_in_one_line(tra
     errors = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert result.returncode == 1 and len(errors) == 1 and errors[0].startswith(expected.format(file=file))
     assert "Traceback" not in result.output
-    assert not os.path.exists(tmp_path / "run" / "checkpoints")
+    assert not os.path.exists(tmp_path / "run" / run_dir.CHECKPOINTS_DIR)
 
 
 HEADS = """

@@ -10,6 +10,7 @@ import yaml
 from tfgpu import config_sources, train
 from tfgpu.config import ConfigError
 from tfgpu.tasks.options import SECTIONS
+from tfgpu.training import run_dir
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
 TASK_OPTIONS = [(task, f) for task, section in SECTIONS.items() for f in dataclasses.fields(section)]
@@ -41,14 +42,14 @@ def test_a_classifier_config_yaml_written_before_sections_loads_unchanged(tmp_pa
     path = FIXTURES / "classification_config_before_task_sections.yaml"
     config = config_sources.resolve({}, str(path), references=False)
     assert (config.task, config.model, config.seed, config.task_options) == ("classification", "small_cnn", 7, None)
-    config_sources.save_yaml(config, str(tmp_path / "config.yaml"))
-    written = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    config_sources.save_yaml(config, run_dir.config_yaml(tmp_path))
+    written = yaml.safe_load((tmp_path / run_dir.CONFIG_FILE).read_text())
     assert "n_critic" not in written and written["seed"] == 7
 
 
 def test_another_tasks_option_set_in_a_config_yaml_names_the_file_and_the_option(tmp_path):
     text = (FIXTURES / "classification_config_before_task_sections.yaml").read_text()
-    path = tmp_path / "config.yaml"
+    path = tmp_path / run_dir.CONFIG_FILE
     path.write_text(text.replace("n_critic: 1\n", "n_critic: 5\n"))
     with pytest.raises(ConfigError) as error:
         config_sources.resolve({}, str(path), references=False)

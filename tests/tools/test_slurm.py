@@ -14,6 +14,9 @@ import time
 import pytest
 
 from tests.conftest import REPO, read_history, read_metrics
+from tfgpu.training import run_dir
+
+RESUMED = r"^0: .*restored .*" + re.escape(run_dir.CHECKPOINT_PREFIX) + r"(\d+): resuming at step \1$"
 
 pytestmark = pytest.mark.slurm
 
@@ -136,7 +139,7 @@ def test_template_trains_two_workers_and_only_the_chief_writes(submit):
     # One writer: one summary file, single-shard checkpoints, and worker 1's share of each save deleted.
     assert sorted(os.listdir(job.model_dir / "summaries")) == ["train", "validation"]
     assert all(len(os.listdir(job.model_dir / "summaries" / run)) == 1 for run in ("train", "validation"))
-    data = [f for f in os.listdir(job.model_dir / "checkpoints") if ".data-" in f]
+    data = [f for f in os.listdir(job.model_dir / run_dir.CHECKPOINTS_DIR) if ".data-" in f]
     assert data and all(f.endswith("-of-00001") for f in data), data
     assert os.listdir(job.tmp) == []
 
@@ -208,7 +211,7 @@ def test_a_killed_worker_makes_its_peer_exit_129_and_the_job_requeues(submit):
     # Restarts may be 2: on a loaded host slurmctld's delayed cancel of the first run's step 0 can hit the
     # requeued run's step 0 (same id); that SIGTERM is one more save and requeue (seen once on 2 cores).
     assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, out[-4000:]
-    assert re.search(r"^0: .*restored .*ckpt-(\d+): resuming at step \1$", out, re.M), out[-4000:]
+    assert re.search(RESUMED, out, re.M), out[-4000:]
     assert _finals(out) == {0: steps, 1: steps}
 
 
@@ -225,7 +228,7 @@ def test_a_killed_worker_is_restarted_inside_the_allocation_without_a_requeue(su
     out = job.output()
     assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 0, out[-4000:]
     assert "requeueing" not in out
-    assert re.search(r"^0: .*restored .*ckpt-(\d+): resuming at step \1$", out, re.M), out[-4000:]
+    assert re.search(RESUMED, out, re.M), out[-4000:]
     assert _finals(out) == {0: steps, 1: steps}
 
 

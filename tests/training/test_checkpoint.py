@@ -3,6 +3,7 @@ a directory or a file that is no checkpoint each stop with one ConfigError namin
 variable that does not fit. The checkpoints here are written with TensorFlow and Keras directly, not by tfgpu.
 Each checkpoint tfgpu writes holds the data position and topology that trained it; older ones restore without."""
 import os
+import re
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import given, settings, strategies as st
 from tfgpu.config import ConfigError
 from tfgpu.runtime.distribute import Placement
 from tfgpu.training import checkpoint
+from tfgpu.training import run_dir
 
 
 def _classifier(classes: int, hidden: int = 6):
@@ -103,7 +105,7 @@ def test_an_unreadable_checkpoint_is_one_line_naming_it(tmp_path, damage, messag
         with open(path, "w") as f:
             f.write('{"kind": "train", "step": 1}\n')
     else:
-        path = str(tmp_path / "ckpt-99")
+        path = str(tmp_path / f"{run_dir.CHECKPOINT_PREFIX}99")
     with pytest.raises(ConfigError) as error:
         checkpoint.restore(_classifier(10), path, "checkpoint")
     text = str(error.value)
@@ -121,17 +123,18 @@ def test_a_directory_names_the_checkpoint_inside_or_that_there_is_none(tmp_path)
 
 
 def test_a_state_file_naming_deleted_files_or_garbled_is_refused_not_restarted_from_zero(tmp_path):
-    path = _saved(_classifier(10), tmp_path / "checkpoints")
+    path = _saved(_classifier(10), tmp_path / run_dir.CHECKPOINTS_DIR)
     assert checkpoint.latest(str(tmp_path)) == path
-    state = (tmp_path / "checkpoints" / "checkpoint").read_text()
-    (tmp_path / "checkpoints" / "checkpoint").write_text("model_checkpoint_path: {")
+    state = (tmp_path / run_dir.CHECKPOINTS_DIR / run_dir.CHECKPOINT_STATE_FILE).read_text()
+    (tmp_path / run_dir.CHECKPOINTS_DIR / run_dir.CHECKPOINT_STATE_FILE).write_text("model_checkpoint_path: {")
     with pytest.raises(ConfigError, match=r"^--model_dir: .*/checkpoint is unreadable; put back an intact copy"):
         checkpoint.latest(str(tmp_path))
-    (tmp_path / "checkpoints" / "checkpoint").write_text(state)
-    for name in os.listdir(tmp_path / "checkpoints"):
-        if name.startswith("ckpt-"):
-            os.remove(tmp_path / "checkpoints" / name)
-    with pytest.raises(ConfigError, match=r"^--model_dir: .*/checkpoint names .*ckpt-1, whose files are missing"):
+    (tmp_path / run_dir.CHECKPOINTS_DIR / run_dir.CHECKPOINT_STATE_FILE).write_text(state)
+    for name in os.listdir(tmp_path / run_dir.CHECKPOINTS_DIR):
+        if name.startswith(os.path.basename(path) + "."):
+            os.remove(tmp_path / run_dir.CHECKPOINTS_DIR / name)
+    with pytest.raises(ConfigError, match=r"^--model_dir: .*/checkpoint names .*" + re.escape(os.path.basename(path))
+                       + ", whose files are missing"):
         checkpoint.latest(str(tmp_path))
     assert checkpoint.latest(str(tmp_path / "fresh")) is None
 
@@ -159,7 +162,7 @@ def test_each_checkpoint_restores_the_data_position_saved_with_it(tmp_path):
     step.assign(0)
     reader = _checkpointer(tmp_path, step, weights)
     assert reader.restore_latest() == 20 and reader.data_position.restored == records[20]
-    assert reader.restore(str(tmp_path / "checkpoints" / "ckpt-10"), "checkpoint") == 10
+    assert reader.restore(run_dir.checkpoint(tmp_path, 10), "checkpoint") == 10
     assert reader.data_position.restored == records[10]
 
 
@@ -167,11 +170,11 @@ def test_a_checkpoint_written_before_the_data_position_restores_without_one(tmp_
     import tensorflow as tf
 
     step, weights = tf.Variable(7, dtype=tf.int64), tf.Variable([3.0, 4.0])
-    tf.train.CheckpointManager(tf.train.Checkpoint(step=step, weights=weights), str(tmp_path / "checkpoints"),
+    tf.train.CheckpointManager(tf.train.Checkpoint(step=step, weights=weights), run_dir.checkpoints(tmp_path),
                                max_to_keep=1, step_counter=step).save(checkpoint_number=7)
     step.assign(0)
     weights.assign([0.0, 0.0])
     reader = _checkpointer(tmp_path, step, weights)
-    assert not checkpoint.has_data_position(str(tmp_path / "checkpoints" / "ckpt-7"))
+    assert not checkpoint.has_data_position(run_dir.checkpoint(tmp_path, 7))
     assert reader.restore_latest() == 7 and reader.data_position.restored is None
     assert weights.numpy().tolist() == [3.0, 4.0]

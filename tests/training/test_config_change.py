@@ -12,6 +12,7 @@ from tfgpu import config_sources
 from tfgpu.config import Config, ConfigError
 from tfgpu.training import config_change
 from tfgpu.training.history import History
+from tfgpu.training import run_dir
 
 BASE = dict(model_dir="/runs/r", dataset="digits", model="small_cnn", global_batch_size=32)
 FIELDS = {name: option.field for name, option in config_sources.options().items()}
@@ -124,26 +125,26 @@ def resumable(tmp_path):
     import tensorflow as tf
 
     step = tf.Variable(40, dtype=tf.int64)
-    manager = tf.train.CheckpointManager(tf.train.Checkpoint(step=step), str(tmp_path / "checkpoints"), 1)
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(step=step), run_dir.checkpoints(tmp_path), 1)
     manager.save(checkpoint_number=40)
     return tmp_path
 
 
 def test_a_run_without_a_checkpoint_is_fresh_and_compares_nothing(tmp_path):
-    config_sources.save_yaml(make(global_batch_size=64), str(tmp_path / "config.yaml"))
+    config_sources.save_yaml(make(global_batch_size=64), run_dir.config_yaml(tmp_path))
     assert config_change.read_recorded(str(tmp_path)) is None
 
 
 def test_an_older_config_yaml_without_newer_fields_reads_them_as_their_defaults(resumable):
-    (resumable / "config.yaml").write_text(yaml.safe_dump({**BASE, "model_dir": str(resumable)}))
+    (resumable / run_dir.CONFIG_FILE).write_text(yaml.safe_dump({**BASE, "model_dir": str(resumable)}))
     recorded = config_change.read_recorded(str(resumable))
-    assert recorded.step == 40 and recorded.path == str(resumable / "config.yaml")
+    assert recorded.step == 40 and recorded.path == run_dir.config_yaml(resumable)
     assert config_change.check(recorded, make(model_dir=str(resumable))) == []
 
 
 def test_the_recorded_config_yaml_round_trips_to_no_change(resumable):
     config = make(model_dir=str(resumable), lr_decay_epochs=(30.0, 60.0), input_range=(0.0, 1.0))
-    config_sources.save_yaml(config, str(resumable / "config.yaml"))
+    config_sources.save_yaml(config, run_dir.config_yaml(resumable))
     assert config_change.check(config_change.read_recorded(str(resumable)), config) == []
 
 
@@ -153,7 +154,7 @@ def test_a_gan_run_recorded_before_task_sections_resumes_and_its_options_are_com
     import pathlib
 
     fixture = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "gan_config_before_task_sections.yaml"
-    (resumable / "config.yaml").write_text(fixture.read_text())
+    (resumable / run_dir.CONFIG_FILE).write_text(fixture.read_text())
     recorded = config_change.read_recorded(str(resumable))
     resume = {"model_dir": str(resumable)}
     same = config_sources.resolve(resume, str(fixture), references=False)
@@ -171,19 +172,19 @@ def test_a_gan_run_recorded_before_task_sections_resumes_and_its_options_are_com
     (b"model: small_cnn\nglobal_batch_size: thirty-two\n", "global_batch_size: expected int"),
 ])
 def test_a_recorded_config_yaml_that_is_unreadable_or_not_tfgpus_is_one_line_naming_it(resumable, content, reason):
-    (resumable / "config.yaml").write_bytes(content)
+    (resumable / run_dir.CONFIG_FILE).write_bytes(content)
     with pytest.raises(ConfigError, match=reason) as e:
         config_change.read_recorded(str(resumable))
-    assert e.value.flag == "model_dir" and str(resumable / "config.yaml") in str(e.value)
+    assert e.value.flag == "model_dir" and run_dir.config_yaml(resumable) in str(e.value)
     assert "\n" not in str(e.value)
 
 
 def test_an_unreadable_checkpoint_state_file_is_one_line_naming_it(tmp_path):
-    (tmp_path / "checkpoints").mkdir()
-    (tmp_path / "checkpoints" / "checkpoint").write_bytes(b"\xff\xfe\x00 not text")
+    (tmp_path / run_dir.CHECKPOINTS_DIR).mkdir()
+    (tmp_path / run_dir.CHECKPOINTS_DIR / run_dir.CHECKPOINT_STATE_FILE).write_bytes(b"\xff\xfe\x00 not text")
     with pytest.raises(ConfigError, match="checkpoint is not a checkpoint state file TensorFlow can read") as e:
         config_change.read_recorded(str(tmp_path))
-    assert e.value.flag == "model_dir" and str(tmp_path / "checkpoints" / "checkpoint") in str(e.value)
+    assert e.value.flag == "model_dir" and run_dir.checkpoint_state(tmp_path) in str(e.value)
 
 
 def test_an_allowed_change_is_logged_and_recorded_in_history(tmp_path, caplog):

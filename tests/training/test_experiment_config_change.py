@@ -10,6 +10,7 @@ import yaml
 from tfgpu import config as config_lib
 from tfgpu import config_sources
 from tfgpu.config import ConfigError
+from tfgpu.training import run_dir
 from tests.conftest import read_history
 
 TINY = ["--dataset=digits", "--model=small_cnn", "--eval_split=none", "--steps_per_loop=1", "--tensorboard=false",
@@ -23,10 +24,10 @@ def test_a_refused_resume_stops_before_the_strategy_and_keeps_the_recorded_confi
     from tfgpu.training import experiment
 
     recorded = config_lib.Config(model_dir=str(tmp_path), dataset="digits", model="small_cnn", global_batch_size=32)
-    config_sources.save_yaml(recorded, str(tmp_path / "config.yaml"))
-    before = (tmp_path / "config.yaml").read_text()
+    config_sources.save_yaml(recorded, run_dir.config_yaml(tmp_path))
+    before = (tmp_path / run_dir.CONFIG_FILE).read_text()
     step = tf.Variable(40, dtype=tf.int64)
-    tf.train.CheckpointManager(tf.train.Checkpoint(step=step), str(tmp_path / "checkpoints"), 1).save(40)
+    tf.train.CheckpointManager(tf.train.Checkpoint(step=step), run_dir.checkpoints(tmp_path), 1).save(40)
 
     def built(*args, **kwargs):
         raise AssertionError("the strategy was built for a refused resume")
@@ -35,7 +36,7 @@ def test_a_refused_resume_stops_before_the_strategy_and_keeps_the_recorded_confi
     with pytest.raises(ConfigError, match=r"global_batch_size 32 -> 16\. Pass --allow_config_change=global_"):
         experiment.setup(config_lib.Config(model_dir=str(tmp_path), dataset="digits", model="small_cnn",
                                            global_batch_size=16))
-    assert (tmp_path / "config.yaml").read_text() == before
+    assert (tmp_path / run_dir.CONFIG_FILE).read_text() == before
 
 
 def test_a_resume_with_another_batch_or_model_is_one_line_until_allowed(train_here, tmp_path):
@@ -60,7 +61,7 @@ def test_a_resume_with_another_batch_or_model_is_one_line_until_allowed(train_he
                             "--allow_config_change=model", f"--model_dir={model_dir}", check=False).returncode != 0
     except ValueError:  # the restore's own error where checkpoints do not yet name a mismatch in one line
         failed = True
-    assert failed and yaml.safe_load((model_dir / "config.yaml").read_text())["model"] == "small_cnn"
+    assert failed and yaml.safe_load((model_dir / run_dir.CONFIG_FILE).read_text())["model"] == "small_cnn"
     assert read_history(model_dir, "config_change") == []
 
     out = train_here(*TINY, "--global_batch_size=16", "--train_steps=4", "--allow_config_change=global_batch_size",
@@ -69,7 +70,7 @@ def test_a_resume_with_another_batch_or_model_is_one_line_until_allowed(train_he
     (record,) = read_history(model_dir, "config_change")
     assert (record["step"], record["field"], record["old"], record["new"]) == (2, "global_batch_size", 32, 16)
     assert json.loads((model_dir / "metrics.json").read_text())["step"] == 4
-    assert yaml.safe_load((model_dir / "config.yaml").read_text())["global_batch_size"] == 16
+    assert yaml.safe_load((model_dir / run_dir.CONFIG_FILE).read_text())["global_batch_size"] == 16
     assert "| 2 | global_batch_size | 32 | 16 |" in (model_dir / "report.md").read_text()
 
 

@@ -17,6 +17,7 @@ import tfgpu
 from tests.conftest import checkpoint_weights, read_history, read_metrics
 from tfgpu.data import builtin, tfrecord
 from tfgpu.training import fit as fit_lib
+from tfgpu.training import run_dir
 
 TIMING = ("examples_per_sec", "eval_time_s", "wall_time_s")
 SMALL = dict(global_batch_size=32, steps_per_loop=1, checkpoint_every_steps=1, verbose=0, seed=7)
@@ -168,7 +169,7 @@ def test_model_fn_is_built_in_the_scope_under_the_policy_and_checked_against_the
         tfgpu.fit(three_classes, _ds(digits[0]), model_dir=str(tmp_path), train_steps=1, precision="mixed_bfloat16",
                   **SMALL)
     assert seen == {"policy": "mixed_bfloat16", "in_scope": True}
-    assert not os.path.exists(tmp_path / "checkpoints")
+    assert not os.path.exists(tmp_path / run_dir.CHECKPOINTS_DIR)
     with pytest.raises(tfgpu.ConfigError, match="model: returned str, not a keras.Model"):
         tfgpu.fit(lambda: "model", _ds(digits[0]), model_dir=str(tmp_path), train_steps=1, **SMALL)
 
@@ -226,8 +227,9 @@ def test_a_sigterm_under_fit_raises_preempted_to_the_caller_after_the_checkpoint
         tfgpu.fit(build_model, _ds((xt, yt)), model_dir=str(tmp_path), train_steps=3, **options)
     monkeypatch.setattr(history.History, "write", write)
     assert signal.getsignal(signal.SIGTERM) is callers_handler
-    saved = tf.train.latest_checkpoint(str(tmp_path / "checkpoints"))
-    assert stopped.value.step == 1 and stopped.value.checkpoint == saved and saved.endswith("ckpt-1")
+    saved = tf.train.latest_checkpoint(run_dir.checkpoints(tmp_path))
+    assert stopped.value.step == 1 and stopped.value.checkpoint == saved
+    assert saved.endswith(run_dir.CHECKPOINT_PREFIX + "1")
     assert "checkpoint saved at step 1" in str(stopped.value) and not (tmp_path / "metrics.json").exists()
     metrics = tfgpu.fit(build_model, _ds((xt, yt)), model_dir=str(tmp_path), train_steps=3, **options).results
     assert metrics["step"] == 3 and [r["step"] for r in read_history(tmp_path)] == [1, 2, 3]
@@ -256,7 +258,8 @@ def test_a_ctrl_c_under_fit_saves_then_raises_a_keyboard_interrupt_that_is_a_pre
     monkeypatch.setattr(history.History, "write", write)
     assert signal.getsignal(signal.SIGINT) is callers_handler
     assert isinstance(stopped.value, tfgpu.Preempted) and stopped.value.step == 1
-    assert stopped.value.checkpoint.endswith("ckpt-1") and "interrupted by SIGINT (Ctrl-C)" in str(stopped.value)
+    assert stopped.value.checkpoint.endswith(run_dir.CHECKPOINT_PREFIX + "1")
+    assert "interrupted by SIGINT (Ctrl-C)" in str(stopped.value)
     metrics = tfgpu.fit(build_model, _ds((xt, yt)), model_dir=str(tmp_path), train_steps=3, **options).results
     assert metrics["step"] == 3 and [r["step"] for r in read_history(tmp_path)] == [1, 2, 3]
 

@@ -12,6 +12,7 @@ import tensorflow as tf
 import tfgpu
 from tfgpu.data import builtin
 from tfgpu.training import fit as fit_lib
+from tfgpu.training import run_dir
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +87,7 @@ def test_a_compiled_model_object_trains_as_compiled_and_holds_the_trained_weight
     assert accuracy == pytest.approx(history.history["val_accuracy"][-1], abs=1e-6)
     assert not all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
     assert int(model.optimizer.iterations.numpy()) == 9
-    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(os.path.join(history.model_dir, "checkpoints")))
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(run_dir.checkpoints(history.model_dir)))
     saved = [reader.get_tensor(name) for name in reader.get_variable_to_shape_map()]
     moments = [v for v in model.optimizer.variables if "momentum" in v.path or "velocity" in v.path]
     assert len(moments) == 2 * len(model.trainable_variables)  # Adam's, copied back from the run
@@ -169,7 +170,7 @@ def test_callbacks_see_keras_logs_and_act_on_the_run(digits, run_state, tmp_path
     assert [(e, lr) for e, _, lr in seen] == [(0, pytest.approx(0.01)), (1, pytest.approx(0.02))]
     assert seen[0][1] == ["accuracy", "learning_rate", "loss", "val_accuracy", "val_loss"]
     assert float(model.optimizer.learning_rate.numpy()) == pytest.approx(0.02)
-    assert history.model_dir == str(tmp_path / "backup") and (tmp_path / "backup" / "checkpoints").is_dir()
+    assert history.model_dir == str(tmp_path / "backup") and (tmp_path / "backup" / run_dir.CHECKPOINTS_DIR).is_dir()
     assert len((tmp_path / "log.csv").read_text().splitlines()) == 3
     assert sorted(os.listdir(tmp_path / "tb")) == ["train", "validation"]
     assert keras.saving.load_model(tmp_path / "best.keras").count_params() == model.count_params()

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tfgpu.runtime import fileio
+from tfgpu.training import run_dir
 
 
 @pytest.fixture
@@ -59,7 +60,7 @@ def test_convert_train_resume_evaluate_export_report_on_ram(tmp_path, ram_root, 
     run = [f"--data_dir={data_dir}", f"--model_dir={model_dir}", "--model=small_cnn", "--global_batch_size=8",
            "--steps_per_loop=2", "--checkpoint_every_steps=2", "--input_range=0,1"]
     train_here(*run, "--train_steps=2")
-    assert fileio.exists(f"{model_dir}/checkpoints/ckpt-2.index")
+    assert fileio.exists(run_dir.checkpoint(model_dir, 2) + ".index")
     resumed = train_here(*run, "--train_steps=4")
     assert "resuming at step 2" in resumed.output
     history = [json.loads(line) for line in fileio.read_text(f"{model_dir}/history.jsonl").splitlines()]

@@ -6,6 +6,7 @@ import pytest
 
 from tfgpu import config as config_lib
 from tfgpu import config_sources
+from tfgpu.training import run_dir
 
 COMMANDS = ("evaluate", "export", "sample")
 
@@ -24,6 +25,6 @@ def test_a_directory_that_is_not_a_run_is_the_same_line_in_every_command(name, t
 
 def test_sample_names_the_task_of_a_run_that_is_not_a_gan(tmp_path, capsys):
     config_sources.save_yaml(config_lib.Config(model_dir=str(tmp_path), dataset="digits", model="small_cnn"),
-                         str(tmp_path / "config.yaml"))
+                         run_dir.config_yaml(tmp_path))
     code, err = _errors("sample", [f"--model_dir={tmp_path}"], capsys)
     assert code == 1 and err == [f"error: --model_dir: {tmp_path} is a classification run, not a GAN run"]

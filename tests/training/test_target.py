@@ -13,6 +13,7 @@ from tests.conftest import REPO, read_history, read_metrics
 from tfgpu.config import ConfigError
 from tfgpu.training import metric_specs, results, target
 from tfgpu.training.metric_specs import Declarations, MetricSpec
+from tfgpu.training import run_dir
 
 TINY = ["--dataset=digits", "--model=small_cnn", "--global_batch_size=64", "--steps_per_loop=2",
         "--checkpoint_every_steps=0", "--tensorboard=false", "--verbose=2"]
@@ -102,8 +103,9 @@ def test_an_easy_target_stops_at_its_evaluation_after_a_checkpoint_and_a_rerun_t
     assert [e["step"] for e in evals] == list(range(2, at + 1, 2))
     assert all(e["val_accuracy"] < 0.2 for e in evals[:-1]) and evals[-1]["val_accuracy"] >= 0.2
     assert read_history(tmp_path)[-1]["step"] == metrics["step"] == at
-    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["checkpoint", f"ckpt-{at}.data-00000-of-00001",
-                                                           f"ckpt-{at}.index"]
+    assert sorted(os.listdir(run_dir.checkpoints(tmp_path))) == [run_dir.CHECKPOINT_STATE_FILE,
+                                                                 f"{run_dir.CHECKPOINT_PREFIX}{at}.data-00000-of-00001",
+                                                                 f"{run_dir.CHECKPOINT_PREFIX}{at}.index"]
     assert metrics["epochs_at_target"] == round(at * 64 / 1438, 2)
     assert 0 < metrics["time_to_target_s"] <= took  # from the call of main here: a process's start on its own
     assert f"target val_accuracy >= 0.2 reached at step {at} ({metrics['epochs_at_target']:g} epochs) in " \
@@ -189,7 +191,7 @@ def test_a_bad_target_is_one_line_before_training(train_here, tmp_path, flag, me
     errors = [line for line in result.output.splitlines() if "error" in line.lower()]
     assert result.returncode == 1 and len(errors) == 1 and errors[0].startswith(f"error: {message}"), result.output
     assert "Traceback" not in result.output
-    assert not (tmp_path / "history.jsonl").exists() and not (tmp_path / "checkpoints").exists()
+    assert not (tmp_path / "history.jsonl").exists() and not (tmp_path / run_dir.CHECKPOINTS_DIR).exists()
 
 
 # Slow (about 15 s: a process of its own, for the logical devices).

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import checkpoint_weights, preempted, read_history, read_metrics
+from tfgpu.training import run_dir
 
 SMALL = ["--dataset=digits", "--model=resnet20", "--global_batch_size=64", "--eval_split=none", "--verbose=2"]
 
@@ -104,19 +105,19 @@ def test_quickstart_reduced_trains_evaluates_and_exports(run_train, tmp_path):
     assert "final: step=90" in proc.stdout
     evals = read_history(model_dir, "eval")
     assert [e["step"] for e in evals] == [45, 90] and evals[-1]["val_examples"] == 359
-    assert (model_dir / "config.yaml").exists() and (model_dir / "export" / "model.keras").exists()
+    assert (model_dir / run_dir.CONFIG_FILE).exists() and (model_dir / "export" / "model.keras").exists()
     # TensorBoard as Keras users know it: train and validation runs, the same tag for the same metric.
     tags = {run: summary_tags(model_dir / "summaries" / run) for run in ("train", "validation")}
     assert {"loss", "accuracy"} <= tags["train"] & tags["validation"], tags
     assert {"learning_rate", "examples_per_sec"} <= tags["train"] and "top5_accuracy" in tags["validation"]
 
 
-def summary_tags(run_dir) -> set:
+def summary_tags(summary_dir) -> set:
     """The scalar tags in a TensorBoard run directory's event files."""
     import tensorflow as tf
 
     tags = set()
-    for events in run_dir.glob("events.out.tfevents.*"):
+    for events in summary_dir.glob("events.out.tfevents.*"):
         for record in tf.data.TFRecordDataset(str(events)):
             tags.update(v.tag for v in tf.compat.v1.Event.FromString(record.numpy()).summary.value)
     return tags
@@ -182,7 +183,7 @@ def test_a_peer_lost_outside_the_train_loop_is_reported_as_worker_lost(tmp_path,
     run._any_worker_preempted = vote_after_the_peer_died
     try:
         with pytest.raises(trainer.WorkerLost, match=r"worker 0: a collective failed after step 4 .*aborted by.*"
-                           r"Last checkpoint: .*ckpt-2; rerun the same launch"):
+                           r"Last checkpoint: .*" + re.escape(run_dir.CHECKPOINT_PREFIX) + r"2; rerun the same launch"):
             run.train()
     finally:
         keras.backend.clear_session(free_memory=False)
@@ -377,7 +378,7 @@ def _recorded_position(model_dir, step):
 
     import tensorflow as tf
 
-    reader = tf.train.load_checkpoint(str(model_dir / "checkpoints" / f"ckpt-{step}"))
+    reader = tf.train.load_checkpoint(run_dir.checkpoint(model_dir, step))
     return json.loads(reader.get_tensor("data_position/.ATTRIBUTES/py_state"))
 
 
@@ -412,7 +413,7 @@ def test_training_into_a_directory_holding_another_tasks_checkpoint_is_one_line(
     generator = keras.Sequential([keras.Input((4,)), keras.layers.Dense(64)])
     root = tf.train.Checkpoint(step=tf.Variable(5, dtype=tf.int64), generator=generator,
                                g_optimizer=keras.optimizers.Adam())
-    path = tf.train.CheckpointManager(root, str(tmp_path / "checkpoints"), max_to_keep=1).save()
+    path = tf.train.CheckpointManager(root, run_dir.checkpoints(tmp_path), max_to_keep=1).save()
     result = train_here(*SMALL, "--model=small_cnn", "--train_steps=2", f"--model_dir={tmp_path}", check=False)
     errors = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert result.returncode == 1 and errors == [
@@ -445,9 +446,9 @@ def test_a_preemption_at_an_evaluation_step_leaves_that_evaluation_to_the_resume
     monkeypatch.undo()
     assert preempted.returncode == 143 and read_history(tmp_path / "split", "eval") == []
     stopped = [line for line in preempted.output.splitlines() if line.startswith("stopped:")]
-    assert stopped == [f"stopped: preempted by SIGTERM: checkpoint saved at step 2 ({tmp_path / 'split'}/checkpoints/"
-                       "ckpt-2); run the same command again (or call tfgpu.fit again with the same model_dir) to "
-                       "resume from it"], preempted.output
+    saved = run_dir.checkpoint(tmp_path / "split", 2)
+    assert stopped == [f"stopped: preempted by SIGTERM: checkpoint saved at step 2 ({saved}); run the same command "
+                       "again (or call tfgpu.fit again with the same model_dir) to resume from it"], preempted.output
     resumed = train_here(*common, f"--model_dir={tmp_path / 'split'}")
     straight, split = read_history(tmp_path / "straight", "eval"), read_history(tmp_path / "split", "eval")
     assert [e["step"] for e in split] == [e["step"] for e in straight] == [2, 4]
@@ -476,8 +477,9 @@ def test_checkpoint_every_a_time_saves_at_loop_ends_and_the_heartbeat_follows_th
     train_here(*common, "--checkpoint_every=1h", f"--model_dir={tmp_path / 'hourly'}")
 
     def saved(run):
-        state = (tmp_path / run / "checkpoints" / "checkpoint").read_text()
-        return [int(s) for s in re.findall(r'all_model_checkpoint_paths: "ckpt-(\d+)"', state)]
+        state = (tmp_path / run / run_dir.CHECKPOINTS_DIR / run_dir.CHECKPOINT_STATE_FILE).read_text()
+        pattern = r'all_model_checkpoint_paths: "' + re.escape(run_dir.CHECKPOINT_PREFIX) + r'(\d+)"'
+        return [int(s) for s in re.findall(pattern, state)]
 
     assert saved("often") == [2, 4, 6, 8]
     assert saved("hourly") == [8]
@@ -522,7 +524,7 @@ def test_ctrl_c_mid_loop_saves_the_step_in_flight_exits_130_and_the_resumed_run_
     # loaded 2-core CPU (11 seen); a loop's end would be step 40.
     assert 8 <= step < 20, step
     assert lines[0].startswith(f"stopped: interrupted by SIGINT (Ctrl-C): checkpoint saved at step {step} (")
-    assert os.path.basename(lines[0].split("(")[2].split(")")[0]) == f"ckpt-{step}"
+    assert os.path.basename(lines[0].split("(")[2].split(")")[0]) == f"{run_dir.CHECKPOINT_PREFIX}{step}"
     resumed = train_here(*common, f"--model_dir={tmp_path / 'split'}")
     assert f"resuming at step {step}" in resumed.output
     records = [(r["kind"], r["step"]) for r in map(__import__("json").loads,

@@ -7,11 +7,11 @@ import hashlib
 import inspect
 import json
 import logging
-import os
 import sys
 
 from tfgpu.models import user
 from tfgpu.models.registry import is_registered
+from tfgpu.training import run_dir
 
 log = logging.getLogger("tfgpu")
 
@@ -67,7 +67,7 @@ def write_source_record(config, model_dir: str) -> None:
     record = source_record(config)
     if not record:
         return
-    path = os.path.join(model_dir, user.SOURCE_FILE)
+    path = run_dir.model_source(model_dir)
     if fileio.isfile(path):
         try:
             before = json.loads(fileio.read_text(path))
@@ -82,7 +82,7 @@ def write_source_record(config, model_dir: str) -> None:
 def warn_if_changed(config, model_dir: str) -> None:
     """Logs a warning for each user file whose content differs from the one the run recorded (a rebuilt model,
     e.g. for evaluate or export, may then not match its checkpoint)."""
-    path = os.path.join(model_dir, user.SOURCE_FILE)
+    path = run_dir.model_source(model_dir)
     from tfgpu.runtime import fileio
 
     if not fileio.isfile(path):
@@ -102,7 +102,7 @@ def recorded_sources(model_dir: str):
     the file (or when it does not read)."""
     from tfgpu.runtime import fileio
 
-    path = os.path.join(model_dir, user.SOURCE_FILE)
+    path = run_dir.model_source(model_dir)
     try:
         recorded = json.loads(fileio.read_text(path)) if fileio.isfile(path) else None
     except ValueError:

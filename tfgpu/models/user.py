@@ -27,11 +27,12 @@ import sys
 import types
 
 from tfgpu.config import ConfigError
+from tfgpu.training import run_dir
 
 log = logging.getLogger("tfgpu")
 
 FLAGS = ("model", "generator", "discriminator")
-SOURCE_FILE = "model_source.json"
+SOURCE_FILE = run_dir.MODEL_SOURCE_FILE
 _FORM = "expected MODULE:FUNCTION or path/to/file.py:FUNCTION"
 _LOADED: dict[tuple[str, str], "UserBuilder"] = {}
 

@@ -6,13 +6,13 @@ with ``fileio.atomic_write_bytes``, so ``model_dir`` may be any path TensorFlow 
 """
 import io
 import math
-import os
 import statistics
 
 from tfgpu.runtime import fileio
 from tfgpu.runtime.fileio import atomic_write_bytes
+from tfgpu.training import run_dir
 
-PLOTS_DIR = "plots"
+PLOTS_DIR = run_dir.PLOTS_DIR
 
 
 def _finite(value) -> bool:
@@ -85,9 +85,9 @@ def write_plots(model_dir: str, history: dict, specs) -> list:
             ax.grid(True, alpha=0.3)
         axes[-1].set_xlabel("step")
         axes[0].set_title(title)
-        path = os.path.join(PLOTS_DIR, f"{plot}.png")
-        fileio.makedirs(os.path.join(model_dir, PLOTS_DIR))
-        atomic_write_bytes(os.path.join(model_dir, path), _png(figure))
+        path = run_dir.plot_name(plot)
+        fileio.makedirs(run_dir.plots(model_dir))
+        atomic_write_bytes(run_dir.plot(model_dir, plot), _png(figure))
         written.append((path, title))
     return written
 

@@ -23,6 +23,7 @@ from tfgpu.reporting.plots import series, write_plots
 from tfgpu.runtime import fileio
 from tfgpu.runtime.fileio import atomic_write_bytes
 from tfgpu.training import config_change, metric_specs, results
+from tfgpu.training import run_dir
 from tfgpu.training import target as target_lib
 
 INPUT_BOUND_FRACTION = 0.1  # share of step time waiting for data above which a run is input-bound
@@ -343,7 +344,7 @@ def render(model_dir: str, history: dict, bad_lines: int, result, config, profil
                         ("option", "value"))
         lines += ["", "Full config: `config.yaml` (rerun with `--config=config.yaml`).", ""]
     if config and config.get("tensorboard", True):
-        lines += ["TensorBoard: `tensorboard --logdir " + os.path.join(model_dir, "summaries") + "` (runs `train` and "
+        lines += ["TensorBoard: `tensorboard --logdir " + run_dir.summaries(model_dir) + "` (runs `train` and "
                   "`validation` share each metric's tag, so their curves overlay; a GAN's sample grids are under "
                   "`samples`).", ""]
 
@@ -363,17 +364,17 @@ def render(model_dir: str, history: dict, bad_lines: int, result, config, profil
 
 def write_report(model_dir: str) -> str:
     """Writes ``<model_dir>/report.md`` and its plots from whatever the run has left; returns report.md's path."""
-    history, bad = read_history(os.path.join(model_dir, "history.jsonl"))
+    history, bad = read_history(run_dir.history(model_dir))
     result, unreadable = None, ""
     try:
         result = results.read(model_dir)
     except ConfigError as e:  # the report is made of whatever the run left: the note names the file instead
         unreadable = e.reason
-    config = _read_yaml(os.path.join(model_dir, "config.yaml"))
-    profile = _read_json(os.path.join(model_dir, "input_profile.json"))
+    config = _read_yaml(run_dir.config_yaml(model_dir))
+    profile = _read_json(run_dir.input_profile(model_dir))
     declared = declarations(model_dir, config, needed=bool(history or result))
     plots = write_plots(model_dir, history, declared.metrics)
     text = render(model_dir, history, bad, result, config, profile, plots, declared, unreadable)
-    path = os.path.join(model_dir, "report.md")
+    path = run_dir.report(model_dir)
     atomic_write_bytes(path, text.encode())
     return path

@@ -9,11 +9,11 @@ on the same slots. Exit codes 1-127 are permanent (``training/failures.py``: a b
 failed kernel): a restart would fail the same way, so the job stops.
 """
 import dataclasses
-import os
 import re
 import signal
 
 from tfgpu.training import failures
+from tfgpu.training import run_dir
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,11 +94,11 @@ def checkpoint_step(model_dir: str) -> int | None:
     if not model_dir or "://" in model_dir:
         return None
     try:
-        with open(os.path.join(model_dir, "checkpoints", "checkpoint")) as f:
+        with open(run_dir.checkpoint_state(model_dir)) as f:
             text = f.read()
     except OSError:
         return None
-    match = re.search(r'^model_checkpoint_path:\s*"(?:.*/)?ckpt-(\d+)"', text, re.M)
+    match = re.search(r'^model_checkpoint_path:\s*"(?:.*/)?' + re.escape(run_dir.CHECKPOINT_PREFIX) + r'(\d+)"', text, re.M)
     return int(match.group(1)) if match else None
 
 

@@ -20,6 +20,7 @@ from tfgpu.runtime import heartbeat, restarts
 from tfgpu.runtime.launcher import (LAST_LINES, LaunchError, _child_setup, _ranges, batch_rule, core_sets, exit_code,
                                     free_ports, gpu_sets, host_gpus, tf_configs, worker_command, worst_exit_code)
 from tfgpu.training import failures as exit_codes
+from tfgpu.training import run_dir
 
 
 class Worker:
@@ -316,7 +317,7 @@ class Launcher:
             record = {"kind": "restart", "step": resumed or 0, "time": round(failed_at, 3),
                       **restarts.restart_record(self.restarts, failure, len(slots), len(new_slots), resumed,
                                                 failed_at)}
-            with contextlib.suppress(OSError), open(os.path.join(model_dir, "history.jsonl"), "a") as f:
+            with contextlib.suppress(OSError), open(run_dir.history(model_dir), "a") as f:
                 f.write(json.dumps(record) + "\n")
         self._recovering = (self.restarts, failed_at)
         return new_slots

@@ -22,7 +22,6 @@ objects' variables (milliseconds; no weight is read twice).
 """
 import json
 import logging
-import os
 import shutil
 
 import tensorflow as tf
@@ -32,6 +31,7 @@ from tensorflow.python.checkpoint import graph_view, util as checkpoint_util  # 
 from tfgpu.config import ConfigError
 from tfgpu.runtime import fileio
 from tfgpu.runtime.distribute import Placement, worker_dir
+from tfgpu.training import run_dir
 
 log = logging.getLogger("tfgpu")
 
@@ -46,7 +46,7 @@ UNREADABLE_FIX = {"model_dir": f"its .index file is truncated or corrupt: put ba
 
 
 def checkpoint_dir(model_dir: str) -> str:
-    return os.path.join(model_dir, "checkpoints")
+    return run_dir.checkpoints(model_dir)
 
 
 DATA_POSITION = "data_position"
@@ -132,10 +132,10 @@ def latest(model_dir: str) -> str | None:
     try:
         found = tf.train.latest_checkpoint(directory)
     except (ValueError, OSError, tf.errors.OpError) as e:  # e.g. a state file that is not text
-        raise ConfigError("model_dir", f"{os.path.join(directory, 'checkpoint')} is not a checkpoint state file "
+        raise ConfigError("model_dir", f"{run_dir.checkpoint_state(model_dir)} is not a checkpoint state file "
                           f"TensorFlow can read ({type(e).__name__}); restore it from a copy, or train into a new "
                           "--model_dir") from None
-    if found is None and fileio.exists(os.path.join(directory, "checkpoint")):
+    if found is None and fileio.exists(run_dir.checkpoint_state(model_dir)):
         named = tf.train.get_checkpoint_state(directory)  # None (TensorFlow logs why) when it does not parse
         if named is None:
             raise ConfigError("model_dir", f"{directory}/checkpoint is unreadable; put back an intact copy, or "
@@ -240,13 +240,13 @@ class Checkpointer:
         self.real_dir = checkpoint_dir(model_dir)
         self._own_dir = worker_dir(model_dir, placement)
         self._temporary = not placement.is_chief
-        directory = self.real_dir if placement.is_chief else os.path.join(self._own_dir, "checkpoints")
+        directory = self.real_dir if placement.is_chief else run_dir.checkpoints(self._own_dir)
         self._items = {"step": step, **items}
         self.data_position = DataPosition(data_position or (lambda: {}))
         self.fingerprint = ModelFingerprint()  # recorded by ``record_fingerprint`` once the run is checked
         self._states = {DATA_POSITION: self.data_position, MODEL_FINGERPRINT: self.fingerprint}
         self.checkpoint = tf.train.Checkpoint(**self._items, **self._states)
-        self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=keep if
+        self.manager = tf.train.CheckpointManager(self.checkpoint, directory, checkpoint_name=run_dir.CHECKPOINT_NAME, max_to_keep=keep if
                                                   placement.is_chief else 1, step_counter=step)
         self.step = step
 

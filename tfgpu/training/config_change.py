@@ -18,6 +18,7 @@ import re
 
 from tfgpu import config_sources
 from tfgpu.config import Config, ConfigError
+from tfgpu.training import run_dir
 
 log = logging.getLogger("tfgpu")
 
@@ -144,7 +145,7 @@ def read_recorded(model_dir: str):
     step = resumed_step(model_dir)
     if step is None:
         return None
-    path = os.path.join(model_dir, "config.yaml")
+    path = run_dir.config_yaml(model_dir)
     if not fileio.exists(path):
         log.warning("%s is missing: resuming the checkpoint at step %d without checking that this run trains "
                     "the same thing", path, step)

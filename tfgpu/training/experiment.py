@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from tfgpu.config import Config, ConfigError, DatasetConfig, RuntimeConfig, TrainerConfig
 from tfgpu.config_sources import save_yaml
 from tfgpu.training import config_change, exporting, results
+from tfgpu.training import run_dir
 from tfgpu.training.history import PhaseTimer
 
 if TYPE_CHECKING:  # for Setup's field types only: these import TensorFlow, which setup() imports when it runs
@@ -30,7 +31,7 @@ def check_model_dir(model_dir: str) -> None:
 
     try:
         fileio.makedirs(model_dir)
-        probe = os.path.join(model_dir, f".write-test-{os.getpid()}")
+        probe = run_dir.write_probe(model_dir, os.getpid())
         with fileio.open_file(probe, "w") as f:
             f.write("ok")
         fileio.remove(probe)
@@ -184,7 +185,7 @@ def _write_run_config(config: Config, changes=(), step: int = 0, history=None) -
 
     if changes:
         config_change.record(changes, step, history)
-    save_yaml(config, os.path.join(config.model_dir, "config.yaml"))
+    save_yaml(config, run_dir.config_yaml(config.model_dir))
     provenance.write_source_record(config, config.model_dir)
 
 
@@ -244,7 +245,7 @@ def run(config: Config, startup: PhaseTimer | None = None, cluster_desc=UNRESOLV
         # After the last record: the trainer's teardown (its input pipeline), then the outputs, phase by phase.
         shutdown = PhaseTimer(built.trainer.history.last_time or time.time(), "shutdown", "the outputs written")
         shutdown.mark("trainer_teardown")
-        exported = exporting.export_model(task, os.path.join(config.model_dir, "export", "model.keras"))
+        exported = exporting.export_model(task, run_dir.exported_model(config.model_dir))
         exporting.write_description(config, built.info, exported, task.model_facts())
         shutdown.mark("export")
         results.write(config.model_dir, result)

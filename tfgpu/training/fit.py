@@ -47,10 +47,11 @@ import os
 from tfgpu import config_sources
 from tfgpu.config import ConfigError
 from tfgpu.training import fit_arguments, fit_data
+from tfgpu.training import run_dir
 
 log = logging.getLogger("tfgpu")
 
-DATA_SUBDIR = "data"
+DATA_SUBDIR = run_dir.FIT_DATA_DIR
 TRAIN_SPLIT, EVAL_SPLIT = "train", "val"
 DEFAULT_BATCH_SIZE = 32  # Keras' batch_size=None
 SET_BY_FIT = {
@@ -187,7 +188,7 @@ def _fit(model, args: dict, model_dir, options: dict, names: dict):
     elif backup_dir:
         log.info("BackupAndRestore: model_dir %s holds the checkpoints a rerun resumes from", model_dir)
     model_dir = os.fspath(model_dir)
-    data_dir = os.path.join(model_dir, DATA_SUBDIR) if data.datasets else data.directory
+    data_dir = run_dir.fit_data(model_dir) if data.datasets else data.directory
     name = _register(given)
     explicit.update(model_dir=model_dir, data_dir=data_dir, model=name)
     config = config_sources.resolve(explicit)

@@ -18,6 +18,7 @@ import sys
 import time
 
 from tfgpu.runtime import fileio, progress
+from tfgpu.training import run_dir
 
 log = logging.getLogger("tfgpu")
 
@@ -27,7 +28,7 @@ class History:
     store without appends (``gs://``) TensorFlow rewrites the whole object each time."""
 
     def __init__(self, model_dir: str, enabled: bool):
-        self.path = os.path.join(model_dir, "history.jsonl")
+        self.path = run_dir.history(model_dir)
         self.enabled = enabled
         self.last_time = None  # time.time() of the last record written: where a run's shutdown starts
 
@@ -80,7 +81,7 @@ def read(model_dir: str) -> list:
     """Every record of ``<model_dir>/history.jsonl`` that reads, in order (a line being written, or a killed run's
     half-written last line, is left out); [] when there is no file. For commands and tools that watch a run."""
     try:
-        with open(os.path.join(model_dir, "history.jsonl")) as f:
+        with open(run_dir.history(model_dir)) as f:
             lines = f.read().splitlines()
     except OSError:
         return []
@@ -100,8 +101,8 @@ def cut_summaries(run_dirs, step: int) -> int:
     import tensorflow as tf
 
     removed = 0
-    for run_dir in run_dirs:
-        for path in sorted(fileio.glob(os.path.join(run_dir, "events.out.tfevents.*"))):
+    for summary_dir in run_dirs:
+        for path in sorted(fileio.glob(os.path.join(summary_dir, "events.out.tfevents.*"))):
             kept, past = [], 0
             try:
                 for record in tf.data.TFRecordDataset(path):

@@ -15,6 +15,7 @@ import tensorflow as tf
 from tfgpu.reporting.report import input_verdict
 from tfgpu.runtime.fileio import atomic_write_bytes
 from tfgpu.training import loop
+from tfgpu.training import run_dir
 
 log = logging.getLogger("tfgpu")
 
@@ -64,5 +65,5 @@ def finish(profile: dict, train_rate: float, model_dir: str, chief: bool) -> dic
     log.info("input profile: %s (input alone %.0f ex/s, step alone %.0f ex/s, training %.0f ex/s)", verdict,
              profile["input_examples_per_sec"], profile["compute_examples_per_sec"], train_rate)
     if chief:
-        atomic_write_bytes(os.path.join(model_dir, "input_profile.json"), json.dumps(profile, indent=2).encode())
+        atomic_write_bytes(run_dir.input_profile(model_dir), json.dumps(profile, indent=2).encode())
     return profile

@@ -11,9 +11,10 @@ No TensorFlow here: the report reads this module in a light process.
 """
 import dataclasses
 import json
-import os
 
-SPECS_FILE = "metric_specs.json"
+from tfgpu.training import run_dir
+
+SPECS_FILE = run_dir.METRIC_SPECS_FILE
 KINDS = ("train", "eval")
 SCALES = ("linear", "log", "log2")
 STYLES = ("line", "rate", "image")
@@ -111,7 +112,7 @@ def write(model_dir: str, declarations: Declarations) -> str:
     """Writes ``<model_dir>/metric_specs.json`` atomically; returns its path."""
     from tfgpu.runtime.fileio import atomic_write_bytes
 
-    path = os.path.join(model_dir, SPECS_FILE)
+    path = run_dir.metric_specs(model_dir)
     atomic_write_bytes(path, json.dumps(to_json(declarations), indent=2).encode())
     return path
 
@@ -122,6 +123,6 @@ def read(model_dir: str):
     from tfgpu.runtime import fileio
 
     try:
-        return from_json(json.loads(fileio.read_bytes(os.path.join(model_dir, SPECS_FILE))))
+        return from_json(json.loads(fileio.read_bytes(run_dir.metric_specs(model_dir))))
     except (OSError, ValueError):
         return None

@@ -1,11 +1,11 @@
 """A finished run restored for the commands that act on one (``evaluate``, ``export``, ``sample``): their shared
 flags, the run's saved config with the flags given as overrides, and its model at the latest or a given
 checkpoint, with the same one-line errors in all three."""
-import os
 
 from tfgpu import cli
 from tfgpu.config import ConfigError
 from tfgpu.runtime import fileio
+from tfgpu.training import run_dir
 
 
 def parser(prog: str, usage: str, description: str, what: str, own: tuple = ()) -> cli.ArgumentParser:
@@ -21,7 +21,7 @@ def parser(prog: str, usage: str, description: str, what: str, own: tuple = ()) 
 def run_config(model_dir: str, namespace):
     """The run's saved config with the train flags of ``namespace`` applied."""
     fileio.check_scheme(model_dir, "model_dir")
-    saved = os.path.join(model_dir, "config.yaml")
+    saved = run_dir.config_yaml(model_dir)
     if not fileio.exists(saved):
         raise ConfigError("model_dir", f"{saved} not found: {model_dir!r} is not a tfgpu run directory")
     return cli.resolve(namespace, saved, model_dir=model_dir)

@@ -18,12 +18,12 @@ stops in one line naming the file (a ``ConfigError`` naming the caller's flag). 
 import dataclasses
 import json
 import math
-import os
 
 from tfgpu.config import ConfigError
 from tfgpu.runtime import fileio
+from tfgpu.training import run_dir
 
-FILE = "metrics.json"
+FILE = run_dir.METRICS_FILE
 VERSION = 2  # 1: the files written before format_version existed (the same flat keys)
 
 
@@ -183,7 +183,7 @@ def console_values(values: dict) -> dict:
 
 def path(model_dir: str) -> str:
     """Where ``model_dir``'s results are."""
-    return os.path.join(model_dir, FILE)
+    return run_dir.metrics(model_dir)
 
 
 def write(model_dir: str, result: RunResult) -> None:

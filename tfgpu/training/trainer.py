@@ -32,6 +32,7 @@ from tfgpu.runtime import heartbeat
 from tfgpu.runtime import process_exit
 from tfgpu.runtime.distribute import Placement
 from tfgpu.training import checkpoint as checkpoint_lib
+from tfgpu.training import run_dir
 from tfgpu.training import failures, input_profile, interrupts, loop, metric_specs, results
 from tfgpu.training import target as target_lib
 from tfgpu.training.failures import KernelFailed, NonFiniteError, Preempted, WorkerLost  # noqa: F401 (re-exported)
@@ -134,7 +135,7 @@ class Trainer:
                                           stop=self._stop)
         # TensorBoard's runs (chief, --tensorboard), each writer made at its first record: after train() has cut
         # what an earlier process recorded past the checkpoint (history.cut_summaries) from the files it left.
-        self._summary_dirs = ({kind: os.path.join(self.model_dir, "summaries", run)
+        self._summary_dirs = ({kind: run_dir.summaries(self.model_dir, run)
                                for kind, run in (("train", "train"), ("eval", "validation"))}
                               if self.chief and self.config.tensorboard else {})
         self._writers = {}
@@ -507,7 +508,7 @@ class Trainer:
         try:
             yield
         except tf.errors.OpError as e:
-            last = tf.train.latest_checkpoint(checkpoint_lib.checkpoint_dir(self.model_dir))
+            last = tf.train.latest_checkpoint(run_dir.checkpoints(self.model_dir))
             if self.placement.num_workers > 1 and failures.lost_peer(e):
                 raise failures.worker_lost(e, self.placement.worker_index, self._steps_done, last) from None
             if isinstance(e, failures.kernel_errors()):
@@ -570,7 +571,7 @@ class Trainer:
                 for boundary in (b for b in self._boundaries() if b > step):
                     while step < boundary:
                         if profile and step == profile[0] and self.chief:
-                            tf.profiler.experimental.start(os.path.join(self.model_dir, "profile"))
+                            tf.profiler.experimental.start(run_dir.profile(self.model_dir))
                         num_steps = min(config.steps_per_loop, boundary - step)
                         started = time.perf_counter()
                         self._compiling = step == start_step  # the first call traces and compiles the loop first

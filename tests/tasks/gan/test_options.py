@@ -10,6 +10,7 @@ import pytest
 from tfgpu import cli, config_sources
 from tfgpu.config import ConfigError
 from tfgpu.tasks.gan.options import GAN_LOSSES, GanOptions
+from tfgpu.training import run_dir
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "fixtures"
 GAN = {"task": "gan", "model": "dcgan", "dataset": "digits", "model_dir": "/runs/gan"}
@@ -55,7 +56,7 @@ def test_any_gan_section_replays_from_its_flat_config_yaml(options, tmp_path_fac
     """config.yaml keeps every option flat (a GAN key at the top level, as before sections), and reading it back
     gives the same section."""
     config = config_sources.build(**GAN, **{f.name: getattr(options, f.name) for f in dataclasses.fields(options)})
-    path = tmp_path_factory.mktemp("run") / "config.yaml"
+    path = tmp_path_factory.mktemp("run") / run_dir.CONFIG_FILE
     config_sources.save_yaml(config.check_values(), str(path))
     assert config_sources.load_yaml(str(path))["n_critic"] == options.n_critic
     assert config_sources.resolve({}, str(path), references=False) == config

@@ -17,6 +17,7 @@ import tensorflow as tf
 from tfgpu.config import ConfigError
 from tfgpu.runtime import fileio
 from tfgpu.training import loop
+from tfgpu.training import run_dir
 
 log = logging.getLogger("tfgpu")
 
@@ -70,7 +71,7 @@ class GanEvaluation:
         weights = self.generator_weights()
         fake = extractor(self._sample(n, weights, seed=1))
         result = fid.scores(real, fake, extractor.name)
-        grid_path = os.path.join(model_dir, "samples", f"step_{step}.png")
+        grid_path = run_dir.evaluation_samples(model_dir, step)
         fileio.makedirs(os.path.dirname(grid_path))  # model_dir may be gs://, ram://
         grid = images.save_grid(self._sample(SAMPLE_GRID_SIZE, weights, seed=2), grid_path)
         self._image_summary(model_dir, step, grid)
@@ -165,7 +166,7 @@ class GanEvaluation:
         elif options.fid_feature_model_dir:
             self._extractor = fid.ClassifierFeatures(options.fid_feature_model_dir)
         else:
-            directory = os.path.join(model_dir, "fid_features")
+            directory = run_dir.fid_features(model_dir)
             if not fileio.isfile(fid.classifier_model_path(directory)):
                 train = self._read_split(self.info.train_split, options.fid_num_samples)
                 val = self._read_split(self.info.eval_split, options.fid_num_samples) if self.info.eval_split else None
@@ -208,7 +209,7 @@ class GanEvaluation:
         if not self.config.tensorboard:
             return
         if self._writer is None:
-            self._writer = tf.summary.create_file_writer(os.path.join(model_dir, "summaries", "samples"))
+            self._writer = tf.summary.create_file_writer(run_dir.summaries(model_dir, "samples"))
         with self._writer.as_default(step=step):
             tf.summary.image("samples", grid[None], max_outputs=1)
         self._writer.flush()

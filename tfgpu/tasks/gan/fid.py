@@ -36,6 +36,7 @@ import numpy as np
 
 from tfgpu.runtime import fileio
 from tfgpu.runtime.precision import float32_policy  # features are compared across runs: built in float32
+from tfgpu.training import run_dir
 
 log = logging.getLogger("tfgpu")
 
@@ -223,7 +224,7 @@ def _classifier_trained(model_path: str) -> tuple:
     from tfgpu.training import results
 
     export_dir = os.path.dirname(fileio.absolute(model_path))
-    if os.path.basename(export_dir) != "export":
+    if os.path.basename(export_dir) != run_dir.EXPORT_DIR:
         return True, ""
     record = results.read(os.path.dirname(export_dir), flag="fid_feature_model_dir")
     if record is not None and record.trained is False:
@@ -236,8 +237,8 @@ def classifier_model_path(model_dir_or_file: str) -> str:
     exported before the pixel-taking variant, or of the classifier trained here); or the .keras file itself."""
     if model_dir_or_file.endswith(".keras"):
         return model_dir_or_file
-    bare = os.path.join(model_dir_or_file, "export", "model.bare.keras")
-    return bare if fileio.isfile(bare) else os.path.join(model_dir_or_file, "export", "model.keras")
+    bare = run_dir.exported_bare_model(model_dir_or_file)
+    return bare if fileio.isfile(bare) else run_dir.exported_model(model_dir_or_file)
 
 
 class ClassifierFeatures(FeatureExtractor):
@@ -325,9 +326,9 @@ def train_feature_classifier(train, val, out_dir: str, seed: int, epochs: int = 
             if val is not None and len(val[0]):
                 values["val_accuracy"] = float(model.evaluate(val[0], val[1], verbose=0,
                                                               return_dict=True)["accuracy"])
-    export = os.path.join(out_dir, "export")
+    export = run_dir.export(out_dir)
     fileio.makedirs(export)
-    with fileio.atomic_local_path(os.path.join(export, "model.keras"), suffix=".keras") as tmp:
+    with fileio.atomic_local_path(run_dir.exported_model(out_dir), suffix=".keras") as tmp:
         model.save(tmp)
     record = results.RunResult(values={"epochs": epochs, "train_examples": len(images), **values},
                                facts=results.RunFacts(model=model.name), trained=untrained_reason is None,
