@@ -261,6 +261,9 @@ def _transition_property(sizes, topologies, per_replica, **rest):
 @given(**TRANSITIONS)
 @example(sizes=[7, 8, 9], topologies=[2, 3, 1], steps=[1, 1], per_replica=1, cache=True, shuffle_buffer=4)
 @example(sizes=[7, 9, 8, 8], topologies=[1, 1, 3], steps=[1, 4], per_replica=1, cache=False, shuffle_buffer=0)
+# --cache read its table interleaving two shards a record at a time, so a record sat where another key was expected:
+# a resume fed record 3 twice (found by this property after the index order landed)
+@example(sizes=[4, 3], topologies=[1, 1], steps=[1, 0], per_replica=1, cache=True, shuffle_buffer=0)
 def test_a_resume_on_another_topology_feeds_the_rest_of_the_epoch_each_record_once(**shape):
     _transition_property(**shape)
 

@@ -197,11 +197,14 @@ class Order:
             lambda w: self._window_records(epoch, perm, w, tf.where(w == w0, tf.cast(k0, tf.int64), 0), cached)))
 
     def table_records(self, workers=tf.data.AUTOTUNE):
-        """Every record of the chunks once, in table order (what --cache holds in memory)."""
+        """Every record of the chunks once, in table order (what --cache holds in memory; ``_positions`` counts on
+        that order, so the chunks are read one after the other: an interleave of several chunks a record at a time
+        put records where other keys expect them, and a resume then fed some twice). Read once, in the first
+        epoch."""
+        del workers  # one reader at a time keeps the table order
         chunks = tf.data.Dataset.range(self.num_chunks)
-        return chunks.interleave(_no_autograph(lambda c: self._chunk_reader(c, tf.constant(0, tf.int64), tf.gather(
-            tf.constant(self.count, tf.int64), c))), cycle_length=READ_CYCLE, block_length=1,
-            num_parallel_calls=workers, deterministic=True)
+        return chunks.flat_map(_no_autograph(lambda c: self._chunk_reader(c, tf.constant(0, tf.int64), tf.gather(
+            tf.constant(self.count, tf.int64), c))))
 
     def stream(self, start_epoch: int, offset: int, workers=tf.data.AUTOTUNE, cache: bool = False,
                epochs: int = None):
