@@ -13,7 +13,6 @@ Trainer reads only its ``TrainerConfig`` and hands the pipeline its ``InputConfi
 same loop state between two compiled calls.
 """
 import contextlib
-import dataclasses
 import logging
 import math
 import os
@@ -25,8 +24,7 @@ import tensorflow as tf
 from tfgpu import durations
 from tfgpu.config import ConfigError, InputConfig, TrainerConfig
 from tfgpu.data import pipeline, records
-from tfgpu.data import position as data_position
-from tfgpu.data import resume
+from tfgpu.data.input_position import InputPosition
 from tfgpu.runtime import precision
 from tfgpu.runtime import heartbeat
 from tfgpu.runtime import process_exit
@@ -37,6 +35,7 @@ from tfgpu.training import target as target_lib
 from tfgpu.training.failures import KernelFailed, NonFiniteError, Preempted, WorkerLost  # noqa: F401 (re-exported)
 from tfgpu.training import history
 from tfgpu.training.history import History, Progress
+from tfgpu.training.hooks import LoopHooks
 
 log = logging.getLogger("tfgpu")
 
@@ -84,9 +83,10 @@ class Trainer:
         self.on_restored = tuple(on_restored)
         self._target_hit = None  # step, epochs and seconds of the evaluation that reached the target
         self._target_best = None  # the best value of the target's metric evaluated so far
-        self._resumed_examples = None  # (step, examples trained by it) of the checkpoint resumed: its data position
         self._resumed_eval = {}  # the evaluation of a checkpoint resumed from that already reaches the target
         self.step = task.global_step  # the run's one step counter (``step_counter``), which the task was built with
+        self.input = InputPosition(inputs, info, placement, "data_dir" if config.data_dir else "dataset",
+                                   config.allowed_config_changes, self.step)  # where the input is, what it names
         # A run that will load --init_weights (no checkpoint to restore) checks their file before building anything.
         self._fresh = checkpoint_lib.latest(self.model_dir) is None
         task.check_fine_tuning(loads_initial_weights=self._fresh)
@@ -126,7 +126,7 @@ class Trainer:
         self._stop = loop.StopFlag(self.strategy, self.placement.num_workers)  # Ctrl-C, SIGTERM: read between steps
         self.checkpointer = checkpoint_lib.Checkpointer(
             self.model_dir, self.placement, self.task.checkpoint_items(), self.step, self.config.keep_checkpoints,
-            self._position_record)
+            self.input.record)
 
         self._trace_train_loop()
         # The task's step as it is when the loop traces (tests wrap it after construction).
@@ -178,110 +178,15 @@ class Trainer:
         """Whether this run evaluates: with an eval split, or with a task that evaluates without one."""
         return bool(self.info.eval_split) or self.task.evaluates_without_eval_split
 
-    @contextlib.contextmanager
-    def _reading_input(self):
-        """A read failure of the input inside (an unreadable record, a bad label) becomes a ConfigError naming the
-        shard and record; other failures pass unchanged. Training, evaluation and --profile_input read through it."""
-        try:
-            yield
-        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
-            reason = records.explain_read_error(self.info, e)
-            if reason is None:
-                raise
-            raise ConfigError("data_dir" if self.config.data_dir else "dataset", reason) from None
-
     def _profile_input(self, start_step: int) -> dict:
         """--profile_input's measurement; a record it cannot read is the same one line as in training."""
-        with self._reading_input():
+        with self.input.reading():
             return input_profile.measure(
                 self.strategy, lambda dataset_fn: loop.input_iterator(self.strategy, self.placement, dataset_fn),
-                pipeline.train_dataset_fn(self.inputs, self.info, start_step, plan=self._plan,
+                pipeline.train_dataset_fn(self.inputs, self.info, start_step, plan=self.input.plan,
                                           examples=self.task.examples()), self._train_loop,
                 {"step": self.step, **self.task.checkpoint_items()}, self.inputs.global_batch_size,
                 self.inputs.examples_per_step, self.skipped_run.reset)
-
-    # -- the data position ---------------------------------------------------
-    def _topology(self) -> data_position.Topology:
-        return data_position.Topology(self.placement.num_workers,
-                                      self.placement.num_replicas // self.placement.num_workers,
-                                      self.inputs.global_batch_size, self.inputs.batches_per_step)
-
-    def _position_record(self):
-        """The data position at the current step and the topology, saved inside each checkpoint (no record for
-        synthetic data, which has no records, or before ``train`` planned where the input starts)."""
-        plan = getattr(self, "_plan", None)
-        if plan is None:
-            return None
-        records = (int(self.step.numpy()) - self._plan_step) * self._topology().records_per_pipeline_step
-        now = data_position.advance(plan.position, plan.stage_length, plan.epoch_length, records)
-        return data_position.to_record(now, self._topology(), self.inputs.seed, self._fingerprint())
-
-    def _fingerprint(self) -> str:
-        return data_position.dataset_fingerprint(self.info.split_files[self.info.train_split])
-
-    def _resume_plan(self, step: int):
-        """Where the input pipelines start: from the restored checkpoint's data position (on another topology the
-        rest of its epoch, each record once; one line and a history record say so), else from ``step``."""
-        if self.info.name == "synthetic":
-            return None
-        self._plan_step = step
-        recorded = self.checkpointer.data_position.restored if step else None
-        num_pipelines = self.placement.num_workers
-        if recorded is None:
-            return resume.plan_resume(self.inputs, self.info, num_pipelines, step)
-        where = getattr(self.checkpointer, "restored_path", self.checkpointer.real_dir)
-        pos, before, seed, fingerprint = data_position.from_record(recorded, where)
-        self._resumed_examples = (step, data_position.records_fed(pos, records.train_records(self.info)))
-        self._check_recorded(where, before, seed, fingerprint)
-        plan = resume.plan_resume(self.inputs, self.info, num_pipelines, step, pos)
-        after = self._topology()
-        if before != after:
-            self._announce_topology(step, before, after, pos)
-        return plan
-
-    def _check_recorded(self, where: str, before, seed: int, fingerprint: str) -> None:
-        """Refuses, in one line, a resume whose records cannot be placed: another train split, another seed (the
-        order the checkpoint's epoch was read in), another global batch unless --allow_config_change lists it."""
-        if fingerprint != self._fingerprint():
-            raise ConfigError("data_dir" if self.config.data_dir else "dataset",
-                              f"the train split {self.info.train_split!r} of {self.info.directory} is not the one "
-                              f"{where} trained on (other shards or record counts); resume with that data or "
-                              "start a new --model_dir")
-        if seed != self.inputs.seed:
-            raise ConfigError("seed", f"{self.inputs.seed} differs from the {seed} of {where}, which decides the order "
-                              f"its epoch was read in; pass --seed={seed}")
-        new_batch = self.inputs.global_batch_size
-        if (before.global_batch_size != new_batch
-                and "global_batch_size" not in self.config.allowed_config_changes):
-            raise ConfigError("global_batch_size", f"{new_batch} differs from the {before.global_batch_size} of "
-                              f"{where}; pass --global_batch_size={before.global_batch_size} (it is kept on any "
-                              "number of workers and replicas), or --allow_config_change=global_batch_size to "
-                              "carry the data position over in records")
-
-    def _announce_topology(self, step: int, before, after, pos) -> None:
-        """One line and a history.jsonl record: what changed since the checkpoint and where the input resumes."""
-        per_replica = after.global_batch_size // (after.num_workers * after.replicas_per_worker)
-        was_per_replica = before.global_batch_size // (before.num_workers * before.replicas_per_worker)
-        if before.global_batch_size == after.global_batch_size:
-            batch = f"global batch {after.global_batch_size} kept, {per_replica} per replica"
-        else:
-            batch = (f"global batch {before.global_batch_size} -> {after.global_batch_size} by "
-                     f"--allow_config_change, {per_replica} per replica; the classifier's learning rate follows it "
-                     "(--base_learning_rate is per 256 examples)")
-        accumulate = -(-per_replica // was_per_replica)
-        if accumulate > 1 and per_replica % accumulate == 0:
-            batch += (f"; if {per_replica} per replica does not fit in memory, --grad_accum_steps={accumulate} "
-                      f"(classification) computes it in micro-batches of {per_replica // accumulate}")
-        if (before.num_workers, before.replicas_per_worker) == (after.num_workers, after.replicas_per_worker):
-            change = f"global batch changed on {after.describe()}"
-        else:
-            change = f"topology changed: {before.describe()} -> {after.describe()}"
-        total = records.train_records(self.info)  # what the position counts in: readable records
-        log.info("%s (%s); resuming epoch %d at record %s of %s", change, batch, pos.epoch + 1,
-                 f"{pos.records_in_epoch:,}", f"{total:,}")
-        self.history.write("topology", step, {
-            "before": dataclasses.asdict(before), "after": dataclasses.asdict(after), "epoch": pos.epoch + 1,
-            "records_consumed_in_epoch": pos.records_in_epoch, "records": total})
 
     # -- stopping: SIGTERM (preemption), Ctrl-C ---------------------------------
     def _on_stop_signal(self, signum: int) -> None:
@@ -374,7 +279,7 @@ class Trainer:
             return False
         self._target_hit = {"step": step, "seconds": time.time() - self.started_at if timed else None,
                             "epochs": durations.epochs_at(step, pipeline.steps_per_epoch(self.inputs, self.info),
-                                                          self.inputs.examples_per_step, self._resumed_examples)}
+                                                          self.inputs.examples_per_step, self.input.resumed_examples)}
         return True
 
     # -- resuming --------------------------------------------------------------
@@ -449,7 +354,7 @@ class Trainer:
             return loop.as_floats(sums)
 
         start = time.time()
-        with self._reading_input():
+        with self.input.reading():
             metrics = self.task.evaluate(run_eval, step, self.model_dir)
         read = [metrics[s.name] for s in self.declarations.metrics
                 if s.kind == "eval" and s.counts_examples and s.name in metrics]
@@ -523,7 +428,8 @@ class Trainer:
             # Restoring broadcasts variables: a collective too.
             start_step = self._steps_done = self.restore(initial_weights=True)
             self._saved_step = start_step if start_step else None
-            self._plan = self._resume_plan(start_step)
+            self.input.start(start_step, self.checkpointer.data_position.restored,
+                             getattr(self.checkpointer, "restored_path", self.checkpointer.real_dir), self.history)
             if self.startup:
                 self.startup.mark("restore")
             # What an earlier process recorded past the checkpoint resumed from: one record per step from here on.
@@ -559,7 +465,7 @@ class Trainer:
             # Released on leaving the block, an error or a preemption included (loop.Feed: TF can block that)
             with loop.Feed(loop.input_iterator(self.strategy, self.placement,
                                                pipeline.train_dataset_fn(self.inputs, self.info, step,
-                                                                         plan=self._plan,
+                                                                         plan=self.input.plan,
                                                                          examples=self.task.examples()))) as feed:
                 profiled = self._profile_input(step) if config.profile_input else None
                 progress = Progress(config.verbose, self.total_steps, step, self.chief,
@@ -574,7 +480,7 @@ class Trainer:
                         num_steps = min(config.steps_per_loop, boundary - step)
                         started = time.perf_counter()
                         self._compiling = step == start_step  # the first call traces and compiles the loop first
-                        with self._reading_input():
+                        with self.input.reading():
                             sums, longest_skipped_run, ran = self._train_loop(feed.iterator,
                                                                               tf.constant(num_steps, tf.int64))
                             sums = loop.as_floats(sums)  # reading waits for the steps to finish
@@ -683,31 +589,6 @@ class Trainer:
 
 class _EvaluationStopped(Exception):
     """A stop signal ended an evaluation part way (``Trainer.train`` saves and stops)."""
-
-
-class LoopHooks:
-    """What a caller adds to the loop (``tfgpu.fit``'s Keras callbacks): steps where a loop must end and steps to
-    evaluate at, and calls at the start, after every loop, at every boundary before the last (True stops the run
-    there, after a checkpoint) and at the end (with the final evaluation, {} when there was none). The default
-    adds nothing; ``on_loop_end`` returning True makes the loop's end a boundary (where ``on_boundary`` may stop)."""
-
-    def boundaries(self) -> tuple:
-        return ()
-
-    def evaluations(self) -> tuple:
-        return ()
-
-    def on_train_begin(self, step: int) -> None:
-        pass
-
-    def on_loop_end(self, step: int, num_steps: int, step_metrics: dict) -> bool:
-        return False
-
-    def on_boundary(self, step: int, eval_metrics: dict) -> bool:
-        return False
-
-    def on_train_end(self, step: int, eval_metrics: dict) -> None:
-        pass
 
 
 def _fmt(values: dict) -> str:
