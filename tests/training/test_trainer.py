@@ -179,7 +179,7 @@ def test_a_peer_lost_outside_the_train_loop_is_reported_as_worker_lost(tmp_path,
             raise tf.errors.UnavailableError(None, None, "Collective ops is aborted by: task 1 stopped heartbeats")
         return False
 
-    run._any_worker_preempted = vote_after_the_peer_died
+    run.stopping.any_worker_preempted = vote_after_the_peer_died
     try:
         with pytest.raises(trainer.WorkerLost, match=r"worker 0: a collective failed after step 4 .*aborted by.*"
                            r"Last checkpoint: .*ckpt-2; rerun the same launch"):

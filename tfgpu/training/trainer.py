@@ -27,10 +27,10 @@ from tfgpu.data import pipeline, records
 from tfgpu.data.input_position import InputPosition
 from tfgpu.runtime import precision
 from tfgpu.runtime import heartbeat
-from tfgpu.runtime import process_exit
 from tfgpu.runtime.distribute import Placement
 from tfgpu.training import checkpoint as checkpoint_lib
-from tfgpu.training import failures, input_profile, interrupts, loop, metric_specs, results
+from tfgpu.training import failures, input_profile, loop, metric_specs, results
+from tfgpu.training.stopping import Stopping
 from tfgpu.training import target as target_lib
 from tfgpu.training.failures import KernelFailed, NonFiniteError, Preempted, WorkerLost  # noqa: F401 (re-exported)
 from tfgpu.training import history
@@ -74,29 +74,52 @@ class Trainer:
         self.history = (history_class or History)(self.model_dir, self.chief)
         self.hooks = hooks or LoopHooks()
         self.declarations = metric_specs.of_task(task)
-        self.target = target_lib.resolve(config.target, self.declarations) if config.target else None
-        if self.target and not self._evaluates:
+        target = target_lib.resolve(config.target, self.declarations) if config.target else None
+        if target and not self._evaluates:
             raise ConfigError("target", "needs evaluations, and this run has no eval split (--eval_split=none)")
-        # time_to_target_s counts from the startup timer's start (python -m tfgpu.train: the process's), else now.
-        self.started_at = startup.started_at if startup else time.time()
         self.startup = startup
         self.on_restored = tuple(on_restored)
-        self._target_hit = None  # step, epochs and seconds of the evaluation that reached the target
-        self._target_best = None  # the best value of the target's metric evaluated so far
-        self._resumed_eval = {}  # the evaluation of a checkpoint resumed from that already reaches the target
         self.step = task.global_step  # the run's one step counter (``step_counter``), which the task was built with
         self.input = InputPosition(inputs, info, placement, "data_dir" if config.data_dir else "dataset",
                                    config.allowed_config_changes, self.step)  # where the input is, what it names
         # A run that will load --init_weights (no checkpoint to restore) checks their file before building anything.
         self._fresh = checkpoint_lib.latest(self.model_dir) is None
         task.check_fine_tuning(loads_initial_weights=self._fresh)
-        self._steps_done = 0
-        self._checkpoint_every_s = (durations.seconds(durations.parse(config.checkpoint_every, "checkpoint_every"))
-                                    if config.checkpoint_every else 0.0)
-        self._saved_step = None  # the step of the checkpoint last saved or restored
-        self._compiling = False  # inside the first train loop call, which compiles before its first step
+        self._steps_done = 0  # the last step done, named by a failure
+        checkpoint_every_s = (durations.seconds(durations.parse(config.checkpoint_every, "checkpoint_every"))
+                              if config.checkpoint_every else 0.0)
+        # Built whole here: the task's models and optimizers, the loops' accumulators and compiled loops, the
+        # checkpointer, and the stop state the loops read.
         with self._failures_named():  # creating variables under several workers broadcasts them: a collective
-            self._build()
+            with self.strategy.scope():
+                task.build()
+            train_names = tuple(task.train_metric_names)
+            self.nonfinite_names = self._declared(train_names)
+            self.train_sums = loop.accumulators(self.strategy, train_names)
+            self.eval_sums = loop.accumulators(self.strategy, task.eval_metric_names())
+            self.skipped_run = loop.SkippedRun(self.strategy)
+            stop_flag = loop.StopFlag(self.strategy, placement.num_workers)  # Ctrl-C, SIGTERM: read between steps
+            self.checkpointer = checkpoint_lib.Checkpointer(
+                self.model_dir, placement, task.checkpoint_items(), self.step, config.keep_checkpoints,
+                self.input.record)
+            self.stopping = Stopping(self.strategy, placement, self.step, stop_flag, self.checkpointer,
+                                     checkpoint_every_s)
+            self._train_loop = self._traced_train_loop()
+            # The task's step as it is when the loop traces (tests wrap it after construction).
+            self._eval_loop = loop.build_loop(self.strategy, lambda batch: self.task.eval_step(batch),
+                                              self.eval_sums, stop=stop_flag)
+        # time_to_target_s counts from the startup timer's start (python -m tfgpu.train: the process's), else now.
+        self.tracker = target_lib.Tracker(
+            target, startup.started_at if startup else time.time(), self.chief, self.model_dir, self.history,
+            self.stopping.any_worker,
+            lambda step: durations.epochs_at(step, pipeline.steps_per_epoch(self.inputs, self.info),
+                                             self.inputs.examples_per_step, self.input.resumed_examples))
+        # TensorBoard's runs (chief, --tensorboard), each writer made at its first record: after train() has cut
+        # what an earlier process recorded past the checkpoint (history.cut_summaries) from the files it left.
+        self._summary_dirs = ({kind: os.path.join(self.model_dir, "summaries", run)
+                               for kind, run in (("train", "train"), ("eval", "validation"))}
+                              if self.chief and self.config.tensorboard else {})
+        self._writers = {}
 
     def _declared(self, train_names) -> tuple:
         """The train-step keys that count skipped steps; a ValueError for a key the task does not declare."""
@@ -112,38 +135,11 @@ class Trainer:
         if self.chief:
             metric_specs.write(self.model_dir, self.declarations)
 
-    # -- setup ---------------------------------------------------------------
-    def _build(self):
-        """The task's models and optimizers, the loops' accumulators and compiled loops, the checkpointer and (on the
-        chief, with --tensorboard) the writers."""
-        with self.strategy.scope():
-            self.task.build()
-        train_names = tuple(self.task.train_metric_names)
-        self.nonfinite_names = self._declared(train_names)
-        self.train_sums = loop.accumulators(self.strategy, train_names)
-        self.eval_sums = loop.accumulators(self.strategy, self.task.eval_metric_names())
-        self.skipped_run = loop.SkippedRun(self.strategy)
-        self._stop = loop.StopFlag(self.strategy, self.placement.num_workers)  # Ctrl-C, SIGTERM: read between steps
-        self.checkpointer = checkpoint_lib.Checkpointer(
-            self.model_dir, self.placement, self.task.checkpoint_items(), self.step, self.config.keep_checkpoints,
-            self.input.record)
-
-        self._trace_train_loop()
-        # The task's step as it is when the loop traces (tests wrap it after construction).
-        self._eval_loop = loop.build_loop(self.strategy, lambda batch: self.task.eval_step(batch), self.eval_sums,
-                                          stop=self._stop)
-        # TensorBoard's runs (chief, --tensorboard), each writer made at its first record: after train() has cut
-        # what an earlier process recorded past the checkpoint (history.cut_summaries) from the files it left.
-        self._summary_dirs = ({kind: os.path.join(self.model_dir, "summaries", run)
-                               for kind, run in (("train", "train"), ("eval", "validation"))}
-                              if self.chief and self.config.tensorboard else {})
-        self._writers = {}
-
-    def _trace_train_loop(self):
+    def _traced_train_loop(self):
         """A fresh train loop; the task's ``at_step`` asks for one when a step trains other variables."""
-        self._train_loop = loop.build_loop(self.strategy, lambda batch: self.task.train_step(batch), self.train_sums,
-                                           self.step, self.inputs.batches_per_step, self.skipped_run,
-                                           self.nonfinite_names, stop=self._stop)
+        return loop.build_loop(self.strategy, lambda batch: self.task.train_step(batch), self.train_sums,
+                               self.step, self.inputs.batches_per_step, self.skipped_run, self.nonfinite_names,
+                               stop=self.stopping.flag)
 
     def _eval_steps(self) -> set:
         """Steps before the last at which the run evaluates: every --eval_every_steps; with a target and no
@@ -156,7 +152,7 @@ class Trainer:
             return asked | set(range(c.eval_every_steps, self.total_steps, c.eval_every_steps))
         if asked:
             return asked
-        if not self.target:
+        if not self.tracker.target:
             return set()
         per_epoch = pipeline.steps_per_epoch(self.inputs, self.info)
         ends = (math.ceil(k * per_epoch - 1e-9) for k in range(1, int(self.total_steps / per_epoch) + 1))
@@ -187,154 +183,6 @@ class Trainer:
                                           examples=self.task.examples()), self._train_loop,
                 {"step": self.step, **self.task.checkpoint_items()}, self.inputs.global_batch_size,
                 self.inputs.examples_per_step, self.skipped_run.reset)
-
-    # -- stopping: SIGTERM (preemption), Ctrl-C ---------------------------------
-    def _on_stop_signal(self, signum: int) -> None:
-        """The first SIGTERM or SIGINT (``interrupts.StopSignals``, maybe from its watcher thread while a loop runs):
-        the loops stop after the step in flight; the trainer then saves and raises (``_stop_at``)."""
-        error = failures.stopped_by(signum)
-        if self._nothing_to_save():
-            interrupts.end_now(failures.EXIT_CODES[error], f"{interrupts.name(signum)} before this run's first step "
-                               f"(its train loop still compiling): nothing trained since "
-                               f"{'step ' + str(self._saved_step) if self._saved_step else 'the start'}, nothing to "
-                               "save; run the same command again to resume")
-        self._stop.request(signum)
-        log.warning("%s: stopping after the current step to save a checkpoint there, then exiting %d%s",
-                    interrupts.name(signum), failures.EXIT_CODES[error],
-                    " (Ctrl-C again: stop at once without saving)" if error is failures.Interrupted else "")
-
-    def _nothing_to_save(self) -> bool:
-        """Whether a command on one worker may end at once: the first loop call is still tracing and compiling (a
-        ResNet-56 with XLA on a loaded 2-core CPU took 158 s) and no step ran since the restored checkpoint. Several
-        workers stop together after a step instead (one ending alone would leave its peers a lost worker)."""
-        if not (self._compiling and process_exit.in_command() and self.placement.num_workers == 1):
-            return False
-        with tf.init_scope():  # Python may run the signal's handler while the main thread traces the loop
-            return int(self.step.numpy()) == self._steps_done
-
-    def _checkpoint_due(self) -> bool:
-        """--checkpoint_every in time: due when the chief's clock says the interval has passed since the last timed
-        save (or the start); the chief decides and every worker learns it in one collective, so all take part in
-        the save at the same step."""
-        every = self._checkpoint_every_s
-        if not every:
-            return False
-        due = self.chief and time.monotonic() - self._last_timed_save >= every
-        if not self._any_worker(due):
-            return False
-        self._last_timed_save = time.monotonic()
-        return True
-
-    def _any_worker_preempted(self) -> bool:
-        """Whether a stop was requested on any worker (after a loop that ran all its steps: a request made as it
-        ended, which its own checks did not see)."""
-        return self._any_worker(self._stop.requested_by is not None)
-
-    def _save(self) -> str:
-        path = self.checkpointer.save()
-        self._saved_step = int(self.step.numpy())
-        return path
-
-    def _stop_at(self, step: int):
-        """Saves the checkpoint at ``step`` (unless there is one) and raises the stop's exception (Preempted,
-        Interrupted): what a stop signal ends training with. Every worker calls it at the same step."""
-        saved_to = (self._save() if self._saved_step != step else
-                    tf.train.latest_checkpoint(self.checkpointer.real_dir))
-        signum = self._stop.requested_by
-        error = failures.stopped_by(signum if isinstance(signum, int) else 0)
-        log.warning("%s: checkpoint saved at step %d; rerun the same command to resume",
-                    "interrupted" if error is failures.Interrupted else "preempted", step)
-        # A worker's own save is a temporary copy: the chief's directory is the one to resume.
-        raise error(step, saved_to if self.chief else self.checkpointer.real_dir)
-
-    def _unsaved(self) -> str:
-        """What a second Ctrl-C loses (said from the signal watcher: no TensorFlow call)."""
-        if self._saved_step is None:
-            return f"no checkpoint was saved in {self.checkpointer.real_dir}; a rerun starts at step 0"
-        return (f"training after step {self._saved_step} is not saved (the last checkpoint, in "
-                f"{self.checkpointer.real_dir}); a rerun resumes there")
-
-    def _any_worker(self, flag: bool) -> bool:
-        """Whether ``flag`` is true on any worker: the same answer on every worker (a collective when there are
-        several, so every worker must ask at the same point)."""
-        if self.placement.num_workers == 1:
-            return flag
-        value = tf.constant(1.0 if flag else 0.0)
-        per_replica = self.strategy.experimental_distribute_values_from_function(lambda ctx: value)
-        return float(self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)) > 0
-
-    # -- the target ------------------------------------------------------------
-    def _reaches_target(self, step: int, metrics: dict, progress=None, timed: bool = True) -> bool:
-        """Whether the evaluation ``metrics`` at ``step`` reaches --target, decided together by all workers
-        (a GAN scores FID on the chief alone, so the others have no value to compare); records when it did, with
-        the time from this process's start unless the evaluation is not ``timed`` (it reran one of an earlier
-        process, whose time is unknown)."""
-        if self.target is None or self._target_hit is not None:
-            return False
-        value = metrics.get(self.target.metric)
-        self._target_best = self.target.better(value, self._target_best)
-        if progress is not None:
-            progress.set_best(self._target_best)
-        if not self._any_worker(self.target.reached(value)):
-            return False
-        self._target_hit = {"step": step, "seconds": time.time() - self.started_at if timed else None,
-                            "epochs": durations.epochs_at(step, pipeline.steps_per_epoch(self.inputs, self.info),
-                                                          self.inputs.examples_per_step, self.input.resumed_examples)}
-        return True
-
-    # -- resuming --------------------------------------------------------------
-    def _resume(self, step: int) -> bool:
-        """What a run resumed at ``step`` owes before it trains on; returns True when it trains no further.
-
-        A target metrics.json records as reached at this step keeps its time, step and epochs: the checkpoint
-        is evaluated for the final metrics but not recorded again. An evaluation step whose record is missing
-        from history.jsonl (a preemption saved the checkpoint before it ran) is evaluated and recorded now, as
-        an uninterrupted run would have; with a target, a recorded one is evaluated again (not recorded) to see
-        whether it reached the target."""
-        recorded = self._recorded_target(step)
-        if recorded is not None:
-            self._target_hit = recorded
-            self._resumed_eval = self.evaluate(step, record=False)
-            self._target_best = self.target.better(self._resumed_eval.get(self.target.metric), None)
-            log.info("target %s already reached at step %d (the checkpoint resumed from): not training further",
-                     self.target.describe(), step)
-            return True
-        if not (0 < step < self.total_steps) or step not in self._eval_steps():
-            return False
-        owed = self._owes_evaluation(step)
-        if not owed and self.target is None:
-            return False
-        if owed:
-            log.info("evaluating step %d first: the run that saved its checkpoint stopped before evaluating it", step)
-        self._resumed_eval = self.evaluate(step, record=owed)
-        if owed and self.startup:
-            self.startup.mark("owed_evaluation")  # its own phase of the startup record, not the first loop's
-        return self._reaches_target(step, self._resumed_eval, timed=owed)
-
-    def _owes_evaluation(self, step: int) -> bool:
-        """Whether history.jsonl lacks the evaluation of ``step``; the chief's record decides for every worker."""
-        return self._any_worker(self.chief and step not in self.history.steps("eval"))
-
-    def _recorded_target(self, step: int) -> dict | None:
-        """The target's hit (step, epochs, seconds) as metrics.json records it, when it records this --target as
-        reached at ``step``; the chief's file decides for every worker. A metrics.json that does not read
-        records nothing (said in the log): the evaluation of the checkpoint then decides."""
-        if self.target is None:
-            return None
-        outcome = None
-        if self.chief:
-            try:
-                before = results.read(self.model_dir)
-            except ConfigError as e:
-                log.warning("%s: whether the target was reached is decided by evaluating the checkpoint", e.reason)
-                before = None
-            outcome = before.target if before is not None else None
-        reached = (outcome is not None and outcome.target == str(self.target) and outcome.reached
-                   and outcome.step == step)
-        if not self._any_worker(reached):
-            return None
-        return {"step": step, "seconds": outcome.seconds if outcome else None,
-                "epochs": outcome.epochs if outcome else None}
 
     # -- evaluation ------------------------------------------------------------
     def evaluate(self, step: int, record: bool = True) -> dict:
@@ -400,7 +248,7 @@ class Trainer:
         if initial_weights and fresh and self.config.init_weights:
             self.task.load_initial_weights()  # on every worker: each builds its own copy of the model
         if self.task.at_step(step):
-            self._trace_train_loop()
+            self._train_loop = self._traced_train_loop()
         if self.task.describe():
             log.info("%s", self.task.describe())
         return step
@@ -427,7 +275,7 @@ class Trainer:
         with self._failures_named():
             # Restoring broadcasts variables: a collective too.
             start_step = self._steps_done = self.restore(initial_weights=True)
-            self._saved_step = start_step if start_step else None
+            self.stopping.saved_step = start_step if start_step else None
             self.input.start(start_step, self.checkpointer.data_position.restored,
                              getattr(self.checkpointer, "restored_path", self.checkpointer.real_dir), self.history)
             if self.startup:
@@ -438,19 +286,17 @@ class Trainer:
             self.write_metric_specs()
             for call in self.on_restored:
                 call(start_step, self.history)
-            self._stop.clear()
             heartbeat.beat("restored", start_step, self.model_dir)  # tfgpu.launch's view of this worker's progress
             self.hooks.on_train_begin(start_step)
             try:
-                with interrupts.StopSignals(self._on_stop_signal, self._unsaved, process_exit.in_command()), \
-                        self._stop.ticking():
+                with self.stopping.watching():
                     try:
                         result = self._train_from(start_step)
                         heartbeat.beat("done", result.step, self.model_dir)
                         return result
                     except _EvaluationStopped:
                         pass  # raised below, not inside this handler: the stop is the one exception its caller sees
-                    self._stop_at(self._steps_done)
+                    self.stopping.stop_at(self._steps_done)
             finally:
                 self.checkpointer.close()
 
@@ -459,8 +305,9 @@ class Trainer:
         step = start_step
         last, last_eval, rates = {}, {}, []
         eval_steps = self._eval_steps()
-        self._last_timed_save = time.monotonic()
-        stopped = self._resume(step)  # at the target: no more training, no more evaluation
+        # What a resumed run owes first; at the target: no more training, no more evaluation.
+        stopped = self.tracker.resume(step, self.evaluate, 0 < step < self.total_steps and step in eval_steps,
+                                      self.startup)
         if step < self.total_steps and not stopped:
             # Released on leaving the block, an error or a preemption included (loop.Feed: TF can block that)
             with loop.Feed(loop.input_iterator(self.strategy, self.placement,
@@ -470,8 +317,8 @@ class Trainer:
                 profiled = self._profile_input(step) if config.profile_input else None
                 progress = Progress(config.verbose, self.total_steps, step, self.chief,
                                     [s.name for s in self.declarations.metrics if s.progress],
-                                    self.target.metric if self.target else "")
-                progress.set_best(self._target_best)
+                                    self.tracker.target.metric if self.tracker.target else "")
+                progress.set_best(self.tracker.best)
                 profile = [int(s) for s in config.profile_steps.split(",")] if config.profile_steps else []
                 for boundary in (b for b in self._boundaries() if b > step):
                     while step < boundary:
@@ -479,13 +326,14 @@ class Trainer:
                             tf.profiler.experimental.start(os.path.join(self.model_dir, "profile"))
                         num_steps = min(config.steps_per_loop, boundary - step)
                         started = time.perf_counter()
-                        self._compiling = step == start_step  # the first call traces and compiles the loop first
+                        # the first call traces and compiles the loop first
+                        self.stopping.compiling_from = step if step == start_step else None
                         with self.input.reading():
                             sums, longest_skipped_run, ran = self._train_loop(feed.iterator,
                                                                               tf.constant(num_steps, tf.int64))
                             sums = loop.as_floats(sums)  # reading waits for the steps to finish
                             ran = int(ran)  # fewer than num_steps when a stop signal came (every worker alike)
-                        self._compiling = False
+                        self.stopping.compiling_from = None
                         elapsed = time.perf_counter() - started
                         first_loop = step == start_step
                         step += ran
@@ -502,38 +350,38 @@ class Trainer:
                             elif self.startup:
                                 self._end_startup(start_step)
                         self._stop_on_skipped_run(step, int(round(float(longest_skipped_run))))
-                        if ran < num_steps or self._any_worker_preempted():
-                            self._stop_at(step)
-                        if step < self.total_steps and self._checkpoint_due():
-                            self._save()
+                        if ran < num_steps or self.stopping.any_worker_preempted():
+                            self.stopping.stop_at(step)
+                        if step < self.total_steps and self.stopping.checkpoint_due():
+                            self.stopping.save()
                     if step < self.total_steps:
                         saved = bool(config.checkpoint_every_steps and step % config.checkpoint_every_steps == 0)
                         if saved:
-                            self._save()
+                            self.stopping.save()
                         if step in eval_steps:
                             last_eval = self.evaluate(step)
-                            stopped = self._reaches_target(step, last_eval, progress)
+                            stopped = self.tracker.reaches(step, last_eval, progress)
                         stopped = self.hooks.on_boundary(step, last_eval if step in eval_steps else {}) or stopped
                         if stopped:
                             if not saved:
-                                self._save()
+                                self.stopping.save()
                             break
                         if self.task.at_step(step):
-                            self._trace_train_loop()
+                            self._train_loop = self._traced_train_loop()
                 progress.close()
             if not stopped:
-                self._save()
+                self.stopping.save()
             if profiled:
                 input_profile.finish(profiled, float(np.median(rates)) if rates else
                                      last["record"]["examples_per_sec"], self.model_dir, self.chief)
         elif not stopped:
             log.info("already trained to step %d (--train_steps=%d); evaluating only", step, self.total_steps)
         if not stopped:  # a finished run's evaluation is recorded once
-            owed = step > start_step or self._owes_evaluation(step)
+            owed = step > start_step or self.tracker.owes_evaluation(step)
             last_eval = self.evaluate(step, record=owed) or last_eval
-            self._reaches_target(step, last_eval, timed=owed)
+            self.tracker.reaches(step, last_eval, timed=owed)
         elif not last_eval:  # resumed at the target: the evaluation of the checkpoint, not recorded again
-            last_eval = self._resumed_eval
+            last_eval = self.tracker.resumed_eval
         self.hooks.on_train_end(step, last_eval)
         values = {}
         if last:  # the train step's metrics as train_<name>; learning rates and loss scales as they are
@@ -546,9 +394,9 @@ class Trainer:
                               else 0.0),
             # the unreadable records read around, every epoch / evaluation
             skipped_records=records.skipped_records(self.info) if self.inputs.skip_corrupt_records else None,
-            target=results.TargetOutcome.of(self.target, self._target_hit) if self.target else None))
-        if self.target:
-            log.info("%s", target_lib.sentence(result, self.declarations, self._target_best))
+            target=self.tracker.outcome()))
+        if self.tracker.target:
+            log.info("%s", target_lib.sentence(result, self.declarations, self.tracker.best))
         return result
 
     def _end_startup(self, step: int) -> None:
