@@ -286,10 +286,10 @@ def test_setup_returns_a_trainer_built_whole_around_one_step_counter(tmp_path, d
         built = experiment.setup(config)
         run, task = built.trainer, built.task
         assert task.global_step is run.step is run.checkpointer.step and task.model.built
-        parts = (run.checkpointer, run._train_loop, run._eval_loop, task.model, task.optimizer)
+        parts = (run.checkpointer, run._train_loop, run.evaluation.loop, task.model, task.optimizer)
         assert run.restore() == 0
         assert all(now is before for now, before in zip(
-            (run.checkpointer, run._train_loop, run._eval_loop, task.model, task.optimizer), parts))
+            (run.checkpointer, run._train_loop, run.evaluation.loop, task.model, task.optimizer), parts))
     finally:
         keras.backend.clear_session(free_memory=False)
 

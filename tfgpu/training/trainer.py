@@ -14,7 +14,6 @@ same loop state between two compiled calls.
 """
 import contextlib
 import logging
-import math
 import os
 import time
 
@@ -29,8 +28,9 @@ from tfgpu.runtime import precision
 from tfgpu.runtime import heartbeat
 from tfgpu.runtime.distribute import Placement
 from tfgpu.training import checkpoint as checkpoint_lib
-from tfgpu.training import failures, input_profile, loop, metric_specs, results
+from tfgpu.training import evaluation, failures, input_profile, loop, metric_specs, results, schedule
 from tfgpu.training.stopping import Stopping
+from tfgpu.training.summaries import Summaries
 from tfgpu.training import target as target_lib
 from tfgpu.training.failures import KernelFailed, NonFiniteError, Preempted, WorkerLost  # noqa: F401 (re-exported)
 from tfgpu.training import history
@@ -75,10 +75,14 @@ class Trainer:
         self.hooks = hooks or LoopHooks()
         self.declarations = metric_specs.of_task(task)
         target = target_lib.resolve(config.target, self.declarations) if config.target else None
-        if target and not self._evaluates:
+        if target and not evaluation.evaluates(info, task):
             raise ConfigError("target", "needs evaluations, and this run has no eval split (--eval_split=none)")
         self.startup = startup
         self.on_restored = tuple(on_restored)
+        # TensorBoard's runs (chief, --tensorboard), ``summaries.Summaries``.
+        self.summaries = Summaries({kind: os.path.join(self.model_dir, "summaries", run)
+                                    for kind, run in (("train", "train"), ("eval", "validation"))}
+                                   if self.chief and self.config.tensorboard else {})
         self.step = task.global_step  # the run's one step counter (``step_counter``), which the task was built with
         self.input = InputPosition(inputs, info, placement, "data_dir" if config.data_dir else "dataset",
                                    config.allowed_config_changes, self.step)  # where the input is, what it names
@@ -96,30 +100,22 @@ class Trainer:
             train_names = tuple(task.train_metric_names)
             self.nonfinite_names = self._declared(train_names)
             self.train_sums = loop.accumulators(self.strategy, train_names)
-            self.eval_sums = loop.accumulators(self.strategy, task.eval_metric_names())
-            self.skipped_run = loop.SkippedRun(self.strategy)
             stop_flag = loop.StopFlag(self.strategy, placement.num_workers)  # Ctrl-C, SIGTERM: read between steps
+            self.evaluation = evaluation.Evaluation(placement, task, inputs, info, self.declarations, self.history,
+                                                    self.summaries, self.input, stop_flag, self.model_dir)
+            self.skipped_run = loop.SkippedRun(self.strategy)
             self.checkpointer = checkpoint_lib.Checkpointer(
                 self.model_dir, placement, task.checkpoint_items(), self.step, config.keep_checkpoints,
                 self.input.record)
             self.stopping = Stopping(self.strategy, placement, self.step, stop_flag, self.checkpointer,
                                      checkpoint_every_s)
             self._train_loop = self._traced_train_loop()
-            # The task's step as it is when the loop traces (tests wrap it after construction).
-            self._eval_loop = loop.build_loop(self.strategy, lambda batch: self.task.eval_step(batch),
-                                              self.eval_sums, stop=stop_flag)
         # time_to_target_s counts from the startup timer's start (python -m tfgpu.train: the process's), else now.
         self.tracker = target_lib.Tracker(
             target, startup.started_at if startup else time.time(), self.chief, self.model_dir, self.history,
             self.stopping.any_worker,
             lambda step: durations.epochs_at(step, pipeline.steps_per_epoch(self.inputs, self.info),
                                              self.inputs.examples_per_step, self.input.resumed_examples))
-        # TensorBoard's runs (chief, --tensorboard), each writer made at its first record: after train() has cut
-        # what an earlier process recorded past the checkpoint (history.cut_summaries) from the files it left.
-        self._summary_dirs = ({kind: os.path.join(self.model_dir, "summaries", run)
-                               for kind, run in (("train", "train"), ("eval", "validation"))}
-                              if self.chief and self.config.tensorboard else {})
-        self._writers = {}
 
     def _declared(self, train_names) -> tuple:
         """The train-step keys that count skipped steps; a ValueError for a key the task does not declare."""
@@ -142,37 +138,13 @@ class Trainer:
                                stop=self.stopping.flag)
 
     def _eval_steps(self) -> set:
-        """Steps before the last at which the run evaluates: every --eval_every_steps; with a target and no
-        --eval_every_steps, the first step at or after each epoch's end."""
-        c = self.config
-        if not self._evaluates:
-            return set()
-        asked = {s for s in self.hooks.evaluations() if 0 < s < self.total_steps}
-        if c.eval_every_steps:
-            return asked | set(range(c.eval_every_steps, self.total_steps, c.eval_every_steps))
-        if asked:
-            return asked
-        if not self.tracker.target:
-            return set()
-        per_epoch = pipeline.steps_per_epoch(self.inputs, self.info)
-        ends = (math.ceil(k * per_epoch - 1e-9) for k in range(1, int(self.total_steps / per_epoch) + 1))
-        return {s for s in ends if 0 < s < self.total_steps}
+        return schedule.eval_steps(self.total_steps, self.config.eval_every_steps, self.hooks.evaluations(),
+                                   evaluation.evaluates(self.info, self.task), self.tracker.target is not None,
+                                   lambda: pipeline.steps_per_epoch(self.inputs, self.info))
 
     def _boundaries(self) -> list:
-        c = self.config
-        marks = set(self._eval_steps())
-        if c.checkpoint_every_steps:
-            marks.update(range(c.checkpoint_every_steps, self.total_steps, c.checkpoint_every_steps))
-        if c.profile_steps:
-            marks.update(int(s) for s in c.profile_steps.split(","))
-        marks.update(self.task.step_boundaries())
-        marks.update(self.hooks.boundaries())
-        return sorted(m for m in marks if 0 < m < self.total_steps) + [self.total_steps]
-
-    @property
-    def _evaluates(self) -> bool:
-        """Whether this run evaluates: with an eval split, or with a task that evaluates without one."""
-        return bool(self.info.eval_split) or self.task.evaluates_without_eval_split
+        return schedule.boundaries(self.total_steps, self._eval_steps(), self.config.checkpoint_every_steps,
+                                   self.config.profile_steps, self.task.step_boundaries(), self.hooks.boundaries())
 
     def _profile_input(self, start_step: int) -> dict:
         """--profile_input's measurement; a record it cannot read is the same one line as in training."""
@@ -184,56 +156,9 @@ class Trainer:
                 {"step": self.step, **self.task.checkpoint_items()}, self.inputs.global_batch_size,
                 self.inputs.examples_per_step, self.skipped_run.reset)
 
-    # -- evaluation ------------------------------------------------------------
     def evaluate(self, step: int, record: bool = True) -> dict:
         """Runs the task's evaluation; ``record`` appends it to history.jsonl and TensorBoard."""
-        if not self._evaluates:
-            return {}
-
-        def run_eval():
-            steps = pipeline.eval_steps(self.inputs, self.info, self.placement.num_workers,
-                                        self.placement.num_replicas)
-            with loop.Feed(loop.input_iterator(self.strategy, self.placement,
-                                               pipeline.eval_dataset_fn(self.inputs, self.info, steps,
-                                                                        self.task.examples()))) as feed:
-                sums, _, ran = self._eval_loop(feed.iterator, tf.constant(steps))
-                if int(ran) < steps:  # a stop signal: no metric from part of the split
-                    raise _EvaluationStopped()
-            return loop.as_floats(sums)
-
-        start = time.time()
-        with self.input.reading():
-            metrics = self.task.evaluate(run_eval, step, self.model_dir)
-        read = [metrics[s.name] for s in self.declarations.metrics
-                if s.kind == "eval" and s.counts_examples and s.name in metrics]
-        if self.inputs.skip_corrupt_records and read:
-            skipped = self.info.split_sizes.get(self.info.eval_split, 0) - read[0]
-            if skipped:
-                metrics["skipped_corrupt_records"] = skipped
-                log.warning("eval skipped %d unreadable records of split %s", skipped, self.info.eval_split)
-        if metrics and record:
-            metrics["eval_time_s"] = round(time.time() - start, 3)
-            self.history.write("eval", step, metrics)
-            self._summaries("eval", step, metrics)
-            log.info("eval step %d: %s", step, _fmt(metrics))
-        return metrics
-
-    # -- logging ---------------------------------------------------------------
-    def _summaries(self, kind: str, step: int, values: dict):
-        """TensorBoard scalars as Keras writes them: runs ``summaries/train`` and ``summaries/validation`` with the
-        same tag for the same metric (``loss``, ``accuracy``: an evaluation's ``val_`` prefix is the run's name),
-        so train and validation curves overlay."""
-        if kind not in self._summary_dirs:
-            return
-        if kind not in self._writers:
-            self._writers[kind] = tf.summary.create_file_writer(self._summary_dirs[kind])
-        writer = self._writers[kind]
-        with writer.as_default(step=step):
-            for name, value in values.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-                    tf.summary.scalar(name[len("val_"):] if kind == "eval" and name.startswith("val_") else name,
-                                      value)
-        writer.flush()
+        return self.evaluation(step, record)
 
     # -- the loop ----------------------------------------------------------------
     def restore(self, checkpoint_path: str = "", initial_weights: bool = False) -> int:
@@ -282,7 +207,7 @@ class Trainer:
                 self.startup.mark("restore")
             # What an earlier process recorded past the checkpoint resumed from: one record per step from here on.
             self.history.cut_after(start_step)
-            history.cut_summaries(self._summary_dirs.values(), start_step)
+            history.cut_summaries(self.summaries.dirs.values(), start_step)
             self.write_metric_specs()
             for call in self.on_restored:
                 call(start_step, self.history)
@@ -294,7 +219,7 @@ class Trainer:
                         result = self._train_from(start_step)
                         heartbeat.beat("done", result.step, self.model_dir)
                         return result
-                    except _EvaluationStopped:
+                    except evaluation.Stopped:
                         pass  # raised below, not inside this handler: the stop is the one exception its caller sees
                     self.stopping.stop_at(self._steps_done)
             finally:
@@ -416,7 +341,7 @@ class Trainer:
                   "examples_per_sec": num_steps * self.inputs.examples_per_step / elapsed,
                   "step_time_ms": 1000 * elapsed / num_steps}
         self.history.write("train", step, record)
-        self._summaries("train", step, record)
+        self.summaries.write("train", step, record)
         progress.update(step, record)
         return {"record": record, "step_metrics": step_metrics, "task_state": task_state}
 
@@ -433,11 +358,3 @@ class Trainer:
                 f"each loop's are in history.jsonl as {counted}). A skipped step changes no "
                 f"weight, so the last checkpoint in {self.checkpointer.real_dir} is good. "
                 + precision.nonfinite_advice(self.task.checkpoint_items().values(), self.placement.num_replicas))
-
-
-class _EvaluationStopped(Exception):
-    """A stop signal ended an evaluation part way (``Trainer.train`` saves and stops)."""
-
-
-def _fmt(values: dict) -> str:
-    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
