@@ -1,41 +1,32 @@
-"""The training loop: boundaries, checkpoints, evaluation, preemption, the target and what gets logged.
-
-The compiled part (several steps per host call under any strategy, metric sums, the count of skipped
-steps) is ``tfgpu.training.loop``. Loops end early at checkpoint, evaluation, profiling and the task's
-boundaries, so those happen at exact steps. The loop names no task and no task's metric: what it logs,
-counts as skipped (non-finite) steps and shows in the progress bar comes from the task's metric
-declarations (``Task.metrics``), written with the loop's own (``metric_specs.LOOP_METRICS``) to
-``<model_dir>/metric_specs.json`` for the report. How a run fails is ``tfgpu.training.failures``; what it
-logs is ``tfgpu.training.history``; --target's rule is ``tfgpu.training.target``; the results it returns
-(metrics.json) are ``tfgpu.training.results``; --profile_input is ``tfgpu.training.input_profile``. The
-Trainer reads only its ``TrainerConfig`` and hands the pipeline its ``InputConfig``. It stays one module
-(~400 lines) because boundaries, preemption, evaluation, the target and the startup record all act on the
-same loop state between two compiled calls.
+"""The loop driver: trains to the last step in compiled loops (``loop``) that end at the boundaries
+(``schedule``: evaluations, checkpoints, profiling, the task's and the caller's ``hooks``), and calls the checkpoint,
+the evaluation and the logs there. Each part it drives keeps its own state behind one object, built once here:
+where the input is (``data.input_position``), how the run stops and saves (``stopping``), --target and owed
+evaluations (``target.Tracker``), the evaluation (``evaluation``), each loop's record (``loop_log``, ``summaries``).
+How a run fails is ``failures``; metrics.json is ``results``. The Trainer reads only its ``TrainerConfig`` and hands
+the pipeline its ``InputConfig``.
 """
-import contextlib
 import logging
 import os
 import time
 
-import numpy as np
 import tensorflow as tf
 
 from tfgpu import durations
 from tfgpu.config import ConfigError, InputConfig, TrainerConfig
 from tfgpu.data import pipeline, records
 from tfgpu.data.input_position import InputPosition
-from tfgpu.runtime import precision
-from tfgpu.runtime import heartbeat
+from tfgpu.runtime import heartbeat, precision
 from tfgpu.runtime.distribute import Placement
 from tfgpu.training import checkpoint as checkpoint_lib
-from tfgpu.training import evaluation, failures, input_profile, loop, metric_specs, results, schedule
+from tfgpu.training import evaluation, failures, history, input_profile, loop, metric_specs, results, schedule
 from tfgpu.training.stopping import Stopping
 from tfgpu.training.summaries import Summaries
 from tfgpu.training import target as target_lib
 from tfgpu.training.failures import KernelFailed, NonFiniteError, Preempted, WorkerLost  # noqa: F401 (re-exported)
-from tfgpu.training import history
 from tfgpu.training.history import History, Progress
 from tfgpu.training.hooks import LoopHooks
+from tfgpu.training.loop_log import LoopLog
 
 log = logging.getLogger("tfgpu")
 
@@ -98,7 +89,7 @@ class Trainer:
             with self.strategy.scope():
                 task.build()
             train_names = tuple(task.train_metric_names)
-            self.nonfinite_names = self._declared(train_names)
+            self.nonfinite_names = metric_specs.counting_skips(self.declarations, train_names, task)
             self.train_sums = loop.accumulators(self.strategy, train_names)
             stop_flag = loop.StopFlag(self.strategy, placement.num_workers)  # Ctrl-C, SIGTERM: read between steps
             self.evaluation = evaluation.Evaluation(placement, task, inputs, info, self.declarations, self.history,
@@ -110,21 +101,13 @@ class Trainer:
             self.stopping = Stopping(self.strategy, placement, self.step, stop_flag, self.checkpointer,
                                      checkpoint_every_s)
             self._train_loop = self._traced_train_loop()
+        self.loop_log = LoopLog(self.history, self.summaries, task, inputs.examples_per_step, self.nonfinite_names)
         # time_to_target_s counts from the startup timer's start (python -m tfgpu.train: the process's), else now.
         self.tracker = target_lib.Tracker(
             target, startup.started_at if startup else time.time(), self.chief, self.model_dir, self.history,
             self.stopping.any_worker,
             lambda step: durations.epochs_at(step, pipeline.steps_per_epoch(self.inputs, self.info),
                                              self.inputs.examples_per_step, self.input.resumed_examples))
-
-    def _declared(self, train_names) -> tuple:
-        """The train-step keys that count skipped steps; a ValueError for a key the task does not declare."""
-        declared = {s.name: s for s in self.declarations.metrics if s.kind == "train"}
-        missing = [name for name in train_names if name not in declared]
-        if missing:
-            raise ValueError(f"task {self.task.name!r} returns train metrics {', '.join(missing)} that "
-                             f"{type(self.task).__name__}.metrics does not declare")
-        return tuple(name for name in train_names if declared[name].counts_nonfinite)
 
     def write_metric_specs(self) -> None:
         """The run's metric declarations, for the report (chief only)."""
@@ -161,36 +144,24 @@ class Trainer:
         return self.evaluation(step, record)
 
     # -- the loop ----------------------------------------------------------------
-    def restore(self, checkpoint_path: str = "", initial_weights: bool = False) -> int:
-        """Restores the latest (or the given) checkpoint into the built task; returns its step (0 when there is
-        none). With ``initial_weights`` (training) and no checkpoint to restore, the task loads --init_weights
-        instead: a restored checkpoint always wins, so a resumed run never reloads them."""
-        fresh = not checkpoint_path and self._fresh
+    def restore(self, checkpoint_path: str = "") -> int:
+        """Restores the latest (or the given) checkpoint into the built task, which it puts in the state of that
+        step (``Task.at_step``); returns the step (0 when there is none). Loads nothing else (--init_weights:
+        ``train``)."""
         if checkpoint_path:
             step = self.checkpointer.restore(checkpoint_path, "checkpoint")
         else:
             step = self.checkpointer.restore_latest()
-        if initial_weights and fresh and self.config.init_weights:
-            self.task.load_initial_weights()  # on every worker: each builds its own copy of the model
         if self.task.at_step(step):
             self._train_loop = self._traced_train_loop()
         if self.task.describe():
             log.info("%s", self.task.describe())
         return step
 
-    @contextlib.contextmanager
     def _failures_named(self):
-        """A TensorFlow error inside as the failure it is: WorkerLost when a collective lost a peer, KernelFailed
-        when a kernel failed here (each naming this worker, the last step done and the last checkpoint)."""
-        try:
-            yield
-        except tf.errors.OpError as e:
-            last = tf.train.latest_checkpoint(checkpoint_lib.checkpoint_dir(self.model_dir))
-            if self.placement.num_workers > 1 and failures.lost_peer(e):
-                raise failures.worker_lost(e, self.placement.worker_index, self._steps_done, last) from None
-            if isinstance(e, failures.kernel_errors()):
-                raise failures.kernel_failed(e, self.placement.worker_index, self._steps_done, last) from e
-            raise
+        """A TensorFlow error inside as the failure it is (``failures.named``): a lost peer, a failed kernel."""
+        return failures.named(self.placement.worker_index, self.placement.num_workers, lambda: self._steps_done,
+                              lambda: tf.train.latest_checkpoint(checkpoint_lib.checkpoint_dir(self.model_dir)))
 
     def train(self) -> "results.RunResult":
         """Trains to ``total_steps`` (resuming from the latest checkpoint) and returns the run's results; raises
@@ -199,7 +170,9 @@ class Trainer:
         self._steps_done = 0
         with self._failures_named():
             # Restoring broadcasts variables: a collective too.
-            start_step = self._steps_done = self.restore(initial_weights=True)
+            if self._fresh and self.config.init_weights:  # no checkpoint: a restored one wins, never reloaded
+                self.task.load_initial_weights()  # on every worker: each builds its own copy of the model
+            start_step = self._steps_done = self.restore()
             self.stopping.saved_step = start_step if start_step else None
             self.input.start(start_step, self.checkpointer.data_position.restored,
                              getattr(self.checkpointer, "restored_path", self.checkpointer.real_dir), self.history)
@@ -228,7 +201,7 @@ class Trainer:
     def _train_from(self, start_step: int) -> "results.RunResult":
         config = self.config
         step = start_step
-        last, last_eval, rates = {}, {}, []
+        last_eval = {}
         eval_steps = self._eval_steps()
         # What a resumed run owes first; at the target: no more training, no more evaluation.
         stopped = self.tracker.resume(step, self.evaluate, 0 < step < self.total_steps and step in eval_steps,
@@ -267,14 +240,17 @@ class Trainer:
                         if profile and step == profile[-1] and self.chief:
                             tf.profiler.experimental.stop()
                         if ran:
-                            last = self._log_loop(step, ran, sums, elapsed, progress)
-                            if self.hooks.on_loop_end(step, ran, last["step_metrics"]):
+                            step_metrics = self.loop_log.write(step, ran, sums, elapsed, progress, first_loop)
+                            if self.hooks.on_loop_end(step, ran, step_metrics):
                                 boundary = step  # the hooks ask to stop: this loop's end is a boundary
-                            if not first_loop:  # the first loop includes tracing and compilation
-                                rates.append(last["record"]["examples_per_sec"])
-                            elif self.startup:
+                            if first_loop and self.startup:  # the first loop includes tracing and compilation
                                 self._end_startup(start_step)
-                        self._stop_on_skipped_run(step, int(round(float(longest_skipped_run))))
+                        longest_skipped_run = int(round(float(longest_skipped_run)))
+                        if longest_skipped_run >= config.max_nonfinite_steps:
+                            raise failures.skipped_too_long(
+                                longest_skipped_run, config.max_nonfinite_steps, step, self.nonfinite_names,
+                                self.checkpointer.real_dir, precision.nonfinite_advice(
+                                    self.task.checkpoint_items().values(), self.placement.num_replicas))
                         if ran < num_steps or self.stopping.any_worker_preempted():
                             self.stopping.stop_at(step)
                         if step < self.total_steps and self.stopping.checkpoint_due():
@@ -297,8 +273,7 @@ class Trainer:
             if not stopped:
                 self.stopping.save()
             if profiled:
-                input_profile.finish(profiled, float(np.median(rates)) if rates else
-                                     last["record"]["examples_per_sec"], self.model_dir, self.chief)
+                input_profile.finish(profiled, self.loop_log.examples_per_sec(), self.model_dir, self.chief)
         elif not stopped:
             log.info("already trained to step %d (--train_steps=%d); evaluating only", step, self.total_steps)
         if not stopped:  # a finished run's evaluation is recorded once
@@ -308,16 +283,8 @@ class Trainer:
         elif not last_eval:  # resumed at the target: the evaluation of the checkpoint, not recorded again
             last_eval = self.tracker.resumed_eval
         self.hooks.on_train_end(step, last_eval)
-        values = {}
-        if last:  # the train step's metrics as train_<name>; learning rates and loss scales as they are
-            values.update({f"train_{k}": v for k, v in last["step_metrics"].items()})
-            values.update(last["task_state"])
-        values.update(last_eval)
-        result = self.task.extend_result(results.RunResult(
-            step=step, values=values,
-            examples_per_sec=(float(np.median(rates)) if rates else last["record"]["examples_per_sec"] if last
-                              else 0.0),
-            # the unreadable records read around, every epoch / evaluation
+        result = self.task.extend_result(self.loop_log.result(
+            step, last_eval,  # the unreadable records read around, every epoch / evaluation
             skipped_records=records.skipped_records(self.info) if self.inputs.skip_corrupt_records else None,
             target=self.tracker.outcome()))
         if self.tracker.target:
@@ -329,32 +296,3 @@ class Trainer:
         self.history.write("startup", step, self.startup.record())
         log.info("%s", self.startup.describe())
         self.startup = None
-
-    def _log_loop(self, step: int, num_steps: int, sums: dict, elapsed: float, progress) -> dict:
-        """One loop's record (history.jsonl, TensorBoard, progress): the step metrics averaged over the loop
-        (those that count skipped steps summed), the task's learning rates and loss scales, and throughput.
-        Returns the record and its parts."""
-        step_metrics = {name: (int(round(value)) if name in self.nonfinite_names else value / num_steps)
-                        for name, value in sums.items()}
-        task_state = {**self.task.learning_rates(), **self.task.loss_scales()}
-        record = {**step_metrics, **task_state,
-                  "examples_per_sec": num_steps * self.inputs.examples_per_step / elapsed,
-                  "step_time_ms": 1000 * elapsed / num_steps}
-        self.history.write("train", step, record)
-        self.summaries.write("train", step, record)
-        progress.update(step, record)
-        return {"record": record, "step_metrics": step_metrics, "task_state": task_state}
-
-    def _stop_on_skipped_run(self, step: int, longest_skipped_run: int) -> None:
-        """Raises NonFiniteError when --max_nonfinite_steps steps in a row were skipped (``longest_skipped_run``:
-        the longest run that reached into the loop ending at ``step``)."""
-        limit = self.config.max_nonfinite_steps
-        if longest_skipped_run >= limit:
-            counted = ", ".join(self.nonfinite_names)
-            raise NonFiniteError(
-                f"{longest_skipped_run} consecutive steps (no finite step between them, counted across "
-                f"loops) had a non-finite loss or gradient and were skipped, by step {step} "
-                f"(--max_nonfinite_steps={limit}; scattered skips do not count, "
-                f"each loop's are in history.jsonl as {counted}). A skipped step changes no "
-                f"weight, so the last checkpoint in {self.checkpointer.real_dir} is good. "
-                + precision.nonfinite_advice(self.task.checkpoint_items().values(), self.placement.num_replicas))
