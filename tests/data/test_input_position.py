@@ -21,7 +21,8 @@ class _History:
 
 
 def _position(info, workers=1, replicas=1, flag="data_dir", allowed=(), **overrides):
-    config = Config(**{"model_dir": "unused", "data_dir": info.directory, "global_batch_size": 6, "seed": 3, **overrides})
+    values = {"model_dir": "unused", "data_dir": info.directory, "global_batch_size": 6, "seed": 3, **overrides}
+    config = Config(**values)
     placement = types.SimpleNamespace(num_workers=workers, num_replicas=replicas)
     step = tf.Variable(0, dtype=tf.int64)
     return InputPosition(input_config(config), info, placement, flag, allowed, step), step

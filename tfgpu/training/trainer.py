@@ -83,8 +83,6 @@ class Trainer:
         self._steps_done = 0  # the last step done, named by a failure
         checkpoint_every_s = (durations.seconds(durations.parse(config.checkpoint_every, "checkpoint_every"))
                               if config.checkpoint_every else 0.0)
-        # Built whole here: the task's models and optimizers, the loops' accumulators and compiled loops, the
-        # checkpointer, and the stop state the loops read.
         with self._failures_named():  # creating variables under several workers broadcasts them: a collective
             with self.strategy.scope():
                 task.build()
@@ -108,11 +106,6 @@ class Trainer:
             self.stopping.any_worker,
             lambda step: durations.epochs_at(step, pipeline.steps_per_epoch(self.inputs, self.info),
                                              self.inputs.examples_per_step, self.input.resumed_examples))
-
-    def write_metric_specs(self) -> None:
-        """The run's metric declarations, for the report (chief only)."""
-        if self.chief:
-            metric_specs.write(self.model_dir, self.declarations)
 
     def _traced_train_loop(self):
         """A fresh train loop; the task's ``at_step`` asks for one when a step trains other variables."""
@@ -147,7 +140,7 @@ class Trainer:
     def restore(self, checkpoint_path: str = "") -> int:
         """Restores the latest (or the given) checkpoint into the built task, which it puts in the state of that
         step (``Task.at_step``); returns the step (0 when there is none). Loads nothing else (--init_weights:
-        ``train``)."""
+        ``start_weights``)."""
         if checkpoint_path:
             step = self.checkpointer.restore(checkpoint_path, "checkpoint")
         else:
@@ -157,6 +150,13 @@ class Trainer:
         if self.task.describe():
             log.info("%s", self.task.describe())
         return step
+
+    def start_weights(self) -> int:
+        """The weights training starts from: the latest checkpoint (``restore``), else --init_weights (a restored
+        checkpoint always wins: a resumed run never reloads them); returns the step."""
+        if self._fresh and self.config.init_weights:
+            self.task.load_initial_weights()  # on every worker: each builds its own copy of the model
+        return self.restore()
 
     def _failures_named(self):
         """A TensorFlow error inside as the failure it is (``failures.named``): a lost peer, a failed kernel."""
@@ -170,9 +170,7 @@ class Trainer:
         self._steps_done = 0
         with self._failures_named():
             # Restoring broadcasts variables: a collective too.
-            if self._fresh and self.config.init_weights:  # no checkpoint: a restored one wins, never reloaded
-                self.task.load_initial_weights()  # on every worker: each builds its own copy of the model
-            start_step = self._steps_done = self.restore()
+            start_step = self._steps_done = self.start_weights()
             self.stopping.saved_step = start_step if start_step else None
             self.input.start(start_step, self.checkpointer.data_position.restored,
                              getattr(self.checkpointer, "restored_path", self.checkpointer.real_dir), self.history)
@@ -181,7 +179,8 @@ class Trainer:
             # What an earlier process recorded past the checkpoint resumed from: one record per step from here on.
             self.history.cut_after(start_step)
             history.cut_summaries(self.summaries.dirs.values(), start_step)
-            self.write_metric_specs()
+            if self.chief:  # the run's metric declarations, for the report
+                metric_specs.write(self.model_dir, self.declarations)
             for call in self.on_restored:
                 call(start_step, self.history)
             heartbeat.beat("restored", start_step, self.model_dir)  # tfgpu.launch's view of this worker's progress
