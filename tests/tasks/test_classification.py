@@ -194,7 +194,7 @@ def test_evaluation_before_the_first_step_equals_plain_keras_evaluate(finetune):
     config = dataclasses.replace(finetune, eval_split="val")
     try:
         built = experiment.setup(config)
-        assert built.trainer.restore(initial_weights=True) == 0
+        assert built.trainer.start_weights() == 0
         ours = built.trainer.evaluate(0, record=False)
         steps = pipeline.eval_steps(config, built.info, 1, 1)
         batches = list(pipeline.eval_dataset_fn(config, built.info, steps)(tf.distribute.InputContext()))
@@ -225,7 +225,7 @@ def test_a_new_head_needs_skip_mismatch_and_a_resume_restores_instead_of_reloadi
     os.remove(finetune.init_weights)  # a resumed run neither needs nor reads the file
     try:
         built = experiment.setup(dataclasses.replace(config, train_steps=4))
-        assert built.trainer.restore(initial_weights=True) == 2
+        assert built.trainer.start_weights() == 2
         restored = {layer.name: layer.get_weights() for layer in built.task.model.layers if layer.weights}
     finally:
         keras.backend.clear_session(free_memory=False)

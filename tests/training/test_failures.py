@@ -1,5 +1,9 @@
 """How a run fails: which errors mean a lost peer."""
 
+import pytest
+
+from tfgpu.training import failures
+
 
 def test_only_collective_failures_count_as_a_lost_peer():
     import tensorflow as tf
@@ -62,3 +66,32 @@ def test_the_launcher_and_the_table_load_no_tensorflow():
     probe = "import sys, tfgpu.launch, tfgpu.training.failures; print('tensorflow' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True,
                           check=True).stdout.strip() == "False"
+
+
+def test_a_kernel_error_inside_named_fails_as_itself_and_a_lost_peer_as_worker_lost():
+    import tensorflow as tf
+
+    done = []
+    with pytest.raises(failures.KernelFailed, match=r"^worker 1: a TensorFlow kernel failed after step 7 .*"
+                                                    r"Last checkpoint: /ckpt/ckpt-6\.$"):
+        with failures.named(1, 2, lambda: 7, lambda: "/ckpt/ckpt-6"):
+            raise tf.errors.InternalError(None, None, "cuDNN launch failure")
+    with pytest.raises(failures.WorkerLost, match=r"^worker 0: a collective failed after step 3 .*Last checkpoint: "
+                                                  r"none; rerun"):
+        with failures.named(0, 2, lambda: 3, lambda: None):
+            raise tf.errors.UnavailableError(None, None, "task 1 stopped heartbeats")
+    with pytest.raises(tf.errors.UnavailableError):  # one worker has no peer to lose
+        with failures.named(0, 1, lambda: 3, lambda: None):
+            raise tf.errors.UnavailableError(None, None, "socket closed")
+    with failures.named(0, 1, lambda: done.append(1), lambda: done.append(2)):
+        pass
+    assert done == []  # the step and checkpoint are read only when an error comes
+
+
+def test_too_many_skipped_steps_in_a_row_name_the_limit_the_counters_and_the_good_checkpoint():
+    error = failures.skipped_too_long(5, 5, 40, ("nonfinite_steps",), "/runs/a/checkpoints", "Try --precision=fp32.")
+    assert isinstance(error, failures.NonFiniteError)
+    assert str(error).startswith("5 consecutive steps (no finite step between them, counted across loops) had a "
+                                 "non-finite loss or gradient and were skipped, by step 40 (--max_nonfinite_steps=5;")
+    assert "history.jsonl as nonfinite_steps" in str(error)
+    assert str(error).endswith("the last checkpoint in /runs/a/checkpoints is good. Try --precision=fp32.")

@@ -220,3 +220,70 @@ def test_two_workers_stop_at_the_same_step(tmp_path, data_cache):
     assert sorted(finals) == [("0", "4", "True"), ("1", "4", "True")], launch.stdout[-3000:]
     metrics = read_metrics(tmp_path)
     assert (metrics["num_workers"], metrics["step_at_target"], metrics["target_reached"]) == (2, 4, True)
+
+
+# -- the tracker (in-process, one worker) --------------------------------------------------------------------------
+class _History:
+    def __init__(self, eval_steps=()):
+        self.eval_steps = set(eval_steps)
+
+    def steps(self, kind):
+        assert kind == "eval"
+        return self.eval_steps
+
+
+class _Startup:
+    def __init__(self):
+        self.marks = []
+
+    def mark(self, phase):
+        self.marks.append(phase)
+
+
+def _tracker(tmp_path, text="val_accuracy:0.9", history=None):
+    goal = target.resolve(text, CLASSIFIER) if text else None
+    return target.Tracker(goal, time.time() - 5.0, True, str(tmp_path), history or _History(), lambda flag: flag,
+                          lambda step: step / 10)
+
+
+def test_the_tracker_keeps_the_best_value_and_the_first_evaluation_that_reaches_the_target(tmp_path):
+    tracker = _tracker(tmp_path)
+    assert not tracker.reaches(10, {"val_accuracy": 0.5}) and tracker.best == 0.5 and tracker.hit is None
+    assert not tracker.reaches(20, {"val_accuracy": 0.4}) and tracker.best == 0.5
+    assert tracker.reaches(30, {"val_accuracy": 0.95})
+    assert tracker.hit["step"] == 30 and tracker.hit["epochs"] == 3.0 and tracker.hit["seconds"] >= 5.0
+    assert not tracker.reaches(40, {"val_accuracy": 0.99}) and tracker.hit["step"] == 30  # the first one counts
+    outcome = tracker.outcome()
+    assert (outcome.target, outcome.reached, outcome.step, outcome.epochs) == ("val_accuracy:0.9", True, 30, 3.0)
+    untimed = _tracker(tmp_path)
+    assert untimed.reaches(30, {"val_accuracy": 0.95}, timed=False) and untimed.hit["seconds"] is None
+    assert _tracker(tmp_path, text="").outcome() is None
+
+
+def test_a_resumed_run_evaluates_an_owed_step_once_recorded_and_a_recorded_one_again_unrecorded(tmp_path):
+    calls = []
+
+    def evaluate(step, record):
+        calls.append((step, record))
+        return {"val_accuracy": 0.5}
+
+    startup = _Startup()
+    assert not _tracker(tmp_path).resume(10, evaluate, at_evaluation=False, startup=startup) and calls == []
+    assert not _tracker(tmp_path).resume(10, evaluate, at_evaluation=True, startup=startup)
+    assert calls == [(10, True)] and startup.marks == ["owed_evaluation"]
+    calls.clear()
+    recorded = _tracker(tmp_path, history=_History({10}))
+    assert not recorded.resume(10, evaluate, at_evaluation=True) and calls == [(10, False)] and recorded.best == 0.5
+    calls.clear()
+    no_target = _tracker(tmp_path, text="", history=_History({10}))
+    assert not no_target.resume(10, evaluate, at_evaluation=True) and calls == []
+
+
+def test_a_target_metrics_json_records_as_reached_keeps_its_record_and_trains_no_further(tmp_path):
+    results.write(str(tmp_path), results.RunResult(
+        step=30, target=results.TargetOutcome("val_accuracy:0.9", True, 12.5, 30, 3.0)))
+    tracker = _tracker(tmp_path)
+    assert tracker.resume(30, lambda step, record: {"val_accuracy": 0.93}, at_evaluation=False)
+    assert tracker.hit == {"step": 30, "seconds": 12.5, "epochs": 3.0} and tracker.best == 0.93
+    assert tracker.resumed_eval == {"val_accuracy": 0.93}
+    assert not _tracker(tmp_path).resume(20, lambda step, record: {}, at_evaluation=False)  # reached at another step

@@ -180,7 +180,7 @@ def test_a_peer_lost_outside_the_train_loop_is_reported_as_worker_lost(tmp_path,
             raise tf.errors.UnavailableError(None, None, "Collective ops is aborted by: task 1 stopped heartbeats")
         return False
 
-    run._any_worker_preempted = vote_after_the_peer_died
+    run.stopping.any_worker_preempted = vote_after_the_peer_died
     try:
         with pytest.raises(trainer.WorkerLost, match=r"worker 0: a collective failed after step 4 .*aborted by.*"
                            r"Last checkpoint: .*" + re.escape(run_dir.CHECKPOINT_PREFIX) + r"2; rerun the same launch"):
@@ -287,10 +287,10 @@ def test_setup_returns_a_trainer_built_whole_around_one_step_counter(tmp_path, d
         built = experiment.setup(config)
         run, task = built.trainer, built.task
         assert task.global_step is run.step is run.checkpointer.step and task.model.built
-        parts = (run.checkpointer, run._train_loop, run._eval_loop, task.model, task.optimizer)
+        parts = (run.checkpointer, run._train_loop, run.evaluation.loop, task.model, task.optimizer)
         assert run.restore() == 0
         assert all(now is before for now, before in zip(
-            (run.checkpointer, run._train_loop, run._eval_loop, task.model, task.optimizer), parts))
+            (run.checkpointer, run._train_loop, run.evaluation.loop, task.model, task.optimizer), parts))
     finally:
         keras.backend.clear_session(free_memory=False)
 

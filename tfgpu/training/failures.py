@@ -7,6 +7,7 @@ flag, file or record (``ConfigError``) exits 1. ``lost_peer`` tells a collective
 worker is gone from a kernel that failed here. Importing this module loads no TensorFlow: the launcher and the
 commands read the table before TensorFlow is imported.
 """
+import contextlib
 import sys
 
 from tfgpu.config import ConfigError
@@ -137,3 +138,34 @@ def kernel_failed(error: Exception, worker_index: int, steps_done: int, last_che
         f"{cause(error)}). This is a computation failing on this worker (cuDNN, XLA, a driver), not a lost "
         "worker, so a rerun would likely fail the same way; try without --jit_compile or with another "
         f"--precision. Last checkpoint: {last_checkpoint or 'none'}.")
+
+
+def skipped_too_long(longest_skipped_run: int, limit: int, step: int, counted, checkpoint_dir: str,
+                     advice: str) -> NonFiniteError:
+    """--max_nonfinite_steps reached: ``longest_skipped_run`` steps in a row, the longest run reaching into the loop
+    that ended at ``step``, were skipped; ``counted``: the step metrics that count them; ``advice``: what to
+    change (``precision.nonfinite_advice``)."""
+    return NonFiniteError(
+        f"{longest_skipped_run} consecutive steps (no finite step between them, counted across "
+        f"loops) had a non-finite loss or gradient and were skipped, by step {step} "
+        f"(--max_nonfinite_steps={limit}; scattered skips do not count, "
+        f"each loop's are in history.jsonl as {', '.join(counted)}). A skipped step changes no "
+        f"weight, so the last checkpoint in {checkpoint_dir} is good. " + advice)
+
+
+@contextlib.contextmanager
+def named(worker_index: int, num_workers: int, steps_done, last_checkpoint):
+    """A TensorFlow error inside as the failure it is: WorkerLost when a collective lost a peer, KernelFailed
+    when a kernel failed here (each naming this worker, the last step done and the last checkpoint: ``steps_done``
+    and ``last_checkpoint`` are callables, read when an error comes)."""
+    import tensorflow as tf
+
+    try:
+        yield
+    except tf.errors.OpError as e:
+        last = last_checkpoint()
+        if num_workers > 1 and lost_peer(e):
+            raise worker_lost(e, worker_index, steps_done(), last) from None
+        if isinstance(e, kernel_errors()):
+            raise kernel_failed(e, worker_index, steps_done(), last) from e
+        raise

@@ -16,7 +16,7 @@ import math
 
 from tfgpu.config import ConfigError
 from tfgpu.training import fit_arguments
-from tfgpu.training.trainer import LoopHooks
+from tfgpu.training.hooks import LoopHooks
 
 log = logging.getLogger("tfgpu")
 

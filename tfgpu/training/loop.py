@@ -195,7 +195,7 @@ class StopFlag:
     def at_start(self):
         """In a loop's graph, before its first step: whether to run no step at all. One worker reads its flag (a
         request made between loops); several leave it to their first check (the host's vote after each loop,
-        ``Trainer._any_worker_preempted``, has seen what came before)."""
+        ``Stopping.any_worker_preempted``, has seen what came before)."""
         return self.flag.read_value() > 0 if self.num_workers == 1 else tf.constant(False)
 
     def after_step(self, done):

@@ -126,3 +126,13 @@ def read(model_dir: str):
         return from_json(json.loads(fileio.read_bytes(run_dir.metric_specs(model_dir))))
     except (OSError, ValueError):
         return None
+
+
+def counting_skips(declarations: Declarations, train_names, task) -> tuple:
+    """The train-step keys of ``task`` that count skipped steps; a ValueError for a key the task does not declare."""
+    declared = {s.name: s for s in declarations.metrics if s.kind == "train"}
+    missing = [name for name in train_names if name not in declared]
+    if missing:
+        raise ValueError(f"task {task.name!r} returns train metrics {', '.join(missing)} that "
+                         f"{type(task).__name__}.metrics does not declare")
+    return tuple(name for name in train_names if declared[name].counts_nonfinite)
