@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from tests.data.test_exactly_once import make_split
 from tfgpu.config import Config, ConfigError
-from tfgpu.data import pipeline, position
+from tfgpu.data import catalog, position
 from tfgpu.data.input_position import InputPosition
 from tfgpu.tasks.registry import input_config
 
@@ -29,7 +29,7 @@ def _position(info, workers=1, replicas=1, flag="data_dir", allowed=(), **overri
 
 
 def test_the_position_is_recorded_only_once_planned_and_advances_with_the_step():
-    info = pipeline.prepare(Config(model_dir="unused", data_dir=make_split((9, 9, 5))))
+    info = catalog.prepare(Config(model_dir="unused", data_dir=make_split((9, 9, 5))))
     inputs, step = _position(info)
     assert inputs.record() is None  # before start: nothing to save
     assert inputs.start(0, None, "nowhere", _History()) is not None
@@ -40,7 +40,7 @@ def test_the_position_is_recorded_only_once_planned_and_advances_with_the_step()
 
 
 def test_a_resume_on_another_topology_is_said_once_and_another_seed_or_batch_is_refused():
-    info = pipeline.prepare(Config(model_dir="unused", data_dir=make_split((9, 9, 5))))
+    info = catalog.prepare(Config(model_dir="unused", data_dir=make_split((9, 9, 5))))
     saved, step = _position(info)
     saved.start(0, None, "nowhere", _History())
     step.assign(2)
@@ -59,13 +59,13 @@ def test_a_resume_on_another_topology_is_said_once_and_another_seed_or_batch_is_
                            "data_dir", (), tf.Variable(0, dtype=tf.int64))
     with pytest.raises(ConfigError, match=r"^--global_batch_size: 4 differs from the 6 of ckpt-2"):
         bigger.start(2, recorded, "ckpt-2", _History())
-    elsewhere = pipeline.prepare(Config(model_dir="unused", data_dir=make_split((9, 8, 5))))
+    elsewhere = catalog.prepare(Config(model_dir="unused", data_dir=make_split((9, 8, 5))))
     with pytest.raises(ConfigError, match=r"^--dataset: the train split"):
         _position(elsewhere, flag="dataset")[0].start(2, recorded, "ckpt-2", _History())
 
 
 def test_a_read_error_names_the_flag_of_the_data_and_other_errors_pass_unchanged():
-    info = pipeline.prepare(Config(model_dir="unused", data_dir=make_split((9, 9, 5))))
+    info = catalog.prepare(Config(model_dir="unused", data_dir=make_split((9, 9, 5))))
     inputs, _ = _position(info, flag="dataset")
     with pytest.raises(ConfigError, match=r"^--dataset: .*unreadable"):
         with inputs.reading():
