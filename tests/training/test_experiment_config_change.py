@@ -236,7 +236,8 @@ def test_an_edited_tfgpu_fit_model_function_is_refused_until_allowed(tmp_path, m
                            r"sha256 \w{12} -> sha256 \w{12}\. Pass"):
             tfgpu.fit(_fit_model_edited, data, train_steps=4, **options)
         assert _files(run) == before
-        assert tfgpu.fit(_fit_model_edited, data, train_steps=4, allow_config_change="model", **options)["step"] == 4
+        assert tfgpu.fit(_fit_model_edited, data, train_steps=4, allow_config_change="model",
+                         **options).results["step"] == 4
     finally:
         keras.backend.clear_session(free_memory=False)
     assert {r["field"] for r in read_history(run, "config_change")} == {"model"}
