@@ -1,22 +1,15 @@
 """tools/heal_trials.py: the seed decides the victim and the step; one real trial (3 workers, one kill -9'd,
 --min_workers=2) finishes on its own, audits clean and lands near the uninterrupted run (slow)."""
-import importlib.util
 import json
 import os
 
 import pytest
+from tests.tools import load
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "tools", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-trials = _load("heal_trials")
+trials = load("heal_trials")
 
 
 def test_the_launch_command_asks_for_restarts_on_the_workers_left(tmp_path):

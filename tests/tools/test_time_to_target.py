@@ -1,6 +1,5 @@
 """tools/time_to_target.py: flag checks, the alternating order, the commands, and the ratio with its spread
 (in-process); the whole race against plain Keras fit is marked slow."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -9,19 +8,13 @@ import sys
 import pytest
 
 from tfgpu.training import results
+from tests.tools import load
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "tools", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-ttt = _load("time_to_target")
-fit_script = _load("keras_fit_to_target")
+ttt = load("time_to_target")
+fit_script = load("keras_fit_to_target")
 
 
 def _run(repeat, side, seconds, **extra):
