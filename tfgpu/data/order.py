@@ -196,12 +196,11 @@ class Order:
         return tf.data.Dataset.range(w0, self.num_windows).flat_map(_no_autograph(
             lambda w: self._window_records(epoch, perm, w, tf.where(w == w0, tf.cast(k0, tf.int64), 0), cached)))
 
-    def table_records(self, workers=tf.data.AUTOTUNE):
+    def table_records(self):
         """Every record of the chunks once, in table order (what --cache holds in memory; ``_positions`` counts on
         that order, so the chunks are read one after the other: an interleave of several chunks a record at a time
         put records where other keys expect them, and a resume then fed some twice). Read once, in the first
         epoch."""
-        del workers  # one reader at a time keeps the table order
         chunks = tf.data.Dataset.range(self.num_chunks)
         return chunks.flat_map(_no_autograph(lambda c: self._chunk_reader(c, tf.constant(0, tf.int64), tf.gather(
             tf.constant(self.count, tf.int64), c))))
@@ -222,7 +221,7 @@ class Order:
         epochs_ds = tf.data.Dataset.range(start_epoch, end)
         if not cache:
             return epochs_ds.flat_map(_no_autograph(epoch))
-        everything = self.table_records(workers).batch(max(1, int(self.count.sum()))).take(1).cache()
+        everything = self.table_records().batch(max(1, int(self.count.sum()))).take(1).cache()
         return everything.flat_map(_no_autograph(lambda records: epochs_ds.flat_map(_no_autograph(
             lambda e: epoch(e, records)))))
 
