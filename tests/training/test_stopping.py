@@ -23,9 +23,9 @@ class _Checkpointer:
 
 def _stopping(every_s=0.0):
     strategy = tf.distribute.get_strategy()
-    placement = types.SimpleNamespace(num_workers=1, is_chief=True)
+    placement = types.SimpleNamespace(strategy=strategy, num_workers=1, is_chief=True)
     step = tf.Variable(0, dtype=tf.int64)
-    return Stopping(strategy, placement, step, loop.StopFlag(strategy, 1), _Checkpointer(), every_s), step
+    return Stopping(placement, step, loop.StopFlag(strategy, 1), _Checkpointer(), every_s), step
 
 
 @pytest.mark.parametrize("signum,error", [(signal.SIGINT, failures.Interrupted), (signal.SIGTERM, failures.Preempted)])

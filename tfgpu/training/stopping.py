@@ -18,8 +18,8 @@ class Stopping:
     ``checkpointer`` saves the run's state at ``step`` (its step counter); ``checkpoint_every_s``: --checkpoint_every
     in seconds (0: none)."""
 
-    def __init__(self, strategy, placement, step, flag, checkpointer, checkpoint_every_s: float):
-        self.strategy = strategy
+    def __init__(self, placement, step, flag, checkpointer, checkpoint_every_s: float):
+        self.strategy = placement.strategy
         self.placement = placement
         self.chief = placement.is_chief
         self.step = step

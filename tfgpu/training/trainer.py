@@ -96,8 +96,7 @@ class Trainer:
             self.checkpointer = checkpoint_lib.Checkpointer(
                 self.model_dir, placement, task.checkpoint_items(), self.step, config.keep_checkpoints,
                 self.input.record)
-            self.stopping = Stopping(self.strategy, placement, self.step, stop_flag, self.checkpointer,
-                                     checkpoint_every_s)
+            self.stopping = Stopping(placement, self.step, stop_flag, self.checkpointer, checkpoint_every_s)
             self._train_loop = self._traced_train_loop()
         self.loop_log = LoopLog(self.history, self.summaries, task, inputs.examples_per_step, self.nonfinite_names)
         # time_to_target_s counts from the startup timer's start (python -m tfgpu.train: the process's), else now.
