@@ -80,6 +80,7 @@ def test_a_duration_flag_alone_resolves():
 @hypothesis.given(records=st.integers(50, 5000), epochs=st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.0]),
                   segments=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 256)), min_size=1, max_size=4),
                   unit=st.sampled_from([durations.EPOCHS, durations.EXAMPLES]))
+@hypothesis.example(records=4096, epochs=3.0, segments=[(1, 163), (1, 5)], unit=durations.EPOCHS)  # float noise
 def test_a_length_in_epochs_trains_that_many_records_whatever_batches_earlier_segments_had(records, epochs,
                                                                                            segments, unit):
     """Segments of (steps, global batch), each resumed with --allow_config_change=global_batch_size: the run's

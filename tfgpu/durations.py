@@ -110,7 +110,9 @@ def train_steps(duration: Duration, steps_per_epoch: float, examples_per_step: i
         return max(1, to_steps(duration, steps_per_epoch, examples_per_step, round_up=True))
     step, examples_done = resumed
     target = duration.amount * steps_per_epoch * examples_per_step if duration.unit == EPOCHS else duration.amount
-    return max(1, step + max(0, math.ceil((target - examples_done) / examples_per_step)))
+    # rounded before the ceiling: 3 epochs of 4,096 records at batch 5 is 12288.000000000002 examples in floats,
+    # which would ask for one step more than the records need
+    return max(1, step + max(0, math.ceil(round((target - examples_done) / examples_per_step, 9))))
 
 
 def epochs_at(step: int, steps_per_epoch: float, examples_per_step: int, resumed=None) -> float:
