@@ -109,8 +109,10 @@ def train_here(data_cache, capsys):
 
 
 def read_history(model_dir, kind="train"):
-    with open(os.path.join(model_dir, "history.jsonl")) as f:
-        return [r for r in map(json.loads, f) if r["kind"] == kind]
+    """The ``kind`` records of the run's history.jsonl, in the order written (through tfgpu's one reader)."""
+    from tfgpu.training import history
+
+    return [r for r in history.read(str(model_dir)) if r["kind"] == kind]
 
 
 def read_metrics(model_dir):

@@ -12,6 +12,7 @@ import yaml
 from PIL import Image
 
 from tfgpu.reporting import report
+from tfgpu.training import history as history_lib
 from tfgpu.training import metric_specs, results
 from tfgpu.training import run_dir
 
@@ -167,7 +168,7 @@ def test_resumed_history_keeps_one_point_per_step(tmp_path):
     classification_run(tmp_path, resumed_at=1000)
     with open(tmp_path / "history.jsonl", "a") as f:
         f.write('{"kind": "train", "step": 3100, "loss": 0.')  # killed mid-write
-    history, bad = report.read_history(str(tmp_path / "history.jsonl"))
+    history, bad = history_lib.read_by_kind(str(tmp_path))
     steps = [r["step"] for r in history["train"]]
     assert steps == sorted(set(steps)) and len(steps) == 30 and bad == 1
     assert history["train"][10]["loss"] == pytest.approx(
@@ -332,7 +333,7 @@ def test_each_restart_of_the_launcher_is_one_line_even_two_from_one_checkpoint(t
                 "reason": "was killed by SIGKILL (exit 137)", "last_step": 120 + i, "workers_before": 3 - i,
                 "workers_after": 2, "steps_lost": 20 + i} for i in range(2)]
     (tmp_path / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    history, bad = report.read_history(str(tmp_path / "history.jsonl"))
+    history, bad = history_lib.read_by_kind(str(tmp_path))
     assert bad == 0 and len(history["restart"]) == 2  # both resumed from step 100: neither replaces the other
     text = report.render(str(tmp_path), history, 0, results.RunResult(step=450), {}, None, [])
     assert ("## Restarts\n\n- restart 1: worker 1 was killed by SIGKILL (exit 137) after step 120; 3 -> 2 workers, "

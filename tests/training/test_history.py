@@ -99,8 +99,27 @@ def test_a_resume_cuts_tensorboard_scalars_past_its_checkpoint(tmp_path):
 def test_read_gives_every_record_that_reads_and_leaves_a_half_written_line_out(tmp_path):
     """``history.read``, what commands and tools that watch a run use: records in order, a killed run's half line
     left out, [] with no file."""
-    from tfgpu.training import history as history_lib
-
-    assert history_lib.read(str(tmp_path)) == []
+    assert history.read(str(tmp_path)) == []
     (tmp_path / "history.jsonl").write_text('{"kind": "train", "step": 1}\n{"kind": "eval", "step": 1}\n{"kind": "tr')
-    assert history_lib.read(str(tmp_path)) == [{"kind": "train", "step": 1}, {"kind": "eval", "step": 1}]
+    assert history.read(str(tmp_path)) == [{"kind": "train", "step": 1}, {"kind": "eval", "step": 1}]
+
+
+def test_read_by_kind_keeps_one_point_per_step_and_every_event_on_any_file_system():
+    """The report's view: records by kind sorted by step, the last of a step written twice (an older file that
+    was not cut), every event (two config changes at one resume), the unreadable lines counted; the same text
+    read from ``ram://`` as from a local directory (a gs:// run reads the same way)."""
+    import tensorflow as tf
+
+    model_dir = "ram://history_by_kind"
+    records = [{"kind": "train", "step": 20, "loss": 2.0}, {"kind": "eval", "step": 20}, {"kind": "train", "step": 10},
+               {"kind": "train", "step": 20, "loss": 1.0}, {"kind": "config_change", "step": 20, "field": "a"},
+               {"kind": "config_change", "step": 20, "field": "b"}, {"kind": "restart", "step": 10, "restart": 1}]
+    with tf.io.gfile.GFile(model_dir + "/history.jsonl", "w") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in records) + '{"no_kind": 1}\n\n{"kind": "train", "st')
+    kinds, bad = history.read_by_kind(model_dir)
+    assert bad == 2
+    assert kinds["train"] == [{"kind": "train", "step": 10}, {"kind": "train", "step": 20, "loss": 1.0}]
+    assert [r["field"] for r in kinds["config_change"]] == ["a", "b"]
+    assert len(kinds["restart"]) == 1 and len(kinds["eval"]) == 1
+    assert len(history.read(model_dir)) == len(records)
+    assert history.read_by_kind("ram://no_such_run") == ({}, 0)

@@ -2,9 +2,9 @@
 
 The command ``python -m tfgpu.report`` (``tfgpu/report.py``) calls ``write_report``.
 
-Reads ``history.jsonl``, ``metrics.json`` (through ``tfgpu.training.results``), ``config.yaml``,
-``metric_specs.json`` and, after ``--profile_input``, ``input_profile.json``;
-any of them may be missing or partial (a run still going, a crashed one). The
+Reads ``history.jsonl`` (through ``tfgpu.training.history``), ``metrics.json`` (through
+``tfgpu.training.results``), ``config.yaml``, ``metric_specs.json`` and, after ``--profile_input``,
+``input_profile.json``; any of them may be missing or partial (a run still going, a crashed one). The
 report names no task and no metric: its plots, image links, best scores, task
 sections and task options come from the declarations the trainer wrote to
 ``metric_specs.json`` (``tfgpu.training.metric_specs``); for a run older than that file
@@ -23,6 +23,7 @@ from tfgpu.reporting.plots import series, write_plots
 from tfgpu.runtime import fileio
 from tfgpu.runtime.fileio import atomic_write_bytes
 from tfgpu.training import config_change, metric_specs, results
+from tfgpu.training import history as history_lib
 from tfgpu.training import run_dir
 from tfgpu.training import target as target_lib
 
@@ -36,32 +37,6 @@ KEY_CONFIG = ("task", "model", "dataset", "data_dir", "image_size", "augment", "
 
 
 # -- reading what the run left --------------------------------------------------------------------------------------
-def read_history(path: str) -> tuple:
-    """(records by kind sorted by step, keeping the last record of a step written twice after a resume (a
-    config change, an event rather than a point, is kept every time); number of unreadable lines)."""
-    by_key, bad = {}, 0
-    try:
-        text = fileio.read_text(path, errors="replace")
-    except FileNotFoundError:
-        return {}, 0
-    for line in text.split("\n"):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            key = (record["kind"], int(record["step"]))
-            if key[0] in (config_change.HISTORY_KIND, "restart"):  # events: two may share a step
-                key += (len(by_key),)
-        except (ValueError, KeyError, TypeError):
-            bad += 1  # e.g. the half-written last line of a killed run
-            continue
-        by_key[key] = record
-    kinds = {}
-    for key, record in sorted(by_key.items(), key=lambda kv: kv[0][1]):
-        kinds.setdefault(key[0], []).append(record)
-    return kinds, bad
-
-
 def _read_json(path: str):
     try:
         value = json.loads(fileio.read_bytes(path))
@@ -364,7 +339,7 @@ def render(model_dir: str, history: dict, bad_lines: int, result, config, profil
 
 def write_report(model_dir: str) -> str:
     """Writes ``<model_dir>/report.md`` and its plots from whatever the run has left; returns report.md's path."""
-    history, bad = read_history(run_dir.history(model_dir))
+    history, bad = history_lib.read_by_kind(model_dir)
     result, unreadable = None, ""
     try:
         result = results.read(model_dir)

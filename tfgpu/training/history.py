@@ -4,8 +4,11 @@ One JSON object per loop of steps (``kind: train``) or evaluation (``kind: eval`
 ``time``, one ``kind: startup`` per process (where the time before its first loop went) and one
 ``kind: shutdown`` per run (where the time after its last record went: the trainer's teardown, the export,
 metrics.json, the report), both timed by ``PhaseTimer``, and one ``kind: config_change`` (``field``, ``old``,
-``new``) per field a resume changed under --allow_config_change (``training.config_change``); the report
-reads them back (``tfgpu.reporting.report.read_history``).
+``new``) per field a resume changed under --allow_config_change (``training.config_change``).
+
+This module is also the file's one reader: ``read`` (every record in order, for commands and tools that watch a
+run) and ``read_by_kind`` (by kind, one point per step, for the report) both parse it through ``_parsed``, which
+reads any file system and leaves out a line that does not read (a killed run's half-written last line).
 
 A resumed run first cuts what an earlier process recorded past the checkpoint it resumes from (``cut_after``:
 steps it trained without saving, killed or stopped before a save), in history.jsonl and in the TensorBoard event
@@ -18,9 +21,14 @@ import sys
 import time
 
 from tfgpu.runtime import fileio, progress
-from tfgpu.training import run_dir
+from tfgpu.training import config_change, run_dir
 
 log = logging.getLogger("tfgpu")
+
+# Kinds that record an event rather than a point of a curve: two may share a step (two fields changed at one
+# resume, two restarts from one checkpoint), so ``read_by_kind`` keeps every one. ``restart`` is the launcher's
+# (``runtime/supervisor.py``).
+EVENT_KINDS = (config_change.HISTORY_KIND, "restart")
 
 
 class History:
@@ -45,24 +53,11 @@ class History:
         many records were cut. Chief only; the file is left alone when there is nothing to cut."""
         if not self.enabled:
             return 0
-        try:
-            text = fileio.read_text(self.path, errors="replace")
-        except FileNotFoundError:
-            return 0
-        kept, cut, unreadable = [], 0, 0
-        for line in text.splitlines():
-            if not line.strip():
-                continue
-            try:
-                past = int(json.loads(line)["step"]) > step
-            except (ValueError, KeyError, TypeError):
-                unreadable += 1
-                continue
-            if past:
-                cut += 1
-            else:
-                kept.append(line)
-        if cut or unreadable or (text and not text.endswith("\n")):
+        lines, text = _parsed(self.path)
+        kept = [line for line, record in lines if record is not None and record["step"] <= step]
+        readable = sum(record is not None for _, record in lines)
+        cut = readable - len(kept)
+        if len(kept) != len(lines) or (text and not text.endswith("\n")):
             fileio.atomic_write_bytes(self.path, "".join(line + "\n" for line in kept).encode())
         if cut:
             log.info("history.jsonl: removed %d record(s) past step %d, the checkpoint this run resumes from (an "
@@ -72,26 +67,55 @@ class History:
     def steps(self, kind: str) -> set:
         """The steps with a ``kind`` record in history.jsonl so far (an unreadable line, such as a killed run's
         half-written last one, records nothing). Reads the whole file: once per resume."""
-        from tfgpu.reporting.report import read_history
+        return {record["step"] for _, record in _parsed(self.path)[0] if record is not None and record["kind"] == kind}
 
-        return {int(record["step"]) for record in read_history(self.path)[0].get(kind, [])}
+
+def _parsed(path: str) -> tuple:
+    """([(line, record or None)] for every non-blank line of the history file at ``path``, on any file system;
+    the file's text). A line reads when it is a JSON object with a ``kind`` and an integer ``step`` (made an int);
+    one that does not (a killed run's half-written last line, a line being written) has None. ([], "") when there
+    is no file."""
+    try:
+        text = fileio.read_text(path, errors="replace")
+    except FileNotFoundError:
+        return [], ""
+    lines = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            record = {**record, "kind": str(record["kind"]), "step": int(record["step"])}
+        except (ValueError, KeyError, TypeError):
+            record = None
+        lines.append((line, record))
+    return lines, text
 
 
 def read(model_dir: str) -> list:
-    """Every record of ``<model_dir>/history.jsonl`` that reads, in order (a line being written, or a killed run's
-    half-written last line, is left out); [] when there is no file. For commands and tools that watch a run."""
-    try:
-        with open(run_dir.history(model_dir)) as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return []
-    records = []
-    for line in lines:
-        try:
-            records.append(json.loads(line))
-        except ValueError:
+    """Every record of ``<model_dir>/history.jsonl`` that reads, in the order written (a line being written, or
+    a killed run's half-written last line, is left out); [] when there is no file. For commands and tools that
+    watch a run."""
+    return [record for _, record in _parsed(run_dir.history(model_dir))[0] if record is not None]
+
+
+def read_by_kind(model_dir: str) -> tuple:
+    """({kind: records sorted by step}, number of unreadable lines) of ``<model_dir>/history.jsonl``, for the
+    report: a step recorded twice (a resume before the cut, an older tfgpu's file) keeps its last record, except
+    events (``EVENT_KINDS``), which are all kept. ({}, 0) when there is no file."""
+    by_key, bad = {}, 0
+    for _, record in _parsed(run_dir.history(model_dir))[0]:
+        if record is None:
+            bad += 1
             continue
-    return records
+        key = (record["kind"], record["step"])
+        if key[0] in EVENT_KINDS:
+            key += (len(by_key),)
+        by_key[key] = record
+    kinds = {}
+    for key, record in sorted(by_key.items(), key=lambda kv: kv[0][1]):
+        kinds.setdefault(key[0], []).append(record)
+    return kinds, bad
 
 
 def cut_summaries(run_dirs, step: int) -> int:
