@@ -249,10 +249,10 @@ def test_a_lost_worker_exits_129_and_max_restarts_reexecutes_the_same_command(mo
     import time
 
     from tfgpu import train
-    from tfgpu.training import experiment, failures, trainer
+    from tfgpu.training import experiment, failures
 
     def lost(config, **kwargs):
-        raise trainer.WorkerLost("worker 0: a collective failed after step 10; rerun the same launch")
+        raise failures.WorkerLost("worker 0: a collective failed after step 10; rerun the same launch")
 
     monkeypatch.setattr(experiment, "run", lost)
     monkeypatch.setenv("TFGPU_RESTARTS", "0")

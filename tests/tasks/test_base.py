@@ -8,7 +8,7 @@ import keras
 import pytest
 import tensorflow as tf
 
-from tfgpu.training import experiment, metric_specs, trainer
+from tfgpu.training import experiment, failures, metric_specs
 from tfgpu.config import Config
 from tfgpu.tasks.base import MetricSpec, Task, register_task, unpack_batch
 from tfgpu.tasks.registry import get_task, input_config
@@ -115,7 +115,7 @@ def test_the_declared_nonfinite_count_stops_the_run(toy):
     task = get_task(toy.task)
     task.skip_every_step = True
     try:
-        with pytest.raises(trainer.NonFiniteError, match=r"^4 consecutive steps .* history.jsonl as skipped\)"):
+        with pytest.raises(failures.NonFiniteError, match=r"^4 consecutive steps .* history.jsonl as skipped\)"):
             experiment.run(dataclasses.replace(toy, max_nonfinite_steps=4, eval_every_steps=0))
     finally:
         task.skip_every_step = False

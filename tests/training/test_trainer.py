@@ -163,7 +163,7 @@ def test_a_peer_lost_outside_the_train_loop_is_reported_as_worker_lost(tmp_path,
     import keras
     import tensorflow as tf
 
-    from tfgpu.training import experiment, trainer
+    from tfgpu.training import experiment, failures
     from tfgpu.config import Config
 
     config = Config(model_dir=str(tmp_path), dataset="digits", data_cache_dir=data_cache, model="small_cnn",
@@ -182,7 +182,7 @@ def test_a_peer_lost_outside_the_train_loop_is_reported_as_worker_lost(tmp_path,
 
     run.stopping.any_worker_preempted = vote_after_the_peer_died
     try:
-        with pytest.raises(trainer.WorkerLost, match=r"worker 0: a collective failed after step 4 .*aborted by.*"
+        with pytest.raises(failures.WorkerLost, match=r"worker 0: a collective failed after step 4 .*aborted by.*"
                            r"Last checkpoint: .*" + re.escape(run_dir.CHECKPOINT_PREFIX) + r"2; rerun the same launch"):
             run.train()
     finally:
@@ -233,12 +233,12 @@ def test_scattered_skips_do_not_stop_the_run(tmp_path, data_cache):
 def test_consecutive_skips_across_a_loop_boundary_stop_the_run(tmp_path, data_cache, monkeypatch):
     import keras
 
-    from tfgpu.training import trainer
+    from tfgpu.training import failures
 
     feeds = _recorded_feeds(monkeypatch)
     run, _ = _trainer_skipping(tmp_path, data_cache, lambda s: 6 <= s < 9, max_nonfinite_steps=3)
     try:
-        with pytest.raises(trainer.NonFiniteError, match=r"^3 consecutive steps \(no finite step between them.*"
+        with pytest.raises(failures.NonFiniteError, match=r"^3 consecutive steps \(no finite step between them.*"
                            r"by step 12 \(--max_nonfinite_steps=3; scattered skips do not count"):
             run.train()
     finally:
@@ -305,7 +305,7 @@ def test_a_kernel_error_fails_as_itself_not_as_a_lost_worker(tmp_path, data_cach
     import tensorflow as tf
 
     from tfgpu import train
-    from tfgpu.training import experiment, failures, trainer
+    from tfgpu.training import experiment, failures
     from tfgpu.config import Config
 
     config = Config(model_dir=str(tmp_path), dataset="digits", data_cache_dir=data_cache, model="small_cnn",
@@ -318,14 +318,14 @@ def test_a_kernel_error_fails_as_itself_not_as_a_lost_worker(tmp_path, data_cach
 
     run.restore = restore
     try:
-        with pytest.raises(trainer.KernelFailed, match=r"worker 0: a TensorFlow kernel failed after step 0 "
+        with pytest.raises(failures.KernelFailed, match=r"worker 0: a TensorFlow kernel failed after step 0 "
                            r"\(InternalError: cuDNN launch failure.*not a lost worker.*Last checkpoint: none"):
             run.train()
     finally:
         keras.backend.clear_session(free_memory=False)
 
     def fails(config, **kwargs):
-        raise trainer.KernelFailed("worker 0: a TensorFlow kernel failed")
+        raise failures.KernelFailed("worker 0: a TensorFlow kernel failed")
 
     monkeypatch.setattr(experiment, "run", fails)
     assert train.main(["--dataset=digits", f"--model_dir={tmp_path}"]) == failures.KERNEL_FAILED == 3

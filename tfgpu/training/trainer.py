@@ -23,7 +23,6 @@ from tfgpu.training import evaluation, failures, history, input_profile, loop, m
 from tfgpu.training.stopping import Stopping
 from tfgpu.training.summaries import Summaries
 from tfgpu.training import target as target_lib
-from tfgpu.training.failures import KernelFailed, NonFiniteError, Preempted, WorkerLost  # noqa: F401 (re-exported)
 from tfgpu.training.history import History, Progress
 from tfgpu.training.hooks import LoopHooks
 from tfgpu.training.loop_log import LoopLog
