@@ -127,6 +127,65 @@ def test_without_a_batch_change_a_resume_counts_exactly_as_an_uninterrupted_run(
     assert durations.epochs_at(step, records / batch, batch, (step, fed)) == pytest.approx(step * batch / records)
 
 
+def test_a_point_or_an_interval_in_epochs_falls_where_the_epochs_records_end_after_a_batch_change():
+    """The issue's shape: 1,200 records, 10 steps of 24 (240 records), resumed at a global batch of 48 (25 steps
+    an epoch). An epoch ends at step 10 + (1200 - 240) / 48 = 30 and the second at 55: where --warmup=1ep ends and
+    --eval_every=1ep evaluates. The new batch's steps counted from step 0 put them at 25 and 50 (960 and 2,160
+    records)."""
+    resumed, per_epoch = (10, 240), 1200 / 48
+    assert durations.step_at(Duration(1, EPOCHS), per_epoch, 48, resumed) == 30
+    assert durations.step_at(Duration(2400, EXAMPLES), per_epoch, 48, resumed) == 55
+    assert durations.every(Duration(1, EPOCHS), 80, per_epoch, 48, resumed) == {30, 55}
+    # A point behind the resumed step falls at the earlier segments' batch: 0.1 epoch (120 records) at step 5.
+    assert durations.step_at(Duration(0.1, EPOCHS), per_epoch, 48, resumed) == 5
+    assert durations.every(Duration(0.1, EPOCHS), 13, per_epoch, 48, resumed) == {5, 10, 12}  # 12.5 to nearest
+    # Steps are steps; an interval shorter than one step is every step.
+    assert durations.every(Duration(20, STEPS), 80, per_epoch, 48, resumed) == {20, 40, 60}
+    assert durations.every(Duration(10, EXAMPLES), 5, per_epoch, 48, resumed) == {1, 2, 3, 4}
+    assert durations.every(Duration(0, STEPS), 80, per_epoch, 48, resumed) == set()
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(records=st.integers(50, 5000), every=st.sampled_from([0.25, 0.5, 1.0, 2.0]),
+                  segments=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 256)), min_size=1, max_size=4),
+                  unit=st.sampled_from([EPOCHS, EXAMPLES]))
+def test_an_interval_in_epochs_falls_at_each_multiple_of_its_records_whatever_batches_came_before(records, every,
+                                                                                                  segments, unit):
+    """Segments of (steps, global batch), each resumed with --allow_config_change=global_batch_size: ahead of the
+    resumed step, --eval_every=Nep (or Nex) evaluates at the step nearest each multiple of N epochs of records,
+    once each, whatever batches the earlier segments had."""
+    step = fed = 0
+    for steps, batch in segments[:-1]:
+        step, fed = step + steps, fed + steps * batch
+    batch = segments[-1][1]
+    per_epoch, interval = records / batch, every * records
+    amount = every if unit == EPOCHS else interval
+    total = step + 3 * math.ceil(records / batch) + 1
+    hypothesis.assume(interval > batch)  # shorter: every step
+    ahead = sorted(s for s in durations.every(Duration(amount, unit), total, per_epoch, batch,
+                                              (step, fed) if step else None) if s > step)
+
+    def trained(at):  # records trained by step ``at`` of this segment
+        return fed + (at - step) * batch
+
+    multiples = [round(trained(s) / interval) for s in ahead]
+    assert all(abs(trained(s) - k * interval) <= batch / 2 + 1e-6 for s, k in zip(ahead, multiples))
+    assert multiples == list(range(multiples[0], multiples[0] + len(multiples))) if multiples else True
+    due = [k for k in range(1, int(trained(total) / interval) + 2)
+           if trained(step) + batch / 2 < k * interval < trained(total) - batch / 2 - 1e-6]
+    assert set(due) <= set(multiples)
+
+
+def test_without_a_batch_change_points_and_intervals_are_the_uninterrupted_runs():
+    """1,438 records at 64 (22.47 steps an epoch), resumed at step 40 after 2,560 records: the same steps."""
+    per_epoch, resumed = 1438 / 64, (40, 40 * 64)
+    for duration in (Duration(1, EPOCHS), Duration(0.5, EPOCHS), Duration(3000, EXAMPLES)):
+        assert durations.step_at(duration, per_epoch, 64, resumed) == durations.step_at(duration, per_epoch, 64)
+        assert durations.every(duration, 200, per_epoch, 64, resumed) == durations.every(duration, 200, per_epoch, 64)
+    assert durations.every(Duration(1, EPOCHS), 90, per_epoch, 64) == {22, 45, 67}  # each epoch's end, to nearest
+    assert durations.every(Duration(1, EPOCHS), 90, per_epoch, 64, round_up=True) == {23, 45, 68}
+
+
 @pytest.mark.parametrize("text,seconds", [("5min", 300.0), ("90s", 90.0), ("1.5h", 5400.0), ("20 sec", 20.0)])
 def test_checkpoint_every_takes_a_time_in_seconds(text, seconds):
     duration = durations.parse(text, "checkpoint_every")

@@ -409,13 +409,15 @@ class OptimizationConfig(Section):
 
 @dataclasses.dataclass(frozen=True)
 class TrainerConfig(Section):
-    """The loop's own options (training/trainer.py); the pipeline's come as an InputConfig. The intervals are in
-    steps: experiment.setup turns --eval_every and --checkpoint_every into them (tfgpu.durations)."""
+    """The loop's own options (training/trainer.py); the pipeline's come as an InputConfig. experiment.setup turns
+    --checkpoint_every into steps (tfgpu.durations); --eval_every stays a duration, whose steps the trainer places
+    once it knows the data position it resumed (an epoch ends where its records do, whatever batches came before)."""
     model_dir: str
     steps_per_loop: int
     checkpoint_every_steps: int
     checkpoint_every: str  # read by the trainer only in its time form (5min), which has no steps
     keep_checkpoints: int
+    eval_every: str
     eval_every_steps: int
     max_nonfinite_steps: int
     target: str

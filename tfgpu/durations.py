@@ -115,6 +115,55 @@ def train_steps(duration: Duration, steps_per_epoch: float, examples_per_step: i
     return max(1, step + max(0, math.ceil(round((target - examples_done) / examples_per_step, 9))))
 
 
+def _examples(duration: Duration, steps_per_epoch: float, examples_per_step: int) -> float:
+    """The examples in a duration in epochs or examples (an epoch: ``steps_per_epoch`` steps of this run's batch)."""
+    return duration.amount * steps_per_epoch * examples_per_step if duration.unit == EPOCHS else duration.amount
+
+
+def step_at(duration: Duration, steps_per_epoch: float, examples_per_step: int, resumed=None,
+            round_up: bool = False) -> int:
+    """The step at which a point of training given as a duration is reached (where --warmup ends, an --lr_decay_at
+    point, an evaluation every N epochs): to the nearest step, or the first step at or after it with ``round_up``.
+    ``resumed``: as ``train_steps`` takes it; a point in epochs or examples then counts the examples earlier
+    segments trained at their own global batch (--allow_config_change=global_batch_size): a point ahead of the
+    resumed step at this run's batch, one behind it at the earlier segments' mean batch. Without a batch change
+    it is the uninterrupted run's step. A positive point is at least step 1."""
+    if resumed is None or duration.unit == STEPS or not resumed[1]:
+        if not round_up or duration.unit == STEPS:
+            return to_steps(duration, steps_per_epoch, examples_per_step)
+        steps = duration.amount * steps_per_epoch if duration.unit == EPOCHS else duration.amount / examples_per_step
+    else:
+        step, examples_done = resumed
+        wanted = _examples(duration, steps_per_epoch, examples_per_step)
+        steps = (step + (wanted - examples_done) / examples_per_step if wanted >= examples_done
+                 else wanted * step / examples_done)
+    steps = round(steps, 9)  # float noise must not move a point that falls on a step by one
+    steps = math.ceil(steps) if round_up else int(round(steps))
+    return max(steps, 1) if duration.amount > 0 else 0
+
+
+def every(duration: Duration, total_steps: int, steps_per_epoch: float, examples_per_step: int, resumed=None,
+          round_up: bool = False) -> set:
+    """The steps before ``total_steps`` at which each multiple of an interval falls (--eval_every; a --target's
+    epoch ends, with ``round_up``), each placed by ``step_at``: after a batch change an evaluation every epoch
+    still falls where each epoch's records end, not every (new) epoch's steps counted from step 0. An interval
+    in steps, or one shorter than a step, is a plain interval of steps."""
+    if duration.amount <= 0:
+        return set()
+    batches = [examples_per_step] + ([resumed[1] / resumed[0]] if resumed and resumed[0] and resumed[1] else [])
+    if duration.unit == STEPS or _examples(duration, steps_per_epoch, examples_per_step) <= min(batches):
+        interval = max(1, to_steps(duration, steps_per_epoch, examples_per_step))
+        return set(range(interval, total_steps, interval))
+    steps, k = set(), 1
+    while True:
+        step = step_at(Duration(k * duration.amount, duration.unit), steps_per_epoch, examples_per_step, resumed,
+                       round_up)
+        if step >= total_steps:
+            return steps
+        steps.add(step)
+        k += 1
+
+
 def epochs_at(step: int, steps_per_epoch: float, examples_per_step: int, resumed=None) -> float:
     """Epochs trained by ``step``: the examples of the resumed checkpoint (``resumed``: as ``train_steps`` takes it),
     then this run's steps at its own batch, over the epoch's examples; without one, ``step / steps_per_epoch``."""

@@ -262,3 +262,22 @@ def test_epochs_count_each_segment_at_its_own_global_batch(train_here, tmp_path,
     out = train_here(*wider).output
     assert "35 steps of 48 examples (1.00 epochs)" in out  # 10 + ceil((1438 - 240) / 48)
     assert json.loads((run / "metrics.json").read_text())["step"] == 35
+
+
+@pytest.mark.slow  # two runs, 35 steps (tests/test_durations.py holds the property, by default)
+def test_an_evaluation_every_half_epoch_falls_where_the_records_end_after_a_batch_change(train_here, tmp_path,
+                                                                                      monkeypatch):
+    """The digits' 1,438 train records: 10 steps of 24 (240 records), then --global_batch_size=48 allowed,
+    --train=1ep and --eval_every=0.5ep. Half an epoch (719 records) is reached at step 10 + 479 / 48 = 20, the
+    epoch at 35; the new batch's 15 steps per half epoch counted from step 0 evaluated at 15 and 30 (560 and 1,280
+    records)."""
+    from tfgpu.training import experiment
+
+    monkeypatch.setattr(experiment, "_write_report", lambda model_dir: None)  # its plots take seconds
+    run = tmp_path / "run"
+    common = ["--dataset=digits", "--model=small_cnn", "--steps_per_loop=5", "--tensorboard=false", "--verbose=2",
+              "--checkpoint_every_steps=0", f"--model_dir={run}"]
+    train_here(*common, "--global_batch_size=24", "--train_steps=10", "--eval_split=none")
+    train_here(*common, "--global_batch_size=48", "--allow_config_change=global_batch_size", "--train=1ep",
+               "--eval_every=0.5ep")
+    assert [r["step"] for r in read_history(run, "eval")] == [20, 35]

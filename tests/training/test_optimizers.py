@@ -42,6 +42,16 @@ def test_warmup_and_decay_points_in_steps_epochs_or_examples_give_the_older_flag
     assert expected["warmup_steps"] == 50 and expected["boundaries"] == [300, 600]
 
 
+def test_after_a_batch_change_warmup_and_decay_in_epochs_end_where_those_epochs_records_do():
+    """10 steps of 512 (5,120 of 10,240 records an epoch), resumed at 1024 (10 steps an epoch): the first epoch
+    ends at step 15, the second at 25 (counted at the new batch from step 0: 10 and 20)."""
+    config = dataclasses.replace(BASE, lr_schedule="step", warmup="1ep", lr_decay_at="2ep,40960ex")
+    schedule = optimizers.learning_rate_schedule(config, 60, 10.0, 1024, resumed=(10, 5120)).get_config()
+    assert (schedule["warmup_steps"], schedule["boundaries"]) == (15, [25, 45])
+    fresh = optimizers.learning_rate_schedule(config, 60, 10.0, 1024).get_config()
+    assert (fresh["warmup_steps"], fresh["boundaries"]) == (10, [20, 40])
+
+
 def test_an_unknown_schedule_name_raises_naming_the_flag_instead_of_a_constant_rate():
     with pytest.raises(ConfigError, match="^--lr_schedule: unknown schedule 'cosin'; known: cosine, step, constant$"):
         optimizers.WarmupSchedule(0.1, 100, kind="cosin")

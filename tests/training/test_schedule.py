@@ -9,17 +9,17 @@ def _never():
 
 
 def test_a_run_that_does_not_evaluate_has_no_evaluation_step():
-    assert schedule.eval_steps(100, 10, (5,), False, True, _never) == set()
+    assert schedule.eval_steps(100, {10, 20}, (5,), False, True, _never) == set()
 
 
 def test_eval_every_steps_and_asked_steps_are_kept_before_the_last_step():
-    assert schedule.eval_steps(30, 10, (5, 30, 0), True, False, _never) == {5, 10, 20}
-    assert schedule.eval_steps(30, 0, (7,), True, True, _never) == {7}
-    assert schedule.eval_steps(30, 0, (), True, False, _never) == set()
+    assert schedule.eval_steps(30, {10, 20, 30}, (5, 30, 0), True, False, _never) == {5, 10, 20}
+    assert schedule.eval_steps(30, set(), (7,), True, True, _never) == {7}
+    assert schedule.eval_steps(30, set(), (), True, False, _never) == set()
 
 
-def test_a_target_without_eval_every_steps_evaluates_at_each_epoch_end():
-    assert schedule.eval_steps(10, 0, (), True, True, lambda: 2.5) == {3, 5, 8}  # 2.5, 5, 7.5 rounded up; 10 is last
+def test_a_target_without_eval_every_evaluates_at_each_epoch_end():
+    assert schedule.eval_steps(10, set(), (), True, True, lambda: {3, 5, 8, 10}) == {3, 5, 8}  # 10 is the last
 
 
 @given(st.integers(1, 200), st.integers(0, 50), st.lists(st.integers(-5, 250), max_size=6))

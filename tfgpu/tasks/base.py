@@ -71,11 +71,14 @@ class Task(abc.ABC):
         """Global batches of the train split one step reads (the trainer hands the step a tuple when > 1)."""
         return 1
 
-    def __init__(self, config: Config, info, placement, total_steps: int, global_step):
+    def __init__(self, config: Config, info, placement, total_steps: int, global_step, resumed_examples=None):
         self.config = config
         self.info = info  # tfgpu.data.dataset_info.DatasetInfo
         self.placement = placement  # tfgpu.runtime.distribute.Placement
         self.total_steps = total_steps
+        # (step, examples trained by it) of the checkpoint this run resumes, or None: a point given in epochs
+        # (--warmup, --lr_decay_at) falls where those epochs' records end, whatever batch earlier segments had.
+        self.resumed_examples = resumed_examples
         # The run's one step counter (a tf.Variable, ``tfgpu.training.trainer.step_counter``); the train loop
         # advances it after each step, skipped or not. Learning-rate schedules and random draws follow it
         # (optimizer.iterations counts only applied updates).

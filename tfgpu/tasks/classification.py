@@ -82,7 +82,8 @@ class ClassificationTask(Task):
         optimization = self.optimization = OptimizationConfig.of(config)
         inputs = InputConfig.of(config, self.batches_per_step(config))
         self.schedule = optimizers.learning_rate_schedule(optimization, self.total_steps,
-                                                          steps_per_epoch(inputs, self.info), inputs.examples_per_step)
+                                                          steps_per_epoch(inputs, self.info), inputs.examples_per_step,
+                                                          self.resumed_examples)
         # tfgpu.fit: what the model's compile() said (training/fit_compile.py); None or uncompiled: the options.
         self.compiled = fit_compile.lookup(config.model)
         compiled = self.compiled if self.compiled and self.compiled.compiled else None

@@ -128,7 +128,7 @@ def setup(config: Config, write_config: bool = True, startup: PhaseTimer | None 
     if not write_config:
         provenance.warn_if_changed(config, config.model_dir)
     precision.set_policy(config.precision)
-    task = task_class(config, info, placement, total_steps, step_counter(placement.strategy))
+    task = task_class(config, info, placement, total_steps, step_counter(placement.strategy), resumed)
     # config.yaml, model_source.json and the record of each allowed change are written once the checkpoint restored
     # into this run's model and its data position was placed: a resume refused at any point before (a config, model
     # or data change, a checkpoint that does not fit) writes nothing, and no change that never trained is recorded.
@@ -190,15 +190,15 @@ def _write_run_config(config: Config, changes=(), step: int = 0, history=None) -
 
 
 def _trainer_config(config: Config, inputs, info) -> TrainerConfig:
-    """The loop's section, its evaluation and checkpoint intervals in steps (--eval_every, --checkpoint_every)."""
+    """The loop's section, its checkpoint interval in steps (--checkpoint_every; its time form is the trainer's
+    clock). --eval_every stays as given: the trainer places its steps (``durations.every``) after the restore."""
     from tfgpu import durations
     from tfgpu.data import pipeline
 
-    per_epoch = pipeline.steps_per_epoch(inputs, info)
-    given = {name: durations.of(config, name) for name in ("eval_every", "checkpoint_every")}
-    every = {f"{name}_steps": 0 if durations.seconds(duration) else
-             durations.to_steps(duration, per_epoch, inputs.examples_per_step) for name, duration in given.items()}
-    return TrainerConfig.of(config, **every)
+    duration = durations.of(config, "checkpoint_every")
+    steps = 0 if durations.seconds(duration) else durations.to_steps(duration, pipeline.steps_per_epoch(inputs, info),
+                                                                     inputs.examples_per_step)
+    return TrainerConfig.of(config, checkpoint_every_steps=steps)
 
 
 def _check_batches(config: Config, num_replicas: int) -> None:

@@ -91,10 +91,12 @@ class ScheduleAtStep:
 
 
 def learning_rate_schedule(config: OptimizationConfig, total_steps: int, steps_per_epoch: float,
-                           examples_per_step: int) -> WarmupSchedule:
-    """The run's schedule, with --warmup and --lr_decay_at (or their older flags) turned into steps."""
-    warmup = durations.to_steps(durations.of(config, "warmup"), steps_per_epoch, examples_per_step)
-    boundaries = [durations.to_steps(point, steps_per_epoch, examples_per_step)
+                           examples_per_step: int, resumed=None) -> WarmupSchedule:
+    """The run's schedule, with --warmup and --lr_decay_at (or their older flags) turned into steps.
+    ``resumed``: (step, examples trained by it) of the checkpoint resumed, so that a point in epochs falls where
+    those epochs' records end after a global batch change (``durations.step_at``)."""
+    warmup = durations.step_at(durations.of(config, "warmup"), steps_per_epoch, examples_per_step, resumed)
+    boundaries = [durations.step_at(point, steps_per_epoch, examples_per_step, resumed)
                   for point in durations.points(config, "lr_decay_at")]
     return WarmupSchedule(peak_learning_rate(config), total_steps, warmup, config.lr_schedule, boundaries,
                           config.lr_decay_factor)

@@ -1,25 +1,21 @@
 """Where the trainer's compiled loops end: the steps it evaluates at, checkpoints at, profiles at, and the task's and
 the caller's boundaries. Pure arithmetic over the run's options (no TensorFlow), so each rule is testable alone."""
-import math
 
 
-def eval_steps(total_steps: int, eval_every_steps: int, asked, evaluates: bool, has_target: bool,
-               steps_per_epoch) -> set:
-    """Steps before the last at which the run evaluates: those ``asked`` (a caller's hooks) and every
-    --eval_every_steps; with a target and neither, the first step at or after each epoch's end (``steps_per_epoch``:
-    a callable, read only then). None for a run that does not evaluate."""
+def eval_steps(total_steps: int, every, asked, evaluates: bool, has_target: bool, epoch_ends) -> set:
+    """Steps before the last at which the run evaluates: those ``asked`` (a caller's hooks) and ``every``'s
+    (--eval_every's steps, ``durations.every``); with a target and neither, ``epoch_ends()``: the first step at or
+    after each epoch's end (a callable, read only then). Empty for a run that does not evaluate."""
     if not evaluates:
         return set()
     asked = {s for s in asked if 0 < s < total_steps}
-    if eval_every_steps:
-        return asked | set(range(eval_every_steps, total_steps, eval_every_steps))
+    if every:
+        return asked | {s for s in every if 0 < s < total_steps}
     if asked:
         return asked
     if not has_target:
         return set()
-    per_epoch = steps_per_epoch()
-    ends = (math.ceil(k * per_epoch - 1e-9) for k in range(1, int(total_steps / per_epoch) + 1))
-    return {s for s in ends if 0 < s < total_steps}
+    return {s for s in epoch_ends() if 0 < s < total_steps}
 
 
 def boundaries(total_steps: int, evaluations, checkpoint_every_steps: int, profile_steps: str, *more) -> list:

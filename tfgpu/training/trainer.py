@@ -111,10 +111,17 @@ class Trainer:
                                self.step, self.inputs.batches_per_step, self.skipped_run, self.nonfinite_names,
                                stop=self.stopping.flag)
 
+    def _every(self, duration, round_up: bool = False) -> set:
+        """The steps of each multiple of ``duration`` before the end, epochs counted across the segments of a
+        resumed run (``durations.every``: after a batch change an epoch still ends where its records do)."""
+        return durations.every(duration, self.total_steps, pipeline.steps_per_epoch(self.inputs, self.info),
+                               self.inputs.examples_per_step, self.input.resumed_examples, round_up)
+
     def _eval_steps(self) -> set:
-        return schedule.eval_steps(self.total_steps, self.config.eval_every_steps, self.hooks.evaluations(),
-                                   evaluation.evaluates(self.info, self.task), self.tracker.target is not None,
-                                   lambda: pipeline.steps_per_epoch(self.inputs, self.info))
+        return schedule.eval_steps(self.total_steps, self._every(durations.of(self.config, "eval_every")),
+                                   self.hooks.evaluations(), evaluation.evaluates(self.info, self.task),
+                                   self.tracker.target is not None,
+                                   lambda: self._every(durations.Duration(1.0, durations.EPOCHS), round_up=True))
 
     def _boundaries(self) -> list:
         return schedule.boundaries(self.total_steps, self._eval_steps(), self.config.checkpoint_every_steps,

@@ -101,8 +101,8 @@ class GanTask(GanEvaluation, Task):
         """The GAN's own options section (--n_critic, --gan_loss, ...); the shared ones are ``self.config``'s."""
         return GanOptions.of(self.config)
 
-    def __init__(self, config, info, placement, total_steps, global_step):
-        super().__init__(config, info, placement, total_steps, global_step)
+    def __init__(self, config, info, placement, total_steps, global_step, resumed_examples=None):
+        super().__init__(config, info, placement, total_steps, global_step, resumed_examples)
         self._check_config()
         self._extractor = None
         self._real_features = None
