@@ -38,7 +38,7 @@ def main(argv=None) -> int:
         fileio.check_schemes({"data": opts.data, "output_json": opts.output_json})
         if opts.data:
             opts.config_flags["data_dir" if fileio.isdir(opts.data) else "dataset"] = opts.data
-        config, built, step = restore.restored(opts)
+        config, built, step = restore.restored(opts, use="evaluate")
         if not built.info.eval_split and not built.task.evaluates_without_eval_split:
             raise ConfigError("eval_split", "the dataset has no eval split; name one with --eval_split")
         metrics = {"step": step, "split": built.info.eval_split, **built.trainer.evaluate(step, record=False)}

@@ -45,7 +45,7 @@ def main(argv=None) -> int:
         fileio.check_scheme(output, "output")
         if opts.format == "keras" and not output.endswith(".keras"):
             raise ConfigError("output", f"{output!r}: a Keras model file must end in .keras")
-        config, built, step = restore.restored(opts)
+        config, built, step = restore.restored(opts, use="export")
     except ConfigError as e:
         return failures.report(e)
     save(built.task, opts.format, output)

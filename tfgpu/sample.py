@@ -41,7 +41,7 @@ def main(argv=None) -> int:
         if opts.num <= 0:
             raise ConfigError("num", f"must be positive, got {opts.num}")
         fileio.check_scheme(opts.out, "out")
-        config, built, step = restore.restored(opts, task="gan", task_name="GAN")
+        config, built, step = restore.restored(opts, task="gan", task_name="GAN", use="sample from")
         from tfgpu.tasks.gan import images
 
         out = opts.out or run_dir.sampled(config.model_dir, step)

@@ -195,3 +195,20 @@ def test_an_allowed_change_is_logged_and_recorded_in_history(tmp_path, caplog):
     (line,) = (tmp_path / "history.jsonl").read_text().splitlines()
     assert {k: v for k, v in json.loads(line).items() if k != "time"} == {
         "kind": "config_change", "step": 40, "field": "lr_decay_epochs", "old": [30.0], "new": [30.0, 60.0]}
+
+
+def test_a_command_on_a_finished_run_refuses_another_model_in_one_line_unless_allowed():
+    """evaluate, export and sample (training/restore.py): the models built now against the checkpoint's record;
+    a checkpoint of an older tfgpu (no record) is taken as it is."""
+    recorded = {"sources": {"model": {"what": "--model file /x/net.py", "sha256": "a" * 64}}}
+    edited = {"sources": {"model": {"what": "--model file /x/net.py", "sha256": "b" * 64}}, "models": {}}
+    same = {"sources": recorded["sources"], "models": {}}
+    config_change.check_same_model(recorded, same, make(), "/runs/r/checkpoints/ckpt-9", "evaluate")
+    config_change.check_same_model(None, edited, make(), "/runs/r/checkpoints/ckpt-9", "evaluate")
+    config_change.check_same_model(recorded, edited, make(allow_config_change="model"), "ckpt-9", "export")
+    with pytest.raises(ConfigError) as error:
+        config_change.check_same_model(recorded, edited, make(), "/runs/r/checkpoints/ckpt-9", "export")
+    assert str(error.value) == (
+        f"--allow_config_change: /runs/r/checkpoints/ckpt-9 was saved by another model than the one built now: "
+        f"--model file /x/net.py changed: sha256 {'a' * 12} -> sha256 {'b' * 12}. Build the model it trained (undo "
+        "the edit or the override), or pass --allow_config_change=model to export it with the changed model")

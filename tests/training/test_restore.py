@@ -28,3 +28,51 @@ def test_sample_names_the_task_of_a_run_that_is_not_a_gan(tmp_path, capsys):
                          run_dir.config_yaml(tmp_path))
     code, err = _errors("sample", [f"--model_dir={tmp_path}"], capsys)
     assert code == 1 and err == [f"error: --model_dir: {tmp_path} is a classification run, not a GAN run"]
+
+
+NET = '''
+import keras
+
+
+def build(input_shape, num_classes):
+    inputs = keras.Input(input_shape)
+    x = keras.layers.Conv2D(4, 3, activation="relu", name="conv")(inputs)
+    x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
+    return keras.Model(inputs, keras.layers.Dense(num_classes, name="logits")(x))
+'''
+
+
+@pytest.mark.slow  # a run and three restores (13 s loaded); the refusal's line runs by default in test_config_change.py
+def test_evaluate_and_export_refuse_a_model_that_is_not_the_checkpoints_until_allowed(train_here, tmp_path,
+                                                                                       monkeypatch, capsys):
+    """An edited --model file with the same variables (another activation) restored silently: evaluate gave the
+    metrics of a model that was never trained, export wrote it. Now one line naming the change and the flag,
+    nothing restored or written; --allow_config_change=model evaluates the changed model."""
+    import sys
+
+    from tfgpu.models import user
+    from tfgpu.training import experiment
+
+    def write(text):  # a new process would import the edited file afresh
+        net.write_text(text)
+        monkeypatch.setattr(user, "_LOADED", {})
+        for name in [n for n in sys.modules if n.startswith("tfgpu_user_net_")]:
+            monkeypatch.delitem(sys.modules, name)
+
+    monkeypatch.setattr(experiment, "_write_report", lambda model_dir: None)  # its plots take seconds
+    net, run = tmp_path / "net.py", tmp_path / "run"
+    write(NET)
+    train_here("--dataset=digits", f"--model={net}:build", "--global_batch_size=16", "--train_steps=2",
+               "--steps_per_loop=1", "--tensorboard=false", "--verbose=0", f"--model_dir={run}")
+    write(NET.replace('activation="relu"', 'activation="gelu"'))
+    for name in ("evaluate", "export"):
+        code, err = _errors(name, [f"--model_dir={run}", f"--output={tmp_path / 'm.keras'}"][:1 + (name == "export")],
+                            capsys)
+        assert code == 1 and len(err) == 1, err
+        assert err[0].startswith(f"error: --allow_config_change: {run}/checkpoints/ckpt-2 was saved by another model "
+                                 "than the one built now: layer 'conv' activation changed: 'relu' -> 'gelu'")
+        assert err[0].endswith(f"pass --allow_config_change=model to {name} it with the changed model")
+    assert not (tmp_path / "m.keras").exists() and not list(run.glob("eval*"))
+    code, _ = _errors("evaluate", [f"--model_dir={run}", "--allow_config_change=model",
+                                   f"--output_json={tmp_path / 'e.json'}"], capsys)
+    assert code == 0 and (tmp_path / "e.json").exists()

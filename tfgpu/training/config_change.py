@@ -241,3 +241,19 @@ def model_changes(recorded_fingerprint, current: dict, config: Config, step: int
                           f"model: {fingerprint.summary(found)}. Pass --allow_config_change={allow} to resume with the "
                           "changed model, or train into a new --model_dir")
     return [Change(MODEL, d.old, d.new, d.what) for d in found]
+
+
+def check_same_model(recorded_fingerprint, current: dict, config: Config, checkpoint: str, use: str) -> None:
+    """For a command that uses a finished run's checkpoint (``use``: "evaluate", "export", ...): ConfigError
+    (allow_config_change) in one line naming the first differences when the models built now (an edited --model
+    file, an override) are not those ``checkpoint`` recorded, unless --allow_config_change lists ``model``. A
+    checkpoint that recorded no fingerprint (an older tfgpu's) is taken as it is."""
+    from tfgpu.models import fingerprint
+
+    if not recorded_fingerprint or MODEL in config.allowed_config_changes:
+        return
+    found = fingerprint.differences(recorded_fingerprint, current)
+    if found:
+        raise ConfigError("allow_config_change", f"{checkpoint} was saved by another model than the one built now: "
+                          f"{fingerprint.summary(found)}. Build the model it trained (undo the edit or the "
+                          f"override), or pass --allow_config_change={MODEL} to {use} it with the changed model")

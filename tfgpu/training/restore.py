@@ -27,22 +27,30 @@ def run_config(model_dir: str, namespace):
     return cli.resolve(namespace, saved, model_dir=model_dir)
 
 
-def restore(config, checkpoint: str):
-    """(built experiment, restored step) of a run, without rewriting its config.yaml."""
-    from tfgpu.training import experiment
+def restore(config, checkpoint: str, use: str = "use"):
+    """(built experiment, restored step) of a run, without rewriting its config.yaml. The models built from its
+    config (an edited --model file, an override) must be those the checkpoint recorded
+    (``config_change.check_same_model``; ``use`` is the command's verb in that error), else nothing is restored."""
+    from tfgpu.training import checkpoint as checkpoint_lib
+    from tfgpu.training import config_change, experiment
 
     built = experiment.setup(config, write_config=False)
+    path = checkpoint or checkpoint_lib.latest(config.model_dir)
+    if path:
+        config_change.check_same_model(checkpoint_lib.recorded_fingerprint(path),
+                                       built.trainer.checkpointer.fingerprint.current, config, path, use)
     step = built.trainer.restore(checkpoint)
     if step == 0 and not checkpoint:
         raise ConfigError("model_dir", f"no checkpoint in {config.model_dir}/checkpoints")
     return built, step
 
 
-def restored(opts, task: str = "", task_name: str = ""):
+def restored(opts, task: str = "", task_name: str = "", use: str = "use"):
     """(config, built experiment, restored step) of the run ``opts`` (a ``parser`` namespace) names; ``task``,
-    when given, is the task the run must have trained (``task_name`` says it in the error)."""
+    when given, is the task the run must have trained (``task_name`` says it in the error); ``use``: the
+    command's verb, in the error for a model that is not the checkpoint's."""
     config = run_config(opts.model_dir, opts)
     if task and config.task != task:
         raise ConfigError("model_dir", f"{opts.model_dir} is a {config.task} run, not a {task_name or task} run")
-    built, step = restore(config, opts.checkpoint)
+    built, step = restore(config, opts.checkpoint, use)
     return config, built, step
