@@ -124,7 +124,8 @@ class Task(abc.ABC):
 
     def evaluate(self, run_eval, step: int, model_dir: str) -> dict:
         """Metrics of one evaluation. ``run_eval()`` runs ``eval_step`` over the eval split and returns the
-        sums over all replicas and batches as floats."""
+        sums over all replicas and batches as floats (``training.evaluation.EvalRun``); a task that evaluates by
+        other means calls ``run_eval.check_stop()`` between its batches, so that a stop signal ends it there."""
         return {}
 
     def learning_rates(self) -> dict:

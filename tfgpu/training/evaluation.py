@@ -1,6 +1,7 @@
 """The run's evaluation: the compiled eval loop over the eval split, what it read around (--skip_corrupt_records),
 and its record in history.jsonl, TensorBoard and the log. A stop signal part way raises ``Stopped`` (no metric
-comes from part of the split); the trainer then saves and stops."""
+comes from part of the split), in the compiled loop or, for a task that evaluates by other means (the GAN's FID),
+at its next ``EvalRun.check_stop``; the trainer then saves and stops."""
 import logging
 import time
 
@@ -14,6 +15,23 @@ log = logging.getLogger("tfgpu")
 
 class Stopped(Exception):
     """A stop signal ended an evaluation part way (``Trainer.train`` saves and stops)."""
+
+
+class EvalRun:
+    """What ``Task.evaluate`` is handed: calling it runs the compiled eval loop over the eval split and returns the
+    sums as floats; ``check_stop()`` raises ``Stopped`` once a stop signal came (``stop``: the loops' ``StopFlag``),
+    for a task that evaluates by other means to call between its own batches (the GAN's FID: sampling, features)."""
+
+    def __init__(self, run, stop):
+        self._run = run
+        self._stop = stop
+
+    def __call__(self) -> dict:
+        return self._run()
+
+    def check_stop(self) -> None:
+        if self._stop is not None and self._stop.requested_by is not None:
+            raise Stopped()
 
 
 def evaluates(info, task) -> bool:
@@ -37,6 +55,7 @@ class Evaluation:
         self.summaries = summaries
         self.input = input
         self.model_dir = model_dir
+        self.stop = stop
         self.sums = loop.accumulators(self.strategy, task.eval_metric_names())
         # The task's step as it is when the loop traces (tests wrap it after construction).
         self.loop = loop.build_loop(self.strategy, lambda batch: self.task.eval_step(batch), self.sums, stop=stop)
@@ -59,7 +78,7 @@ class Evaluation:
 
         start = time.time()
         with self.input.reading():
-            metrics = self.task.evaluate(run_eval, step, self.model_dir)
+            metrics = self.task.evaluate(EvalRun(run_eval, self.stop), step, self.model_dir)
         read = [metrics[s.name] for s in self.declarations.metrics
                 if s.kind == "eval" and s.counts_examples and s.name in metrics]
         if self.inputs.skip_corrupt_records and read:

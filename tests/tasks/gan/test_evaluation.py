@@ -7,6 +7,45 @@ import numpy as np
 import pytest
 
 from tests.tasks.gan.test_task import _batch, make_task  # noqa: F401 (fixture)
+from tfgpu.tasks.gan import fid
+from tfgpu.training.evaluation import EvalRun, Stopped
+
+
+class _CountedFeatures(fid.FeatureExtractor):
+    """Stands in for the feature classifier (training one takes seconds): the images' pixels as features,
+    counting the batches; ``on_batch`` runs inside each (a signal arriving while a batch is scored)."""
+    name = "pixels"
+
+    def __init__(self, on_batch=lambda: None):
+        self.batches = 0
+        self.on_batch = on_batch
+
+    def _features(self, images):
+        self.batches += 1
+        self.on_batch()
+        return np.reshape(images, (len(images), -1))[:, :16]
+
+
+def test_a_stop_signal_during_fid_ends_the_evaluation_after_the_batch_in_flight(make_task, tmp_path):
+    """A SIGTERM while the chief scored FID was seen only once every sample of every score was drawn and scored
+    (minutes with InceptionV3 on a CPU, past a cluster's grace period). Now the batch in flight finishes, nothing
+    else is computed or written, and ``Stopped`` lets the trainer save and stop."""
+    import signal
+
+    import tensorflow as tf
+
+    from tfgpu.training import loop
+
+    # 4 batches of 256 per score; no EMA, whose BatchNorm statistics take seconds of a loaded CPU before any score
+    task, _ = make_task(fid_num_samples=1000, ema_decay=0.0, tensorboard=False)
+    model_dir = str(tmp_path / "run")
+    task._real_features = np.random.default_rng(0).normal(size=(1000, 16)).astype(np.float32)
+    stop = loop.StopFlag(tf.distribute.get_strategy(), 1)
+    task._extractor = features = _CountedFeatures(on_batch=lambda: stop.request(signal.SIGTERM))
+    with pytest.raises(Stopped):
+        task.evaluate(EvalRun(lambda: {}, stop), 4, model_dir)
+    assert features.batches == 1 and not os.path.exists(os.path.join(model_dir, "samples"))
+    assert float(task.state.fid_initial.numpy()) < 0  # no score recorded from part of the samples
 
 
 @pytest.mark.slow
@@ -15,7 +54,7 @@ def test_evaluation_scores_the_untrained_generator_and_writes_a_grid(make_task, 
     task, _ = make_task(fid_num_samples=300)
     model_dir = str(tmp_path / "run")
     os.makedirs(model_dir, exist_ok=True)
-    metrics = task.evaluate(None, 0, model_dir)
+    metrics = task.evaluate(EvalRun(None, None), 0, model_dir)
     assert metrics["fid"] == pytest.approx(metrics["fid_initial"], rel=1e-6) and metrics["fid"] > 0
     assert metrics["fid_num_samples"] == 300 and metrics["kid"] > 0
     assert metrics["feature_extractor"].startswith("classifier_penultimate:")
@@ -95,3 +134,37 @@ def test_a_gan_run_on_ram_evaluates_and_resumes_there(train_here, tmp_path, monk
         assert os.listdir(tmp_path) == []
     finally:
         fileio.rmtree(model_dir.rsplit("/", 1)[0])
+
+
+@pytest.mark.slow  # a GAN run in-process (about 20 s on 2 loaded cores)
+def test_a_sigterm_during_fid_saves_at_the_evaluated_step_and_records_no_evaluation(tmp_path, data_cache,
+                                                                                     monkeypatch):
+    """Through the trainer: the stop during the chief's FID at step 2 is a checkpoint at step 2 and
+    ``Preempted`` (exit 143), no evaluation recorded from part of it."""
+    import signal
+
+    import keras
+
+    from tests.conftest import read_history
+    from tfgpu import config_sources
+    from tfgpu.tasks.gan.task import GanTask
+    from tfgpu.training import checkpoint, experiment, failures
+
+    config = config_sources.build(task="gan", model="dcgan", dataset="digits", model_dir=str(tmp_path / "run"),
+                                  data_cache_dir=data_cache, global_batch_size=8, latent_dim=8, seed=3,
+                                  train_steps=4, steps_per_loop=2, eval_every_steps=2, checkpoint_every_steps=0,
+                                  fid_num_samples=600, ema_decay=0.0, tensorboard=False, verbose=0)
+    monkeypatch.setattr(experiment, "_write_report", lambda model_dir: None)
+    built = experiment.setup(config)
+    features = _CountedFeatures(on_batch=lambda: built.trainer.stopping.flag.request(signal.SIGTERM))
+    monkeypatch.setattr(GanTask, "feature_extractor", lambda self, model_dir, check_stop=None: features)
+    monkeypatch.setattr(GanTask, "_real_feature_matrix", lambda self, extractor, check_stop=None:
+                        np.zeros((600, 16), np.float32))
+    try:
+        with pytest.raises(failures.Preempted):
+            built.trainer.train()
+    finally:
+        keras.backend.clear_session(free_memory=False)
+    assert features.batches == 1
+    assert checkpoint.latest(config.model_dir).endswith("ckpt-2")
+    assert read_history(config.model_dir, "eval") == [] and read_history(config.model_dir)[-1]["step"] == 2

@@ -35,41 +35,57 @@ class GanEvaluation:
         The other workers wait for the chief in a collective with no timeout: an evaluation (the first one
         trains a feature classifier) can outlast any --collective_timeout_s, which would otherwise fail the
         next training collective they wait in (exit 129, and a requeue loop). A worker that dies meanwhile
-        still ends the wait (the peers' health checks do not depend on timeouts)."""
+        still ends the wait (the peers' health checks do not depend on timeouts).
+
+        A stop signal (Ctrl-C, SIGTERM) ends it after the batch in flight: the chief checks ``run_eval.check_stop``
+        between the batches of the feature classifier's training, the images it reads, samples and scores; the
+        barrier tells the other workers, and every worker raises ``evaluation.Stopped`` (the trainer saves and
+        stops; the resumed run evaluates this step first)."""
+        from tfgpu.training.evaluation import Stopped
+
         if self.config.eval_split == "none":
             return {}
-        result = self._evaluate_on_chief(step, model_dir) if self.placement.is_chief else {}
-        self._wait_for_chief()
+        result, stopped = {}, False
+        if self.placement.is_chief:
+            try:
+                result = self._evaluate_on_chief(step, model_dir, run_eval.check_stop)
+            except Stopped:
+                stopped = True
+        if self._wait_for_chief(stopped):
+            raise Stopped()
         return result
 
-    def _wait_for_chief(self):
+    def _wait_for_chief(self, stopped: bool) -> bool:
+        """Waits for the chief's evaluation on every worker; returns whether the chief's was ``stopped``."""
         if self.placement.num_workers == 1:
-            return
+            return stopped
         if self._barrier is None:
             strategy = self.placement.strategy
             no_timeout = tf.distribute.experimental.CommunicationOptions(timeout_seconds=0)  # 0: wait forever
 
             @tf.function
-            def barrier():
-                return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(
-                    tf.distribute.ReduceOp.SUM, tf.constant(1.0), options=no_timeout))
+            def barrier(value):
+                return strategy.run(lambda v: tf.distribute.get_replica_context().all_reduce(
+                    tf.distribute.ReduceOp.SUM, v, options=no_timeout), args=(value,))
 
             self._barrier = barrier
-        self._barrier()
+        summed = self._barrier(tf.constant(1.0 if stopped else 0.0))
+        return float(self.placement.strategy.experimental_local_results(summed)[0]) > 0
 
-    def _evaluate_on_chief(self, step, model_dir):
+    def _evaluate_on_chief(self, step, model_dir, check_stop):
         from tfgpu.tasks.gan import fid, images
 
-        extractor = self.feature_extractor(model_dir)
-        real = self._real_feature_matrix(extractor)
+        extractor = self.feature_extractor(model_dir, check_stop)
+        real = self._real_feature_matrix(extractor, check_stop)
         n = len(real)
         if float(self.state.fid_initial.numpy()) < 0:
             initial = self._initial_generator_weights
             if self.options.ema_decay:  # scored as the EMA generator is (generator_weights)
-                initial = self._with_standing_statistics(initial)
-            self.state.fid_initial.assign(fid.fid_from_features(real, extractor(self._sample(n, initial, seed=1))))
-        weights = self.generator_weights()
-        fake = extractor(self._sample(n, weights, seed=1))
+                initial = self._with_standing_statistics(initial, check_stop)
+            initial_fake = extractor(self._sample(n, initial, seed=1, check_stop=check_stop), check_stop)
+            self.state.fid_initial.assign(fid.fid_from_features(real, initial_fake))
+        weights = self.generator_weights(check_stop=check_stop)
+        fake = extractor(self._sample(n, weights, seed=1, check_stop=check_stop), check_stop)
         result = fid.scores(real, fake, extractor.name)
         grid_path = run_dir.evaluation_samples(model_dir, step)
         fileio.makedirs(os.path.dirname(grid_path))  # model_dir may be gs://, ram://
@@ -85,16 +101,17 @@ class GanEvaluation:
                         n, self.options.fid_num_samples)
         return result
 
-    def generator_weights(self, ema: bool = True) -> list:
+    def generator_weights(self, ema: bool = True, check_stop=None) -> list:
         """The generator's weights as numpy arrays: the EMA copy (when on and ``ema``) or the raw ones.
 
         The EMA copy's BatchNorm statistics are recomputed for the EMA weights (``_with_standing_statistics``);
-        the raw generator's moving averages were measured on other weights."""
+        the raw generator's moving averages were measured on other weights. ``check_stop``: called between
+        batches (``EvalRun.check_stop``)."""
         if ema and self.options.ema_decay:
-            return self._with_standing_statistics([v.numpy() for v in self.state.ema])
+            return self._with_standing_statistics([v.numpy() for v in self.state.ema], check_stop)
         return [w.numpy() for w in self.generator.weights]
 
-    def _with_standing_statistics(self, weights: list) -> list:
+    def _with_standing_statistics(self, weights: list, check_stop=None) -> list:
         """``weights`` with every BatchNorm moving mean and variance replaced by the average of its batch
         statistics over ``STANDING_STATS_BATCHES`` x 256 latents (fixed seed), the generator in training mode:
         BigGAN's "standing statistics" for its EMA generator. Deterministic; a generator without BatchNorm
@@ -108,6 +125,8 @@ class GanEvaluation:
         momenta = [layer.momentum for layer in norms]
         try:
             for k in range(STANDING_STATS_BATCHES):
+                if check_stop:
+                    check_stop()
                 for layer in norms:
                     layer.momentum = k / (k + 1)  # a running mean: batch k gets weight 1 / (k + 1)
                 z, labels = self._evaluation_latents(256, start=256 * k, seed=3)
@@ -128,11 +147,13 @@ class GanEvaluation:
         labels = tf.cast(tf.range(start, start + size) % max(self.info.num_classes, 1), tf.int32)
         return z, labels
 
-    def _sample(self, num, weights, seed, batch_size=256):
+    def _sample(self, num, weights, seed, batch_size=256, check_stop=None):
         generator, generate = self._evaluation_generator()
         generator.set_weights(weights)
         out = []
         for start in range(0, num, batch_size):
+            if check_stop:
+                check_stop()
             z, labels = self._evaluation_latents(min(batch_size, num - start), start, seed)
             out.append(generate(z, labels).numpy())
         return np.concatenate(out)
@@ -149,10 +170,11 @@ class GanEvaluation:
             self._eval_generator = (generator, generate)
         return self._eval_generator
 
-    def feature_extractor(self, model_dir: str):
+    def feature_extractor(self, model_dir: str, check_stop=None):
         """The extractor FID and KID use: Keras's ImageNet InceptionV3 (--inception_weights), a classifier run
         (--fid_feature_model_dir), or else a small classifier trained once on this run's data into
-        ``<model_dir>/fid_features`` (left untrained, and named so, when the data has one class)."""
+        ``<model_dir>/fid_features`` (left untrained, and named so, when the data has one class; ``check_stop``
+        is called between its training batches, and a stopped training leaves no classifier)."""
         if self._extractor is not None:
             return self._extractor
         from tfgpu.tasks.gan import fid
@@ -168,13 +190,15 @@ class GanEvaluation:
         else:
             directory = run_dir.fid_features(model_dir)
             if not fileio.isfile(fid.classifier_model_path(directory)):
-                train = self._read_split(self.info.train_split, options.fid_num_samples)
-                val = self._read_split(self.info.eval_split, options.fid_num_samples) if self.info.eval_split else None
+                train = self._read_split(self.info.train_split, options.fid_num_samples, check_stop)
+                val = (self._read_split(self.info.eval_split, options.fid_num_samples, check_stop)
+                       if self.info.eval_split else None)
                 epochs = max(5, math.ceil(600 * 64 / len(train[0])))  # about 600 steps of batch 64
                 log.info("training a feature classifier for FID/KID on %d %s images (%d epochs) into %s; pass "
                          "--fid_feature_model_dir or --inception_weights to use another extractor", len(train[0]),
                          self.info.train_split, epochs, directory)
-                metrics = fid.train_feature_classifier(train, val, directory, config.seed, epochs=epochs)
+                metrics = fid.train_feature_classifier(train, val, directory, config.seed, epochs=epochs,
+                                                       between_batches=check_stop)
                 log.info("feature classifier: %s", metrics)
             self._extractor = fid.ClassifierFeatures(directory, label=f"auto-trained on {self.info.name}")
         log.info("FID/KID features: %s; %d real and %d generated images per evaluation (an FID compares only "
@@ -182,13 +206,13 @@ class GanEvaluation:
                  self._extractor.name, self.options.fid_num_samples, self.options.fid_num_samples)
         return self._extractor
 
-    def _real_feature_matrix(self, extractor):
+    def _real_feature_matrix(self, extractor, check_stop=None):
         if self._real_features is None:
-            images, _ = self._read_split(self.info.train_split, self.options.fid_num_samples)
-            self._real_features = extractor(images)
+            images, _ = self._read_split(self.info.train_split, self.options.fid_num_samples, check_stop)
+            self._real_features = extractor(images, check_stop)
         return self._real_features
 
-    def _read_split(self, split: str, limit: int):
+    def _read_split(self, split: str, limit: int, check_stop=None):
         """Up to ``limit`` (images in [-1, 1], labels) of ``split``, in a fixed order (host memory), read as the
         input pipelines read it (the manifest's keys, labels checked, unreadable records read around)."""
         from tfgpu.data import pipeline
@@ -199,6 +223,8 @@ class GanEvaluation:
         # Released off-thread: its destruction can wait up to the read's length (training/loop.py: Feed)
         with loop.Feed(iter(batches)) as feed:
             for x, y in feed.iterator:
+                if check_stop:
+                    check_stop()
                 images.append(x.numpy())
                 labels.append(y.numpy())
         if not images:

@@ -138,11 +138,15 @@ class FeatureExtractor:
     def _features(self, images):
         raise NotImplementedError
 
-    def __call__(self, images) -> np.ndarray:
+    def __call__(self, images, between_batches=None) -> np.ndarray:
+        """The features of ``images``, ``batch_size`` at a time; ``between_batches`` (e.g. a stop check, which may
+        raise) is called before each batch."""
         import tensorflow as tf
 
         out = []
         for start in range(0, len(images), self.batch_size):
+            if between_batches:
+                between_batches()
             batch = tf.convert_to_tensor(images[start:start + self.batch_size], tf.float32)
             out.append(np.asarray(self._features(batch), np.float32))
         return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
@@ -293,7 +297,8 @@ def feature_classifier(input_shape, num_classes):
     return keras.Model(inputs, layers.Dense(num_classes, name="logits")(x), name="fid_feature_classifier")
 
 
-def train_feature_classifier(train, val, out_dir: str, seed: int, epochs: int = 30, batch_size: int = 64) -> dict:
+def train_feature_classifier(train, val, out_dir: str, seed: int, epochs: int = 30, batch_size: int = 64,
+                             between_batches=None) -> dict:
     """Trains ``feature_classifier`` on (images in [-1, 1], labels) and exports it to
     ``<out_dir>/export/model.keras`` (atomically: ``fileio.atomic_local_path``; ``out_dir`` may be remote), the
     layout ``ClassifierFeatures`` reads. Returns
@@ -302,7 +307,8 @@ def train_feature_classifier(train, val, out_dir: str, seed: int, epochs: int = 
 
     With fewer than two classes among ``labels`` there is nothing to learn (one logit: the loss is 0 for
     any weights), so the network is exported as initialised (seeded) and the record says
-    {"trained": False, "reason": ...}; ``ClassifierFeatures`` then names it untrained."""
+    {"trained": False, "reason": ...}; ``ClassifierFeatures`` then names it untrained. ``between_batches`` (e.g. a
+    stop check, which may raise: nothing is then exported) is called after each training batch."""
     import keras
 
     from tfgpu.training import results
@@ -322,7 +328,10 @@ def train_feature_classifier(train, val, out_dir: str, seed: int, epochs: int = 
         else:
             model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=keras.losses.SparseCategoricalCrossentropy(
                 from_logits=True), metrics=["accuracy"])
-            model.fit(images, labels, batch_size=batch_size, epochs=epochs, verbose=0, shuffle=True)
+            callbacks = ([keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: between_batches())]
+                         if between_batches else [])
+            model.fit(images, labels, batch_size=batch_size, epochs=epochs, verbose=0, shuffle=True,
+                      callbacks=callbacks)
             if val is not None and len(val[0]):
                 values["val_accuracy"] = float(model.evaluate(val[0], val[1], verbose=0,
                                                               return_dict=True)["accuracy"])
