@@ -65,8 +65,10 @@ class GanEvaluation:
 
             @tf.function
             def barrier(value):
-                return strategy.run(lambda v: tf.distribute.get_replica_context().all_reduce(
-                    tf.distribute.ReduceOp.SUM, v, options=no_timeout), args=(value,))
+                # The value copied inside the replica's function, on its device (a host tensor passed as the
+                # run's argument has no destination for the all-reduce)
+                return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(
+                    tf.distribute.ReduceOp.SUM, tf.identity(value), options=no_timeout))
 
             self._barrier = barrier
         summed = self._barrier(tf.constant(1.0 if stopped else 0.0))
