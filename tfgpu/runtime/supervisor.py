@@ -136,16 +136,16 @@ class Launcher:
         self.fits = batch_rule(self.args, self.worker_args, self.gpus[0])
         self._heartbeats = tempfile.mkdtemp(prefix="tfgpu-launch-")
 
-    def start(self, slots=None):
-        """Starts one worker per slot (every slot by default), with a fresh TF_CONFIG, free ports and its own
-        heartbeat file. No thread of ours runs yet (preexec_fn is not thread-safe): a restart starts the next group
+    def start(self, slots=None, configs=None):
+        """Starts one worker per slot (every slot by default), with a fresh TF_CONFIG (``configs``: one per slot,
+        given by an agent across hosts; else free ports on this host) and its own heartbeat file. No thread of ours runs yet (preexec_fn is not thread-safe): a restart starts the next group
         after ``stop`` joined the previous group's threads."""
         if not hasattr(self, "command"):
             self.prepare()
         slots = list(range(self.args.num_workers)) if slots is None else list(slots)
         n = len(slots)
         self.groups += 1
-        configs = tf_configs(self.args.host, free_ports(n))
+        configs = list(configs) if configs is not None else tf_configs(self.args.host, free_ports(n))
         self.workers = []
         try:
             for index, slot in enumerate(slots):
@@ -211,6 +211,9 @@ class Launcher:
                 for worker in self.workers:
                     worker.read_heartbeat(now)
                 self._note_recovery()
+                change = self._membership_change()
+                if change is not None:
+                    return change
             if any(w.exit_code not in (None, 0) for w in self.workers):
                 return self._stopped(self._stop_failed_group())
             if all(w.exit_code is not None for w in self.workers):
@@ -227,6 +230,10 @@ class Launcher:
                 if silent:
                     return self._stopped(self._stop_hung_group(silent, now))
             time.sleep(0.05)
+
+    def _membership_change(self):
+        """What ends the group from outside it (an agent across hosts: a new round, a lost host); None here."""
+        return None
 
     def _last_step(self):
         steps = [w.beat["step"] for w in self.workers if w.beat]

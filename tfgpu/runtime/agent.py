@@ -1,0 +1,243 @@
+"""One host's agent of a job across hosts (``tfgpu.launch --rendezvous=etcd://HOST:PORT/JOB``): it joins the
+job's rounds (``runtime/rendezvous.py``), starts this host's workers of each round with the round's TF_CONFIGs
+and supervises them like the one-host launcher (``runtime/supervisor.py``). Whatever ends a round (a local worker
+failed or hung, a member host's lease expired, a host joined, another agent started a new round) stops this
+host's workers (SIGTERM, SIGKILL after --stop_grace_s) and the agents form the next round on the hosts alive; the
+new group resumes from the newest checkpoint in the shared --model_dir, exactly, on its topology.
+"""
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import time
+
+from tfgpu.runtime import rendezvous, restarts
+from tfgpu.runtime.launcher import LaunchError, free_ports
+from tfgpu.runtime.supervisor import Launcher
+from tfgpu.training import failures as exit_codes
+from tfgpu.training import run_dir
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundChanged:
+    """Another agent started a new round while this host's workers ran."""
+    number: int
+
+
+@dataclasses.dataclass(frozen=True)
+class HostsLost:
+    """Member hosts whose registration vanished (lease expired) while the round ran."""
+    hosts: tuple
+
+
+class HostAgent(Launcher):
+    """``Launcher`` whose groups are the job's rounds: ``args.num_workers`` / ``args.min_workers`` count the whole
+    job's workers, ``args.workers_per_host`` this host's."""
+
+    def __init__(self, args, worker_args, rdzv: rendezvous.Rendezvous, out=None, err=None):
+        super().__init__(args, worker_args, out, err)
+        self.rdzv = rdzv
+        self.local = args.workers_per_host
+        self.round = None
+        self._next_check = 0.0
+
+    def prepare(self):
+        total = self.args.num_workers
+        self.args.num_workers = self.local  # the slots (cores, GPUs) are this host's
+        try:
+            super().prepare()
+        finally:
+            self.args.num_workers = total
+
+    def start(self, slots=None, configs=None):
+        saved, self.args.num_workers = self.args.num_workers, self.local
+        try:
+            super().start(slots, configs)
+        finally:
+            self.args.num_workers = saved
+
+    def run(self) -> int:
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self.prepare()
+            self.rdzv.register()
+            self.say(f"registered as host {self.rdzv.host} ({self.local} worker(s)) in {self.rdzv.etcd.url} "
+                     f"{self.rdzv.prefix}")
+            while True:
+                joined = self._join()
+                if isinstance(joined, int):
+                    return joined
+                self.round, configs = joined
+                self.start(range(self.local), configs)
+                outcome = self._supervise()
+                code = self._after(outcome)
+                if code is not None:
+                    return code
+        finally:
+            self.stop(grace_s=0.0)
+            with contextlib.suppress(rendezvous.RendezvousError):
+                self.rdzv.leave()
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    # -- forming a round --------------------------------------------------------------------------------------
+
+    def _join(self):
+        """(round, this host's TF_CONFIGs) of the next round that includes this host; or the job's exit code
+        when it ended (finished without this host, stopped unfinished, interrupted, timed out)."""
+        deadline = time.monotonic() + self.args.rendezvous_timeout_s
+        enough_since = None
+        while time.monotonic() < deadline:
+            if self._signal is not None:
+                return 128 + self._signal
+            outcome = self.rdzv.outcome()
+            if outcome:
+                self.say(f"the job stopped: {outcome['line']}")
+                return outcome["code"]
+            current, alive = self.rdzv.current(), self.rdzv.alive()
+            fresh = current is not None and (self.round is None or current.number > self.round.number)
+            if fresh and self.rdzv.host in current.members:
+                self.rdzv.publish(current.number, free_ports(self.local))
+                published = rendezvous.wait_for_members(self.rdzv, current, self.args.rendezvous_timeout_s)
+                if published is not None:
+                    self.say(f"round {current.number}: {len(current.members)} host(s) x {self.local} worker(s) "
+                             f"({current.reason})")
+                    return current, rendezvous.tf_configs(current.members, published)[self.rdzv.host]
+                latest = self.rdzv.current()
+                if latest is not None and latest.number == current.number:  # a member left before it started
+                    self._propose(latest, latest.restarts, "a member left while the group formed")
+                continue
+            if current is not None and self.rdzv.done(current.number):
+                self.say(f"the job finished in round {current.number} without this host")
+                return exit_codes.OK
+            members, _ = self._members(alive)
+            if current is None:
+                workers = len(alive) * self.local
+                if members and enough_since is None:
+                    enough_since = time.monotonic()
+                if members and (workers >= self.args.num_workers
+                                or time.monotonic() - enough_since >= self.args.join_grace_s):
+                    self._propose(None, 0, f"first group of {len(members)} host(s)")
+            elif self.rdzv.host in members and len(members) > len(current.members):
+                self._propose(current, current.restarts,
+                              f"host {self.rdzv.host} joined: {len(current.members)} -> {len(members)} host(s)")
+            time.sleep(0.2)
+        raise LaunchError(f"no group including this host formed within --rendezvous_timeout_s="
+                          f"{self.args.rendezvous_timeout_s:g} (fewer than --min_workers={self.args.min_workers} "
+                          f"workers registered in {self.rdzv.etcd.url}?)")
+
+    def _members(self, alive):
+        return rendezvous.choose_members(alive, self.local, self.args.min_workers, self.args.num_workers, self.fits)
+
+    def _propose(self, after, restarts_so_far, reason, members=None):
+        """Proposes the next round on the hosts alive; whether this agent's proposal is the one written."""
+        members = members or self._members(self.rdzv.alive())[0]
+        if not members:
+            return False
+        _, won = self.rdzv.propose(after, members, restarts_so_far, reason)
+        return won
+
+    # -- while a round runs -----------------------------------------------------------------------------------
+
+    def _membership_change(self):
+        now = time.monotonic()
+        if now < self._next_check:
+            return None
+        self._next_check = now + 0.5
+        try:
+            current = self.rdzv.current()
+            if current is None or current.number != self.round.number:
+                return RoundChanged(current.number if current else 0)
+            alive = self.rdzv.alive()
+            lost = tuple(m for m in self.round.members if m not in alive)
+            if lost and not self.rdzv.done(self.round.number):
+                return HostsLost(lost)
+        except rendezvous.RendezvousError as e:
+            self.say(f"warning: {e}")
+        return None
+
+    def _after(self, outcome):
+        """What follows a round's end: the job's exit code, or None to join the next round."""
+        if outcome == exit_codes.OK:
+            self.rdzv.mark_done(self.round.number)
+            return exit_codes.OK
+        if isinstance(outcome, RoundChanged):
+            self.say(f"round {self.round.number} ended: round {outcome.number} started; stopping this host's "
+                     f"{len(self.workers)} worker(s)")
+            self.stop(self.args.stop_grace_s)
+            return None
+        if isinstance(outcome, int):  # interrupted: this host leaves, the others go on without it
+            return outcome
+        if isinstance(outcome, HostsLost):
+            first = self.round.members.index(outcome.hosts[0]) * self.local
+            failure = restarts.Failure(first, -1, exit_codes.WORKER_LOST,
+                                       f"was lost with host {outcome.hosts[0]} (its etcd lease expired)",
+                                       last_step=self._last_step())
+            self.say(f"host(s) {', '.join(outcome.hosts)} lost; stopping this host's {len(self.workers)} worker(s)")
+            self.stop(self.args.stop_grace_s)
+        else:
+            failure = dataclasses.replace(outcome, worker=self._global_index(outcome.worker))
+        return self._next_round(failure)
+
+    def _global_index(self, local_index):
+        return self.round.members.index(self.rdzv.host) * self.local + local_index
+
+    def _next_round(self, failure):
+        """After ``failure`` ended this host's group: the next round proposed (None), or the job's exit code."""
+        current = self._settled(failure)
+        if current is None or current.number != self.round.number:
+            return None  # another agent started the next round already: this failure is an echo of its cause
+        line = f"worker {failure.worker} {failure.reason}"
+        max_restarts = self.args.max_restarts
+        if not failure.retryable:
+            return self._end(failure.exit_code, f"{line}; a restart would fail the same way")
+        if current.restarts >= max_restarts:
+            return self._end(failure.exit_code, f"{line}; no restart left (--max_restarts={max_restarts})")
+        members, why = self._members(self.rdzv.alive())
+        if not members:
+            return self._end(failure.exit_code, f"{line}; cannot restart: {why}")
+        resumed = restarts.checkpoint_step(self._model_dir())
+        failed_at = time.time()
+        reason = f"restart {current.restarts + 1}: {line}"
+        if self._propose(current, current.restarts + 1, reason, members):
+            before, after = len(current.members) * self.local, len(members) * self.local
+            self.say(restarts.restart_line(current.restarts + 1, max_restarts, failure, before, after, resumed))
+            self._record(current.restarts + 1, failure, before, after, resumed, failed_at)
+            self._recovering = (current.restarts + 1, failed_at)
+        return None
+
+    def _settled(self, failure):
+        """The current round once the failure's cause had time to show: a worker that lost a peer (129) waits up
+        to the lease TTL for the host it lost to vanish or another agent to start the next round, so the next
+        round leaves the lost host out and names it."""
+        deadline = time.monotonic() + (self.rdzv.ttl_s + 1.0 if failure.code == exit_codes.WORKER_LOST else 0.0)
+        while True:
+            current = self.rdzv.current()
+            alive = self.rdzv.alive()
+            if current is None or current.number != self.round.number or time.monotonic() >= deadline or any(
+                    m not in alive for m in self.round.members):
+                return current
+            time.sleep(0.2)
+
+    def _end(self, code, line):
+        self.rdzv.end(code, line)
+        self.say(f"error: {line}; exit {code}")
+        return code
+
+    def _model_dir(self):
+        return next((w.beat.get("model_dir") for w in self.workers if w.beat and w.beat.get("model_dir")), "")
+
+    def _record(self, number, failure, before, after, resumed, failed_at):
+        """The ``restart`` record in history.jsonl, when --model_dir is a path this host can write."""
+        model_dir = self._model_dir()
+        if model_dir and "://" not in model_dir:
+            record = {"kind": "restart", "step": resumed or 0, "time": round(failed_at, 3),
+                      **restarts.restart_record(number, failure, before, after, resumed, failed_at)}
+            with contextlib.suppress(OSError), open(run_dir.history(model_dir), "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+
+def host_id(address: str) -> str:
+    """This agent's name in the rendezvous: its address and process id (a host that comes back is a new member)."""
+    return f"{address}-{os.getpid()}"
