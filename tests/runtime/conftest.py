@@ -5,6 +5,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 
@@ -30,15 +31,21 @@ def start_etcd(data_dir, address="127.0.0.1", prefix=()):
                "--initial-cluster", f"t=http://127.0.0.1:{peer}"]
     log = open(os.path.join(str(data_dir) + ".log"), "wb")
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    probe = f"import urllib.request; urllib.request.urlopen({url + '/health'!r}, timeout=1).read()"
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1).read()
-            return proc, url
-        except OSError:
-            if proc.poll() is not None:
-                break
-            time.sleep(0.1)
+        if prefix:  # served inside a namespace: ask from there
+            if subprocess.run([*prefix, sys.executable, "-c", probe], stderr=subprocess.DEVNULL).returncode == 0:
+                return proc, url
+        else:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=1).read()
+                return proc, url
+            except OSError:
+                pass
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
     stop_etcd(proc)
     raise RuntimeError(f"etcd did not start: {open(str(data_dir) + '.log').read()[-1000:]}")
 

@@ -4,6 +4,7 @@ and run until told to finish: a host killed with its agent, and a host that come
 import glob
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,14 +24,14 @@ while not os.path.exists(os.path.join(out, "finish")) and time.time() < deadline
 """
 
 
-def _start_agent(etcd_url, out, name, *flags):
+def _start_agent(etcd_url, out, name, *flags, prefix=(), host="127.0.0.1"):
     endpoint = "etcd://" + etcd_url.split("//", 1)[1] + "/job1"
     log = open(os.path.join(out, f"agent-{name}.log"), "wb")
     worker = os.path.join(out, "worker.py")
     with open(worker, "w") as f:
         f.write(WORKER)
-    command = [sys.executable, "-m", "tfgpu.launch", f"--rendezvous={endpoint}", "--num_workers=2",
-               "--min_workers=1", "--max_restarts=3", "--host=127.0.0.1", "--rendezvous_ttl_s=2", "--stop_grace_s=1",
+    command = [*prefix, sys.executable, "-m", "tfgpu.launch", f"--rendezvous={endpoint}", "--num_workers=2",
+               "--min_workers=1", "--max_restarts=3", f"--host={host}", "--rendezvous_ttl_s=2", "--stop_grace_s=1",
                "--join_grace_s=10", *flags, "--", sys.executable, worker, out]
     return subprocess.Popen(command, cwd=REPO, env={**os.environ, "PYTHONPATH": REPO}, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
@@ -48,6 +49,19 @@ def _groups(out):
         cluster = tuple(r["tf_config"]["cluster"]["worker"])
         groups.setdefault(cluster, []).append(r["tf_config"]["task"]["index"])
     return [sorted(v) for v in groups.values()]
+
+
+def _clusters(out):
+    """The worker addresses of each group started so far, in order."""
+    records = []
+    for path in glob.glob(os.path.join(out, "worker-*.json")):
+        with open(path) as f:
+            records.append(json.load(f))
+    clusters = []
+    for r in sorted(records, key=lambda r: r["time"]):
+        if r["tf_config"]["cluster"]["worker"] not in clusters:
+            clusters.append(r["tf_config"]["cluster"]["worker"])
+    return clusters
 
 
 def _wait(condition, timeout_s, what):
@@ -102,3 +116,51 @@ def test_below_min_workers_every_agent_stops_with_the_failures_line(etcd_url, tm
         assert "cannot restart: 1 host(s) x 1 worker(s) left, fewer than --min_workers=2" in _log(out, "a")
     finally:
         _cleanup([a, b])
+
+
+NETEM_PREFIX = f"tfgpu-rdt{os.getpid() % 10000}"
+
+
+def _netem(*args):
+    return subprocess.run([sys.executable, os.path.join(REPO, "tools", "netem_cluster.py"), *args],
+                          env={**os.environ, "TFGPU_NETEM_PREFIX": NETEM_PREFIX}, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=120)
+
+
+@pytest.mark.slow
+def test_hosts_as_network_namespaces_go_on_without_one_that_loses_every_process(tmp_path):
+    """Three "hosts" (network namespaces of tools/netem_cluster.py), etcd in the hub: every process of one host
+    killed at once; the two left re-form with their own addresses and finish."""
+    from tests.runtime.conftest import require_etcd, start_etcd, stop_etcd
+    from tfgpu.bench.netem import HUB_ADDRESS, worker_address
+
+    require_etcd()
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        pytest.skip("needs root and iproute2 to make network namespaces")
+    out, procs, etcd = str(tmp_path), [], None
+    try:
+        up = _netem("up", "--workers=3", "--bandwidth=10gbit")
+        assert up.returncode == 0, up.stdout
+        etcd, url = start_etcd(tmp_path / "etcd", address=HUB_ADDRESS,
+                               prefix=("ip", "netns", "exec", f"{NETEM_PREFIX}-hub"))
+        for i in range(3):
+            procs.append(_start_agent(url, out, f"h{i}", "--num_workers=3", "--min_workers=2",
+                                      prefix=("ip", "netns", "exec", f"{NETEM_PREFIX}-w{i}"),
+                                      host=worker_address(i)))
+        _wait(lambda: _groups(out) == [[0, 1, 2]], 60, "the first group of 3")
+        first = _clusters(out)[0]
+        assert sorted(a.rsplit(":", 1)[0] for a in first) == [worker_address(i) for i in range(3)]
+        pids = subprocess.run(["ip", "netns", "pids", f"{NETEM_PREFIX}-w1"], stdout=subprocess.PIPE,
+                              text=True).stdout.split()
+        for pid in pids:  # the agent and its worker, at once
+            os.kill(int(pid), signal.SIGKILL)
+        _wait(lambda: _groups(out)[1:] == [[0, 1]], 60, "a group of 2 on the hosts left")
+        assert sorted(a.rsplit(":", 1)[0] for a in _clusters(out)[1]) == [worker_address(0), worker_address(2)]
+        open(os.path.join(out, "finish"), "w").close()
+        assert procs[0].wait(30) == 0 and procs[2].wait(30) == 0
+    finally:
+        _cleanup(procs)
+        if etcd is not None:
+            stop_etcd(etcd)
+        down = _netem("down")
+        assert down.returncode == 0, down.stdout
