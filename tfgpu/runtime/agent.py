@@ -41,6 +41,7 @@ class HostAgent(Launcher):
         self.local = args.workers_per_host
         self.round = None
         self._next_check = 0.0
+        self._pending_record = None  # a restart this agent decided, recorded once the new group restored
 
     def prepare(self):
         total = self.args.num_workers
@@ -188,24 +189,46 @@ class HostAgent(Launcher):
         current = self._settled(failure)
         if current is None or current.number != self.round.number:
             return None  # another agent started the next round already: this failure is an echo of its cause
+        alive = self.rdzv.alive()
+        lost = [m for m in self.round.members if m not in alive]
+        if lost and failure.code == exit_codes.WORKER_LOST:  # the peer it lost was a whole host: name that host
+            failure = dataclasses.replace(failure, worker=self.round.members.index(lost[0]) * self.local,
+                                          reason=f"was lost with host {lost[0]} (its etcd lease expired)")
         line = f"worker {failure.worker} {failure.reason}"
         max_restarts = self.args.max_restarts
         if not failure.retryable:
             return self._end(failure.exit_code, f"{line}; a restart would fail the same way")
         if current.restarts >= max_restarts:
             return self._end(failure.exit_code, f"{line}; no restart left (--max_restarts={max_restarts})")
-        members, why = self._members(self.rdzv.alive())
+        members, why = self._members(alive)
         if not members:
             return self._end(failure.exit_code, f"{line}; cannot restart: {why}")
-        resumed = restarts.checkpoint_step(self._model_dir())
         failed_at = time.time()
-        reason = f"restart {current.restarts + 1}: {line}"
-        if self._propose(current, current.restarts + 1, reason, members):
+        number = current.restarts + 1
+        if self._propose(current, number, f"restart {number}: {line}", members):
             before, after = len(current.members) * self.local, len(members) * self.local
-            self.say(restarts.restart_line(current.restarts + 1, max_restarts, failure, before, after, resumed))
-            self._record(current.restarts + 1, failure, before, after, resumed, failed_at)
-            self._recovering = (current.restarts + 1, failed_at)
+            # The step resumed from is known once the new group restored it: the members still running save a
+            # checkpoint when they are stopped, after this line.
+            self.say(restarts.restart_line(number, max_restarts, failure, before, after, None))
+            self._pending_record = (number, failure, before, after, failed_at)
+            self._recovering = (number, failed_at)
         return None
+
+    def _note_recovery(self):
+        """Once the new group restored its checkpoint (its first heartbeat): the ``restart`` record and line with
+        the step it resumed from; then the base class's line when it finished its first loop."""
+        pending = self._pending_record
+        beats = [w.beat for w in self.workers if w.beat]
+        if pending is not None and beats:
+            self._pending_record = None
+            number, failure, before, after, failed_at = pending
+            restored = [b["step"] for b in beats if b["phase"] == "restored"]
+            resumed = restored[0] if restored else restarts.checkpoint_step(self._model_dir())
+            lost = restarts.steps_lost(failure.last_step, resumed)
+            self.say(f"restart {number}: the new group of {after} resumed from step {resumed}"
+                     + (f" ({lost} step(s) lost)" if lost is not None else ""))
+            self._record(number, failure, before, after, resumed, failed_at)
+        super()._note_recovery()
 
     def _settled(self, failure):
         """The current round once the failure's cause had time to show: a worker that lost a peer (129) waits up
