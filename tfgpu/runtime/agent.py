@@ -141,6 +141,9 @@ class HostAgent(Launcher):
 
     # -- while a round runs -----------------------------------------------------------------------------------
 
+    def _group_size(self) -> int:
+        return len(self.round.members) * self.local
+
     def _membership_change(self):
         now = time.monotonic()
         if now < self._next_check:

@@ -231,6 +231,10 @@ class Launcher:
                     return self._stopped(self._stop_hung_group(silent, now))
             time.sleep(0.05)
 
+    def _group_size(self) -> int:
+        """Workers in the group (across hosts, more than this launcher's)."""
+        return len(self.workers)
+
     def _membership_change(self):
         """What ends the group from outside it (an agent across hosts: a new round, a lost host); None here."""
         return None
@@ -336,7 +340,7 @@ class Launcher:
         number, failed_at = self._recovering
         self._recovering = None
         step = self._last_step()
-        self.say(f"restart {number}: the new group of {len(self.workers)} finished its first loop (step {step}) "
+        self.say(f"restart {number}: the new group of {self._group_size()} finished its first loop (step {step}) "
                  f"{time.time() - failed_at:.1f} s after the group was stopped")
 
     def _failed(self, failure) -> int:
