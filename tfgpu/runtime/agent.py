@@ -3,11 +3,12 @@ job's rounds (``runtime/rendezvous.py``), starts this host's workers of each rou
 and supervises them like the one-host launcher (``runtime/supervisor.py``). Whatever ends a round (a local worker
 failed or hung, a member host's lease expired, a host joined, another agent started a new round) stops this
 host's workers (SIGTERM, SIGKILL after --stop_grace_s) and the agents form the next round on the hosts alive; the
-new group resumes from the newest checkpoint in the shared --model_dir, exactly, on its topology.
+new group resumes from the newest checkpoint in the shared --model_dir, exactly, on its topology. A round a failure
+started carries its ``restart`` record, which the new chief writes to history.jsonl with the step it restored
+(``restarts.RECORD_ENV``), whatever the --model_dir (local or ``gs://``) and whichever host it runs on.
 """
 import contextlib
 import dataclasses
-import json
 import os
 import signal
 import time
@@ -16,7 +17,6 @@ from tfgpu.runtime import rendezvous, restarts
 from tfgpu.runtime.launcher import LaunchError, free_ports
 from tfgpu.runtime.supervisor import Launcher
 from tfgpu.training import failures as exit_codes
-from tfgpu.training import run_dir
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +41,7 @@ class HostAgent(Launcher):
         self.local = args.workers_per_host
         self.round = None
         self._next_check = 0.0
-        self._pending_record = None  # a restart this agent decided, recorded once the new group restored
+        self._pending_line = None  # a restart this agent decided: its line says the step once the group restored
 
     def prepare(self):
         total = self.args.num_workers
@@ -70,6 +70,7 @@ class HostAgent(Launcher):
                 if isinstance(joined, int):
                     return joined
                 self.round, configs = joined
+                self._handoff = restarts.handoff(self.round.record) if self.round.record else None
                 self.start(range(self.local), configs)
                 outcome = self._supervise()
                 code = self._after(outcome)
@@ -131,12 +132,12 @@ class HostAgent(Launcher):
     def _members(self, alive):
         return rendezvous.choose_members(alive, self.local, self.args.min_workers, self.args.num_workers, self.fits)
 
-    def _propose(self, after, restarts_so_far, reason, members=None):
+    def _propose(self, after, restarts_so_far, reason, members=None, record=None):
         """Proposes the next round on the hosts alive; whether this agent's proposal is the one written."""
         members = members or self._members(self.rdzv.alive())[0]
         if not members:
             return False
-        _, won = self.rdzv.propose(after, members, restarts_so_far, reason)
+        _, won = self.rdzv.propose(after, members, restarts_so_far, reason, record)
         return won
 
     # -- while a round runs -----------------------------------------------------------------------------------
@@ -208,29 +209,28 @@ class HostAgent(Launcher):
             return self._end(failure.exit_code, f"{line}; cannot restart: {why}")
         failed_at = time.time()
         number = current.restarts + 1
-        if self._propose(current, number, f"restart {number}: {line}", members):
-            before, after = len(current.members) * self.local, len(members) * self.local
-            # The step resumed from is known once the new group restored it: the members still running save a
-            # checkpoint when they are stopped, after this line.
+        before, after = len(current.members) * self.local, len(members) * self.local
+        # The step resumed from is known once the new group restored: the members still running save a checkpoint
+        # when they are stopped, after this. So the round carries the record and the new chief writes it then.
+        record = restarts.restart_record(number, failure, before, after, None, failed_at)
+        if self._propose(current, number, f"restart {number}: {line}", members, record):
             self.say(restarts.restart_line(number, max_restarts, failure, before, after, None))
-            self._pending_record = (number, failure, before, after, failed_at)
+            self._pending_line = (number, failure, after)
             self._recovering = (number, failed_at)
         return None
 
     def _note_recovery(self):
-        """Once the new group restored its checkpoint (its first heartbeat): the ``restart`` record and line with
-        the step it resumed from; then the base class's line when it finished its first loop."""
-        pending = self._pending_record
+        """Once the new group restored its checkpoint (its first heartbeat): the step it resumed from and the steps
+        lost, in a line; then the base class's line when it finished its first loop."""
         beats = [w.beat for w in self.workers if w.beat]
-        if pending is not None and beats:
-            self._pending_record = None
-            number, failure, before, after, failed_at = pending
+        if self._pending_line is not None and beats:
+            number, failure, after = self._pending_line
+            self._pending_line = None
             restored = [b["step"] for b in beats if b["phase"] == "restored"]
             resumed = restored[0] if restored else restarts.checkpoint_step(self._model_dir())
             lost = restarts.steps_lost(failure.last_step, resumed)
             self.say(f"restart {number}: the new group of {after} resumed from step {resumed}"
                      + (f" ({lost} step(s) lost)" if lost is not None else ""))
-            self._record(number, failure, before, after, resumed, failed_at)
         super()._note_recovery()
 
     def _settled(self, failure):
@@ -253,15 +253,6 @@ class HostAgent(Launcher):
 
     def _model_dir(self):
         return next((w.beat.get("model_dir") for w in self.workers if w.beat and w.beat.get("model_dir")), "")
-
-    def _record(self, number, failure, before, after, resumed, failed_at):
-        """The ``restart`` record in history.jsonl, when --model_dir is a path this host can write."""
-        model_dir = self._model_dir()
-        if model_dir and "://" not in model_dir:
-            record = {"kind": "restart", "step": resumed or 0, "time": round(failed_at, 3),
-                      **restarts.restart_record(number, failure, before, after, resumed, failed_at)}
-            with contextlib.suppress(OSError), open(run_dir.history(model_dir), "a") as f:
-                f.write(json.dumps(record) + "\n")
 
 
 def host_id(address: str) -> str:

@@ -7,7 +7,8 @@ Keys under ``/tfgpu/<job>/`` (values JSON):
 
 - ``hosts/<host>``: ``{"address", "workers"}``, attached to the host's lease: an agent that dies (a lost host, a
   ``kill -9``) disappears when its lease expires (``ttl_s``), a live agent renews it.
-- ``round``: ``{"round", "members", "restarts", "reason"}``: the current group. A new round is only ever written
+- ``round``: ``{"round", "members", "restarts", "reason", "record"}``: the current group (``record``: the restart
+  record its chief writes to history.jsonl once it restored, for a round a failure started). A new round is only ever written
   with a compare-and-swap on the revision of the round its proposer read, so concurrent proposals (every agent
   sees the same failure) produce one round, not several.
 - ``rounds/<n>/<host>``: the ports a member of round n opened for its workers; once every member has written its
@@ -114,11 +115,12 @@ class Round:
     members: tuple
     restarts: int = 0
     reason: str = ""
+    record: dict | None = None  # the restart record this round's chief writes once it restored (a failure's)
     revision: int = 0  # etcd's mod_revision of the round key: what the next proposal compares against
 
     def to_json(self) -> str:
         return json.dumps({"round": self.number, "members": list(self.members), "restarts": self.restarts,
-                           "reason": self.reason})
+                           "reason": self.reason, "record": self.record})
 
 
 def choose_members(alive: dict, workers_per_host: int, min_workers: int, max_workers: int, fits=lambda n: True):
@@ -207,13 +209,14 @@ class Rendezvous:
         if value is None:
             return None
         data = json.loads(value)
-        return Round(data["round"], tuple(data["members"]), data.get("restarts", 0), data.get("reason", ""), revision)
+        return Round(data["round"], tuple(data["members"]), data.get("restarts", 0), data.get("reason", ""),
+                     data.get("record"), revision)
 
-    def propose(self, after, members, restarts: int, reason: str):
+    def propose(self, after, members, restarts: int, reason: str, record=None):
         """Writes round ``after.number + 1`` (1 when ``after`` is None) with ``members`` unless another agent
         wrote a round since ``after`` was read: (the current round, whether it is this proposal)."""
         number = after.number + 1 if after else 1
-        proposal = Round(number, tuple(members), restarts, reason)
+        proposal = Round(number, tuple(members), restarts, reason, record)
         won = self.etcd.put_if(self.key("round"), proposal.to_json(), after.revision if after else 0)
         return self.current(), won
 

@@ -113,6 +113,7 @@ class Launcher:
         self._signal = None
         self._heartbeats = None  # the directory of the workers' heartbeat files
         self._recovering = None  # (restart number, time.time() of the failure) until the new group's first loop
+        self._handoff = None  # a restart record for the next group's chief to write (restarts.RECORD_ENV)
 
     def _option(self, name, default):
         return getattr(self.args, name, default)
@@ -152,6 +153,8 @@ class Launcher:
                 beat_path = os.path.join(self._heartbeats, f"group{self.groups}-worker{index}.json")
                 env = {**os.environ, "TF_CONFIG": configs[index], "PYTHONUNBUFFERED": "1",
                        heartbeat.ENV: beat_path}
+                if self._handoff:
+                    env[restarts.RECORD_ENV] = self._handoff
                 if self.gpus[slot] is not None:
                     env["CUDA_VISIBLE_DEVICES"] = self.gpus[slot]
                 proc = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -161,6 +164,7 @@ class Launcher:
         except OSError as e:
             raise LaunchError(f"cannot start {' '.join(self.command[:3])}: {e} (check --python)") from None
         finally:
+            self._handoff = None  # one group writes it
             for worker in self.workers:  # also those started before a failure, so stop() can reap them
                 worker.start_threads()
         cores = [self.cores[s] for s in slots]
@@ -324,12 +328,13 @@ class Launcher:
         resumed = restarts.checkpoint_step(model_dir)
         failed_at = time.time()
         self.say(restarts.restart_line(self.restarts, max_restarts, failure, len(slots), len(new_slots), resumed))
+        record = restarts.restart_record(self.restarts, failure, len(slots), len(new_slots), resumed, failed_at)
         if model_dir and "://" not in model_dir:
-            record = {"kind": "restart", "step": resumed or 0, "time": round(failed_at, 3),
-                      **restarts.restart_record(self.restarts, failure, len(slots), len(new_slots), resumed,
-                                                failed_at)}
             with contextlib.suppress(OSError), open(run_dir.history(model_dir), "a") as f:
-                f.write(json.dumps(record) + "\n")
+                f.write(json.dumps({"kind": "restart", "step": resumed or 0, "time": round(failed_at, 3),
+                                    **record}) + "\n")
+        elif model_dir:  # gs://...: the new group's chief writes it through TensorFlow, with the step it restored
+            self._handoff = restarts.handoff(record)
         self._recovering = (self.restarts, failed_at)
         return new_slots
 
