@@ -8,7 +8,10 @@ trial must finish on its own.
 ``--failure=host`` (root, iproute2, etcd): each worker is a "host", a network namespace of an emulated cluster
 (``tfgpu.bench.netem``, names ``tfgpu-heal-*``) with its own ``tfgpu.launch --rendezvous`` agent; etcd runs in the
 hub namespace. The victim host loses every process at once (its agent and its worker, SIGKILL): the agents left
-see its lease expire and re-form the group without it. The namespaces and etcd are removed when the tool ends.
+see its lease expire and re-form the group without it. ``--failure=join`` is the other way round: the job starts
+on all hosts but the last (``--min_workers`` of them), and the last host's agent starts at the seed's step; the
+group grows back to ``--workers``, resuming from the newest checkpoint (no restart is counted). The namespaces and
+etcd are removed when the tool ends.
 
 Per trial (seed s): worker ``random.Random(s).randrange(workers)`` is signalled once the chief's history.jsonl
 reaches a step drawn from [--first_step, --last_step]; the launcher stops the group and starts one on the
@@ -46,7 +49,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trials", type=int, default=10)
     p.add_argument("--first_seed", type=int, default=0)
-    p.add_argument("--failure", choices=("kill", "stop", "host"), default="kill")
+    p.add_argument("--failure", choices=("kill", "stop", "host", "join"), default="kill")
     p.add_argument("--workers", type=int, default=3)
     p.add_argument("--min_workers", type=int, default=2)
     p.add_argument("--first_step", type=int, default=40, help="The earliest step a worker is signalled at.")
@@ -147,7 +150,11 @@ def outcome(seed, victim, at_step, signalled_step, signalled_at, model_dir, exit
     """A trial's record, from the run's history.jsonl and metrics.json and the tool's clock."""
     history = read_history(model_dir)
     restarts = [r for r in history if r["kind"] == "restart"]
-    after = [r for r in history if r["kind"] == "train" and restarts and r["time"] > restarts[0]["time"]]
+    topologies = [r for r in history if r["kind"] == "topology"]
+    # The new group's first loop: after the restart record (written when the group failed, or when the new chief
+    # restored), or, for a group that grew (no restart), after its topology record.
+    change = restarts[0]["time"] if restarts else topologies[0]["time"] if topologies and signalled_at else None
+    after = [r for r in history if r["kind"] == "train" and change is not None and r["time"] > change]
     return {"seed": seed, "victim": victim, "at_step": at_step, "signalled_step": signalled_step,
             "exit_code": exit_code, "timed_out": timed_out,
             "restarts": restarts,
@@ -222,7 +229,7 @@ class HostCluster:
         self.netem.down()
 
 
-def agent_command(args, model_dir, cluster, job, index):
+def agent_command(args, model_dir, cluster, job, index, join_grace_s=120):
     """Host ``index``'s agent: ``tfgpu.launch --rendezvous`` inside its namespace, one worker, the trial's flags."""
     netem = cluster.netem
     return ["ip", "netns", "exec", netem.worker_ns(index), sys.executable, "-m", "tfgpu.launch",
@@ -230,33 +237,50 @@ def agent_command(args, model_dir, cluster, job, index):
             f"--min_workers={args.min_workers}", "--workers_per_host=1", f"--host={netem.worker_address(index)}",
             "--max_restarts=2", f"--worker_timeout_s={args.worker_timeout_s:g}",
             f"--startup_timeout_s={args.startup_timeout_s:g}", "--stop_grace_s=5",
-            f"--rendezvous_ttl_s={args.rendezvous_ttl_s:g}", "--join_grace_s=120", "--",
+            f"--rendezvous_ttl_s={args.rendezvous_ttl_s:g}", f"--join_grace_s={join_grace_s:g}", "--",
             *args.train_flags.split(), *args.extra, f"--model_dir={model_dir}"]
 
 
 def run_host_trial(args, seed, model_dir, log_path, cluster):
-    """One agent per host namespace; the seed's host loses every process at the seed's step; the others finish."""
-    victim, at_step = victim_and_step(args, seed)
+    """One agent per host namespace; at the seed's step the seed's host loses every process (``host``), or the last
+    host's agent starts (``join``: the job started without it); the agents alive then must finish."""
+    join = args.failure == "join"
+    victim, at_step = (args.workers - 1, victim_and_step(args, seed)[1]) if join else victim_and_step(args, seed)
     job = f"{os.path.basename(args.output_dir.rstrip('/'))}-{seed}-{int(time.time())}"
-    procs = []
+    procs = {}
+
+    def start(index):
+        log = open(f"{log_path}.host{index}", "wb")
+        # Joining: the first group starts once --min_workers registered (no wait for the host that comes later).
+        command = agent_command(args, model_dir, cluster, job, index, join_grace_s=0 if join else 120)
+        procs[index] = subprocess.Popen(command, cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+
     signalled_at, signalled_step = None, None
     try:
         for index in range(args.workers):
-            log = open(f"{log_path}.host{index}", "wb")
-            procs.append(subprocess.Popen(agent_command(args, model_dir, cluster, job, index), cwd=REPO, env=_env(),
-                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-        survivors = [p for i, p in enumerate(procs) if i != victim]
+            if not (join and index == victim):
+                start(index)
         deadline = time.time() + args.trial_timeout_s
-        while any(p.poll() is None for p in survivors) and time.time() < deadline:
+        while time.time() < deadline:
+            running = [p for i, p in procs.items() if join or i != victim]
+            if signalled_at is not None and not any(p.poll() is None for p in running):
+                break
             if signalled_at is None:
+                if all(p.poll() is not None for p in running):
+                    break  # ended before the step came
                 steps = [r["step"] for r in read_history(model_dir) if r["kind"] == "train"]
                 if steps and max(steps) >= at_step:
-                    cluster.kill_host(victim)
+                    if join:
+                        start(victim)
+                    else:
+                        cluster.kill_host(victim)
                     signalled_at, signalled_step = time.time(), max(steps)
             time.sleep(0.2)
+        survivors = [p for i, p in procs.items() if join or i != victim]
         timed_out = any(p.poll() is None for p in survivors)
     finally:
-        for proc in procs:
+        for proc in procs.values():
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -316,9 +340,9 @@ def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     os.makedirs(args.output_dir, exist_ok=True)
     reference = baseline(args)
-    if args.failure == "host":  # a SIGTERM (e.g. `timeout`) still removes the namespaces and etcd
+    if args.failure in ("host", "join"):  # a SIGTERM (e.g. `timeout`) still removes the namespaces and etcd
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    cluster = HostCluster(args) if args.failure == "host" else None
+    cluster = HostCluster(args) if args.failure in ("host", "join") else None
     try:
         return run_trials(args, reference, cluster)
     finally:
@@ -345,14 +369,18 @@ def run_trials(args, reference, cluster) -> int:
         trial["steps_lost"] = restart.get("steps_lost")
         trial["stopped_after_progress_s"] = restart.get("stopped_after_progress_s")
         accuracy = trial["val_accuracy"]
+        changed = restart if args.failure != "join" else [
+            (t["before"]["num_workers"], t["after"]["num_workers"]) for t in trial["topologies"]] == [
+            (args.workers - 1, args.workers)]
         trial["ok"] = bool(trial["exit_code"] == 0 and trial["audit"] and not any(trial["audit"].values())
-                           and restart and accuracy is not None and reference is not None
+                           and changed and accuracy is not None and reference is not None
                            and abs(accuracy - reference) <= args.accuracy_tolerance)
         trials.append(trial)
+        sizes = [(t["before"]["num_workers"], t["after"]["num_workers"], t["step"]) for t in trial["topologies"]]
         print(f"trial {seed}: {args.failure} {'host' if cluster else 'worker'} {trial['victim']} at step "
               f"{trial['signalled_step']} -> exit "
               f"{trial['exit_code']}, {restart.get('workers_before')} -> {restart.get('workers_after')} workers, "
-              f"resumed at {restart.get('step')}, steps lost {trial['steps_lost']}, recovery {trial['recovery_s']} s, "
+              f"topology changes (before, after, step) {sizes}, resumed at {restart.get('step')}, steps lost {trial['steps_lost']}, recovery {trial['recovery_s']} s, "
               f"stopped {trial['stopped_after_progress_s']} s after the last progress, audit {trial['audit']}, "
               f"val_accuracy {accuracy} (baseline {reference}), {trial['wall_s']} s: "
               f"{'ok' if trial['ok'] else 'FAILED'}", flush=True)

@@ -64,3 +64,17 @@ def test_one_lost_host_heals_audits_clean_and_keeps_the_accuracy(tmp_path):
     assert (restart["workers_before"], restart["workers_after"]) == (3, 2)
     assert "was lost with host" in restart["reason"]
     assert trial["audit"] == {"duplicated": 0, "missing": 0}
+
+
+@pytest.mark.slow
+def test_a_host_that_joins_grows_the_group_back_and_the_run_stays_exact(tmp_path):
+    import shutil
+
+    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("etcd"):
+        pytest.skip("needs root, iproute2 (network namespaces) and etcd (apt-get install -y etcd-server)")
+    out = tmp_path / "trials"
+    code = trials.main(["--trials=1", "--failure=join", f"--output_dir={out}"])
+    trial, = json.loads((out / "trials-join.json").read_text())["trials"]
+    assert code == 0 and trial["ok"], trial
+    assert [(t["before"]["num_workers"], t["after"]["num_workers"]) for t in trial["topologies"]] == [(2, 3)]
+    assert trial["restarts"] == [] and trial["audit"] == {"duplicated": 0, "missing": 0}
