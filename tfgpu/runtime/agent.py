@@ -93,41 +93,57 @@ class HostAgent(Launcher):
         while time.monotonic() < deadline:
             if self._signal is not None:
                 return 128 + self._signal
-            outcome = self.rdzv.outcome()
-            if outcome:
-                self.say(f"the job stopped: {outcome['line']}")
-                return outcome["code"]
-            current, alive = self.rdzv.current(), self.rdzv.alive()
-            fresh = current is not None and (self.round is None or current.number > self.round.number)
-            if fresh and self.rdzv.host in current.members:
-                self.rdzv.publish(current.number, free_ports(self.local))
-                published = rendezvous.wait_for_members(self.rdzv, current, self.args.rendezvous_timeout_s)
-                if published is not None:
-                    self.say(f"round {current.number}: {len(current.members)} host(s) x {self.local} worker(s) "
-                             f"({current.reason})")
-                    return current, rendezvous.tf_configs(current.members, published)[self.rdzv.host]
-                latest = self.rdzv.current()
-                if latest is not None and latest.number == current.number:  # a member left before it started
-                    self._propose(latest, latest.restarts, "a member left while the group formed")
+            try:
+                joined = self._join_step(enough_since)
+            except rendezvous.RendezvousError as e:
+                self.say(f"warning: {e}; trying again")
+                time.sleep(1.0)
                 continue
-            if current is not None and self.rdzv.done(current.number):
-                self.say(f"the job finished in round {current.number} without this host")
-                return exit_codes.OK
-            members, _ = self._members(alive)
-            if current is None:
-                workers = len(alive) * self.local
-                if members and enough_since is None:
-                    enough_since = time.monotonic()
-                if members and (workers >= self.args.num_workers
-                                or time.monotonic() - enough_since >= self.args.join_grace_s):
-                    self._propose(None, 0, f"first group of {len(members)} host(s)")
-            elif self.rdzv.host in members and len(members) > len(current.members):
-                self._propose(current, current.restarts,
-                              f"host {self.rdzv.host} joined: {len(current.members)} -> {len(members)} host(s)")
+            if joined is None or isinstance(joined, float):
+                enough_since = joined
+            else:
+                return joined
             time.sleep(0.2)
         raise LaunchError(f"no group including this host formed within --rendezvous_timeout_s="
                           f"{self.args.rendezvous_timeout_s:g} (fewer than --min_workers={self.args.min_workers} "
                           f"workers registered in {self.rdzv.etcd.url}?)")
+
+    def _join_step(self, enough_since):
+        """One look at the rendezvous while joining: (round, TF_CONFIGs) of a round this host is in, or the job's
+        exit code when it ended; else the time enough hosts for a first group were first seen (None: not yet)."""
+        outcome = self.rdzv.outcome()
+        if outcome:
+            self.say(f"the job stopped: {outcome['line']}")
+            return outcome["code"]
+        current, alive = self.rdzv.current(), self.rdzv.alive()
+        fresh = current is not None and (self.round is None or current.number > self.round.number)
+        if fresh and self.rdzv.host in current.members:
+            self.rdzv.publish(current.number, free_ports(self.local))
+            published = rendezvous.wait_for_members(self.rdzv, current, self.args.rendezvous_timeout_s)
+            if published is not None:
+                self.say(f"round {current.number}: {len(current.members)} host(s) x {self.local} worker(s) "
+                         f"({current.reason})")
+                return current, rendezvous.tf_configs(current.members, published)[self.rdzv.host]
+            latest = self.rdzv.current()
+            if latest is not None and latest.number == current.number:  # a member left before it started
+                members = self._members(self.rdzv.alive())[0]
+                record = latest.record and {**latest.record, "workers_after": len(members) * self.local}
+                self._propose(latest, latest.restarts, "a member left while the group formed", members, record)
+            return enough_since
+        if current is not None and self.rdzv.done(current.number):
+            self.say(f"the job finished in round {current.number} without this host")
+            return exit_codes.OK
+        members, _ = self._members(alive)
+        if current is None:
+            if members and enough_since is None:
+                enough_since = time.monotonic()
+            if members and (len(alive) * self.local >= self.args.num_workers
+                            or time.monotonic() - enough_since >= self.args.join_grace_s):
+                self._propose(None, 0, f"first group of {len(members)} host(s)")
+        elif self.rdzv.host in members and len(members) > len(current.members):
+            self._propose(current, current.restarts,
+                          f"host {self.rdzv.host} joined: {len(current.members)} -> {len(members)} host(s)")
+        return enough_since
 
     def _members(self, alive):
         return rendezvous.choose_members(alive, self.local, self.args.min_workers, self.args.num_workers, self.fits)
@@ -181,6 +197,7 @@ class HostAgent(Launcher):
                                        last_step=self._last_step())
             self.say(f"host(s) {', '.join(outcome.hosts)} lost; stopping this host's {len(self.workers)} worker(s)")
             self.stop(self.args.stop_grace_s)
+            failure = self._stopped(failure)
         else:
             failure = dataclasses.replace(outcome, worker=self._global_index(outcome.worker))
         return self._next_round(failure)
