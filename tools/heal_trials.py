@@ -380,7 +380,8 @@ def run_trials(args, reference, cluster) -> int:
         print(f"trial {seed}: {args.failure} {'host' if cluster else 'worker'} {trial['victim']} at step "
               f"{trial['signalled_step']} -> exit "
               f"{trial['exit_code']}, {restart.get('workers_before')} -> {restart.get('workers_after')} workers, "
-              f"topology changes (before, after, step) {sizes}, resumed at {restart.get('step')}, steps lost {trial['steps_lost']}, recovery {trial['recovery_s']} s, "
+              f"topology changes (before, after, step) {sizes}, resumed at {restart.get('step')}, "
+              f"steps lost {trial['steps_lost']}, recovery {trial['recovery_s']} s, "
               f"stopped {trial['stopped_after_progress_s']} s after the last progress, audit {trial['audit']}, "
               f"val_accuracy {accuracy} (baseline {reference}), {trial['wall_s']} s: "
               f"{'ok' if trial['ok'] else 'FAILED'}", flush=True)

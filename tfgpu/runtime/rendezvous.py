@@ -7,10 +7,10 @@ Keys under ``/tfgpu/<job>/`` (values JSON):
 
 - ``hosts/<host>``: ``{"address", "workers"}``, attached to the host's lease: an agent that dies (a lost host, a
   ``kill -9``) disappears when its lease expires (``ttl_s``), a live agent renews it.
-- ``round``: ``{"round", "members", "restarts", "reason", "record"}``: the current group (``record``: the restart
-  record its chief writes to history.jsonl once it restored, for a round a failure started). A new round is only ever written
-  with a compare-and-swap on the revision of the round its proposer read, so concurrent proposals (every agent
-  sees the same failure) produce one round, not several.
+- ``round``: ``{"round", "members", "restarts", "reason", "record"}``: the current group (``record``: the
+  restart record its chief writes to history.jsonl once it restored, for a round a failure started). A new round
+  is only ever written with a compare-and-swap on the revision of the round its proposer read, so concurrent
+  proposals (every agent sees the same failure) produce one round, not several.
 - ``rounds/<n>/<host>``: the ports a member of round n opened for its workers; once every member has written its
   own, each computes the same TF_CONFIGs (members sorted, then local worker index: the first member's first worker
   is the chief).
