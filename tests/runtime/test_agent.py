@@ -4,6 +4,7 @@ and run until told to finish: a host killed with its agent, and a host that come
 import glob
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -101,6 +102,11 @@ def test_a_lost_host_is_left_out_and_a_host_that_comes_back_is_taken_in(etcd_url
         open(os.path.join(out, "finish"), "w").close()
         assert a.wait(30) == 0 and c.wait(30) == 0
         assert "joined: 1 -> 2 host(s)" in _log(out, "a") + _log(out, "c")
+        late = _start_agent(etcd_url, out, "late")  # the same job id once more: refused in one line
+        procs.append(late)
+        assert late.wait(30) == 1
+        assert re.search(r"this job id already ended \(finished in round \d+\); start every agent with a new "
+                         r"JOB_ID", _log(out, "late"))
     finally:
         _cleanup(procs)
 

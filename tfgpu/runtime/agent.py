@@ -62,6 +62,7 @@ class HostAgent(Launcher):
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             self.prepare()
+            self._check_job_is_open()
             self.rdzv.register()
             self.say(f"registered as host {self.rdzv.host} ({self.local} worker(s)) in {self.rdzv.etcd.url} "
                      f"{self.rdzv.prefix}")
@@ -82,6 +83,16 @@ class HostAgent(Launcher):
                 self.rdzv.leave()
             for s, handler in previous.items():
                 signal.signal(s, handler)
+
+    def _check_job_is_open(self):
+        """A job id whose job ended (finished, or stopped unfinished) in etcd cannot be joined again: its keys
+        would end this agent at once. LaunchError naming --rendezvous, before anything starts."""
+        outcome, current = self.rdzv.outcome(), self.rdzv.current()
+        ended = outcome["line"] if outcome else (f"finished in round {current.number}"
+                                                 if current and self.rdzv.done(current.number) else None)
+        if ended:
+            raise LaunchError(f"--rendezvous={self.args.rendezvous}: this job id already ended ({ended}); start "
+                              "every agent with a new JOB_ID (the run resumes from --model_dir all the same)")
 
     # -- forming a round --------------------------------------------------------------------------------------
 
