@@ -342,6 +342,11 @@ def test_cores_are_pinned_per_worker(worker_module):
     (["--num_workers=2", "--min_workers=3"], "--min_workers=3 must be between 1 and --num_workers=2"),
     (["--num_workers=2", "--max_restarts=-1"], "--max_restarts must be >= 0, got -1"),
     ([], "--num_workers: is required"),
+    (["--num_workers=2", "--rendezvous=http://node1:2379/run7"], "--rendezvous='http://node1:2379/run7': expected "
+                                                                   "etcd://HOST:PORT/JOB_ID"),
+    (["--num_workers=3", "--workers_per_host=2", "--rendezvous=etcd://node1/run7"],
+     "--workers_per_host=2 must be at least 1 and divide --num_workers=3"),
+    (["--num_workers=2", "--rendezvous=etcd://127.0.0.1:9/run7"], "etcd at http://127.0.0.1:9 cannot be reached"),
 ])
 def test_bad_launcher_flags_exit_1_before_starting(worker_module, args, message):
     code, output = _run(worker_module, *args)

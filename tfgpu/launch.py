@@ -21,11 +21,16 @@ CUDA_VISIBLE_DEVICES), prefixes their output with ``[worker i]``, and supervises
   newest checkpoint, exactly, on its topology. One line and a ``restart`` record in history.jsonl per restart;
   after K restarts, or below M workers, the job ends with the last failure's code.
 
+Across hosts, ``--rendezvous=etcd://HOST:PORT/JOB`` makes this process one host's agent (``runtime/agent.py``):
+the hosts agree on each group through etcd (``runtime/rendezvous.py``), a lost host or a host that joins re-forms
+the group on the hosts alive, and --num_workers/--min_workers count the whole job's workers.
+
 Workers run in their own process groups and die with the launcher (PR_SET_PDEATHSIG).
 """
 import sys
 
 from tfgpu.runtime.launcher import LaunchError
+from tfgpu.runtime.rendezvous import RendezvousError
 from tfgpu.runtime.supervisor import Launcher
 from tfgpu.training import failures
 
@@ -68,7 +73,21 @@ def _parser():
     p.add_argument("--module", default=None, help="Module each worker runs with `python -m` (default tfgpu.train; "
                    "without --module, worker args that start with a program, e.g. `-- python script.py`, are run "
                    "as given).")
-    p.add_argument("--host", default="localhost", help="Address the workers use to reach each other.")
+    p.add_argument("--host", default="localhost", help="Address the workers use to reach each other (with "
+                   "--rendezvous: this host's address as the other hosts reach it).")
+    p.add_argument("--rendezvous", default="",
+                   help="etcd://HOST:PORT/JOB_ID: run as this host's agent of a job across hosts (one agent per "
+                        "host, same value everywhere); --num_workers and --min_workers then count the whole job's "
+                        "workers, --workers_per_host this host's. See docs/multi-node.md, 'Across hosts'.")
+    p.add_argument("--workers_per_host", type=int, default=1, help="With --rendezvous: workers this host starts.")
+    p.add_argument("--rendezvous_ttl_s", type=float, default=5.0,
+                   help="With --rendezvous: seconds after which a host whose agent stopped renewing its etcd lease "
+                        "counts as lost.")
+    p.add_argument("--join_grace_s", type=float, default=10.0,
+                   help="With --rendezvous: once --min_workers have registered, how long the first group waits for "
+                        "more hosts (it starts at once when --num_workers have).")
+    p.add_argument("--rendezvous_timeout_s", type=float, default=600.0,
+                   help="With --rendezvous: how long an agent waits for a group that includes it.")
     return p
 
 
@@ -97,7 +116,31 @@ def parse_args(argv):
     if not 0 <= args.min_workers <= args.num_workers:
         raise LaunchError(f"--min_workers={args.min_workers} must be between 1 and --num_workers={args.num_workers}")
     args.min_workers = args.min_workers or args.num_workers
+    if args.rendezvous:
+        from tfgpu.runtime import rendezvous
+
+        try:
+            rendezvous.parse_endpoint(args.rendezvous)
+        except ValueError as e:
+            raise LaunchError(str(e)) from None
+        if args.workers_per_host < 1 or args.num_workers % args.workers_per_host:
+            raise LaunchError(f"--workers_per_host={args.workers_per_host} must be at least 1 and divide "
+                              f"--num_workers={args.num_workers} (the job's most workers)")
+        if min(args.rendezvous_ttl_s, args.rendezvous_timeout_s) <= 0 or args.join_grace_s < 0:
+            raise LaunchError("--rendezvous_ttl_s and --rendezvous_timeout_s must be > 0, --join_grace_s >= 0")
     return args
+
+
+def make_launcher(args, worker_args):
+    """The one-host Launcher, or this host's agent of a job across hosts (--rendezvous)."""
+    if not args.rendezvous:
+        return Launcher(args, worker_args)
+    from tfgpu.runtime import agent, rendezvous
+
+    url, job = rendezvous.parse_endpoint(args.rendezvous)
+    rdzv = rendezvous.Rendezvous(url, job, agent.host_id(args.host), args.host, args.workers_per_host,
+                                 ttl_s=args.rendezvous_ttl_s)
+    return agent.HostAgent(args, worker_args, rdzv)
 
 
 def main(argv=None) -> int:
@@ -110,9 +153,9 @@ def main(argv=None) -> int:
         return 0
     try:
         args = parse_args(launcher_argv)
-        launcher = Launcher(args, worker_argv)
+        launcher = make_launcher(args, worker_argv)
         return launcher.run()
-    except (LaunchError, cli.ConfigError) as e:
+    except (LaunchError, cli.ConfigError, RendezvousError) as e:
         print(f"error: {e}", file=sys.stderr)
         return failures.BAD_INPUT
 

@@ -69,3 +69,13 @@ def test_the_line_and_record_say_why_who_sizes_the_step_and_the_steps_lost(tmp_p
     early = Failure(0, 0, 137, restarts.describe_exit(137))
     assert restarts.restart_line(2, 3, early, 2, 2, None).endswith(
         "before its first loop; 2 -> 2 workers, resuming from the newest checkpoint (none found yet: from the start)")
+
+
+def test_a_handed_record_is_taken_once_and_completed_with_the_step_resumed_from():
+    record = restarts.restart_record(2, restarts.Failure(1, -1, 129, "lost a peer (exit 129)", last_step=47), 3, 2,
+                                     None, 100.0)
+    environ = {restarts.RECORD_ENV: restarts.handoff(record)}
+    taken = restarts.take_handed_record(environ, 40)
+    assert taken["restart"] == 2 and taken["steps_lost"] == 7 and taken["workers_after"] == 2
+    assert restarts.RECORD_ENV not in environ and restarts.take_handed_record(environ, 40) is None
+    assert restarts.take_handed_record({restarts.RECORD_ENV: "{not json"}, 40) is None

@@ -535,3 +535,23 @@ def test_ctrl_c_mid_loop_saves_the_step_in_flight_exits_130_and_the_resumed_run_
     for name in straight:
         np.testing.assert_array_equal(split[name], straight[name], err_msg=name)
     assert read_metrics(tmp_path / "split")["val_loss"] == read_metrics(tmp_path / "straight")["val_loss"]
+
+
+# Slow (two runs, 44 s on the loaded host): restarts.take_handed_record's rules are in the default suite
+# (tests/runtime/test_restarts.py), the chief's write end to end in heal_trials --failure=host.
+@pytest.mark.slow
+def test_a_restart_record_handed_by_the_launcher_is_written_by_the_chief_with_the_step_it_restored(
+        train_here, tmp_path, monkeypatch):
+    """tfgpu.launch hands the record over (TFGPU_RESTART_RECORD) when it cannot write history.jsonl itself (a gs://
+    --model_dir, or the chief on another host); the chief writes it once, with the step it resumed from."""
+    from tfgpu.runtime import restarts
+
+    common = SMALL + ["--model=small_cnn", "--steps_per_loop=2", "--verbose=0", f"--model_dir={tmp_path}"]
+    train_here(*common, "--train_steps=4")
+    record = {"restart": 1, "reason": "was lost with host 10.0.0.2-7", "worker": 1, "exit_code": 129,
+              "workers_before": 3, "workers_after": 2, "last_step": 5, "steps_lost": None, "failed_at": 1.0}
+    monkeypatch.setenv(restarts.RECORD_ENV, restarts.handoff(record))
+    train_here(*common, "--train_steps=6")
+    written, = read_history(tmp_path, "restart")
+    assert written["step"] == 4 and written["steps_lost"] == 1 and written["reason"] == record["reason"]
+    assert restarts.RECORD_ENV not in os.environ  # taken: an in-place re-exec does not write it again

@@ -9,7 +9,9 @@ bandwidth and latency by ``tc``, so multi-worker runs cross a real (emulated) wi
 
 Layout (every name starts with ``tfgpu-nc``, or ``$TFGPU_NETEM_PREFIX``, so ``down`` finds all of it and nothing
 else): a hub namespace ``tfgpu-nc-hub`` holds the bridge; worker namespace ``tfgpu-nc-wI`` holds ``eth0``
-(10.233.0.(I+1)/24), the worker end of a veth pair whose other end is a port of the bridge. Every link is shaped
+(10.233.0.(I+1)/24), the worker end of a veth pair whose other end is a port of the bridge; the bridge itself
+has 10.233.0.254 inside the hub, where a service every worker must reach runs (``ip netns exec tfgpu-nc-hub
+etcd ...``: the rendezvous of ``tools/heal_trials.py --failure=host``), unshaped and outside any "host". Every link is shaped
 in both directions, on the worker's ``eth0`` (what it sends) and on its bridge port (what it receives): a ``tbf``
 at ``--bandwidth`` and, where the kernel has netem, a ``netem`` delay of half ``--latency_ms`` each way, so two
 workers are ``--latency_ms`` apart. A kernel without netem (CONFIG_NET_SCH_NETEM unset, as on this project's
@@ -36,6 +38,7 @@ PREFIX = os.environ.get("TFGPU_NETEM_PREFIX", "tfgpu-nc")
 HUB = f"{PREFIX}-hub"
 BRIDGE = "br0"
 SUBNET = "10.233.0"
+HUB_ADDRESS = f"{SUBNET}.254"  # the bridge's own address in the hub: a service every worker reaches (e.g. etcd)
 DEFAULT_PORT = 23456
 MAX_WORKERS = 8
 
@@ -161,6 +164,7 @@ def up(num_workers: int, bandwidth: str, latency_ms: float) -> None:
         _sh("ip", "netns", "add", HUB)
         _sh("ip", "link", "set", "lo", "up", ns=HUB)
         _sh("ip", "link", "add", BRIDGE, "type", "bridge", ns=HUB)
+        _sh("ip", "addr", "add", f"{HUB_ADDRESS}/24", "dev", BRIDGE, ns=HUB)
         _sh("ip", "link", "set", BRIDGE, "up", ns=HUB)
         for index in range(num_workers):
             name = worker_ns(index)

@@ -9,6 +9,7 @@ on the same slots. Exit codes 1-127 are permanent (``training/failures.py``: a b
 failed kernel): a restart would fail the same way, so the job stops.
 """
 import dataclasses
+import json
 import re
 import signal
 
@@ -130,3 +131,28 @@ def restart_record(number: int, failure: Failure, before: int, after: int, resum
             "workers_before": before, "workers_after": after, "last_step": failure.last_step,
             "steps_lost": steps_lost(failure.last_step, resumed_step), "failed_at": round(failed_at, 3),
             "stopped_after_progress_s": round(failure.stopped_after_s, 3)}
+
+
+# The restart record handed to the new group when the launcher cannot write it itself (a ``gs://`` --model_dir: it
+# loads no TensorFlow; or across hosts, where the chief may be on another host): its chief writes it through
+# history.jsonl's writer once it restored, with the step it actually resumed from.
+RECORD_ENV = "TFGPU_RESTART_RECORD"
+
+
+def handoff(record: dict) -> str:
+    """``record`` (``restart_record``'s, its step not known yet) as the new group's ``RECORD_ENV`` value."""
+    return json.dumps(record)
+
+
+def take_handed_record(environ, resumed_step: int):
+    """The restart record the launcher handed this process (removed from ``environ``, so an in-place re-exec does
+    not write it twice), completed with the step it resumed from and the steps lost; None when none was handed or
+    it does not parse."""
+    raw = environ.pop(RECORD_ENV, "")
+    try:
+        record = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    if not isinstance(record, dict):
+        return None
+    return {**record, "steps_lost": steps_lost(record.get("last_step"), resumed_step), "resumed_by": "chief"}

@@ -113,6 +113,7 @@ class Launcher:
         self._signal = None
         self._heartbeats = None  # the directory of the workers' heartbeat files
         self._recovering = None  # (restart number, time.time() of the failure) until the new group's first loop
+        self._handoff = None  # a restart record for the next group's chief to write (restarts.RECORD_ENV)
 
     def _option(self, name, default):
         return getattr(self.args, name, default)
@@ -136,22 +137,24 @@ class Launcher:
         self.fits = batch_rule(self.args, self.worker_args, self.gpus[0])
         self._heartbeats = tempfile.mkdtemp(prefix="tfgpu-launch-")
 
-    def start(self, slots=None):
-        """Starts one worker per slot (every slot by default), with a fresh TF_CONFIG, free ports and its own
-        heartbeat file. No thread of ours runs yet (preexec_fn is not thread-safe): a restart starts the next group
+    def start(self, slots=None, configs=None):
+        """Starts one worker per slot (every slot by default), with a fresh TF_CONFIG (``configs``: one per slot,
+        given by an agent across hosts; else free ports on this host) and its own heartbeat file. No thread of ours runs yet (preexec_fn is not thread-safe): a restart starts the next group
         after ``stop`` joined the previous group's threads."""
         if not hasattr(self, "command"):
             self.prepare()
         slots = list(range(self.args.num_workers)) if slots is None else list(slots)
         n = len(slots)
         self.groups += 1
-        configs = tf_configs(self.args.host, free_ports(n))
+        configs = list(configs) if configs is not None else tf_configs(self.args.host, free_ports(n))
         self.workers = []
         try:
             for index, slot in enumerate(slots):
                 beat_path = os.path.join(self._heartbeats, f"group{self.groups}-worker{index}.json")
                 env = {**os.environ, "TF_CONFIG": configs[index], "PYTHONUNBUFFERED": "1",
                        heartbeat.ENV: beat_path}
+                if self._handoff:
+                    env[restarts.RECORD_ENV] = self._handoff
                 if self.gpus[slot] is not None:
                     env["CUDA_VISIBLE_DEVICES"] = self.gpus[slot]
                 proc = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -161,6 +164,7 @@ class Launcher:
         except OSError as e:
             raise LaunchError(f"cannot start {' '.join(self.command[:3])}: {e} (check --python)") from None
         finally:
+            self._handoff = None  # one group writes it
             for worker in self.workers:  # also those started before a failure, so stop() can reap them
                 worker.start_threads()
         cores = [self.cores[s] for s in slots]
@@ -211,6 +215,9 @@ class Launcher:
                 for worker in self.workers:
                     worker.read_heartbeat(now)
                 self._note_recovery()
+                change = self._membership_change()
+                if change is not None:
+                    return change
             if any(w.exit_code not in (None, 0) for w in self.workers):
                 return self._stopped(self._stop_failed_group())
             if all(w.exit_code is not None for w in self.workers):
@@ -227,6 +234,14 @@ class Launcher:
                 if silent:
                     return self._stopped(self._stop_hung_group(silent, now))
             time.sleep(0.05)
+
+    def _group_size(self) -> int:
+        """Workers in the group (across hosts, more than this launcher's)."""
+        return len(self.workers)
+
+    def _membership_change(self):
+        """What ends the group from outside it (an agent across hosts: a new round, a lost host); None here."""
+        return None
 
     def _last_step(self):
         steps = [w.beat["step"] for w in self.workers if w.beat]
@@ -313,12 +328,13 @@ class Launcher:
         resumed = restarts.checkpoint_step(model_dir)
         failed_at = time.time()
         self.say(restarts.restart_line(self.restarts, max_restarts, failure, len(slots), len(new_slots), resumed))
+        record = restarts.restart_record(self.restarts, failure, len(slots), len(new_slots), resumed, failed_at)
         if model_dir and "://" not in model_dir:
-            record = {"kind": "restart", "step": resumed or 0, "time": round(failed_at, 3),
-                      **restarts.restart_record(self.restarts, failure, len(slots), len(new_slots), resumed,
-                                                failed_at)}
             with contextlib.suppress(OSError), open(run_dir.history(model_dir), "a") as f:
-                f.write(json.dumps(record) + "\n")
+                f.write(json.dumps({"kind": "restart", "step": resumed or 0, "time": round(failed_at, 3),
+                                    **record}) + "\n")
+        elif model_dir:  # gs://...: the new group's chief writes it through TensorFlow, with the step it restored
+            self._handoff = restarts.handoff(record)
         self._recovering = (self.restarts, failed_at)
         return new_slots
 
@@ -329,7 +345,7 @@ class Launcher:
         number, failed_at = self._recovering
         self._recovering = None
         step = self._last_step()
-        self.say(f"restart {number}: the new group of {len(self.workers)} finished its first loop (step {step}) "
+        self.say(f"restart {number}: the new group of {self._group_size()} finished its first loop (step {step}) "
                  f"{time.time() - failed_at:.1f} s after the group was stopped")
 
     def _failed(self, failure) -> int:

@@ -7,6 +7,7 @@ How a run fails is ``failures``; metrics.json is ``results``. The Trainer reads 
 the pipeline its ``InputConfig``.
 """
 import logging
+import os
 import time
 
 import tensorflow as tf
@@ -15,7 +16,7 @@ from tfgpu import durations
 from tfgpu.config import ConfigError, InputConfig, TrainerConfig
 from tfgpu.data import pipeline, records
 from tfgpu.data.input_position import InputPosition
-from tfgpu.runtime import heartbeat, precision
+from tfgpu.runtime import heartbeat, precision, restarts
 from tfgpu.runtime.distribute import Placement
 from tfgpu.training import checkpoint as checkpoint_lib
 from tfgpu.training import run_dir
@@ -188,6 +189,9 @@ class Trainer:
                 metric_specs.write(self.model_dir, self.declarations)
             for call in self.on_restored:
                 call(start_step, self.history)
+            handed = restarts.take_handed_record(os.environ, start_step)  # tfgpu.launch could not write it itself
+            if handed is not None:
+                self.history.write("restart", start_step, handed)
             heartbeat.beat("restored", start_step, self.model_dir)  # tfgpu.launch's view of this worker's progress
             self.hooks.on_train_begin(start_step)
             try:

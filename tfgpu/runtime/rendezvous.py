@@ -1,0 +1,261 @@
+"""The membership of a job that spans hosts, agreed through etcd: which hosts form each worker group ("round"), and
+the TF_CONFIG every worker of the round gets. One ``tfgpu.launch --rendezvous=etcd://HOST:PORT/JOB`` agent per host
+uses it (``runtime/agent.py``); etcd is spoken through its v3 JSON gateway with the standard library only (no
+TensorFlow, no etcd client package).
+
+Keys under ``/tfgpu/<job>/`` (values JSON):
+
+- ``hosts/<host>``: ``{"address", "workers"}``, attached to the host's lease: an agent that dies (a lost host, a
+  ``kill -9``) disappears when its lease expires (``ttl_s``), a live agent renews it.
+- ``round``: ``{"round", "members", "restarts", "reason", "record"}``: the current group (``record``: the
+  restart record its chief writes to history.jsonl once it restored, for a round a failure started). A new round
+  is only ever written with a compare-and-swap on the revision of the round its proposer read, so concurrent
+  proposals (every agent sees the same failure) produce one round, not several.
+- ``rounds/<n>/<host>``: the ports a member of round n opened for its workers; once every member has written its
+  own, each computes the same TF_CONFIGs (members sorted, then local worker index: the first member's first worker
+  is the chief).
+- ``done/<n>``: a member whose workers all finished round n; a member that leaves after it is not a failure.
+- ``outcome``: ``{"code", "line"}``: the job ended without finishing (below --min_workers, --max_restarts spent);
+  every agent exits with that code.
+"""
+import base64
+import dataclasses
+import json
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+
+class RendezvousError(RuntimeError):
+    """etcd cannot be reached or refused a request; the message names the endpoint."""
+
+
+def parse_endpoint(text: str) -> tuple:
+    """``etcd://HOST:PORT/JOB`` -> (``http://HOST:PORT``, JOB); ValueError naming --rendezvous otherwise."""
+    parsed = urllib.parse.urlsplit(text)
+    job = parsed.path.strip("/")
+    if parsed.scheme != "etcd" or not parsed.hostname or not job or "/" in job:
+        raise ValueError(f"--rendezvous={text!r}: expected etcd://HOST:PORT/JOB_ID (e.g. etcd://10.0.0.1:2379/run7)")
+    return f"http://{parsed.hostname}:{parsed.port or 2379}", job
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def _prefix_end(prefix: str) -> str:
+    """etcd's range_end for every key that starts with ``prefix`` (its last byte plus one)."""
+    raw = prefix.encode()
+    return base64.b64encode(raw[:-1] + bytes([raw[-1] + 1])).decode()
+
+
+class Etcd:
+    """The few etcd v3 calls a rendezvous needs, as JSON over HTTP (``/v3/kv/*``, ``/v3/lease/*``)."""
+
+    def __init__(self, url: str, timeout_s: float = 5.0):
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def call(self, path: str, body: dict) -> dict:
+        request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                answer = json.loads(response.read().decode() or "{}")
+        except urllib.error.HTTPError as e:
+            raise RendezvousError(f"etcd at {self.url}{path}: HTTP {e.code}: {e.read().decode()[:200]}") from None
+        except (OSError, ValueError) as e:
+            raise RendezvousError(f"etcd at {self.url} cannot be reached ({path}): {e}") from None
+        if "error" in answer:
+            raise RendezvousError(f"etcd at {self.url}{path}: {answer.get('message', answer['error'])}")
+        return answer
+
+    def get(self, key: str):
+        """(value, mod_revision) of ``key``; (None, 0) when absent."""
+        kvs = self.call("/v3/kv/range", {"key": _b64(key)}).get("kvs", [])
+        if not kvs:
+            return None, 0
+        return base64.b64decode(kvs[0].get("value", "")).decode(), int(kvs[0]["mod_revision"])
+
+    def get_prefix(self, prefix: str) -> dict:
+        """{key: value} of every key under ``prefix``."""
+        kvs = self.call("/v3/kv/range", {"key": _b64(prefix), "range_end": _prefix_end(prefix)}).get("kvs", [])
+        return {base64.b64decode(kv["key"]).decode(): base64.b64decode(kv.get("value", "")).decode() for kv in kvs}
+
+    def put(self, key: str, value: str, lease: str | None = None) -> None:
+        body = {"key": _b64(key), "value": _b64(value)}
+        if lease:
+            body["lease"] = lease
+        self.call("/v3/kv/put", body)
+
+    def put_if(self, key: str, value: str, mod_revision: int) -> bool:
+        """Writes ``key`` only if its mod_revision is still ``mod_revision`` (0: only if absent); whether it did."""
+        return bool(self.call("/v3/kv/txn", {
+            "compare": [{"key": _b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(mod_revision)}],
+            "success": [{"request_put": {"key": _b64(key), "value": _b64(value)}}]}).get("succeeded"))
+
+    def grant(self, ttl_s: int) -> str:
+        return self.call("/v3/lease/grant", {"TTL": str(int(ttl_s))})["ID"]
+
+    def keepalive(self, lease: str) -> bool:
+        """Renews ``lease``; False when it has expired already."""
+        answer = self.call("/v3/lease/keepalive", {"ID": lease})
+        return int(answer.get("result", answer).get("TTL", 0)) > 0
+
+    def revoke(self, lease: str) -> None:
+        self.call("/v3/lease/revoke", {"ID": lease})
+
+
+@dataclasses.dataclass(frozen=True)
+class Round:
+    """One worker group: its number, member hosts (sorted), failures restarted so far, and why it was formed."""
+    number: int
+    members: tuple
+    restarts: int = 0
+    reason: str = ""
+    record: dict | None = None  # the restart record this round's chief writes once it restored (a failure's)
+    revision: int = 0  # etcd's mod_revision of the round key: what the next proposal compares against
+
+    def to_json(self) -> str:
+        return json.dumps({"round": self.number, "members": list(self.members), "restarts": self.restarts,
+                           "reason": self.reason, "record": self.record})
+
+
+def choose_members(alive: dict, workers_per_host: int, min_workers: int, max_workers: int, fits=lambda n: True):
+    """(members, why not): the alive hosts (sorted) the next round takes, as many as ``max_workers`` allows and the
+    global batch divides (``fits``); ([], reason) when fewer than ``min_workers`` workers would be left."""
+    hosts = sorted(alive)
+    for count in range(min(len(hosts), max_workers // workers_per_host), 0, -1):
+        workers = count * workers_per_host
+        if workers >= min_workers and fits(workers):
+            return tuple(hosts[:count]), ""
+    have = len(hosts) * workers_per_host
+    if have < min_workers:
+        return (), f"{len(hosts)} host(s) x {workers_per_host} worker(s) left, fewer than --min_workers={min_workers}"
+    return (), f"no group of {min_workers}..{have} workers divides the global batch"
+
+
+def tf_configs(members, published: dict) -> dict:
+    """{host: [TF_CONFIG of each of its workers]}: every member's ports in member order, the first one's first
+    worker the chief; ``published``: host -> {"address", "ports"}."""
+    addresses = [f"{published[h]['address']}:{p}" for h in members for p in published[h]["ports"]]
+    cluster = {"worker": addresses}
+    configs, index = {}, 0
+    for host in members:
+        configs[host] = []
+        for _ in published[host]["ports"]:
+            configs[host].append(json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}))
+            index += 1
+    return configs
+
+
+class Rendezvous:
+    """One host's view of the job's membership in etcd: its registration (kept alive by a thread), the current
+    round, proposals of the next one, the ports of a round's members, and the job's outcome."""
+
+    def __init__(self, url: str, job: str, host: str, address: str, workers: int, ttl_s: float = 5.0):
+        self.etcd = Etcd(url)
+        self.prefix = f"/tfgpu/{job}/"
+        self.host, self.address, self.workers = host, address, workers
+        self.ttl_s = ttl_s
+        self.lease = None
+        self._stop = threading.Event()
+        self._keeper = None
+
+    def key(self, *parts) -> str:
+        return self.prefix + "/".join(str(p) for p in parts)
+
+    def register(self) -> None:
+        """Puts this host under ``hosts/`` with a lease renewed every third of its TTL until ``leave``."""
+        self.lease = self.etcd.grant(max(2, round(self.ttl_s)))
+        self.etcd.put(self.key("hosts", self.host), json.dumps({"address": self.address, "workers": self.workers}),
+                      lease=self.lease)
+        self._stop.clear()
+        self._keeper = threading.Thread(target=self._keep_alive, daemon=True)
+        self._keeper.start()
+
+    def _keep_alive(self):
+        while not self._stop.wait(max(self.ttl_s / 3, 0.3)):
+            try:
+                if not self.etcd.keepalive(self.lease):  # expired (e.g. this host was frozen): register again
+                    self.lease = self.etcd.grant(max(2, round(self.ttl_s)))
+                    self.etcd.put(self.key("hosts", self.host), json.dumps(
+                        {"address": self.address, "workers": self.workers}), lease=self.lease)
+            except RendezvousError:
+                pass  # etcd briefly unreachable: try again; the lease outlives a few misses
+
+    def leave(self) -> None:
+        """Stops renewing and removes this host's registration (its keys go with the lease)."""
+        self._stop.set()
+        if self._keeper is not None:
+            self._keeper.join(5)
+        if self.lease is not None:
+            try:
+                self.etcd.revoke(self.lease)
+            except RendezvousError:
+                pass
+            self.lease = None
+
+    def alive(self) -> dict:
+        """{host: {"address", "workers"}} of every registered host."""
+        start = len(self.key("hosts", ""))
+        return {k[start:]: json.loads(v) for k, v in self.etcd.get_prefix(self.key("hosts", "")).items()}
+
+    def current(self):
+        """The current Round, or None before the first."""
+        value, revision = self.etcd.get(self.key("round"))
+        if value is None:
+            return None
+        data = json.loads(value)
+        return Round(data["round"], tuple(data["members"]), data.get("restarts", 0), data.get("reason", ""),
+                     data.get("record"), revision)
+
+    def propose(self, after, members, restarts: int, reason: str, record=None):
+        """Writes round ``after.number + 1`` (1 when ``after`` is None) with ``members`` unless another agent
+        wrote a round since ``after`` was read: (the current round, whether it is this proposal)."""
+        number = after.number + 1 if after else 1
+        proposal = Round(number, tuple(members), restarts, reason, record)
+        won = self.etcd.put_if(self.key("round"), proposal.to_json(), after.revision if after else 0)
+        return self.current(), won
+
+    def publish(self, number: int, ports: list) -> None:
+        self.etcd.put(self.key("rounds", number, self.host), json.dumps({"address": self.address, "ports": ports}),
+                      lease=self.lease)
+
+    def published(self, number: int) -> dict:
+        start = len(self.key("rounds", number, ""))
+        return {k[start:]: json.loads(v) for k, v in self.etcd.get_prefix(self.key("rounds", number, "")).items()}
+
+    def mark_done(self, number: int) -> None:
+        self.etcd.put(self.key("done", number, self.host), "1")
+
+    def done(self, number: int) -> bool:
+        return bool(self.etcd.get_prefix(self.key("done", number, "")))
+
+    def end(self, code: int, line: str) -> None:
+        """Records that the job stops unfinished; the first outcome written stays."""
+        self.etcd.put_if(self.key("outcome"), json.dumps({"code": code, "line": line}), 0)
+
+    def outcome(self):
+        value, _ = self.etcd.get(self.key("outcome"))
+        return json.loads(value) if value else None
+
+
+def wait_for_members(rdzv: Rendezvous, current: Round, timeout_s: float, poll_s: float = 0.2):
+    """The ports every member of ``current`` published, or None when the round changed, a member's registration
+    vanished or ``timeout_s`` passed first (the caller forms another round)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        published = rdzv.published(current.number)
+        if all(m in published for m in current.members):
+            return published
+        latest = rdzv.current()
+        if latest is None or latest.number != current.number:
+            return None
+        alive = rdzv.alive()
+        if any(m not in alive for m in current.members):
+            return None
+        time.sleep(poll_s)
+    return None
