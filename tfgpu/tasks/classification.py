@@ -61,6 +61,7 @@ class ClassificationTask(Task):
     _generic_loss = None
     _class_weights = None
     _clipping = {}
+    _metrics = None
     report_options = ("jit_compile", "optimizer", "base_learning_rate", "lr_schedule", "warmup_epochs", "warmup_steps",
                       "weight_decay", "label_smoothing", "grad_accum_steps", "init_weights", "freeze")
 
@@ -92,6 +93,12 @@ class ClassificationTask(Task):
         self._class_weights = (tf.constant([float(self.compiled.class_weight.get(c, 1.0))
                                             for c in range(self.info.num_classes)])
                                if self.compiled and self.compiled.class_weight else None)
+        # tfgpu.fit's compiled metrics (Keras' objects, their state summed over replicas and workers)
+        self._metrics = compiled.make_metrics(self.info.num_classes) if compiled else None
+        if self._metrics:
+            self._metrics.build(self.placement.strategy)
+        else:
+            self._metrics = None
         if compiled:
             fit_compile.check_from_logits(compiled, self.head, config.model)
             inner = compiled.make_optimizer()
@@ -208,6 +215,7 @@ class ClassificationTask(Task):
         # One micro-batch: the batch itself, no split nor zero-initialized sums (fewer kernels per step).
         micro = zip(*(tf.split(t, k) for t in (images, labels, weights))) if k > 1 else [(images, labels, weights)]
         grads = loss_sum = correct = None
+        predictions = []
         for i, (x, y, sample_weight) in enumerate(micro):
             with tf.GradientTape() as tape:
                 outputs = self._forward(x, training=True)
@@ -226,13 +234,27 @@ class ClassificationTask(Task):
             grads = micro_grads if grads is None else [g + m for g, m in zip(grads, micro_grads)]
             hits = tf.reduce_sum(self.per_example_accuracy(y, tf.cast(outputs, tf.float32)) * sample_weight)
             loss_sum, correct = (summed, hits) if i == 0 else (loss_sum + summed, correct + hits)
-        return grads, loss_sum / config.global_batch_size, correct / config.global_batch_size
+            if self._metrics is not None:
+                predictions.append(tf.cast(outputs, tf.float32))
+        outputs = (predictions[0] if len(predictions) == 1 else tf.concat(predictions, 0)) if predictions else None
+        return grads, loss_sum / config.global_batch_size, correct / config.global_batch_size, outputs
+
+    def _metric_update(self, kind: str, labels, outputs, mask=None, sample_weight=None):
+        """Adds this replica's batch to the compiled metrics' summed state: the labels as the user gave them
+        (class indices or one-hot rows) and the model's output as the user's model gives it (probabilities under
+        a softmax head, else its logits)."""
+        truth = tf.one_hot(labels, self.info.num_classes) if self.compiled.one_hot else labels
+        predicted = tf.nn.softmax(outputs) if self.head.gives_probabilities and not self._from_probabilities \
+            else outputs
+        return self._metrics.add(kind, self._metrics.increments(truth, predicted, mask, sample_weight))
 
     def train_step(self, batch):
         images, labels, weights = unpack_batch(batch)
         state = self.model.non_trainable_variables  # BatchNorm statistics: a skipped step puts them back
         saved = [tf.identity(v.value) for v in state]
-        grads, loss, accuracy = self._grads_fn(images, labels, weights)
+        grads, loss, accuracy, outputs = self._grads_fn(images, labels, weights)
+        if self._metrics is not None:
+            self._metric_update("train", labels, outputs, sample_weight=weights)
         num_replicas = self.placement.num_replicas
         if self._clipping:  # a compiled clipnorm/clipvalue/global_clipnorm, on the all-reduced gradient
             grads = fit_compile.clip(grads, self._clipping, precision.current_loss_scale(self.optimizer),
@@ -256,6 +278,8 @@ class ClassificationTask(Task):
         k = min(5, self.info.num_classes)
         top5 = tf.cast(tf.nn.in_top_k(labels, outputs, k), tf.float32)
         top1 = tf.cast(tf.equal(tf.argmax(outputs, -1), labels), tf.float32)
+        if self._metrics is not None:
+            self._metric_update("eval", labels, outputs, mask=weights, sample_weight=weights)
         return {"loss_sum": tf.reduce_sum(loss * weights), "correct": tf.reduce_sum(top1 * weights),
                 "correct_top5": tf.reduce_sum(top5 * weights), "count": tf.reduce_sum(weights)}
 
@@ -263,10 +287,15 @@ class ClassificationTask(Task):
         if step == self.total_steps and (note := batch_norm.stale_statistics_note(
                 self.model, step * self.config.grad_accum_steps)):
             log.warning("%s", note)
+        if self._metrics is not None:
+            self._metrics.reset("eval")
         sums = run_eval()
         count = max(sums["count"], 1.0)
-        return {"val_loss": sums["loss_sum"] / count, "val_accuracy": sums["correct"] / count,
-                "val_top5_accuracy": sums["correct_top5"] / count, "val_examples": int(sums["count"])}
+        metrics = {"val_loss": sums["loss_sum"] / count, "val_accuracy": sums["correct"] / count,
+                   "val_top5_accuracy": sums["correct_top5"] / count, "val_examples": int(sums["count"])}
+        if self._metrics is not None:  # tfgpu.fit's compiled metrics, under History's names
+            metrics.update(self._metrics.results("eval", "val_"))
+        return metrics
 
     def learning_rates(self):
         return {"learning_rate": float(self._learning_rate_now())}
