@@ -41,7 +41,8 @@ def test_losses_and_metrics_as_compiled():
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(optimizer="adam", loss="binary_crossentropy"), "loss binary_crossentropy"),
-    (dict(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["mae"]), "metric 'mae'"),
+    (dict(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=[keras.metrics.R2Score()]),
+     "metric 'r2_score'"),
     (dict(optimizer=keras.optimizers.Adam(loss_scale_factor=8.0), loss="sparse_categorical_crossentropy"),
      "loss_scale_factor"),
     (dict(optimizer="adam", loss="sparse_categorical_crossentropy", loss_weights=[2.0]), "loss_weights"),
