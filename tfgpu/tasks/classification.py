@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from tfgpu.config import ConfigError, InputConfig, OptimizationConfig, PrecisionConfig
 from tfgpu.runtime import precision
-from tfgpu.training import fit_compile, optimizers, results
+from tfgpu.training import fit_compile, fit_weights, optimizers, results
 from tfgpu.models import batch_norm, create_model, get_spec, heads, model_options
 from tfgpu.models.summary import count_params
 from tfgpu.tasks.base import MetricSpec, Task, register_task, unpack_batch
@@ -117,6 +117,15 @@ class ClassificationTask(Task):
             self.freezer.freeze()
         self.num_trainable_while_frozen = count_params(self.model)
         self._trace_gradients()
+
+    def examples(self):
+        """Classification's examples; under ``tfgpu.fit`` with ``sample_weight``, each with its weight
+        (``fit_weights.WeightedExamples``)."""
+        compiled = fit_compile.lookup(self.config.model)
+        if compiled is None or not compiled.sample_weights:
+            return super().examples()
+        return fit_weights.WeightedExamples(InputConfig.of(self.config, self.batches_per_step(self.config)), self.info,
+                                            compiled.sample_weights)
 
     def check_head(self, model) -> heads.Head:
         """The head of the built model, once this task can train it (``check_model``); ConfigError otherwise."""
@@ -232,7 +241,7 @@ class ClassificationTask(Task):
                 scaled = precision.scale_loss(self.optimizer, loss)
             micro_grads = [tf.cast(m, v.dtype) for m, v in zip(tape.gradient(scaled, variables), variables)]
             grads = micro_grads if grads is None else [g + m for g, m in zip(grads, micro_grads)]
-            hits = tf.reduce_sum(self.per_example_accuracy(y, tf.cast(outputs, tf.float32)) * sample_weight)
+            hits = tf.reduce_sum(self.per_example_accuracy(y, tf.cast(outputs, tf.float32)))  # unweighted, as Keras'
             loss_sum, correct = (summed, hits) if i == 0 else (loss_sum + summed, correct + hits)
             if self._metrics is not None:
                 predictions.append(tf.cast(outputs, tf.float32))
@@ -250,6 +259,8 @@ class ClassificationTask(Task):
 
     def train_step(self, batch):
         images, labels, weights = unpack_batch(batch)
+        if weights is not None:  # tfgpu.fit's sample weights (fit_weights), as carried by the pipeline
+            weights, _ = fit_weights.decode(weights)
         state = self.model.non_trainable_variables  # BatchNorm statistics: a skipped step puts them back
         saved = [tf.identity(v.value) for v in state]
         grads, loss, accuracy, outputs = self._grads_fn(images, labels, weights)
@@ -272,16 +283,18 @@ class ClassificationTask(Task):
         return ("loss_sum", "correct", "correct_top5", "count")
 
     def eval_step(self, batch):
-        images, labels, weights = unpack_batch(batch)
+        images, labels, carried = unpack_batch(batch)
+        weights, real = fit_weights.decode(carried)  # padding: weight 0, not real; a weighted example's weight
         outputs = tf.cast(self._forward(images, training=False), tf.float32)
         loss = self.per_example_loss(labels, outputs)
         k = min(5, self.info.num_classes)
         top5 = tf.cast(tf.nn.in_top_k(labels, outputs, k), tf.float32)
         top1 = tf.cast(tf.equal(tf.argmax(outputs, -1), labels), tf.float32)
         if self._metrics is not None:
-            self._metric_update("eval", labels, outputs, mask=weights, sample_weight=weights)
-        return {"loss_sum": tf.reduce_sum(loss * weights), "correct": tf.reduce_sum(top1 * weights),
-                "correct_top5": tf.reduce_sum(top5 * weights), "count": tf.reduce_sum(weights)}
+            self._metric_update("eval", labels, outputs, mask=real, sample_weight=weights)
+        # Keras' val_loss: sum(loss * weight) over the examples, divided by their number
+        return {"loss_sum": tf.reduce_sum(loss * weights), "correct": tf.reduce_sum(top1 * real),
+                "correct_top5": tf.reduce_sum(top5 * real), "count": tf.reduce_sum(real)}
 
     def evaluate(self, run_eval, step, model_dir):
         if step == self.total_steps and (note := batch_norm.stale_statistics_note(

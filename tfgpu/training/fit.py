@@ -88,6 +88,7 @@ class _Model:
     compiled: object = None  # fit_compile.Compiled (of the object at once; of a builder's model when built)
     class_weight: dict = None
     one_hot: bool = False
+    sample_weights: dict = None  # split -> per-example weights (fit_weights)
     built: object = None  # the model the run trains (inside the scope)
     defaults: tuple = ("sgd", 0.1, "cosine")  # the run's optimizer, base learning rate and schedule (uncompiled)
 
@@ -159,7 +160,7 @@ def _fit(model, args: dict, model_dir, options: dict, names: dict):
     _check_keras_arguments(args)
     given = _model_argument(model)
     data = fit_data.resolve(args, names)
-    given.class_weight, given.one_hot = args["class_weight"], data.one_hot
+    given.class_weight, given.one_hot, given.sample_weights = args["class_weight"], data.one_hot, data.sample_weights
     batch = args["batch_size"] or data.batch_size
     if "global_batch_size" not in explicit:
         explicit["global_batch_size"] = batch or DEFAULT_BATCH_SIZE
@@ -249,9 +250,6 @@ def _check_keras_arguments(args: dict) -> None:
     if class_weight is not None and (not isinstance(class_weight, dict) or not all(
             isinstance(k, int) and float(v) >= 0 for k, v in class_weight.items())):
         raise FitError("class_weight", "must be a dict {class index: weight >= 0}")
-    if args["sample_weight"] is not None:
-        raise FitError("sample_weight", "per-example weights are not stored with tfgpu's records; class_weight="
-                       "{class: weight} is taken (or repeat the examples that weigh more)")
 
 
 def _model_argument(model):
@@ -346,6 +344,7 @@ def _build(name: str, input_shape, num_classes: int):
         _check_saveable(given.builder, model)
         given.compiled = fit_compile.of_model(model)
     given.compiled.class_weight, given.compiled.one_hot = given.class_weight, given.one_hot
+    given.compiled.sample_weights = given.sample_weights or None
     if given.compiled.compiled:
         log.info("%s", given.compiled.describe())
     else:

@@ -62,6 +62,7 @@ class Compiled:
     from_logits: object = None  # the cross-entropy's from_logits (None: another loss, or not compiled)
     built_optimizer: object = None  # the optimizer the run trains with (make_optimizer), for copying its state back
     metric_identifiers: tuple = ((), ())  # (metrics, weighted_metrics) as compiled
+    sample_weights: dict = None  # split -> per-example weights by record index (fit_weights), None: none given
     metrics: object = None  # fit_metrics.CompiledMetrics of the run (make_metrics), read by the callbacks
 
     def make_metrics(self, num_outputs: int):
