@@ -62,6 +62,7 @@ class ClassificationTask(Task):
     _class_weights = None
     _clipping = {}
     _metrics = None
+    _binary = False
     report_options = ("jit_compile", "optimizer", "base_learning_rate", "lr_schedule", "warmup_epochs", "warmup_steps",
                       "weight_decay", "label_smoothing", "grad_accum_steps", "init_weights", "freeze")
 
@@ -70,7 +71,8 @@ class ClassificationTask(Task):
         if get_spec(config.model).family != "classifier":
             raise ValueError(f"--model={config.model} is not a classifier; use --task=gan")
         self.model = create_model(config.model, self.info.image_shape, self.info.num_classes,
-                                  output=self.model_output(), **model_options(config))
+                                  output=self.model_output, **model_options(config))
+        self._binary = self.binary
         self.head = self.check_head(self.model)
         # What the loss is computed from: the model's logits, or the logits its softmax takes, or its probabilities.
         self._forward = self.head.logits if self.head.logits is not None else self.model
@@ -94,7 +96,7 @@ class ClassificationTask(Task):
                                             for c in range(self.info.num_classes)])
                                if self.compiled and self.compiled.class_weight else None)
         # tfgpu.fit's compiled metrics (Keras' objects, their state summed over replicas and workers)
-        self._metrics = compiled.make_metrics(self.info.num_classes) if compiled else None
+        self._metrics = compiled.make_metrics(1 if self._binary else self.info.num_classes) if compiled else None
         if self._metrics:
             self._metrics.build(self.placement.strategy)
         else:
@@ -118,6 +120,19 @@ class ClassificationTask(Task):
         self.num_trainable_while_frozen = count_params(self.model)
         self._trace_gradients()
 
+    @property
+    def binary(self) -> bool:
+        """``tfgpu.fit``'s model compiled with binary_crossentropy: one sigmoid unit (or logit) scores class 1 of
+        labels 0/1."""
+        compiled = fit_compile.lookup(self.config.model)
+        return bool(compiled is not None and compiled.binary)
+
+    def model_output(self) -> tuple:
+        if self.binary:
+            return (1,), ("a model compiled with binary_crossentropy must give one sigmoid probability (or logit) "
+                          "per image: shape (batch, 1)")
+        return super().model_output()
+
     def examples(self):
         """Classification's examples; under ``tfgpu.fit`` with ``sample_weight``, each with its weight
         (``fit_weights.WeightedExamples``)."""
@@ -128,7 +143,10 @@ class ClassificationTask(Task):
                                             compiled.sample_weights)
 
     def check_head(self, model) -> heads.Head:
-        """The head of the built model, once this task can train it (``check_model``); ConfigError otherwise."""
+        """The head of the built model, once this task can train it (``check_model``, or ``check_binary_model``
+        for binary_crossentropy); ConfigError otherwise."""
+        if self._binary:
+            return check_binary_model(model, self.config.model, self.info.num_classes, self.config.input_range)
         return check_model(model, self.config.model, self.info.num_classes, self.config.input_range)
 
     def _trace_gradients(self):
@@ -195,6 +213,15 @@ class ClassificationTask(Task):
         """Cross-entropy in float32 of ``outputs``: logits, or probabilities when the softmax is not separable."""
         outputs = tf.cast(outputs, tf.float32)
         num_classes = self.info.num_classes
+        if self._binary:  # binary_crossentropy of one unit, labels 0/1 (Keras' smoothing: toward 0.5)
+            targets = tf.cast(labels, tf.float32)[:, None]
+            smoothing = self._label_smoothing or 0.0
+            if smoothing:
+                targets = targets * (1.0 - smoothing) + 0.5 * smoothing
+            if self._from_probabilities:
+                p = tf.clip_by_value(outputs, PROBABILITY_FLOOR, 1.0 - PROBABILITY_FLOOR)
+                return -tf.reduce_mean(targets * tf.math.log(p) + (1.0 - targets) * tf.math.log(1.0 - p), -1)
+            return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(targets, outputs), -1)
         if self._generic_loss is not None:  # a compiled loss other than cross-entropy, on the model's output
             predicted = tf.nn.softmax(outputs) if self.head.gives_probabilities and not self._from_probabilities \
                 else outputs
@@ -209,7 +236,10 @@ class ClassificationTask(Task):
         return tf.nn.softmax_cross_entropy_with_logits(targets, outputs)
 
     def per_example_accuracy(self, labels, outputs):
-        """The train "accuracy" of each example, 0..1: top-1 correct."""
+        """The train "accuracy" of each example, 0..1: top-1 correct (binary: class 1 at probability > 0.5)."""
+        if self._binary:
+            positive = outputs[:, 0] > (0.5 if self._from_probabilities else 0.0)
+            return tf.cast(tf.equal(tf.cast(positive, labels.dtype), labels), tf.float32)
         return tf.cast(tf.equal(tf.argmax(outputs, -1), labels), tf.float32)
 
     def _gradients(self, images, labels, weights=None):
@@ -252,6 +282,11 @@ class ClassificationTask(Task):
         """Adds this replica's batch to the compiled metrics' summed state: the labels as the user gave them
         (class indices or one-hot rows) and the model's output as the user's model gives it (probabilities under
         a softmax head, else its logits)."""
+        if self._binary:
+            truth = tf.cast(labels, tf.float32)[:, None]
+            predicted = tf.sigmoid(outputs) if self.head.gives_probabilities and not self._from_probabilities \
+                else outputs
+            return self._metrics.add(kind, self._metrics.increments(truth, predicted, mask, sample_weight))
         truth = tf.one_hot(labels, self.info.num_classes) if self.compiled.one_hot else labels
         predicted = tf.nn.softmax(outputs) if self.head.gives_probabilities and not self._from_probabilities \
             else outputs
@@ -287,9 +322,11 @@ class ClassificationTask(Task):
         weights, real = fit_weights.decode(carried)  # padding: weight 0, not real; a weighted example's weight
         outputs = tf.cast(self._forward(images, training=False), tf.float32)
         loss = self.per_example_loss(labels, outputs)
-        k = min(5, self.info.num_classes)
-        top5 = tf.cast(tf.nn.in_top_k(labels, outputs, k), tf.float32)
-        top1 = tf.cast(tf.equal(tf.argmax(outputs, -1), labels), tf.float32)
+        top1 = self.per_example_accuracy(labels, outputs)
+        if self._binary:  # two classes: the top 5 hold both
+            top5 = tf.ones_like(top1)
+        else:
+            top5 = tf.cast(tf.nn.in_top_k(labels, outputs, min(5, self.info.num_classes)), tf.float32)
         if self._metrics is not None:
             self._metric_update("eval", labels, outputs, mask=real, sample_weight=weights)
         # Keras' val_loss: sum(loss * weight) over the examples, divided by their number
@@ -319,6 +356,12 @@ class ClassificationTask(Task):
         return {}
 
     def model_facts(self):
+        if self._binary:
+            return {"model_output": "probabilities" if self.head.gives_probabilities else "logits",
+                    "loss_from": "probabilities" if self._from_probabilities else "logits",
+                    "output_meaning": "one value per image: the probability of class 1 (the model ends in a "
+                                      "sigmoid)" if self.head.gives_probabilities else
+                                      "one logit per image: a sigmoid of it gives the probability of class 1"}
         return {"model_output": "probabilities" if self.head.gives_probabilities else "logits",
                 "loss_from": ("probabilities" if self._from_probabilities else
                               "pre_softmax_logits" if self.head.gives_probabilities else "logits")}
@@ -354,7 +397,7 @@ class ClassificationTask(Task):
         if all(layer.compute_dtype == "float32" for layer in self.model._flatten_layers()):
             return self.model
         twin = create_model(self.config.model, self.info.image_shape, self.info.num_classes,
-                            output=self.model_output(), **model_options(self.config))
+                            output=self.model_output, **model_options(self.config))
         twin.set_weights(self.model.get_weights())
         return twin
 
@@ -375,6 +418,23 @@ def check_model(model, name: str, num_classes: int, input_range) -> heads.Head:
                "separated from the layer)")
         log.info("model %s ends in a softmax %s: it gives probabilities (as its export does); the loss is computed "
                  "%s (metrics.json: model_output=probabilities)", name, where, how)
+    check_input_range(model, name, input_range)
+    return head
+
+
+def check_binary_model(model, name: str, num_classes: int, input_range) -> heads.Head:
+    """The head of ``name`` compiled with binary_crossentropy: one logit or one sigmoid unit (the loss is computed
+    from the logit under it); ``ConfigError(model)`` for another head or labels other than 0/1,
+    ``ConfigError(input_range)`` as ``check_model``."""
+    head = heads.output_head(model)
+    if head.activation not in (None, "sigmoid"):
+        raise ConfigError("model", f"{name} ends in a {head.activation} (layer {head.layer!r}) but was compiled with "
+                          "binary_crossentropy, which trains one sigmoid unit: end in Dense(1, activation='sigmoid') "
+                          "(or Dense(1) and from_logits=True)")
+    if num_classes > 2:
+        raise ConfigError("model", f"compiled with binary_crossentropy, but the labels hold {num_classes} classes: "
+                          "binary labels are 0 and 1 (for more classes compile with "
+                          "sparse_categorical_crossentropy and end in Dense(num_classes))")
     check_input_range(model, name, input_range)
     return head
 

@@ -172,6 +172,8 @@ def _fit(model, args: dict, model_dir, options: dict, names: dict):
     if "verbose" not in explicit:
         explicit["verbose"] = -1 if verbose == "auto" else config_sources.coerce("verbose", verbose)
     explicit.setdefault("input_range", data.input_range)
+    if args["shuffle"] is False and data.in_order and "shuffle_buffer" not in explicit:
+        explicit["shuffle_buffer"] = 1  # arrays in their order, as Keras' shuffle=False (records in shard order)
     if data.datasets:
         for name in SET_FOR_DATASETS:
             if name in options:
@@ -337,12 +339,13 @@ def _build(name: str, input_shape, num_classes: int):
         if len(wants) != len(input_shape) or any(w not in (None, d) for w, d in zip(wants, input_shape)):
             raise FitError("model", f"its model takes inputs {wants}, but the images are {tuple(input_shape)} "
                            "(image_size=N crops them to NxN)")
-        if outputs[0].shape[-1] != num_classes:
-            raise FitError("model", f"its model has {outputs[0].shape[-1]} outputs, but the data has "
-                           f"{num_classes} classes (one logit per class; num_classes=N sets the classes)")
     if given.builder is not None:
         _check_saveable(given.builder, model)
         given.compiled = fit_compile.of_model(model)
+    if inputs and outputs and not given.compiled.binary and outputs[0].shape[-1] != num_classes:
+        raise FitError("model", f"its model has {outputs[0].shape[-1]} outputs, but the data has "
+                       f"{num_classes} classes (one logit per class; num_classes=N sets the classes; one sigmoid "
+                       "unit: compile with binary_crossentropy)")
     given.compiled.class_weight, given.compiled.one_hot = given.class_weight, given.one_hot
     given.compiled.sample_weights = given.sample_weights or None
     if given.compiled.compiled:

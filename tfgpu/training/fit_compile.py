@@ -9,7 +9,7 @@ says, not with tfgpu's defaults:
   those three are taken out of the optimizer and applied here to the all-reduced gradient (``clip``), as one device
   would;
 - the loss: sparse/categorical cross-entropy (``from_logits``, ``label_smoothing``) is tfgpu's own cross-entropy from
-  the logits; any other per-example ``keras.losses`` loss is called per example and reduced as the loop reduces
+  the logits; binary cross-entropy (one sigmoid unit or logit, labels 0/1) its sigmoid cross-entropy from the logit; any other per-example ``keras.losses`` loss is called per example and reduced as the loop reduces
   (summed over the replica's examples, divided by the global batch). A loss that needs more than one example at a
   time, or several outputs, is refused by name;
 - the metrics and weighted metrics: Keras' own metric objects, named as Keras names them (``History`` uses the
@@ -33,10 +33,10 @@ REFUSED_OPTIMIZER_OPTIONS = {
                                    "micro-batches instead (the same update): pass that",
     "loss_scale_factor": "set precision='mixed_float16' (tfgpu's dynamic loss scale) instead",
 }
+BINARY = "binary_crossentropy"  # one sigmoid unit (or logit) scoring class 1 of labels 0/1
 REFUSED_LOSSES = {
-    "binary_crossentropy": "tfgpu.fit trains one softmax over the classes; for two classes end the model in "
-                           "Dense(2) and compile with SparseCategoricalCrossentropy",
-    "binary_focal_crossentropy": "tfgpu.fit trains one softmax over the classes",
+    "binary_focal_crossentropy": "tfgpu.fit trains softmax cross-entropy over the classes or binary_crossentropy "
+                                 "of one sigmoid unit",
     "ctc": "needs whole sequences, not one example at a time",
 }
 _REGISTRY = {}  # registered model name -> Compiled
@@ -77,6 +77,11 @@ class Compiled:
     @property
     def compiled(self) -> bool:
         return self.optimizer_class is not None
+
+    @property
+    def binary(self) -> bool:
+        """Compiled with binary_crossentropy: the model gives one sigmoid probability (or logit) of class 1."""
+        return self.loss_name == BINARY
 
     def make_optimizer(self):
         """A new optimizer of the compiled class and config, without the per-replica clipping (``clip`` does it on
@@ -160,6 +165,9 @@ def _loss(loss, argument: str):
     if name in REFUSED_LOSSES or fn_name in REFUSED_LOSSES:
         key = name if name in REFUSED_LOSSES else fn_name
         raise ConfigError(argument, f"compiled with loss {key}: {REFUSED_LOSSES[key]}")
+    if fn_name == BINARY:
+        return BINARY, float(options.get("label_smoothing", 0.0) or 0.0), None, False, bool(options.get("from_logits",
+                                                                                                      False))
     if fn_name in CROSS_ENTROPY:
         if options.get("axis", -1) != -1:
             raise ConfigError(argument, f"compiled with {fn_name}(axis={options['axis']}): classes must be the last "
@@ -188,12 +196,13 @@ def check_from_logits(compiled: Compiled, head, name: str) -> None:
     from_logits = compiled.from_logits
     if from_logits is None:
         return
+    activation = "sigmoid" if compiled.binary else "softmax"
     if from_logits and head.gives_probabilities:
-        log.warning("%s ends in a softmax but was compiled with from_logits=True: tfgpu trains the cross-entropy "
-                    "from the logits under that softmax", name)
+        log.warning("%s ends in a %s but was compiled with from_logits=True: tfgpu trains the cross-entropy "
+                    "from the logits under that %s", name, activation, activation)
     elif not from_logits and not head.gives_probabilities:
-        log.warning("%s gives logits (no softmax) but was compiled with from_logits=False: tfgpu trains the "
-                    "cross-entropy from those logits, as from_logits=True would", name)
+        log.warning("%s gives logits (no %s) but was compiled with from_logits=False: tfgpu trains the "
+                    "cross-entropy from those logits, as from_logits=True would", name, activation)
 
 
 def _metrics(model, one_hot: bool, argument: str):

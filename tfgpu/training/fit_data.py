@@ -36,6 +36,7 @@ class Data:
     one_hot: bool = False
     input_range: tuple = PIXELS
     sample_weights: dict = dataclasses.field(default_factory=dict)  # split -> float32 weights by record index
+    in_order: bool = False  # arrays (whose order shuffle=False keeps), not a Dataset (Keras ignores shuffle for one)
 
 
 def resolve(args: dict, names: dict) -> Data:
@@ -220,9 +221,9 @@ def _arrays(x, y, args: dict, names: dict) -> Data:
     argument = names["x"]
     if y is None:
         raise ConfigError("y", "with arrays as x, pass their labels as y")
-    if args["shuffle"] is not True:
-        raise ConfigError("shuffle", f"{args['shuffle']!r}: tfgpu shuffles every epoch (the order a function of "
-                          "seed and step, for exact resume); leave shuffle=True")
+    if args["shuffle"] not in (True, False):
+        raise ConfigError("shuffle", f"{args['shuffle']!r}: True (shuffled every epoch, reproducibly from seed) or "
+                          "False (in order)")
     x = np.asarray(x)
     labels = _labels(y, len(x), "y")
     from tfgpu.training import fit_weights
@@ -240,7 +241,7 @@ def _arrays(x, y, args: dict, names: dict) -> Data:
         weights = None if weights is None else weights[:at]
     images, note = _images(x, argument, None)
     data = Data(notes=[note] if note else [], one_hot=labels.ndim == 2 and labels.shape[-1] > 1,
-                input_range=(0.0, 1.0) if note else PIXELS)
+                input_range=(0.0, 1.0) if note else PIXELS, in_order=True)
     data.notes.extend(notes)
     if weights is not None:
         data.sample_weights["train"] = weights
