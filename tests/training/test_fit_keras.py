@@ -12,7 +12,7 @@ import tensorflow as tf
 import tfgpu
 from tfgpu.data import builtin
 from tfgpu.training import fit as fit_lib
-from tfgpu.training import run_dir
+from tfgpu.training import exporting, run_dir
 
 
 @pytest.fixture(scope="module")
@@ -296,6 +296,8 @@ def test_binary_crossentropy_in_order_trains_as_plain_keras_on_two_replicas(from
     for key, values in plain.history.items():
         assert history.history[key] == pytest.approx(values, abs=1e-5), key
     assert history.results["model_output"] == ("logits" if from_logits else "probabilities")
+    described = exporting.read_description(exporting.description_path(run_dir.exported_model(history.model_dir)))
+    assert described["output"]["shape"] == [None, 1] and "class 1" in described["output"]["meaning"]
 
 
 def test_binary_crossentropy_refuses_a_softmax_head_and_more_than_two_classes(digits, run_state, tmp_path):

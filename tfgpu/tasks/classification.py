@@ -14,7 +14,10 @@ frozen or not, and a resume on either side of the unfreeze step is exact.
 A model that ends in a softmax gives probabilities (``tfgpu.models.heads``): the loss is computed from the logits
 that softmax takes (the same layers and weights, ``Head.logits``), or, where the softmax cannot be separated from
 its layer (a subclassed model), from the probabilities in float32, clipped at ``PROBABILITY_FLOOR``. A sigmoid
-head is refused: it scores each class on its own, which one softmax over the classes does not train. A model whose
+head is refused: it scores each class on its own, which one softmax over the classes does not train; but a
+``tfgpu.fit`` model compiled with binary_crossentropy ends in one sigmoid unit (or logit) scoring class 1 of labels
+0/1 (``check_binary_model``). Under ``tfgpu.fit`` a step also adds to the compiled metrics' summed state
+(``training.fit_metrics``) and weighs its examples by their ``sample_weight`` (``training.fit_weights``). A model whose
 first layer is ``Rescaling(1/255)`` (it expects 0..255 pixels) is refused unless --input_range=0,255.
 """
 import dataclasses
@@ -271,7 +274,7 @@ class ClassificationTask(Task):
                 scaled = precision.scale_loss(self.optimizer, loss)
             micro_grads = [tf.cast(m, v.dtype) for m, v in zip(tape.gradient(scaled, variables), variables)]
             grads = micro_grads if grads is None else [g + m for g, m in zip(grads, micro_grads)]
-            hits = tf.reduce_sum(self.per_example_accuracy(y, tf.cast(outputs, tf.float32)))  # unweighted, as Keras'
+            hits = tf.reduce_sum(self.per_example_accuracy(y, tf.cast(outputs, tf.float32)) * sample_weight)
             loss_sum, correct = (summed, hits) if i == 0 else (loss_sum + summed, correct + hits)
             if self._metrics is not None:
                 predictions.append(tf.cast(outputs, tf.float32))
@@ -315,7 +318,7 @@ class ClassificationTask(Task):
         return metrics
 
     def eval_metric_names(self):
-        return ("loss_sum", "correct", "correct_top5", "count")
+        return ("loss_sum", "correct", "correct_top5", "count", "weight_sum")
 
     def eval_step(self, batch):
         images, labels, carried = unpack_batch(batch)
@@ -329,9 +332,11 @@ class ClassificationTask(Task):
             top5 = tf.cast(tf.nn.in_top_k(labels, outputs, min(5, self.info.num_classes)), tf.float32)
         if self._metrics is not None:
             self._metric_update("eval", labels, outputs, mask=real, sample_weight=weights)
-        # Keras' val_loss: sum(loss * weight) over the examples, divided by their number
-        return {"loss_sum": tf.reduce_sum(loss * weights), "correct": tf.reduce_sum(top1 * real),
-                "correct_top5": tf.reduce_sum(top5 * real), "count": tf.reduce_sum(real)}
+        # val_loss as Keras reduces it: sum(loss * weight) over the examples divided by their number; the
+        # accuracies are weighted means
+        return {"loss_sum": tf.reduce_sum(loss * weights), "correct": tf.reduce_sum(top1 * weights),
+                "correct_top5": tf.reduce_sum(top5 * weights), "count": tf.reduce_sum(real),
+                "weight_sum": tf.reduce_sum(weights)}
 
     def evaluate(self, run_eval, step, model_dir):
         if step == self.total_steps and (note := batch_norm.stale_statistics_note(
@@ -340,9 +345,9 @@ class ClassificationTask(Task):
         if self._metrics is not None:
             self._metrics.reset("eval")
         sums = run_eval()
-        count = max(sums["count"], 1.0)
-        metrics = {"val_loss": sums["loss_sum"] / count, "val_accuracy": sums["correct"] / count,
-                   "val_top5_accuracy": sums["correct_top5"] / count, "val_examples": int(sums["count"])}
+        count, weight = max(sums["count"], 1.0), sums["weight_sum"] or 1.0
+        metrics = {"val_loss": sums["loss_sum"] / count, "val_accuracy": sums["correct"] / weight,
+                   "val_top5_accuracy": sums["correct_top5"] / weight, "val_examples": int(sums["count"])}
         if self._metrics is not None:  # tfgpu.fit's compiled metrics, under History's names
             metrics.update(self._metrics.results("eval", "val_"))
         return metrics
@@ -358,7 +363,7 @@ class ClassificationTask(Task):
     def model_facts(self):
         if self._binary:
             return {"model_output": "probabilities" if self.head.gives_probabilities else "logits",
-                    "loss_from": "probabilities" if self._from_probabilities else "logits",
+                    "loss_from": "probabilities" if self._from_probabilities else "logits", "output_units": "1",
                     "output_meaning": "one value per image: the probability of class 1 (the model ends in a "
                                       "sigmoid)" if self.head.gives_probabilities else
                                       "one logit per image: a sigmoid of it gives the probability of class 1"}
