@@ -1,8 +1,11 @@
 """What compiled metrics cost a tfgpu.fit step: training throughput (metrics.json's examples_per_sec, the median
 over loops after the first) of one small digits classifier compiled with metrics=["accuracy"] alone and with
-AUC, Precision, Recall and top-k added, on 1 device and on 2 logical CPU replicas.
+AUC, Precision, Recall and top-k added, on 1 device and on 2 logical CPU replicas; and (``--micro``) the time one
+replica step spends on the metrics' state increments alone (``fit_metrics.CompiledMetrics.increments`` + ``add``
+of a batch, compiled), and one host read of the summed state (``results``), per metric set.
 
     python tools/fit_metrics_cost.py [--repeats 2] [--epochs 6]
+    python tools/fit_metrics_cost.py --micro [--batch 64]
 
 Prints one JSON line per run and a summary; numbers depend on the machine's load (say it when you quote them).
 """
@@ -42,12 +45,70 @@ print("RESULT " + json.dumps({"metrics": metrics_set, "replicas": replicas,
 """
 
 
+def micro(batch: int, calls: int = 200, repeats: int = 5) -> None:
+    """Median time of one compiled increments-and-add call and of one host read, per metric set."""
+    import time
+
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from tfgpu.training import fit_metrics
+
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 10, batch)
+    predicted = tf.constant(rng.dirichlet(np.ones(10), batch).astype("float32"))
+    sets = {
+        "accuracy": (["accuracy"], False),
+        "sparse top-k x2": (["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=3),
+                             "sparse_top_k_categorical_accuracy"], False),
+        "AUC+Precision+Recall+top-k": (["accuracy", keras.metrics.AUC(), keras.metrics.Precision(),
+                                        keras.metrics.Recall(), "top_k_categorical_accuracy"], True),
+    }
+    counter = tf.Variable(0.0)
+    empty = tf.function(lambda: counter.assign_add(1.0))  # a compiled call that does nothing: its overhead
+    empty()
+    overhead = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            empty()
+        counter.numpy()
+        overhead.append((time.perf_counter() - start) / calls)
+    print(f"an empty compiled call: {1e6 * sorted(overhead)[repeats // 2]:.0f} us (to subtract; inside the train "
+          "loop's graph the increments have no call of their own)")
+    for name, (identifiers, one_hot) in sets.items():
+        metrics = fit_metrics.CompiledMetrics(fit_metrics.resolve(identifiers, [], one_hot, 10))
+        metrics.build(tf.distribute.get_strategy())
+        truth = tf.constant(np.eye(10, dtype="float32")[labels] if one_hot else labels)
+        step = tf.function(lambda: metrics.add("train", metrics.increments(truth, predicted)))
+        step()
+        per_call, per_read = [], []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for _ in range(calls):
+                step()
+            metrics.state["train"].numpy()
+            per_call.append((time.perf_counter() - start) / calls)
+            start = time.perf_counter()
+            metrics.results("train")
+            per_read.append(time.perf_counter() - start)
+        size = int(metrics.state["train"].shape[0])
+        print(f"{name}: state {size} floats, increments+add {1e6 * sorted(per_call)[repeats // 2]:.0f} us per "
+              f"batch of {batch}, host read {1e3 * sorted(per_read)[repeats // 2]:.2f} ms (median of {repeats})")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--micro", action="store_true")
+    parser.add_argument("--batch", type=int, default=64)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.micro:
+        micro(args.batch)
+        return
     results = []
     with tempfile.TemporaryDirectory() as root:
         for repeat in range(args.repeats):
