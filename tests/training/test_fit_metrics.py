@@ -26,8 +26,8 @@ def test_names_are_keras_names_and_accuracy_follows_the_labels():
     entries = fit_metrics.resolve(["accuracy", "sparse_top_k_categorical_accuracy", top2, "acc"], ["accuracy"],
                                   one_hot=False, num_outputs=10)
     assert [(name, weighted) for name, _, weighted in entries] == [
-        ("accuracy", False), ("sparse_top_k_categorical_accuracy", False), ("sparse_top_k_categorical_accuracy_1", False),
-        ("acc", False), ("weighted_accuracy", True)]
+        ("accuracy", False), ("sparse_top_k_categorical_accuracy", False),
+        ("sparse_top_k_categorical_accuracy_1", False), ("acc", False), ("weighted_accuracy", True)]
     assert entries[2][1] is not top2 and entries[2][1].k == 2  # a copy: the user's object keeps its state
     kinds = {(one_hot, n): type(fit_metrics.resolve(["accuracy"], [], one_hot, n)[0][1]).__name__
              for one_hot, n in ((False, 10), (True, 10), (False, 1))}

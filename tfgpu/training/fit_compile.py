@@ -9,8 +9,9 @@ says, not with tfgpu's defaults:
   those three are taken out of the optimizer and applied here to the all-reduced gradient (``clip``), as one device
   would;
 - the loss: sparse/categorical cross-entropy (``from_logits``, ``label_smoothing``) is tfgpu's own cross-entropy from
-  the logits; binary cross-entropy (one sigmoid unit or logit, labels 0/1) its sigmoid cross-entropy from the logit; any other per-example ``keras.losses`` loss is called per example and reduced as the loop reduces
-  (summed over the replica's examples, divided by the global batch). A loss that needs more than one example at a
+  the logits; binary cross-entropy (one sigmoid unit or logit, labels 0/1) its sigmoid cross-entropy from the
+  logit; any other per-example ``keras.losses`` loss is called per example and reduced as the loop reduces (summed
+  over the replica's examples, divided by the global batch). A loss that needs more than one example at a
   time, or several outputs, is refused by name;
 - the metrics and weighted metrics: Keras' own metric objects, named as Keras names them (``History`` uses the
   names), their state summed over every replica and worker (``fit_metrics``); one that cannot be summed is refused
