@@ -22,6 +22,9 @@ The same script runs on N workers unchanged: ``python -m tfgpu.launch --num_work
   (``data.from_dataset``) and read by the normal input pipeline: every record once per epoch over any number of
   workers, exact resume. The model sees the pixels as given (``input_range`` (0, 255); float arrays in [0, 1] are
   stored as 0..255 and reach the model in (0, 1) again).
+- ``sample_weight`` (or a Dataset's (x, y, w) elements, ``validation_data=(x, y, w)``) weighs the loss as Keras'
+  reduction does, kept beside the records (``fit_weights``); ``shuffle=False`` trains arrays in their order
+  (``shuffle_buffer=1``).
 - Epochs are Keras' (``fit_arguments.epoch_ends``); ``validation_data``/``validation_split`` (the last fraction
   of the arrays, before shuffling) are evaluated after each ``validation_freq``-th epoch; ``callbacks`` run on the
   loop (``fit_callbacks``). Returns a ``keras.callbacks.History`` with Keras' per-epoch keys; ``history.results``
