@@ -73,6 +73,11 @@ ONLY_REGISTERED = {
     "zero_init_residual": "applies to tfgpu's registered ResNets; initialise your model's layers yourself",
 }
 _RUNS = {}  # registered name -> the _Model given under it (latest)
+# Whether the last run in this process all-reduced over several replicas (or failed): TensorFlow keeps each
+# collective's instance parameters (shapes) by key in its runtime, and a new strategy numbers its keys from the
+# start again, so the next run's all-reduce would meet the last one's shapes ("Shape mismatch in the collective
+# instance 101") unless the runtime starts afresh.
+_LAST_RUN = {"collectives": False}
 
 
 class FitError(ConfigError):
@@ -233,7 +238,14 @@ def _fit(model, args: dict, model_dir, options: dict, names: dict):
                                     int(args["validation_freq"]), given)
     given.defaults = (config.optimizer, config.base_learning_rate, config.lr_schedule)
     restarted = _fresh_runtime_if_needed(config, multi_worker=num_workers > 1)
-    results = experiment.run(config, cluster_desc=desc, hooks=hooks)
+    try:
+        results = experiment.run(config, cluster_desc=desc, hooks=hooks)
+    except ConfigError:  # refused before training: no collective ran
+        raise
+    except BaseException:  # stopped or failed while training, perhaps inside a collective
+        _LAST_RUN["collectives"] = True
+        raise
+    _LAST_RUN["collectives"] = int(results.get("num_replicas") or 1) > 1
     if given.rebuild is not None:
         given.rebuild.copy_back(given.compiled.built_optimizer, restarted)
     history.results, history.model_dir = results, model_dir
@@ -383,13 +395,16 @@ def _fresh_runtime_if_needed(config, multi_worker: bool) -> bool:
     from tfgpu.config import RuntimeConfig
     from tfgpu.runtime import distribute
 
-    if not multi_worker:
+    after_collectives = _LAST_RUN["collectives"]
+    if not multi_worker and not after_collectives:
         try:
             distribute.configure_devices(RuntimeConfig.of(config))
             return False
         except RuntimeError:
             pass
+    why = ("MultiWorkerMirrored's collectives" if multi_worker else "fresh collectives (the last run in this process "
+           "all-reduced over several replicas)" if after_collectives else "the device settings")
     log.info("restarting TensorFlow's runtime to apply %s (tensors and datasets made before this call may not be "
-             "usable after it)", "MultiWorkerMirrored's collectives" if multi_worker else "the device settings")
+             "usable after it)", why)
     context._reset_context()
     return True
