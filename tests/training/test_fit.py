@@ -298,3 +298,25 @@ def test_import_tfgpu_stays_cheap_and_keras_fit_stays_reachable():
 
     assert tfgpu.keras_fit is keras_fit and tfgpu.fit is fit_lib.fit
     assert tfgpu.ConfigError is fit_lib.ConfigError and issubclass(fit_lib.FitError, tfgpu.ConfigError)
+
+
+def test_two_calls_on_several_replicas_in_one_process_each_all_reduce_their_own_model(digits, tmp_path, run_state,
+                                                                                      capsys):
+    """A second fit on 2 replicas in the same process, of another model, trains: TensorFlow keeps the last run's
+    collective shapes by key, so fit starts its runtime afresh after a run that all-reduced (else "Shape mismatch in
+    the collective instance")."""
+    (x, y), _ = digits
+
+    def model(width):
+        keras.utils.set_random_seed(1)
+        built = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(width),
+                                  keras.layers.Dense(10)])
+        built.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return built
+
+    for width in (8, 4):
+        history = tfgpu.fit(model(width), x[:64], y[:64], batch_size=32, epochs=1, verbose=0, steps_per_loop=2,
+                            tensorboard=False, model_dir=str(tmp_path / f"w{width}"), cpu_logical_devices=2,
+                            distribution_strategy="mirrored")
+        assert history.results["num_replicas"] == 2 and np.isfinite(history.history["loss"][0])
+    assert "the last run in this process all-reduced over several replicas" in capsys.readouterr().err

@@ -33,6 +33,8 @@ def test_losses_and_metrics_as_compiled():
     assert (spec.loss_name, spec.label_smoothing, spec.loss, spec.one_hot, spec.from_logits) == \
         ("categorical_crossentropy", 0.2, None, True, True)
     assert spec.metric_names == ("acc",)
+    binary = compiled(optimizer="adam", loss=keras.losses.BinaryCrossentropy(from_logits=True, label_smoothing=0.1))
+    assert (binary.binary, binary.from_logits, binary.label_smoothing, binary.loss) == (True, True, 0.1, None)
     generic = compiled(optimizer="adam", loss="mean_squared_error")
     assert generic.loss is not None and generic.metric_names == ()
     values = generic.loss(np.eye(3, dtype="float32"), np.zeros((3, 3), "float32"))
@@ -40,8 +42,9 @@ def test_losses_and_metrics_as_compiled():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(optimizer="adam", loss="binary_crossentropy"), "loss binary_crossentropy"),
-    (dict(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["mae"]), "metric 'mae'"),
+    (dict(optimizer="adam", loss="binary_focal_crossentropy"), "loss binary_focal_crossentropy"),
+    (dict(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=[keras.metrics.R2Score()]),
+     "metric 'r2_score'"),
     (dict(optimizer=keras.optimizers.Adam(loss_scale_factor=8.0), loss="sparse_categorical_crossentropy"),
      "loss_scale_factor"),
     (dict(optimizer="adam", loss="sparse_categorical_crossentropy", loss_weights=[2.0]), "loss_weights"),

@@ -12,7 +12,8 @@ NAMES = {name: name for name in fit_arguments.KERAS_ARGUMENTS}
 
 
 def args(**given):
-    values = dict(x=None, y=None, batch_size=None, validation_split=0.0, validation_data=None, shuffle=True)
+    values = dict(x=None, y=None, batch_size=None, validation_split=0.0, validation_data=None, shuffle=True,
+                  sample_weight=None)
     values.update(given)
     return values
 
@@ -32,6 +33,19 @@ def test_arrays_the_last_fraction_validates_and_unit_floats_come_back_in_unit_ra
     np.testing.assert_array_equal(val[0][0][..., 0], np.rint(x[7] * 255))
     assert fit_data.resolve(args(x=images(4), y=np.eye(3)[[0, 1, 2, 0]]), NAMES).one_hot
     assert fit_data.resolve(args(x=images(4), y=np.zeros(4)), NAMES).input_range == (0.0, 255.0)
+
+
+def test_sample_weights_are_cut_with_the_arrays_and_taken_from_a_datasets_elements():
+    x, y, w = images(10), np.arange(10) % 3, np.linspace(0, 2, 10)
+    data = fit_data.resolve(args(x=x, y=y, validation_split=0.3, sample_weight=w, shuffle=False), NAMES)
+    np.testing.assert_allclose(data.sample_weights["train"], w[:7], rtol=1e-6)
+    np.testing.assert_allclose(data.sample_weights["val"], w[7:], rtol=1e-6)
+    assert data.in_order and data.sample_weights["train"].dtype == np.float32
+    dataset = tf.data.Dataset.from_tensor_slices((x[..., None], y, w)).batch(4)
+    data = fit_data.resolve(args(x=dataset, validation_data=(x[:2], y[:2], w[:2])), NAMES)
+    np.testing.assert_allclose(data.sample_weights["train"], w, rtol=1e-6)
+    np.testing.assert_allclose(data.sample_weights["val"], w[:2], rtol=1e-6)
+    assert not data.in_order and data.batch_size == 4 and len(data.datasets["train"].element_spec) == 2
 
 
 def test_a_batched_dataset_gives_its_batch_and_is_unbatched():
@@ -55,7 +69,7 @@ def test_a_pydataset_without_workers_is_read_once():
 
 @pytest.mark.parametrize("given, argument, message", [
     (dict(x=images(4)), "y", "pass their labels as y"),
-    (dict(x=images(4), y=np.zeros(4), shuffle=False), "shuffle", "leave shuffle=True"),
+    (dict(x=images(4), y=np.zeros(4), shuffle="batch"), "shuffle", "True (shuffled every epoch"),
     (dict(x=np.zeros((4, 7), "float32"), y=np.zeros(4)), "x", "image classifiers"),
     (dict(x=images(4).astype("int32") * 100, y=np.zeros(4)), "x", "integer pixels span"),
     (dict(x=images(4), y=np.zeros(3)), "y", "one class index"),
@@ -63,8 +77,8 @@ def test_a_pydataset_without_workers_is_read_once():
      "validation_split", "only supported for Tensors or NumPy arrays"),
     (dict(x=tf.data.Dataset.from_tensor_slices((images(4)[..., None], np.zeros(4))), y=np.zeros(4)), "y",
      "not supported when using dataset"),
-    (dict(x=images(4), y=np.zeros(4), validation_data=(images(2), np.zeros(2), np.ones(2))), "validation_data",
-     "per-example weights"),
+    (dict(x=images(4), y=np.zeros(4), validation_data=(images(2), np.zeros(2), np.ones(3))), "validation_data",
+     "weights of shape (3,) for 2 examples"),
     (dict(x=(images(4), np.zeros(4))), "x", "pass x and y as two arguments"),
 ])
 def test_what_keras_refuses_is_one_line_naming_the_argument(given, argument, message):

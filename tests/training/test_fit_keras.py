@@ -12,7 +12,7 @@ import tensorflow as tf
 import tfgpu
 from tfgpu.data import builtin
 from tfgpu.training import fit as fit_lib
-from tfgpu.training import run_dir
+from tfgpu.training import exporting, run_dir
 
 
 @pytest.fixture(scope="module")
@@ -185,8 +185,12 @@ def test_callbacks_see_keras_logs_and_act_on_the_run(digits, run_state, tmp_path
      "give either batch_size or global_batch_size"),
     (lambda m, x, y: tfgpu.fit(m, x, y, learning_rate=0.1), "learning_rate", "is compile()'s: model.compile("),
     (lambda m, x, y: tfgpu.fit(m, x, y, batchsize=32), "batchsize", "did you mean batch_size"),
-    (lambda m, x, y: tfgpu.fit(m, x, y, sample_weight=np.ones(len(y))), "sample_weight", "class_weight"),
-    (lambda m, x, y: tfgpu.fit(m, x, y, shuffle=False), "shuffle", "leave shuffle=True"),
+    (lambda m, x, y: tfgpu.fit(m, x, y, sample_weight=np.ones(len(y) - 1)), "sample_weight",
+     "weights of shape (95,) for 96 examples"),
+    (lambda m, x, y: tfgpu.fit(m, x, y, sample_weight=-np.ones(len(y))), "sample_weight", "must be finite and >= 0"),
+    (lambda m, x, y: tfgpu.fit(m, tf.data.Dataset.from_tensor_slices((x, y)), sample_weight=np.ones(len(y))),
+     "sample_weight", "give its elements as (image, label, sample_weight)"),
+    (lambda m, x, y: tfgpu.fit(m, x, y, shuffle="batch"), "shuffle", "True (shuffled every epoch"),
     (lambda m, x, y: tfgpu.fit(m, x), "y", "pass their labels as y"),
     (lambda m, x, y: tfgpu.fit(m, x, y, epochs=0), "epochs", "positive integer"),
     (lambda m, x, y: tfgpu.fit(m, x, y, callbacks=[keras.callbacks.ProgbarLogger()]), "callbacks", "ProgbarLogger"),
@@ -232,8 +236,9 @@ def test_a_callback_stopping_inside_an_epoch_stops_the_run_at_that_loop(digits, 
 def test_refused_compile_choices_and_models_are_named(digits, run_state, tmp_path):
     x, y = digits
     cases = [
-        (dict(optimizer="adam", loss="binary_crossentropy"), "loss binary_crossentropy"),
-        (dict(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["auc"]), "metric 'auc'"),
+        (dict(optimizer="adam", loss="binary_focal_crossentropy"), "loss binary_focal_crossentropy"),
+        (dict(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=[keras.metrics.R2Score()]),
+         "metric 'r2_score'"),
         (dict(optimizer=keras.optimizers.Adam(gradient_accumulation_steps=2), loss="sparse_categorical_crossentropy"),
          r"Adam\(gradient_accumulation_steps=2\)"),
     ]
@@ -263,3 +268,41 @@ def test_errors_from_inside_the_run_speak_python_arguments(digits, run_state):
     with pytest.raises(tfgpu.ConfigError) as e:
         tfgpu.fit(small_model(), x, y, input_range=(-1, 1), **QUICK)
     assert e.value.flag == "input_range" and str(e.value).endswith("set input_range=(0, 255)"), str(e.value)
+
+
+def binary_model(name, from_logits=False, activation="sigmoid"):
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Rescaling(1 / 255), keras.layers.Flatten(),
+                              keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dense(1, activation=None if from_logits else activation)], name=name)
+    model.compile(optimizer=keras.optimizers.SGD(0.5),
+                  loss=keras.losses.BinaryCrossentropy(from_logits=from_logits, label_smoothing=0.1),
+                  metrics=["accuracy", keras.metrics.AUC(name="auc"), keras.metrics.Precision(name="precision")])
+    return model
+
+
+@pytest.mark.parametrize("from_logits", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_binary_crossentropy_in_order_trains_as_plain_keras_on_two_replicas(from_logits, digits, run_state):
+    """A sigmoid unit (or a logit) compiled with binary_crossentropy on float 0/1 labels, shuffle=False: every
+    epoch's loss, Keras' binary "accuracy", AUC and precision and their val_ equal plain model.fit's on one device,
+    trained on 2 replicas batch for batch in the same order (SGD moves the weights)."""
+    x, y = digits
+    labels = (y % 2).astype("float32")
+    plain = binary_model("plain", from_logits).fit(x, labels, batch_size=16, epochs=2, validation_split=1 / 3,
+                                                   shuffle=False, verbose=0)
+    history = tfgpu.fit(binary_model("mine", from_logits), x, labels, batch_size=16, epochs=2, validation_split=1 / 3,
+                        shuffle=False, cpu_logical_devices=2, distribution_strategy="mirrored", **QUICK)
+    assert history.history.keys() == plain.history.keys()
+    for key, values in plain.history.items():
+        assert history.history[key] == pytest.approx(values, abs=1e-5), key
+    assert history.results["model_output"] == ("logits" if from_logits else "probabilities")
+    described = exporting.read_description(exporting.description_path(run_dir.exported_model(history.model_dir)))
+    assert described["output"]["shape"] == [None, 1] and "class 1" in described["output"]["meaning"]
+
+
+def test_binary_crossentropy_refuses_a_softmax_head_and_more_than_two_classes(digits, run_state, tmp_path):
+    x, y = digits
+    with pytest.raises(tfgpu.ConfigError, match="ends in a softmax .* compiled with binary_crossentropy"):
+        tfgpu.fit(binary_model("soft", activation="softmax"), x, (y % 2).astype("float32"), **QUICK)
+    with pytest.raises(tfgpu.ConfigError, match="binary_crossentropy, but the labels hold 10 classes"):
+        tfgpu.fit(binary_model("ten"), x, y, **QUICK)

@@ -80,12 +80,14 @@ def create_model(name: str, input_shape, num_classes: int, output: tuple | None 
     """Builds model ``name`` with the ``options`` (``MODEL_OPTIONS``: ``model_options(config)``) its family takes;
     its output is cast to float32 whatever the policy. ``output``: what the task needs the model to give
     (``Task.model_output``: shape after the batch dimension, the requirement as a phrase; default one logit per
-    class); a model that gives another shape is ``ConfigError(model)``."""
-    shape_needed, requirement = output or ((num_classes,), f"a classifier of {num_classes} classes must give "
-                                                           f"logits of shape (batch, {num_classes})")
+    class), or a function giving it, called once the model is built (a ``tfgpu.fit`` builder's ``compile()`` is
+    read as it builds); a model that gives another shape is ``ConfigError(model)``."""
     spec = get_spec(name)
     model = float32_outputs(spec.builder(tuple(input_shape), num_classes, **options_for(spec, options)),
                             input_shape)
+    output = output() if callable(output) else output
+    shape_needed, requirement = output or ((num_classes,), f"a classifier of {num_classes} classes must give "
+                                                           f"logits of shape (batch, {num_classes})")
     shape = tuple(model.outputs[0].shape)
     if shape[1:] != tuple(shape_needed):
         from tfgpu.config import ConfigError

@@ -14,7 +14,10 @@ frozen or not, and a resume on either side of the unfreeze step is exact.
 A model that ends in a softmax gives probabilities (``tfgpu.models.heads``): the loss is computed from the logits
 that softmax takes (the same layers and weights, ``Head.logits``), or, where the softmax cannot be separated from
 its layer (a subclassed model), from the probabilities in float32, clipped at ``PROBABILITY_FLOOR``. A sigmoid
-head is refused: it scores each class on its own, which one softmax over the classes does not train. A model whose
+head is refused: it scores each class on its own, which one softmax over the classes does not train; but a
+``tfgpu.fit`` model compiled with binary_crossentropy ends in one sigmoid unit (or logit) scoring class 1 of labels
+0/1 (``check_binary_model``). Under ``tfgpu.fit`` a step also adds to the compiled metrics' summed state
+(``training.fit_metrics``) and weighs its examples by their ``sample_weight`` (``training.fit_weights``). A model whose
 first layer is ``Rescaling(1/255)`` (it expects 0..255 pixels) is refused unless --input_range=0,255.
 """
 import dataclasses
@@ -25,7 +28,7 @@ import tensorflow as tf
 
 from tfgpu.config import ConfigError, InputConfig, OptimizationConfig, PrecisionConfig
 from tfgpu.runtime import precision
-from tfgpu.training import fit_compile, optimizers, results
+from tfgpu.training import fit_compile, fit_weights, optimizers, results
 from tfgpu.models import batch_norm, create_model, get_spec, heads, model_options
 from tfgpu.models.summary import count_params
 from tfgpu.tasks.base import MetricSpec, Task, register_task, unpack_batch
@@ -61,6 +64,8 @@ class ClassificationTask(Task):
     _generic_loss = None
     _class_weights = None
     _clipping = {}
+    _metrics = None
+    _binary = False
     report_options = ("jit_compile", "optimizer", "base_learning_rate", "lr_schedule", "warmup_epochs", "warmup_steps",
                       "weight_decay", "label_smoothing", "grad_accum_steps", "init_weights", "freeze")
 
@@ -69,7 +74,8 @@ class ClassificationTask(Task):
         if get_spec(config.model).family != "classifier":
             raise ValueError(f"--model={config.model} is not a classifier; use --task=gan")
         self.model = create_model(config.model, self.info.image_shape, self.info.num_classes,
-                                  output=self.model_output(), **model_options(config))
+                                  output=self.model_output, **model_options(config))
+        self._binary = self.binary
         self.head = self.check_head(self.model)
         # What the loss is computed from: the model's logits, or the logits its softmax takes, or its probabilities.
         self._forward = self.head.logits if self.head.logits is not None else self.model
@@ -93,6 +99,12 @@ class ClassificationTask(Task):
         self._class_weights = (tf.constant([float(self.compiled.class_weight.get(c, 1.0))
                                             for c in range(self.info.num_classes)])
                                if self.compiled and self.compiled.class_weight else None)
+        # tfgpu.fit's compiled metrics (Keras' objects, their state summed over replicas and workers)
+        self._metrics = compiled.make_metrics(1 if self._binary else self.info.num_classes) if compiled else None
+        if self._metrics:
+            self._metrics.build(self.placement.strategy)
+        else:
+            self._metrics = None
         if compiled:
             fit_compile.check_from_logits(compiled, self.head, config.model)
             inner = compiled.make_optimizer()
@@ -112,8 +124,33 @@ class ClassificationTask(Task):
         self.num_trainable_while_frozen = count_params(self.model)
         self._trace_gradients()
 
+    @property
+    def binary(self) -> bool:
+        """``tfgpu.fit``'s model compiled with binary_crossentropy: one sigmoid unit (or logit) scores class 1 of
+        labels 0/1."""
+        compiled = fit_compile.lookup(self.config.model)
+        return bool(compiled is not None and compiled.binary)
+
+    def model_output(self) -> tuple:
+        if self.binary:
+            return (1,), ("a model compiled with binary_crossentropy must give one sigmoid probability (or logit) "
+                          "per image: shape (batch, 1)")
+        return super().model_output()
+
+    def examples(self):
+        """Classification's examples; under ``tfgpu.fit`` with ``sample_weight``, each with its weight
+        (``fit_weights.WeightedExamples``)."""
+        compiled = fit_compile.lookup(self.config.model)
+        if compiled is None or not compiled.sample_weights:
+            return super().examples()
+        return fit_weights.WeightedExamples(InputConfig.of(self.config, self.batches_per_step(self.config)), self.info,
+                                            compiled.sample_weights)
+
     def check_head(self, model) -> heads.Head:
-        """The head of the built model, once this task can train it (``check_model``); ConfigError otherwise."""
+        """The head of the built model, once this task can train it (``check_model``, or ``check_binary_model``
+        for binary_crossentropy); ConfigError otherwise."""
+        if self._binary:
+            return check_binary_model(model, self.config.model, self.info.num_classes, self.config.input_range)
         return check_model(model, self.config.model, self.info.num_classes, self.config.input_range)
 
     def _trace_gradients(self):
@@ -180,6 +217,15 @@ class ClassificationTask(Task):
         """Cross-entropy in float32 of ``outputs``: logits, or probabilities when the softmax is not separable."""
         outputs = tf.cast(outputs, tf.float32)
         num_classes = self.info.num_classes
+        if self._binary:  # binary_crossentropy of one unit, labels 0/1 (Keras' smoothing: toward 0.5)
+            targets = tf.cast(labels, tf.float32)[:, None]
+            smoothing = self._label_smoothing or 0.0
+            if smoothing:
+                targets = targets * (1.0 - smoothing) + 0.5 * smoothing
+            if self._from_probabilities:
+                p = tf.clip_by_value(outputs, PROBABILITY_FLOOR, 1.0 - PROBABILITY_FLOOR)
+                return -tf.reduce_mean(targets * tf.math.log(p) + (1.0 - targets) * tf.math.log(1.0 - p), -1)
+            return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(targets, outputs), -1)
         if self._generic_loss is not None:  # a compiled loss other than cross-entropy, on the model's output
             predicted = tf.nn.softmax(outputs) if self.head.gives_probabilities and not self._from_probabilities \
                 else outputs
@@ -194,7 +240,10 @@ class ClassificationTask(Task):
         return tf.nn.softmax_cross_entropy_with_logits(targets, outputs)
 
     def per_example_accuracy(self, labels, outputs):
-        """The train "accuracy" of each example, 0..1: top-1 correct."""
+        """The train "accuracy" of each example, 0..1: top-1 correct (binary: class 1 at probability > 0.5)."""
+        if self._binary:
+            positive = outputs[:, 0] > (0.5 if self._from_probabilities else 0.0)
+            return tf.cast(tf.equal(tf.cast(positive, labels.dtype), labels), tf.float32)
         return tf.cast(tf.equal(tf.argmax(outputs, -1), labels), tf.float32)
 
     def _gradients(self, images, labels, weights=None):
@@ -209,6 +258,7 @@ class ClassificationTask(Task):
         # One micro-batch: the batch itself, no split nor zero-initialized sums (fewer kernels per step).
         micro = zip(*(tf.split(t, k) for t in (images, labels, weights))) if k > 1 else [(images, labels, weights)]
         grads = loss_sum = correct = None
+        predictions = []
         for i, (x, y, sample_weight) in enumerate(micro):
             with tf.GradientTape() as tape:
                 outputs = self._forward(x, training=True)
@@ -227,13 +277,34 @@ class ClassificationTask(Task):
             grads = micro_grads if grads is None else [g + m for g, m in zip(grads, micro_grads)]
             hits = tf.reduce_sum(self.per_example_accuracy(y, tf.cast(outputs, tf.float32)) * sample_weight)
             loss_sum, correct = (summed, hits) if i == 0 else (loss_sum + summed, correct + hits)
-        return grads, loss_sum / config.global_batch_size, correct / config.global_batch_size
+            if self._metrics is not None:
+                predictions.append(tf.cast(outputs, tf.float32))
+        outputs = (predictions[0] if len(predictions) == 1 else tf.concat(predictions, 0)) if predictions else None
+        return grads, loss_sum / config.global_batch_size, correct / config.global_batch_size, outputs
+
+    def _metric_update(self, kind: str, labels, outputs, mask=None, sample_weight=None):
+        """Adds this replica's batch to the compiled metrics' summed state: the labels as the user gave them
+        (class indices or one-hot rows) and the model's output as the user's model gives it (probabilities under
+        a softmax head, else its logits)."""
+        if self._binary:
+            truth = tf.cast(labels, tf.float32)[:, None]
+            predicted = tf.sigmoid(outputs) if self.head.gives_probabilities and not self._from_probabilities \
+                else outputs
+            return self._metrics.add(kind, self._metrics.increments(truth, predicted, mask, sample_weight))
+        truth = tf.one_hot(labels, self.info.num_classes) if self.compiled.one_hot else labels
+        predicted = tf.nn.softmax(outputs) if self.head.gives_probabilities and not self._from_probabilities \
+            else outputs
+        return self._metrics.add(kind, self._metrics.increments(truth, predicted, mask, sample_weight))
 
     def train_step(self, batch):
         images, labels, weights = unpack_batch(batch)
+        if weights is not None:  # tfgpu.fit's sample weights (fit_weights), as carried by the pipeline
+            weights, _ = fit_weights.decode(weights)
         state = self.model.non_trainable_variables  # BatchNorm statistics: a skipped step puts them back
         saved = [tf.identity(v.value) for v in state]
-        grads, loss, accuracy = self._grads_fn(images, labels, weights)
+        grads, loss, accuracy, outputs = self._grads_fn(images, labels, weights)
+        if self._metrics is not None:
+            self._metric_update("train", labels, outputs, sample_weight=weights)
         num_replicas = self.placement.num_replicas
         if self._clipping:  # a compiled clipnorm/clipvalue/global_clipnorm, on the all-reduced gradient
             grads = fit_compile.clip(grads, self._clipping, precision.current_loss_scale(self.optimizer),
@@ -248,26 +319,39 @@ class ClassificationTask(Task):
         return metrics
 
     def eval_metric_names(self):
-        return ("loss_sum", "correct", "correct_top5", "count")
+        return ("loss_sum", "correct", "correct_top5", "count", "weight_sum")
 
     def eval_step(self, batch):
-        images, labels, weights = unpack_batch(batch)
+        images, labels, carried = unpack_batch(batch)
+        weights, real = fit_weights.decode(carried)  # padding: weight 0, not real; a weighted example's weight
         outputs = tf.cast(self._forward(images, training=False), tf.float32)
         loss = self.per_example_loss(labels, outputs)
-        k = min(5, self.info.num_classes)
-        top5 = tf.cast(tf.nn.in_top_k(labels, outputs, k), tf.float32)
-        top1 = tf.cast(tf.equal(tf.argmax(outputs, -1), labels), tf.float32)
+        top1 = self.per_example_accuracy(labels, outputs)
+        if self._binary:  # two classes: the top 5 hold both
+            top5 = tf.ones_like(top1)
+        else:
+            top5 = tf.cast(tf.nn.in_top_k(labels, outputs, min(5, self.info.num_classes)), tf.float32)
+        if self._metrics is not None:
+            self._metric_update("eval", labels, outputs, mask=real, sample_weight=weights)
+        # val_loss as Keras reduces it: sum(loss * weight) over the examples divided by their number; the
+        # accuracies are weighted means
         return {"loss_sum": tf.reduce_sum(loss * weights), "correct": tf.reduce_sum(top1 * weights),
-                "correct_top5": tf.reduce_sum(top5 * weights), "count": tf.reduce_sum(weights)}
+                "correct_top5": tf.reduce_sum(top5 * weights), "count": tf.reduce_sum(real),
+                "weight_sum": tf.reduce_sum(weights)}
 
     def evaluate(self, run_eval, step, model_dir):
         if step == self.total_steps and (note := batch_norm.stale_statistics_note(
                 self.model, step * self.config.grad_accum_steps)):
             log.warning("%s", note)
+        if self._metrics is not None:
+            self._metrics.reset("eval")
         sums = run_eval()
-        count = max(sums["count"], 1.0)
-        return {"val_loss": sums["loss_sum"] / count, "val_accuracy": sums["correct"] / count,
-                "val_top5_accuracy": sums["correct_top5"] / count, "val_examples": int(sums["count"])}
+        count, weight = max(sums["count"], 1.0), sums["weight_sum"] or 1.0
+        metrics = {"val_loss": sums["loss_sum"] / count, "val_accuracy": sums["correct"] / weight,
+                   "val_top5_accuracy": sums["correct_top5"] / weight, "val_examples": int(sums["count"])}
+        if self._metrics is not None:  # tfgpu.fit's compiled metrics, under History's names
+            metrics.update(self._metrics.results("eval", "val_"))
+        return metrics
 
     def learning_rates(self):
         return {"learning_rate": float(self._learning_rate_now())}
@@ -278,6 +362,12 @@ class ClassificationTask(Task):
         return {}
 
     def model_facts(self):
+        if self._binary:
+            return {"model_output": "probabilities" if self.head.gives_probabilities else "logits",
+                    "loss_from": "probabilities" if self._from_probabilities else "logits", "output_units": "1",
+                    "output_meaning": "one value per image: the probability of class 1 (the model ends in a "
+                                      "sigmoid)" if self.head.gives_probabilities else
+                                      "one logit per image: a sigmoid of it gives the probability of class 1"}
         return {"model_output": "probabilities" if self.head.gives_probabilities else "logits",
                 "loss_from": ("probabilities" if self._from_probabilities else
                               "pre_softmax_logits" if self.head.gives_probabilities else "logits")}
@@ -313,7 +403,7 @@ class ClassificationTask(Task):
         if all(layer.compute_dtype == "float32" for layer in self.model._flatten_layers()):
             return self.model
         twin = create_model(self.config.model, self.info.image_shape, self.info.num_classes,
-                            output=self.model_output(), **model_options(self.config))
+                            output=self.model_output, **model_options(self.config))
         twin.set_weights(self.model.get_weights())
         return twin
 
@@ -334,6 +424,23 @@ def check_model(model, name: str, num_classes: int, input_range) -> heads.Head:
                "separated from the layer)")
         log.info("model %s ends in a softmax %s: it gives probabilities (as its export does); the loss is computed "
                  "%s (metrics.json: model_output=probabilities)", name, where, how)
+    check_input_range(model, name, input_range)
+    return head
+
+
+def check_binary_model(model, name: str, num_classes: int, input_range) -> heads.Head:
+    """The head of ``name`` compiled with binary_crossentropy: one logit or one sigmoid unit (the loss is computed
+    from the logit under it); ``ConfigError(model)`` for another head or labels other than 0/1,
+    ``ConfigError(input_range)`` as ``check_model``."""
+    head = heads.output_head(model)
+    if head.activation not in (None, "sigmoid"):
+        raise ConfigError("model", f"{name} ends in a {head.activation} (layer {head.layer!r}) but was compiled with "
+                          "binary_crossentropy, which trains one sigmoid unit: end in Dense(1, activation='sigmoid') "
+                          "(or Dense(1) and from_logits=True)")
+    if num_classes > 2:
+        raise ConfigError("model", f"compiled with binary_crossentropy, but the labels hold {num_classes} classes: "
+                          "binary labels are 0 and 1 (for more classes compile with "
+                          "sparse_categorical_crossentropy and end in Dense(num_classes))")
     check_input_range(model, name, input_range)
     return head
 

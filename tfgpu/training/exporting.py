@@ -46,7 +46,8 @@ def describe(config, info, facts: dict | None = None) -> dict:
     (``Task.describe_export``: a GAN generator's latent and image range), else a classifier's: its input range
     (--input_range, checked against a leading Rescaling when the model was built) and whether it gives logits or
     probabilities. ``facts``: the task's ``model_facts()`` (None: a classifier that gives logits); its
-    ``output_meaning`` describes the output (default ``OUTPUT_MEANINGS``: one per class)."""
+    ``output_meaning`` describes the output (default ``OUTPUT_MEANINGS``: one per class), ``output_units`` its width
+    (default: one per class)."""
     facts = facts or {}
     from tfgpu.tasks.registry import get_task
 
@@ -61,7 +62,8 @@ def describe(config, info, facts: dict | None = None) -> dict:
             "input": {**images, "range": [0.0, 255.0],
                       "meaning": f"pixels 0..255 as uint8 or float32, of size {h}x{w} with {c} channel(s): the run's "
                                  f"--input_range mapping ({low:g}..{high:g}) is inside the model"},
-            "output": {"dtype": "float32", "shape": [None, info.num_classes], "kind": kind,
+            "output": {"dtype": "float32", "shape": [None, int(facts.get("output_units") or info.num_classes)],
+                       "kind": kind,
                        "meaning": facts.get("output_meaning") or OUTPUT_MEANINGS[kind]},
             "bare": {"meaning": "the same network without the pixel mapping",
                      "input": {**images, "range": [low, high],

@@ -22,6 +22,9 @@ The same script runs on N workers unchanged: ``python -m tfgpu.launch --num_work
   (``data.from_dataset``) and read by the normal input pipeline: every record once per epoch over any number of
   workers, exact resume. The model sees the pixels as given (``input_range`` (0, 255); float arrays in [0, 1] are
   stored as 0..255 and reach the model in (0, 1) again).
+- ``sample_weight`` (or a Dataset's (x, y, w) elements, ``validation_data=(x, y, w)``) weighs the loss as Keras'
+  reduction does, kept beside the records (``fit_weights``); ``shuffle=False`` trains arrays in their order
+  (``shuffle_buffer=1``).
 - Epochs are Keras' (``fit_arguments.epoch_ends``); ``validation_data``/``validation_split`` (the last fraction
   of the arrays, before shuffling) are evaluated after each ``validation_freq``-th epoch; ``callbacks`` run on the
   loop (``fit_callbacks``). Returns a ``keras.callbacks.History`` with Keras' per-epoch keys; ``history.results``
@@ -70,6 +73,11 @@ ONLY_REGISTERED = {
     "zero_init_residual": "applies to tfgpu's registered ResNets; initialise your model's layers yourself",
 }
 _RUNS = {}  # registered name -> the _Model given under it (latest)
+# Whether the last run in this process all-reduced over several replicas (or failed): TensorFlow keeps each
+# collective's instance parameters (shapes) by key in its runtime, and a new strategy numbers its keys from the
+# start again, so the next run's all-reduce would meet the last one's shapes ("Shape mismatch in the collective
+# instance 101") unless the runtime starts afresh.
+_LAST_RUN = {"collectives": False}
 
 
 class FitError(ConfigError):
@@ -88,6 +96,7 @@ class _Model:
     compiled: object = None  # fit_compile.Compiled (of the object at once; of a builder's model when built)
     class_weight: dict = None
     one_hot: bool = False
+    sample_weights: dict = None  # split -> per-example weights (fit_weights)
     built: object = None  # the model the run trains (inside the scope)
     defaults: tuple = ("sgd", 0.1, "cosine")  # the run's optimizer, base learning rate and schedule (uncompiled)
 
@@ -159,7 +168,7 @@ def _fit(model, args: dict, model_dir, options: dict, names: dict):
     _check_keras_arguments(args)
     given = _model_argument(model)
     data = fit_data.resolve(args, names)
-    given.class_weight, given.one_hot = args["class_weight"], data.one_hot
+    given.class_weight, given.one_hot, given.sample_weights = args["class_weight"], data.one_hot, data.sample_weights
     batch = args["batch_size"] or data.batch_size
     if "global_batch_size" not in explicit:
         explicit["global_batch_size"] = batch or DEFAULT_BATCH_SIZE
@@ -171,6 +180,8 @@ def _fit(model, args: dict, model_dir, options: dict, names: dict):
     if "verbose" not in explicit:
         explicit["verbose"] = -1 if verbose == "auto" else config_sources.coerce("verbose", verbose)
     explicit.setdefault("input_range", data.input_range)
+    if args["shuffle"] is False and data.in_order and "shuffle_buffer" not in explicit:
+        explicit["shuffle_buffer"] = 1  # arrays in their order, as Keras' shuffle=False (records in shard order)
     if data.datasets:
         for name in SET_FOR_DATASETS:
             if name in options:
@@ -227,7 +238,14 @@ def _fit(model, args: dict, model_dir, options: dict, names: dict):
                                     int(args["validation_freq"]), given)
     given.defaults = (config.optimizer, config.base_learning_rate, config.lr_schedule)
     restarted = _fresh_runtime_if_needed(config, multi_worker=num_workers > 1)
-    results = experiment.run(config, cluster_desc=desc, hooks=hooks)
+    try:
+        results = experiment.run(config, cluster_desc=desc, hooks=hooks)
+    except ConfigError:  # refused before training: no collective ran
+        raise
+    except BaseException:  # stopped or failed while training, perhaps inside a collective
+        _LAST_RUN["collectives"] = True
+        raise
+    _LAST_RUN["collectives"] = int(results.get("num_replicas") or 1) > 1
     if given.rebuild is not None:
         given.rebuild.copy_back(given.compiled.built_optimizer, restarted)
     history.results, history.model_dir = results, model_dir
@@ -249,9 +267,6 @@ def _check_keras_arguments(args: dict) -> None:
     if class_weight is not None and (not isinstance(class_weight, dict) or not all(
             isinstance(k, int) and float(v) >= 0 for k, v in class_weight.items())):
         raise FitError("class_weight", "must be a dict {class index: weight >= 0}")
-    if args["sample_weight"] is not None:
-        raise FitError("sample_weight", "per-example weights are not stored with tfgpu's records; class_weight="
-                       "{class: weight} is taken (or repeat the examples that weigh more)")
 
 
 def _model_argument(model):
@@ -339,13 +354,15 @@ def _build(name: str, input_shape, num_classes: int):
         if len(wants) != len(input_shape) or any(w not in (None, d) for w, d in zip(wants, input_shape)):
             raise FitError("model", f"its model takes inputs {wants}, but the images are {tuple(input_shape)} "
                            "(image_size=N crops them to NxN)")
-        if outputs[0].shape[-1] != num_classes:
-            raise FitError("model", f"its model has {outputs[0].shape[-1]} outputs, but the data has "
-                           f"{num_classes} classes (one logit per class; num_classes=N sets the classes)")
     if given.builder is not None:
         _check_saveable(given.builder, model)
         given.compiled = fit_compile.of_model(model)
+    if inputs and outputs and not given.compiled.binary and outputs[0].shape[-1] != num_classes:
+        raise FitError("model", f"its model has {outputs[0].shape[-1]} outputs, but the data has "
+                       f"{num_classes} classes (one logit per class; num_classes=N sets the classes; one sigmoid "
+                       "unit: compile with binary_crossentropy)")
     given.compiled.class_weight, given.compiled.one_hot = given.class_weight, given.one_hot
+    given.compiled.sample_weights = given.sample_weights or None
     if given.compiled.compiled:
         log.info("%s", given.compiled.describe())
     else:
@@ -378,13 +395,16 @@ def _fresh_runtime_if_needed(config, multi_worker: bool) -> bool:
     from tfgpu.config import RuntimeConfig
     from tfgpu.runtime import distribute
 
-    if not multi_worker:
+    after_collectives = _LAST_RUN["collectives"]
+    if not multi_worker and not after_collectives:
         try:
             distribute.configure_devices(RuntimeConfig.of(config))
             return False
         except RuntimeError:
             pass
+    why = ("MultiWorkerMirrored's collectives" if multi_worker else "fresh collectives (the last run in this process "
+           "all-reduced over several replicas)" if after_collectives else "the device settings")
     log.info("restarting TensorFlow's runtime to apply %s (tensors and datasets made before this call may not be "
-             "usable after it)", "MultiWorkerMirrored's collectives" if multi_worker else "the device settings")
+             "usable after it)", why)
     context._reset_context()
     return True

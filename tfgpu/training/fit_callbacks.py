@@ -69,13 +69,14 @@ def prepare(callbacks, is_chief: bool):
 class KerasLoop(LoopHooks):
     """Drives ``callbacks`` and ``history`` (a ``keras.callbacks.History``) from the loop. ``epoch_ends``: the step
     each epoch from ``initial_epoch`` on ends at; ``given``: ``tfgpu.fit``'s record of the model (``built``: the
-    model being trained, ``compiled``: its compile(), with the accuracy names History uses and the optimizer)."""
+    model being trained, ``compiled``: its compile(), with the metrics History names and the optimizer)."""
 
     def __init__(self, callbacks, history, epoch_ends, initial_epoch: int, validation_freq: int, given):
         self.callbacks, self.history = list(callbacks), history
         self.ends, self.initial_epoch = tuple(epoch_ends), initial_epoch
         self.validation_freq, self.given = validation_freq, given
         self.metric_names = ()
+        self.metrics = None
         self.epoch = None  # the current epoch (Keras' index), None before training
         self.sums, self.steps = {}, 0
         self.done = set()  # epochs whose end was told
@@ -100,7 +101,8 @@ class KerasLoop(LoopHooks):
     def on_train_begin(self, step: int):
         model = self.model()
         compiled = self.given.compiled
-        self.metric_names = tuple(compiled.metric_names)
+        self.metrics = compiled.metrics  # fit_metrics.CompiledMetrics, built by the task (None: uncompiled)
+        self.metric_names = self.metrics.names if self.metrics else ()
         if compiled.built_optimizer is not None:  # what LearningRateScheduler and ReduceLROnPlateau set
             # Not tracked: the checkpoint keeps the optimizer under the task's "optimizer" alone, as a resume reads it
             object.__setattr__(model, "optimizer", compiled.built_optimizer)
@@ -121,6 +123,8 @@ class KerasLoop(LoopHooks):
 
     def _begin_epoch(self, epoch: int):
         self.epoch, self.sums, self.steps = epoch, {}, 0
+        if self.metrics:  # Keras resets the metrics at each epoch's start
+            self.metrics.reset("train")
         if epoch < self.initial_epoch + len(self.ends):
             self._each("on_epoch_begin", epoch, {})
 
@@ -128,12 +132,12 @@ class KerasLoop(LoopHooks):
         if not self.steps:
             return {}
         logs = {"loss": self.sums.get("loss", math.nan) / self.steps}
-        for name in self.metric_names:
-            logs[name] = self.sums.get("accuracy", math.nan) / self.steps
+        if self.metrics:  # the epoch's compiled metrics so far, over every replica and worker
+            logs.update(self.metrics.results("train"))
         return logs
 
     def on_loop_end(self, step: int, num_steps: int, step_metrics: dict):
-        for name in ("loss", "accuracy"):
+        for name in ("loss",):
             if name in step_metrics:
                 self.sums[name] = self.sums.get(name, 0.0) + step_metrics[name] * num_steps
         self.steps += num_steps
@@ -157,7 +161,7 @@ class KerasLoop(LoopHooks):
         if eval_metrics and fit_arguments.validates(self.epoch, self.validation_freq):
             logs["val_loss"] = eval_metrics["val_loss"]
             for name in self.metric_names:
-                logs[f"val_{name}"] = eval_metrics["val_accuracy"]
+                logs[f"val_{name}"] = eval_metrics[f"val_{name}"]
         self._each("on_epoch_end", self.epoch, logs)
         self.history.on_epoch_end(self.epoch, dict(logs))
         self.done.add(self.epoch)

@@ -9,10 +9,13 @@ says, not with tfgpu's defaults:
   those three are taken out of the optimizer and applied here to the all-reduced gradient (``clip``), as one device
   would;
 - the loss: sparse/categorical cross-entropy (``from_logits``, ``label_smoothing``) is tfgpu's own cross-entropy from
-  the logits; any other per-example ``keras.losses`` loss is called per example and reduced as the loop reduces
-  (summed over the replica's examples, divided by the global batch). A loss that needs more than one example at a
+  the logits; binary cross-entropy (one sigmoid unit or logit, labels 0/1) its sigmoid cross-entropy from the
+  logit; any other per-example ``keras.losses`` loss is called per example and reduced as the loop reduces (summed
+  over the replica's examples, divided by the global batch). A loss that needs more than one example at a
   time, or several outputs, is refused by name;
-- the metrics: accuracy under the names compiled (``History`` uses them); others are refused by name.
+- the metrics and weighted metrics: Keras' own metric objects, named as Keras names them (``History`` uses the
+  names), their state summed over every replica and worker (``fit_metrics``); one that cannot be summed is refused
+  by name.
 
 The registry maps a registered model name (``fit:...``) to its ``Compiled``; ``tasks.classification`` reads it
 (``lookup``) and trains as it says. An uncompiled model trains with tfgpu's defaults (``defaults_line``).
@@ -25,17 +28,16 @@ from tfgpu.config import ConfigError
 log = logging.getLogger("tfgpu")
 
 CROSS_ENTROPY = {"sparse_categorical_crossentropy": False, "categorical_crossentropy": True}  # name -> one-hot
-ACCURACY = ("accuracy", "acc", "sparse_categorical_accuracy", "categorical_accuracy")
 CLIPPING = ("clipnorm", "clipvalue", "global_clipnorm")
 REFUSED_OPTIMIZER_OPTIONS = {
     "gradient_accumulation_steps": "accumulates over steps; tfgpu's grad_accum_steps=N splits each batch into N "
                                    "micro-batches instead (the same update): pass that",
     "loss_scale_factor": "set precision='mixed_float16' (tfgpu's dynamic loss scale) instead",
 }
+BINARY = "binary_crossentropy"  # one sigmoid unit (or logit) scoring class 1 of labels 0/1
 REFUSED_LOSSES = {
-    "binary_crossentropy": "tfgpu.fit trains one softmax over the classes; for two classes end the model in "
-                           "Dense(2) and compile with SparseCategoricalCrossentropy",
-    "binary_focal_crossentropy": "tfgpu.fit trains one softmax over the classes",
+    "binary_focal_crossentropy": "tfgpu.fit trains softmax cross-entropy over the classes or binary_crossentropy "
+                                 "of one sigmoid unit",
     "ctc": "needs whole sequences, not one example at a time",
 }
 _REGISTRY = {}  # registered model name -> Compiled
@@ -54,16 +56,33 @@ class Compiled:
     loss_name: str = "sparse_categorical_crossentropy"
     label_smoothing: float = 0.0
     loss: object = None
-    metric_names: tuple = ("accuracy",)
+    metric_names: tuple = ()
     class_weight: dict = None
     one_hot: bool = False
     clipping: dict = dataclasses.field(default_factory=dict)
     from_logits: object = None  # the cross-entropy's from_logits (None: another loss, or not compiled)
     built_optimizer: object = None  # the optimizer the run trains with (make_optimizer), for copying its state back
+    metric_identifiers: tuple = ((), ())  # (metrics, weighted_metrics) as compiled
+    sample_weights: dict = None  # split -> per-example weights by record index (fit_weights), None: none given
+    metrics: object = None  # fit_metrics.CompiledMetrics of the run (make_metrics), read by the callbacks
+
+    def make_metrics(self, num_outputs: int):
+        """The run's ``fit_metrics.CompiledMetrics`` (fresh metric objects, in the current runtime), kept as
+        ``metrics``."""
+        from tfgpu.training import fit_metrics
+
+        self.metrics = fit_metrics.CompiledMetrics(fit_metrics.resolve(*self.metric_identifiers, self.one_hot,
+                                                                       num_outputs))
+        return self.metrics
 
     @property
     def compiled(self) -> bool:
         return self.optimizer_class is not None
+
+    @property
+    def binary(self) -> bool:
+        """Compiled with binary_crossentropy: the model gives one sigmoid probability (or logit) of class 1."""
+        return self.loss_name == BINARY
 
     def make_optimizer(self):
         """A new optimizer of the compiled class and config, without the per-replica clipping (``clip`` does it on
@@ -123,11 +142,9 @@ def of_model(model, argument: str = "model") -> Compiled:
     loss_name, smoothing, loss, one_hot, from_logits = _loss(model.loss, argument)
     if compile_config.get("loss_weights"):
         raise ConfigError(argument, "compiled with loss_weights: tfgpu.fit trains one output")
-    if compile_config.get("weighted_metrics"):
-        raise ConfigError(argument, "compiled with weighted_metrics: tfgpu.fit computes accuracy over the examples "
-                          "(pass metrics=['accuracy'])")
-    names = _metrics(compile_config.get("metrics"), argument)
-    return Compiled(type(optimizer), config, loss_name, smoothing, loss, names, None, one_hot, clipping, from_logits)
+    metric_identifiers, names = _metrics(model, one_hot, argument)
+    return Compiled(type(optimizer), config, loss_name, smoothing, loss, names, None, one_hot, clipping, from_logits,
+                    metric_identifiers=metric_identifiers)
 
 
 def _loss(loss, argument: str):
@@ -149,6 +166,9 @@ def _loss(loss, argument: str):
     if name in REFUSED_LOSSES or fn_name in REFUSED_LOSSES:
         key = name if name in REFUSED_LOSSES else fn_name
         raise ConfigError(argument, f"compiled with loss {key}: {REFUSED_LOSSES[key]}")
+    if fn_name == BINARY:
+        return BINARY, float(options.get("label_smoothing", 0.0) or 0.0), None, False, bool(options.get("from_logits",
+                                                                                                      False))
     if fn_name in CROSS_ENTROPY:
         if options.get("axis", -1) != -1:
             raise ConfigError(argument, f"compiled with {fn_name}(axis={options['axis']}): classes must be the last "
@@ -177,49 +197,27 @@ def check_from_logits(compiled: Compiled, head, name: str) -> None:
     from_logits = compiled.from_logits
     if from_logits is None:
         return
+    activation = "sigmoid" if compiled.binary else "softmax"
     if from_logits and head.gives_probabilities:
-        log.warning("%s ends in a softmax but was compiled with from_logits=True: tfgpu trains the cross-entropy "
-                    "from the logits under that softmax", name)
+        log.warning("%s ends in a %s but was compiled with from_logits=True: tfgpu trains the cross-entropy "
+                    "from the logits under that %s", name, activation, activation)
     elif not from_logits and not head.gives_probabilities:
-        log.warning("%s gives logits (no softmax) but was compiled with from_logits=False: tfgpu trains the "
-                    "cross-entropy from those logits, as from_logits=True would", name)
+        log.warning("%s gives logits (no %s) but was compiled with from_logits=False: tfgpu trains the "
+                    "cross-entropy from those logits, as from_logits=True would", name, activation)
 
 
-def _metrics(metrics, argument: str) -> tuple:
-    """The compiled metrics' names (History's keys); ConfigError naming one the loop does not compute."""
-    if metrics is None:
-        return ()
-    if isinstance(metrics, dict):
+def _metrics(model, one_hot: bool, argument: str):
+    """((metrics, weighted_metrics) as compiled, their History names); ConfigError naming one the loop cannot sum
+    over replicas (``fit_metrics.resolve``, tried now on the model's output size, before any work)."""
+    from tfgpu.training import fit_metrics
+
+    metrics, weighted = fit_metrics.identifiers(model)
+    if isinstance(metrics, dict) or isinstance(weighted, dict):
         raise ConfigError(argument, "compiled with metrics per output: tfgpu.fit trains one output")
-    names = []
-    for metric in metrics:
-        if isinstance(metric, dict):  # get_compile_config()'s serialized metric object
-            name = (metric.get("config") or {}).get("name") or metric.get("class_name", "")
-            kind = _SERIALIZED.get(metric.get("class_name"), metric.get("class_name", ""))
-        else:
-            name = metric if isinstance(metric, str) else (getattr(metric, "name", None) or
-                                                           getattr(metric, "__name__", ""))
-            kind = metric if isinstance(metric, str) else _metric_kind(metric)
-        if kind not in ACCURACY:
-            raise ConfigError(argument, f"compiled with metric {name!r}: tfgpu.fit computes accuracy (and "
-                              "val_top5_accuracy in metrics.json); compile with metrics=['accuracy']")
-        names.append(name)
-    return tuple(names)
-
-
-_SERIALIZED = {"SparseCategoricalAccuracy": "sparse_categorical_accuracy",
-               "CategoricalAccuracy": "categorical_accuracy"}
-
-
-def _metric_kind(metric) -> str:
-    import keras
-
-    for cls, kind in ((keras.metrics.SparseCategoricalAccuracy, "sparse_categorical_accuracy"),
-                      (keras.metrics.CategoricalAccuracy, "categorical_accuracy")):
-        if isinstance(metric, cls):
-            return kind
-    fn = getattr(metric, "__name__", "")
-    return fn if fn in ACCURACY else type(metric).__name__
+    outputs = getattr(model, "outputs", None)
+    num_outputs = int(outputs[0].shape[-1]) if outputs and outputs[0].shape[-1] is not None else 2
+    entries = fit_metrics.resolve(metrics, weighted, one_hot, num_outputs, argument)
+    return (tuple(metrics), tuple(weighted)), tuple(name for name, _, _ in entries)
 
 
 def clip(grads, clipping: dict, loss_scale, num_replicas: int):

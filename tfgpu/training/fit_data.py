@@ -6,9 +6,11 @@ splits ``data.from_dataset`` writes (or a converted directory), with Keras' refu
   floats in [0, 255] are stored as they are; float arrays in [0, 1] are stored as 0..255 and reach the model in
   [0, 1] again (``input_range``), so the model sees what Keras would feed it (to 1/255). Integer arrays within
   0..255 are stored as uint8.
-- a ``tf.data.Dataset`` of (image, label), batched or not (``data.elements``); a batched one's batch (its first
-  batch's size) is the batch size unless ``batch_size`` is given. ``y``, ``validation_split`` and ``sample_weight``
-  are refused as Keras refuses them for a Dataset.
+- a ``tf.data.Dataset`` of (image, label) or (image, label, sample_weight), batched or not (``data.elements``); a
+  batched one's batch (its first batch's size) is the batch size unless ``batch_size`` is given. ``y``,
+  ``validation_split`` and ``sample_weight`` are refused as Keras refuses them for a Dataset.
+- ``sample_weight`` (arrays), a Dataset's or PyDataset's third element, ``validation_data=(x, y, w)``: per-example
+  weights kept beside the records (``fit_weights``), cut by ``validation_split`` as the arrays are.
 - a ``keras.utils.PyDataset`` without workers: read once into arrays (its batch is the batch size).
 - a converted data directory (``dataset.json``): its eval split validates.
 """
@@ -33,6 +35,8 @@ class Data:
     batch_size: int = 0
     one_hot: bool = False
     input_range: tuple = PIXELS
+    sample_weights: dict = dataclasses.field(default_factory=dict)  # split -> float32 weights by record index
+    in_order: bool = False  # arrays (whose order shuffle=False keeps), not a Dataset (Keras ignores shuffle for one)
 
 
 def resolve(args: dict, names: dict) -> Data:
@@ -51,8 +55,11 @@ def resolve(args: dict, names: dict) -> Data:
     import keras
 
     if isinstance(x, keras.utils.PyDataset):
-        x, y, batch = _py_dataset(x, y, names)
-        data = _arrays(x, y, dict(args, x=x, y=y), names)
+        if args["sample_weight"] is not None:
+            raise ConfigError("sample_weight", "`sample_weight` argument is not supported when using a PyDataset: "
+                              "give its batches as (x, y, sample_weight)")
+        x, y, weights, batch = _py_dataset(x, y, names)
+        data = _arrays(x, y, dict(args, x=x, y=y, sample_weight=weights), names)
         data.batch_size = data.batch_size or batch
         return data
     if hasattr(x, "shape") and hasattr(x, "dtype"):
@@ -76,6 +83,9 @@ def _directory(x, args: dict, names: dict) -> Data:
                           "directory validates on its eval split")
     if args["y"] is not None:
         raise ConfigError("y", "a converted directory holds its labels: leave y out")
+    if args["sample_weight"] is not None:
+        raise ConfigError("sample_weight", "a converted directory's examples carry no weights: pass arrays (or a "
+                          "tf.data.Dataset of (image, label, sample_weight)) to weigh them")
     fileio.check_scheme(directory, names["x"])
     try:
         converted = any(c in directory for c in "*?[") or fileio.isfile(os.path.join(directory, "dataset.json"))
@@ -98,13 +108,21 @@ def _dataset(x, args: dict, names: dict) -> Data:
     if args["validation_split"]:
         raise ConfigError("validation_split", "is only supported for Tensors or NumPy arrays, found a "
                           "tf.data.Dataset; pass validation_data")
+    if args["sample_weight"] is not None:
+        raise ConfigError("sample_weight", "`sample_weight` argument is not supported when using dataset as input: "
+                          "give its elements as (image, label, sample_weight)")
+    from tfgpu.training import fit_weights
+
     class_names = elements.class_names(x, args["validation_data"] if isinstance(args["validation_data"],
                                                                                  tf.data.Dataset) else None)
+    x, weights = fit_weights.split_off(x, names["x"])
     batch = _batch_of(x)
     one_hot = _one_hot_spec(x)
     train, note = elements.accept(x, names["x"])
     data = Data(datasets={"train": train}, notes=[note] if note else [], class_names=class_names, batch_size=batch,
                 one_hot=one_hot)
+    if weights is not None:
+        data.sample_weights["train"] = fit_weights.check(weights, len(weights), names["x"])
     _validation(data, args, names, train)
     return data
 
@@ -142,19 +160,23 @@ def _validation(data: Data, args: dict, names: dict, train) -> None:
     validation, argument = args["validation_data"], names["validation_data"]
     if validation is None:
         return
+    from tfgpu.training import fit_weights
+
+    weights = None
     if isinstance(validation, (tuple, list)):
-        if len(validation) == 3 and validation[2] is not None:
-            raise ConfigError(argument, "(x_val, y_val, val_sample_weight): per-example weights are not stored "
-                              "with tfgpu's records; pass (x_val, y_val)")
         if len(validation) not in (2, 3):
             raise ConfigError(argument, f"must be (x_val, y_val) or a tf.data.Dataset, got a {len(validation)}-tuple")
         images, scale_note = _images(validation[0], argument, data.input_range)
         labels = _labels(validation[1], len(images), argument)
+        if len(validation) == 3 and validation[2] is not None:
+            weights = fit_weights.check(validation[2], len(images), argument)
         validation = tf.data.Dataset.from_tensor_slices((images, labels))
         data.notes.extend([scale_note] if scale_note else [])
     elif not isinstance(validation, tf.data.Dataset):
         raise ConfigError(argument, f"must be (x_val, y_val) arrays or a tf.data.Dataset, got "
                           f"{type(validation).__name__}")
+    else:
+        validation, weights = fit_weights.split_off(validation, argument)
     validation, note = elements.accept(validation, argument)
     if note:
         data.notes.append(note)
@@ -162,6 +184,8 @@ def _validation(data: Data, args: dict, names: dict, train) -> None:
     if None not in channels and channels[0] != channels[1]:
         raise ConfigError(argument, f"images have {channels[0]} channels, x's {channels[1]}")
     data.datasets["val"] = validation
+    if weights is not None:
+        data.sample_weights["val"] = fit_weights.check(weights, len(weights), argument)
 
 
 def _py_dataset(dataset, y, names: dict):
@@ -175,18 +199,19 @@ def _py_dataset(dataset, y, names: dict):
                           "data once and shards it over its own input pipelines; pass it with workers=1, or arrays")
     if y is not None:
         raise ConfigError("y", "`y` argument is not supported when using a PyDataset: its batches are (x, y)")
-    images, labels, batch = [], [], 0
+    images, labels, weights, batch = [], [], [], 0
     for i in range(len(dataset)):
         item = dataset[i]
         if not isinstance(item, tuple) or len(item) < 2:
             raise ConfigError(names["x"], f"batch {i} is not (x, y)")
         if len(item) == 3 and item[2] is not None:
-            raise ConfigError("sample_weight", "a PyDataset's (x, y, sample_weight): per-example weights are not "
-                              "stored with tfgpu's records")
+            weights.append(np.reshape(np.asarray(item[2]), [-1]))
         images.append(np.asarray(item[0]))
         labels.append(np.asarray(item[1]))
         batch = batch or len(item[0])
-    return np.concatenate(images), np.concatenate(labels), batch
+    if weights and len(weights) != len(images):
+        raise ConfigError(names["x"], "some batches are (x, y, sample_weight) and others (x, y)")
+    return np.concatenate(images), np.concatenate(labels), (np.concatenate(weights) if weights else None), batch
 
 
 def _arrays(x, y, args: dict, names: dict) -> Data:
@@ -196,22 +221,30 @@ def _arrays(x, y, args: dict, names: dict) -> Data:
     argument = names["x"]
     if y is None:
         raise ConfigError("y", "with arrays as x, pass their labels as y")
-    if args["shuffle"] is not True:
-        raise ConfigError("shuffle", f"{args['shuffle']!r}: tfgpu shuffles every epoch (the order a function of "
-                          "seed and step, for exact resume); leave shuffle=True")
+    if args["shuffle"] not in (True, False):
+        raise ConfigError("shuffle", f"{args['shuffle']!r}: True (shuffled every epoch, reproducibly from seed) or "
+                          "False (in order)")
     x = np.asarray(x)
     labels = _labels(y, len(x), "y")
+    from tfgpu.training import fit_weights
+
+    weights = args["sample_weight"]
+    if weights is not None:
+        weights = fit_weights.check(weights, len(x), "sample_weight")
     notes = []
     if args["validation_split"] and args["validation_data"] is None:  # Keras: validation_data wins over the split
         at = fit_arguments.split_at(len(x), float(args["validation_split"]))
-        args = dict(args, validation_data=(x[at:], labels[at:]))
+        args = dict(args, validation_data=(x[at:], labels[at:], None if weights is None else weights[at:]))
         notes.append(f"validation_split={args['validation_split']}: the last {len(x) - at} of {len(x)} examples "
                      "validate (cut before shuffling, as Keras does)")
         x, labels = x[:at], labels[:at]
+        weights = None if weights is None else weights[:at]
     images, note = _images(x, argument, None)
     data = Data(notes=[note] if note else [], one_hot=labels.ndim == 2 and labels.shape[-1] > 1,
-                input_range=(0.0, 1.0) if note else PIXELS)
+                input_range=(0.0, 1.0) if note else PIXELS, in_order=True)
     data.notes.extend(notes)
+    if weights is not None:
+        data.sample_weights["train"] = weights
     train = tf.data.Dataset.from_tensor_slices((images, labels))
     from tfgpu.data import elements
 
