@@ -16,6 +16,7 @@ shuffle holds indices, never records: its memory does not grow with the records'
 each buffer at most ``CHUNK_BYTES``).
 """
 import dataclasses
+import functools
 
 import numpy as np
 import tensorflow as tf
@@ -61,6 +62,16 @@ class Order:
     def by_offset(self) -> bool:
         return bool(self.num_chunks) and bool((self.offset >= 0).all())
 
+    @functools.cached_property
+    def _tensors(self) -> "_Columns":
+        """The chunk table as tensors, made once, eagerly, and captured by the traced functions that read it. Made
+        inside them, every reader of a window copied the table into the graph as constants of its own (600 copies
+        of 15,111 chunks at 1M records), which took seconds to trace and seconds more to instantiate."""
+        with tf.init_scope():
+            return _Columns(tf.constant(self.filenames, tf.string), tf.constant(self.file, tf.int64),
+                            tf.constant(self.index, tf.int64), tf.constant(self.count, tf.int64),
+                            tf.constant(self.offset, tf.int64))
+
     # -- the order (TensorFlow ops: the same in a dataset's graph and eagerly) ----------------------------------
     def _epoch_seed(self, epoch):
         return tf.stack([tf.constant(self.seed, tf.int64), tf.constant(self.salt, tf.int64)
@@ -78,7 +89,8 @@ class Order:
         their chunks) of the window."""
         w = tf.cast(w, tf.int64)
         ids = perm[w * self.window:(w + 1) * self.window]
-        counts = tf.gather(tf.constant(self.count, tf.int64), ids)
+        t = self._tensors
+        counts = tf.gather(t.count, ids)
         slots = tf.range(tf.size(ids, out_type=tf.int64), dtype=tf.int64)
         seed = tf.random.experimental.stateless_fold_in(self._epoch_seed(epoch), w)
         choice = tf.random.experimental.stateless_shuffle(tf.repeat(slots, counts), seed=seed)
@@ -86,13 +98,13 @@ class Order:
         rank = tf.math.invert_permutation(tf.argsort(choice, stable=True)) - tf.cast(tf.gather(first, choice),
                                                                                      tf.int32)
         chunk = tf.gather(ids, choice)
-        keys = (tf.bitwise.left_shift(tf.gather(tf.constant(self.file, tf.int64), chunk), 32)
-                + tf.gather(tf.constant(self.index, tf.int64), chunk) + tf.cast(rank, tf.int64))
+        keys = (tf.bitwise.left_shift(tf.gather(t.file, chunk), 32) + tf.gather(t.index, chunk)
+                + tf.cast(rank, tf.int64))
         return ids, choice, keys
 
     def _single_keys(self, perm):
-        return (tf.bitwise.left_shift(tf.gather(tf.constant(self.file, tf.int64), perm), 32)
-                + tf.gather(tf.constant(self.index, tf.int64), perm))
+        t = self._tensors
+        return tf.bitwise.left_shift(tf.gather(t.file, perm), 32) + tf.gather(t.index, perm)
 
     # -- where a run is, and which records it fed (eager, no file opened) ----------------------------------------
     def locate(self, epoch: int, offset: int):
@@ -124,20 +136,31 @@ class Order:
 
     # -- the records ------------------------------------------------------------------------------------------
     def _read(self, filename, offset):
-        """A shard's records from byte ``offset`` (the start of a record's length header)."""
-        variant = tf.raw_ops.TFRecordDatasetV2(
-            filenames=tf.reshape(filename, [1]), compression_type="", buffer_size=tf.constant(
-                self.buffer_size, tf.int64), byte_offsets=tf.reshape(tf.cast(offset, tf.int64), [1]))
+        """A shard's records from byte ``offset`` (the start of a record's length header); ``filename`` and
+        ``offset`` are scalars or vectors of one."""
+        if filename.shape.rank != 1:
+            filename = tf.reshape(filename, [1])
+        if offset.shape.rank != 1:
+            offset = tf.reshape(offset, [1])
+        variant = tf.raw_ops.TFRecordDatasetV2(filenames=filename, compression_type="", byte_offsets=offset,
+                                               buffer_size=tf.constant(self.buffer_size, tf.int64))
         return tf.data.experimental.from_variant(variant, tf.TensorSpec([], tf.string))
 
     def _chunk_reader(self, chunk, used, remaining):
         """The records of chunk ``chunk`` after its first ``used``, ``remaining`` of them."""
-        filename = tf.gather(tf.constant(self.filenames), tf.gather(tf.constant(self.file, tf.int64), chunk))
+        t = self._tensors
+        return self._reader(tf.gather(t.filenames, tf.gather(t.file, chunk)), tf.gather(t.offset, chunk),
+                            tf.gather(t.index, chunk), used, remaining)
+
+    def _reader(self, filename, offset, index, used, remaining):
+        """The records of a chunk (its shard ``filename``, byte ``offset``, first record ``index``) after its first
+        ``used``, ``remaining`` of them."""
         if self.by_offset:
-            records = self._read(filename, tf.gather(tf.constant(self.offset, tf.int64), chunk))
+            records = self._read(filename, offset)
         else:  # no offset table (a gzip shard): from the shard's start, skipping to the chunk (headers only)
-            records = tf.data.TFRecordDataset(filename, "GZIP" if self.compression == "gzip" else None)
-            used = used + tf.gather(tf.constant(self.index, tf.int64), chunk)
+            records = tf.data.TFRecordDataset(tf.reshape(filename, []),
+                                              "GZIP" if self.compression == "gzip" else None)
+            used = used + tf.reshape(index, [])
         return records.skip(used).take(remaining)
 
     def _window_records(self, epoch, perm, w, k, cached):
@@ -145,7 +168,8 @@ class Order:
         ids, choice, keys = self._window_plan(epoch, perm, w)
         m = tf.size(ids, out_type=tf.int64)
         used = tf.math.unsorted_segment_sum(tf.ones_like(choice[:k]), choice[:k], m)
-        counts = tf.gather(tf.constant(self.count, tf.int64), ids)
+        t = self._tensors
+        counts = tf.gather(t.count, ids)
         keys, choice = keys[k:], choice[k:]
         if cached is not None:
             return tf.data.Dataset.from_tensor_slices((keys, self._positions(keys))).map(
@@ -154,7 +178,14 @@ class Order:
         ids = tf.concat([ids, tf.zeros([pad], tf.int64)], 0)
         used = tf.concat([used, tf.zeros([pad], tf.int64)], 0)
         remaining = tf.concat([counts, tf.zeros([pad], tf.int64)], 0) - used
-        readers = [self._chunk_reader(ids[j], used[j], remaining[j]) for j in range(self.window)]
+        # Each reader's shard, offset, first record, records used and left: gathered for the window, then split
+        # by one op per column (a slice per reader and column was 700 ops to trace at a window of 147 chunks;
+        # tf.unstack instead crashed TensorFlow 2.21 in make_iterator).
+        names, offsets = (tf.split(c, self.window) for c in (tf.gather(t.filenames, tf.gather(t.file, ids)),
+                                                              tf.gather(t.offset, ids)))
+        first, used, remaining = (tf.split(c, self.window) for c in (tf.gather(t.index, ids), used, remaining))
+        readers = [self._reader(names[j], offsets[j], first[j], tf.reshape(used[j], []),
+                                tf.reshape(remaining[j], [])) for j in range(self.window)]
         records = (readers[0] if self.window == 1 else
                    tf.data.Dataset.choose_from_datasets(readers, tf.data.Dataset.from_tensor_slices(choice)))
         return tf.data.Dataset.zip(tf.data.Dataset.from_tensor_slices(keys), records)
@@ -175,8 +206,8 @@ class Order:
         if cached is not None:
             return tf.data.Dataset.from_tensor_slices((keys, self._positions(keys))).map(
                 lambda key, p: (key, tf.gather(cached, p)))
-        offsets = tf.gather(tf.constant(self.offset, tf.int64), perm)
-        names = tf.constant(self.filenames)  # a record's shard name looked up as it is read: no string per record
+        offsets = tf.gather(self._tensors.offset, perm)
+        names = self._tensors.filenames  # a record's shard name looked up as it is read: no string per record
 
         def read(key, offset):
             filename = tf.gather(names, tf.bitwise.right_shift(key, 32))
@@ -203,7 +234,7 @@ class Order:
         epoch."""
         chunks = tf.data.Dataset.range(self.num_chunks)
         return chunks.flat_map(_no_autograph(lambda c: self._chunk_reader(c, tf.constant(0, tf.int64), tf.gather(
-            tf.constant(self.count, tf.int64), c))))
+            self._tensors.count, c))))
 
     def stream(self, start_epoch: int, offset: int, workers=tf.data.AUTOTUNE, cache: bool = False,
                epochs: int = None):
@@ -224,6 +255,16 @@ class Order:
         everything = self.table_records().batch(max(1, int(self.count.sum()))).take(1).cache()
         return everything.flat_map(_no_autograph(lambda records: epochs_ds.flat_map(_no_autograph(
             lambda e: epoch(e, records)))))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Columns:
+    """An Order's chunk table as tensors (``Order._tensors``)."""
+    filenames: tf.Tensor
+    file: tf.Tensor
+    index: tf.Tensor
+    count: tf.Tensor
+    offset: tf.Tensor
 
 
 def chunks(runs, tables: dict, filenames):
