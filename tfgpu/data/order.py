@@ -102,6 +102,14 @@ class Order:
                 + tf.cast(rank, tf.int64))
         return ids, choice, keys
 
+    @functools.cached_property
+    def _window_keys(self):
+        """The keys of window ``w`` of ``epoch`` (``_window_plan``) as one compiled call: run eagerly, its ~30 ops
+        cost about a millisecond each, most of an index audit's time at 1M records."""
+        spec = tf.TensorSpec([], tf.int64)
+        return tf.function(lambda epoch, w: self._window_plan(epoch, self.chunk_order(epoch), w)[2],
+                           input_signature=[spec, spec], autograph=False)
+
     def _single_keys(self, perm):
         t = self._tensors
         return tf.bitwise.left_shift(tf.gather(t.file, perm), 32) + tf.gather(t.index, perm)
@@ -122,13 +130,12 @@ class Order:
         end = self.length if count is None else min(self.length, start + count)
         if end <= start or not self.num_chunks:
             return np.zeros(0, np.int64)
-        perm = self.chunk_order(epoch)
         if self.single:
-            return self._single_keys(perm[start:end]).numpy()
+            return self._single_keys(self.chunk_order(epoch)[start:end]).numpy()
         w, k = self.locate(epoch, start)
         found, need = [], end - start
         while need > 0 and w < self.num_windows:
-            keys = self._window_plan(epoch, perm, w)[2].numpy()[k:k + need]
+            keys = self._window_keys(np.int64(epoch), np.int64(w)).numpy()[k:k + need]
             found.append(keys)
             need -= len(keys)
             w, k = w + 1, 0
