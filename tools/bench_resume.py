@@ -140,9 +140,10 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=3600, help="Seconds any one command may take.")
     p.add_argument("--output", default="", help="Write the results as JSON here.")
     o = p.parse_args(argv)
-    from tfgpu.data import tfrecord  # no TensorFlow
-
-    records = o.records or tfrecord.read_manifest(o.data_dir)["splits"]["train"]["num_examples"]
+    if not o.records:
+        with open(os.path.join(o.data_dir, "dataset.json")) as f:  # the manifest (tfrecord.MANIFEST)
+            o.records = json.load(f)["splits"]["train"]["num_examples"]
+    records = o.records
     mid, end = steps_of(records, BATCH)
     cache, logs = os.path.join(o.work_dir, "cache"), os.path.join(o.work_dir, "logs")
     os.makedirs(logs, exist_ok=True)
