@@ -142,15 +142,17 @@ class Order:
         return np.concatenate(found)
 
     # -- the records ------------------------------------------------------------------------------------------
-    def _read(self, filename, offset):
+    def _read(self, filename, offset, buffer_size=None):
         """A shard's records from byte ``offset`` (the start of a record's length header); ``filename`` and
-        ``offset`` are scalars or vectors of one."""
+        ``offset`` are scalars or vectors of one; ``buffer_size``: the read buffer's tensor, when the caller made
+        one for many readers."""
         if filename.shape.rank != 1:
             filename = tf.reshape(filename, [1])
         if offset.shape.rank != 1:
             offset = tf.reshape(offset, [1])
-        variant = tf.raw_ops.TFRecordDatasetV2(filenames=filename, compression_type="", byte_offsets=offset,
-                                               buffer_size=tf.constant(self.buffer_size, tf.int64))
+        variant = tf.raw_ops.TFRecordDatasetV2(
+            filenames=filename, compression_type="", byte_offsets=offset,
+            buffer_size=tf.constant(self.buffer_size, tf.int64) if buffer_size is None else buffer_size)
         return tf.data.experimental.from_variant(variant, tf.TensorSpec([], tf.string))
 
     def _chunk_reader(self, chunk, used, remaining):
@@ -159,11 +161,11 @@ class Order:
         return self._reader(tf.gather(t.filenames, tf.gather(t.file, chunk)), tf.gather(t.offset, chunk),
                             tf.gather(t.index, chunk), used, remaining)
 
-    def _reader(self, filename, offset, index, used, remaining):
+    def _reader(self, filename, offset, index, used, remaining, buffer_size=None):
         """The records of a chunk (its shard ``filename``, byte ``offset``, first record ``index``) after its first
         ``used``, ``remaining`` of them."""
         if self.by_offset:
-            records = self._read(filename, offset)
+            records = self._read(filename, offset, buffer_size)
         else:  # no offset table (a gzip shard): from the shard's start, skipping to the chunk (headers only)
             records = tf.data.TFRecordDataset(tf.reshape(filename, []),
                                               "GZIP" if self.compression == "gzip" else None)
@@ -185,14 +187,16 @@ class Order:
         ids = tf.concat([ids, tf.zeros([pad], tf.int64)], 0)
         used = tf.concat([used, tf.zeros([pad], tf.int64)], 0)
         remaining = tf.concat([counts, tf.zeros([pad], tf.int64)], 0) - used
-        # Each reader's shard, offset, first record, records used and left: gathered for the window, then split
-        # by one op per column (a slice per reader and column was 700 ops to trace at a window of 147 chunks;
-        # tf.unstack instead crashed TensorFlow 2.21 in make_iterator).
+        # Each reader's shard, offset, first record (gzip), records used and left: gathered for the window, then
+        # split by one op per column (a slice per reader and column was 700 ops to trace at a window of 147
+        # chunks; tf.unstack instead crashed TensorFlow 2.21 in make_iterator).
         names, offsets = (tf.split(c, self.window) for c in (tf.gather(t.filenames, tf.gather(t.file, ids)),
                                                               tf.gather(t.offset, ids)))
-        first, used, remaining = (tf.split(c, self.window) for c in (tf.gather(t.index, ids), used, remaining))
-        readers = [self._reader(names[j], offsets[j], first[j], tf.reshape(used[j], []),
-                                tf.reshape(remaining[j], [])) for j in range(self.window)]
+        first = tf.split(tf.gather(t.index, ids), self.window) if not self.by_offset else [None] * self.window
+        used, remaining = ([tf.squeeze(x, 0) for x in tf.split(c, self.window)] for c in (used, remaining))
+        buffer_size = tf.constant(self.buffer_size, tf.int64)  # one for the window's readers
+        readers = [self._reader(names[j], offsets[j], first[j], used[j], remaining[j], buffer_size)
+                   for j in range(self.window)]
         records = (readers[0] if self.window == 1 else
                    tf.data.Dataset.choose_from_datasets(readers, tf.data.Dataset.from_tensor_slices(choice)))
         return tf.data.Dataset.zip(tf.data.Dataset.from_tensor_slices(keys), records)
