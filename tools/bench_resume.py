@@ -25,6 +25,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 BATCH = 1024
 
 
@@ -44,15 +45,12 @@ def steps_of(records: int, batch: int, workers: int = 1):
 
 def startup_record(model_dir: str) -> dict:
     """The last ``startup`` record of ``model_dir``'s history.jsonl (the run just made)."""
-    found = None
-    with open(os.path.join(model_dir, "history.jsonl")) as f:
-        for line in f:
-            record = json.loads(line)
-            if record.get("kind") == "startup":
-                found = record
-    if found is None:
-        raise RuntimeError(f"{model_dir}/history.jsonl has no startup record")
-    return found
+    from tfgpu.training import history
+
+    found = [r for r in history.read(model_dir) if r.get("kind") == "startup"]
+    if not found:
+        raise RuntimeError(f"{model_dir}: its history has no startup record")
+    return found[-1]
 
 
 def train_flags(data_dir: str, model_dir: str, steps: int, cache_dir: str) -> list:
