@@ -281,26 +281,40 @@ class _Columns:
 def chunks(runs, tables: dict, filenames):
     """Chunk columns (file, index, count, offset) of ``runs`` ((file index, record indices in the shard,
     ascending), ...), and whether records are large (read one at a time). ``tables``: file index -> record
-    offsets (``shards.record_table``) or None."""
+    offsets (``shards.record_table``) or None. Vectorized over all runs (a loop per run and consecutive stretch
+    took a tenth of a second per order at 1M records, three orders on a resume on another topology)."""
     sizes = [(t[-1] - t[0]) / max(1, len(t) - 1) for t in (tables.get(f) for f, _ in runs) if t is not None]
     mean = float(np.mean(sizes)) if sizes else 0.0
     every_table = all(tables.get(f) is not None for f, _ in runs)
     single = every_table and mean >= LARGE_RECORD
     per_chunk = 1 if single else int(np.clip(CHUNK_BYTES // max(mean, 1.0), 1, MAX_CHUNK_RECORDS))
-    columns = []
-    for f, idx in runs:
-        idx = np.asarray(idx, np.int64)
-        if not len(idx):
-            continue
-        table = tables.get(f)
-        breaks = np.flatnonzero(np.diff(idx) != 1) + 1
-        for run in np.split(idx, breaks):
-            step = per_chunk if table is not None else len(run)
-            first = run[::step]
-            count = np.minimum(step, len(run) - np.arange(0, len(run), step))
-            offset = table[first] if table is not None else np.full(len(first), -1, np.int64)
-            columns.append(np.stack([np.full(len(first), f, np.int64), first, count, offset]))
-    table = np.concatenate(columns, 1) if columns else np.zeros((4, 0), np.int64)
+    runs = [(int(f), np.asarray(idx, np.int64)) for f, idx in runs if len(idx)]
+    if not runs:
+        return np.zeros((4, 0), np.int64), single, per_chunk, mean
+    lengths = np.array([len(idx) for _, idx in runs])
+    file = np.repeat(np.array([f for f, _ in runs], np.int64), lengths)
+    index = np.concatenate([idx for _, idx in runs])
+    n = len(index)
+    # stretches: consecutive records of one run (a new run, or a gap in the indices, starts one)
+    new = np.zeros(n, bool)
+    new[np.concatenate([[0], np.cumsum(lengths)[:-1]])] = True
+    new[1:] |= np.diff(index) != 1
+    stretch = np.flatnonzero(new)
+    stretch_len = np.diff(np.append(stretch, n))
+    with_table = np.array([tables.get(f) is not None for f in range(int(file.max()) + 1)])
+    step = np.where(with_table[file[stretch]], per_chunk, stretch_len)  # no table: the stretch is one chunk
+    into = np.arange(n) - np.repeat(stretch, stretch_len)
+    first = np.flatnonzero(into % np.repeat(step, stretch_len) == 0)  # every stretch's start is a chunk's
+    count = np.diff(np.append(first, n))
+    chunk_file, chunk_index = file[first], index[first]
+    offset = np.full(len(first), -1, np.int64)
+    listed = [f for f in dict.fromkeys(f for f, _ in runs) if tables.get(f) is not None]
+    if listed:
+        base = np.zeros(len(with_table), np.int64)
+        base[listed] = np.concatenate([[0], np.cumsum([len(tables[f]) for f in listed])[:-1]])
+        known = with_table[chunk_file]
+        offset[known] = np.concatenate([tables[f] for f in listed])[base[chunk_file[known]] + chunk_index[known]]
+    table = np.stack([chunk_file, chunk_index, count, offset]).astype(np.int64)
     return table, single, per_chunk, mean
 
 

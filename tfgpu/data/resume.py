@@ -28,7 +28,9 @@ def stage_order(config: InputConfig, info: DatasetInfo, indices, length: int, pi
     starts = position.first_of_file(split_files)
     indices = np.asarray(indices, np.int64)
     file_of = np.searchsorted(starts, indices, side="right") - 1
-    runs = [(int(f), indices[file_of == f] - starts[f]) for f in np.unique(file_of)]
+    cut = np.flatnonzero(np.diff(file_of)) + 1  # ascending: each file's indices are one stretch
+    runs = ([(int(f), part - starts[f]) for f, part in zip(file_of[np.r_[0, cut]], np.split(indices, cut))]
+            if len(indices) else [])
     return order.build(info, info.train_split, runs, length, _pipeline_seed(config, pipeline_id),
                        stage * STAGE_SALT, config.shuffle_buffer)
 
