@@ -52,6 +52,8 @@ def _every_record_once_and_resume(sizes, workers, replicas, per_replica, resume_
             seen.update(position.global_index(keys, starts).tolist())
         resumed = np.concatenate([share.keys(at.epoch, offset), share.keys(at.epoch + 1)])
         assert resumed.tolist() == np.concatenate(uninterrupted)[offset:].tolist()
+        # what another topology finds consumed: the same records, known from one window's plan
+        assert sorted(share.first_records(at.epoch, offset).tolist()) == sorted(uninterrupted[0][:offset].tolist())
     for e, seen in enumerate(epochs):
         assert max(seen.values(), default=1) == 1 and set(seen) <= set(range(total))
         assert total - len(seen) < workers, f"epoch {at.epoch + e} misses {total - len(seen)} records"

@@ -115,11 +115,12 @@ class Order:
         return tf.bitwise.left_shift(tf.gather(t.file, perm), 32) + tf.gather(t.index, perm)
 
     # -- where a run is, and which records it fed (eager, no file opened) ----------------------------------------
-    def locate(self, epoch: int, offset: int):
-        """(window, records into it) where record ``offset`` of ``epoch``'s order lies."""
+    def locate(self, epoch: int, offset: int, perm: np.ndarray = None):
+        """(window, records into it) where record ``offset`` of ``epoch``'s order lies (``perm``: the epoch's
+        ``chunk_order``, if computed already)."""
         if self.single or offset == 0:
             return 0, int(offset)
-        sizes = self.count[self.chunk_order(epoch).numpy()]
+        sizes = self.count[self.chunk_order(epoch).numpy() if perm is None else perm]
         ends = np.cumsum(np.add.reduceat(sizes, np.arange(0, len(sizes), self.window)))
         w = int(np.searchsorted(ends, offset, side="right"))
         return w, int(offset - (ends[w - 1] if w else 0))
@@ -140,6 +141,26 @@ class Order:
             need -= len(keys)
             w, k = w + 1, 0
         return np.concatenate(found)
+
+    def first_records(self, epoch: int, count: int) -> np.ndarray:
+        """The keys of the first ``count`` records of ``epoch``'s order (at most its ``length``) as a set, in no
+        particular order: every window before the one record ``count`` lies in holds all the records of its
+        chunks, read off the chunk table; only that window's plan is computed (the records a resume on another
+        topology finds consumed: one window's shuffle, not every window's before it)."""
+        count = min(int(count), self.length)
+        if count <= 0 or not self.num_chunks:
+            return np.zeros(0, np.int64)
+        if self.single:
+            return self.keys(epoch, 0, count)
+        perm = self.chunk_order(epoch).numpy()
+        w, k = self.locate(epoch, count, perm)
+        whole = perm[:w * self.window]
+        counts = self.count[whole]
+        rank = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)  # a record's rank in its chunk
+        keys = (np.repeat(self.file[whole], counts) << 32) + np.repeat(self.index[whole], counts) + rank
+        if k:  # eagerly: one window's ops cost less than tracing them
+            keys = np.concatenate([keys, self._window_plan(epoch, tf.constant(perm), w)[2].numpy()[:k]])
+        return keys
 
     # -- the records ------------------------------------------------------------------------------------------
     def _read(self, filename, offset, buffer_size=None):
