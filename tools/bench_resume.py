@@ -5,7 +5,8 @@ audited by ``tfgpu.audit_input`` (0 records fed twice, 0 never).
     python tools/bench_resume.py --data_dir=/tmp/i40/bench/raw16-1000000 --work_dir=/tmp/bench_resume \\
         --repeats=2 --output=/tmp/bench_resume.json
 
-The recipe: a tiny model (``tiny`` below, a linear classifier, so the input is what is measured) trained at
+The recipe: a tiny model (``TINY_MODEL`` below, a linear classifier written to the work dir, so the input is what
+is measured) trained at
 ``--global_batch_size=1024 --checkpoint_every_steps=0 --eval_split=none`` to step M (mid-epoch) and on to step E
 (the epoch's last step: the records of step E+1 cross into the next epoch) on one worker: copies of those model
 dirs are the checkpoints resumed. Every round runs each case once, interleaved, from a fresh copy: ``fresh``
@@ -29,11 +30,24 @@ sys.path.insert(0, ROOT)
 BATCH = 1024
 
 
+TINY_MODEL = '''"""A linear classifier: the step costs next to nothing, so a first loop is the input's start and tracing."""
+
+
 def tiny(input_shape, num_classes):
-    """A linear classifier: the step costs next to nothing, so a first loop is the input's start and tracing."""
     import keras
 
     return keras.Sequential([keras.Input(input_shape), keras.layers.Flatten(), keras.layers.Dense(num_classes)])
+'''
+
+
+def model_file(work_dir: str) -> str:
+    """The tiny model's file in ``work_dir``: one path for the runs that made the checkpoints and those resuming
+    them, wherever this script is run from (a resume refuses another --model)."""
+    path = os.path.join(work_dir, "tiny_model.py")
+    if not os.path.exists(path):
+        with open(path, "w") as f:
+            f.write(TINY_MODEL)
+    return path
 
 
 def steps_of(records: int, batch: int, workers: int = 1):
@@ -53,8 +67,8 @@ def startup_record(model_dir: str) -> dict:
     return found[-1]
 
 
-def train_flags(data_dir: str, model_dir: str, steps: int, cache_dir: str) -> list:
-    return [f"--data_dir={data_dir}", f"--model={os.path.abspath(__file__)}:tiny", f"--global_batch_size={BATCH}",
+def train_flags(data_dir: str, model_dir: str, steps: int, cache_dir: str, model: str) -> list:
+    return [f"--data_dir={data_dir}", f"--model={model}:tiny", f"--global_batch_size={BATCH}",
             "--checkpoint_every_steps=0", "--eval_split=none", f"--train_steps={steps}", f"--model_dir={model_dir}",
             f"--data_cache_dir={cache_dir}", "--verbose=2"]
 
@@ -76,8 +90,9 @@ def run(command: list, log_path: str, timeout: float) -> tuple:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def train(data_dir: str, model_dir: str, steps: int, workers: int, cache_dir: str, log_path: str, timeout: float):
-    flags = train_flags(data_dir, model_dir, steps, cache_dir)
+def train(data_dir: str, model_dir: str, steps: int, workers: int, cache_dir: str, log_path: str, timeout: float,
+          model: str):
+    flags = train_flags(data_dir, model_dir, steps, cache_dir, model)
     if workers > 1:
         command = [sys.executable, "-m", "tfgpu.launch", f"--num_workers={workers}", "--", *flags]
     else:
@@ -145,13 +160,15 @@ def main(argv=None) -> int:
     mid, end = steps_of(records, BATCH)
     cache, logs = os.path.join(o.work_dir, "cache"), os.path.join(o.work_dir, "logs")
     os.makedirs(logs, exist_ok=True)
+    model = model_file(o.work_dir)
     print(f"{records} records, global batch {BATCH}: mid-epoch step {mid}, the epoch's end step {end}; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
     base, saved = os.path.join(o.work_dir, "base"), {}
     for name, step in (("mid", mid), ("end", end)):
         saved[name] = os.path.join(o.work_dir, f"at-{step}")
         if not os.path.exists(os.path.join(saved[name], "history.jsonl")):
-            wall, _ = train(o.data_dir, base, step, 1, cache, os.path.join(logs, f"base-{step}.log"), o.timeout)
+            wall, _ = train(o.data_dir, base, step, 1, cache, os.path.join(logs, f"base-{step}.log"), o.timeout,
+                            model)
             shutil.rmtree(saved[name], ignore_errors=True)
             shutil.copytree(base, saved[name])
             print(f"trained to step {step} on 1 worker in {wall:.0f} s: {saved[name]}", flush=True)
@@ -166,7 +183,7 @@ def main(argv=None) -> int:
             if step:
                 shutil.copytree(saved["mid" if step == mid else "end"], model_dir)
             _, cpu = train(o.data_dir, model_dir, step + o.first_loop_steps, workers, cache,
-                           os.path.join(logs, f"{name}-{r}.log"), o.timeout)
+                           os.path.join(logs, f"{name}-{r}.log"), o.timeout, model)
             first = startup_record(model_dir)["first_loop_s"]
             rounds[name].append({"first_loop_s": first, "cpu_s": cpu, "load": os.getloadavg()[0]})
             print(f"round {r + 1} {name}: first loop {first:.2f} s, process CPU {cpu:.1f} s, load average "
