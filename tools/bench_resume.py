@@ -26,7 +26,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+sys.path.append(ROOT)  # after PYTHONPATH: --pipeline_only measures the tfgpu it names (another checkout, say)
 BATCH = 1024
 
 
@@ -113,6 +113,43 @@ def audit(data_dir: str, workers: int, step: int, cache_dir: str, out: str, time
     return {"epochs": result["epochs"], "wall_s": wall, "cpu_s": cpu}
 
 
+def pipeline_costs(data_dir: str, cache_dir: str, steps, workers: int) -> list:
+    """In this process, CPU and wall seconds of the start's parts for a run resumed at each of ``steps`` from one
+    worker onto ``workers`` (1: the same topology): ``catalog.prepare``, the resume plan (``plan_resume``), building
+    pipeline 0's dataset and its first batch; after one untimed fresh pipeline (its first batch read)."""
+    import tensorflow as tf
+
+    from tfgpu.config import Config, DatasetConfig
+    from tfgpu.data import catalog, pipeline, position, resume
+    from tfgpu.tasks.registry import input_config
+
+    config = Config(model_dir="unused", data_dir=data_dir, global_batch_size=BATCH, data_cache_dir=cache_dir)
+    warm = catalog.prepare(DatasetConfig.of(config))  # untimed: the shard checks cached, TensorFlow's first ops run
+    next(iter(pipeline.train_dataset_fn(input_config(config), warm, 0)(tf.distribute.InputContext())))
+    rows = []
+    for step in steps:
+        marks = [(time.process_time(), time.perf_counter())]
+
+        def mark():
+            marks.append((time.process_time(), time.perf_counter()))
+
+        info = catalog.prepare(DatasetConfig.of(config))
+        mark()
+        inputs = input_config(config)
+        recorded = position.from_step(step, position.Topology(1, 1, BATCH, 1), info.num_train_examples)
+        plan = resume.plan_resume(inputs, info, workers, step, recorded)
+        mark()
+        ds = pipeline.train_dataset_fn(inputs, info, step, plan=plan)(tf.distribute.InputContext(workers, 0, workers))
+        mark()
+        next(iter(ds))
+        mark()
+        parts = ("prepare", "plan", "build", "first_batch")
+        rows.append({"step": step, "workers": workers,
+                     **{f"{p}_cpu_s": b[0] - a[0] for p, a, b in zip(parts, marks, marks[1:])},
+                     **{f"{p}_wall_s": b[1] - a[1] for p, a, b in zip(parts, marks, marks[1:])}})
+    return rows
+
+
 def summarize(rounds: dict) -> dict:
     """Per case: the medians of its rounds' first loops and CPU seconds, and their difference from the fresh
     run's on the same number of workers."""
@@ -151,6 +188,9 @@ def main(argv=None) -> int:
     p.add_argument("--first_loop_steps", type=int, default=10, help="Steps each measured run trains (its first loop).")
     p.add_argument("--repeats", type=int, default=2, help="Interleaved rounds.")
     p.add_argument("--timeout", type=float, default=3600, help="Seconds any one command may take.")
+    p.add_argument("--pipeline_only", action="store_true", help="Time the start's parts in this process instead "
+                   "(catalog.prepare, the resume plan, building the pipeline, its first batch; CPU and wall), fresh, "
+                   "mid-epoch and at the epoch's end, on 1 worker and --workers, for the tfgpu on PYTHONPATH.")
     p.add_argument("--output", default="", help="Write the results as JSON here.")
     o = p.parse_args(argv)
     if not o.records:
@@ -163,6 +203,23 @@ def main(argv=None) -> int:
     model = model_file(o.work_dir)
     print(f"{records} records, global batch {BATCH}: mid-epoch step {mid}, the epoch's end step {end}; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
+    if o.pipeline_only:
+        import tfgpu
+
+        print(f"tfgpu from {os.path.dirname(tfgpu.__file__)}", flush=True)
+        rows = []
+        for workers in sorted({1, max(1, o.workers)}):
+            for row in pipeline_costs(o.data_dir, cache, (0, mid, end), workers):
+                rows.append(row)
+                print(f"step {row['step']} on {workers} pipeline(s), CPU s (wall s): prepare {row['prepare_cpu_s']:.2f} "
+                      f"({row['prepare_wall_s']:.1f}), plan {row['plan_cpu_s']:.2f} ({row['plan_wall_s']:.1f}), "
+                      f"build {row['build_cpu_s']:.2f} ({row['build_wall_s']:.1f}), first batch "
+                      f"{row['first_batch_cpu_s']:.2f} ({row['first_batch_wall_s']:.1f})", flush=True)
+        if o.output:
+            with open(o.output, "w") as f:
+                json.dump({"command": " ".join([os.path.basename(sys.executable), *sys.argv]), "rows": rows}, f,
+                          indent=2)
+        return 0
     base, saved = os.path.join(o.work_dir, "base"), {}
     for name, step in (("mid", mid), ("end", end)):
         saved[name] = os.path.join(o.work_dir, f"at-{step}")
