@@ -52,6 +52,8 @@ def _every_record_once_and_resume(sizes, workers, replicas, per_replica, resume_
             seen.update(position.global_index(keys, starts).tolist())
         resumed = np.concatenate([share.keys(at.epoch, offset), share.keys(at.epoch + 1)])
         assert resumed.tolist() == np.concatenate(uninterrupted)[offset:].tolist()
+        # what another topology finds consumed: the same records, known from one window's plan
+        assert sorted(share.first_records(at.epoch, offset).tolist()) == sorted(uninterrupted[0][:offset].tolist())
     for e, seen in enumerate(epochs):
         assert max(seen.values(), default=1) == 1 and set(seen) <= set(range(total))
         assert total - len(seen) < workers, f"epoch {at.epoch + e} misses {total - len(seen)} records"
@@ -183,3 +185,29 @@ def test_the_pipelines_read_by_offset_in_the_computed_order(tmp_path, record_byt
         ds = pipeline.train_dataset_fn(input_config(config), info, start_step)(tf.distribute.InputContext())
         labels = [int(y) for _, batch in ds.take(16 - start_step).as_numpy_iterator() for y in batch]
         assert labels == expected[3 * start_step:48], start_step
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(0, 300), min_size=1, max_size=5), keep=st.sampled_from([0.3, 0.9, 1.0]),
+       record_bytes=st.sampled_from([40, 3000, order.LARGE_RECORD]), gzip=st.lists(st.booleans(), max_size=5),
+       seed=st.integers(0, 99))
+def test_chunks_cover_each_record_of_the_runs_once_in_stretches_of_one_shard(sizes, keep, record_bytes, gzip, seed):
+    """order.chunks: every record of every run once, in run order; a chunk is consecutive records of one shard,
+    at most per_chunk of them where the shard has an offset table (read from the chunk's offset), one whole stretch
+    where it has none (read from the shard's start)."""
+    rng = np.random.default_rng(seed)
+    tables = {f: None if f < len(gzip) and gzip[f] else np.arange(n + 1, dtype=np.int64) * (record_bytes + 16) + f
+              for f, n in enumerate(sizes)}
+    runs = [(f, np.flatnonzero(rng.random(n) < keep)) for f, n in enumerate(sizes)]
+    table, single, per_chunk, _ = order.chunks(runs, tables, None)
+    file, index, count, offset = table
+    covered = [(f, i) for f, first, n in zip(file, index, count) for i in range(first, first + n)]
+    assert covered == [(f, int(i)) for f, idx in runs for i in idx]  # each record once, in order
+    for f, first, n, at in zip(file, index, count, offset):
+        stretch = set(range(first, first + n))
+        assert stretch <= set(runs[f][1].tolist())  # consecutive records of one shard, all in the run
+        if tables[f] is None:
+            assert at == -1 and first + n not in runs[f][1] and first - 1 not in runs[f][1]
+        else:
+            assert at == tables[f][first] and 1 <= n <= per_chunk
+    assert not single or per_chunk == 1

@@ -16,6 +16,7 @@ shuffle holds indices, never records: its memory does not grow with the records'
 each buffer at most ``CHUNK_BYTES``).
 """
 import dataclasses
+import functools
 
 import numpy as np
 import tensorflow as tf
@@ -61,6 +62,16 @@ class Order:
     def by_offset(self) -> bool:
         return bool(self.num_chunks) and bool((self.offset >= 0).all())
 
+    @functools.cached_property
+    def _tensors(self) -> "_Columns":
+        """The chunk table as tensors, made once, eagerly, and captured by the traced functions that read it. Made
+        inside them, every reader of a window copied the table into the graph as constants of its own (600 copies
+        of 15,111 chunks at 1M records), which took seconds to trace and seconds more to instantiate."""
+        with tf.init_scope():
+            return _Columns(tf.constant(self.filenames, tf.string), tf.constant(self.file, tf.int64),
+                            tf.constant(self.index, tf.int64), tf.constant(self.count, tf.int64),
+                            tf.constant(self.offset, tf.int64))
+
     # -- the order (TensorFlow ops: the same in a dataset's graph and eagerly) ----------------------------------
     def _epoch_seed(self, epoch):
         return tf.stack([tf.constant(self.seed, tf.int64), tf.constant(self.salt, tf.int64)
@@ -78,7 +89,8 @@ class Order:
         their chunks) of the window."""
         w = tf.cast(w, tf.int64)
         ids = perm[w * self.window:(w + 1) * self.window]
-        counts = tf.gather(tf.constant(self.count, tf.int64), ids)
+        t = self._tensors
+        counts = tf.gather(t.count, ids)
         slots = tf.range(tf.size(ids, out_type=tf.int64), dtype=tf.int64)
         seed = tf.random.experimental.stateless_fold_in(self._epoch_seed(epoch), w)
         choice = tf.random.experimental.stateless_shuffle(tf.repeat(slots, counts), seed=seed)
@@ -86,20 +98,29 @@ class Order:
         rank = tf.math.invert_permutation(tf.argsort(choice, stable=True)) - tf.cast(tf.gather(first, choice),
                                                                                      tf.int32)
         chunk = tf.gather(ids, choice)
-        keys = (tf.bitwise.left_shift(tf.gather(tf.constant(self.file, tf.int64), chunk), 32)
-                + tf.gather(tf.constant(self.index, tf.int64), chunk) + tf.cast(rank, tf.int64))
+        keys = (tf.bitwise.left_shift(tf.gather(t.file, chunk), 32) + tf.gather(t.index, chunk)
+                + tf.cast(rank, tf.int64))
         return ids, choice, keys
 
+    @functools.cached_property
+    def _window_keys(self):
+        """The keys of window ``w`` of ``epoch`` (``_window_plan``) as one compiled call: run eagerly, its ~30 ops
+        cost about a millisecond each, most of an index audit's time at 1M records."""
+        spec = tf.TensorSpec([], tf.int64)
+        return tf.function(lambda epoch, w: self._window_plan(epoch, self.chunk_order(epoch), w)[2],
+                           input_signature=[spec, spec], autograph=False)
+
     def _single_keys(self, perm):
-        return (tf.bitwise.left_shift(tf.gather(tf.constant(self.file, tf.int64), perm), 32)
-                + tf.gather(tf.constant(self.index, tf.int64), perm))
+        t = self._tensors
+        return tf.bitwise.left_shift(tf.gather(t.file, perm), 32) + tf.gather(t.index, perm)
 
     # -- where a run is, and which records it fed (eager, no file opened) ----------------------------------------
-    def locate(self, epoch: int, offset: int):
-        """(window, records into it) where record ``offset`` of ``epoch``'s order lies."""
+    def locate(self, epoch: int, offset: int, perm: np.ndarray = None):
+        """(window, records into it) where record ``offset`` of ``epoch``'s order lies (``perm``: the epoch's
+        ``chunk_order``, if computed already)."""
         if self.single or offset == 0:
             return 0, int(offset)
-        sizes = self.count[self.chunk_order(epoch).numpy()]
+        sizes = self.count[self.chunk_order(epoch).numpy() if perm is None else perm]
         ends = np.cumsum(np.add.reduceat(sizes, np.arange(0, len(sizes), self.window)))
         w = int(np.searchsorted(ends, offset, side="right"))
         return w, int(offset - (ends[w - 1] if w else 0))
@@ -110,34 +131,66 @@ class Order:
         end = self.length if count is None else min(self.length, start + count)
         if end <= start or not self.num_chunks:
             return np.zeros(0, np.int64)
-        perm = self.chunk_order(epoch)
         if self.single:
-            return self._single_keys(perm[start:end]).numpy()
+            return self._single_keys(self.chunk_order(epoch)[start:end]).numpy()
         w, k = self.locate(epoch, start)
         found, need = [], end - start
         while need > 0 and w < self.num_windows:
-            keys = self._window_plan(epoch, perm, w)[2].numpy()[k:k + need]
+            keys = self._window_keys(np.int64(epoch), np.int64(w)).numpy()[k:k + need]
             found.append(keys)
             need -= len(keys)
             w, k = w + 1, 0
         return np.concatenate(found)
 
+    def first_records(self, epoch: int, count: int) -> np.ndarray:
+        """The keys of the first ``count`` records of ``epoch``'s order (at most its ``length``) as a set, in no
+        particular order: every window before the one record ``count`` lies in holds all the records of its
+        chunks, read off the chunk table; only that window's plan is computed (the records a resume on another
+        topology finds consumed: one window's shuffle, not every window's before it)."""
+        count = min(int(count), self.length)
+        if count <= 0 or not self.num_chunks:
+            return np.zeros(0, np.int64)
+        if self.single:
+            return self.keys(epoch, 0, count)
+        perm = self.chunk_order(epoch).numpy()
+        w, k = self.locate(epoch, count, perm)
+        whole = perm[:w * self.window]
+        counts = self.count[whole]
+        rank = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)  # a record's rank in its chunk
+        keys = (np.repeat(self.file[whole], counts) << 32) + np.repeat(self.index[whole], counts) + rank
+        if k:  # eagerly: one window's ops cost less than tracing them
+            keys = np.concatenate([keys, self._window_plan(epoch, tf.constant(perm), w)[2].numpy()[:k]])
+        return keys
+
     # -- the records ------------------------------------------------------------------------------------------
-    def _read(self, filename, offset):
-        """A shard's records from byte ``offset`` (the start of a record's length header)."""
+    def _read(self, filename, offset, buffer_size=None):
+        """A shard's records from byte ``offset`` (the start of a record's length header); ``filename`` and
+        ``offset`` are scalars or vectors of one; ``buffer_size``: the read buffer's tensor, when the caller made
+        one for many readers."""
+        if filename.shape.rank != 1:
+            filename = tf.reshape(filename, [1])
+        if offset.shape.rank != 1:
+            offset = tf.reshape(offset, [1])
         variant = tf.raw_ops.TFRecordDatasetV2(
-            filenames=tf.reshape(filename, [1]), compression_type="", buffer_size=tf.constant(
-                self.buffer_size, tf.int64), byte_offsets=tf.reshape(tf.cast(offset, tf.int64), [1]))
+            filenames=filename, compression_type="", byte_offsets=offset,
+            buffer_size=tf.constant(self.buffer_size, tf.int64) if buffer_size is None else buffer_size)
         return tf.data.experimental.from_variant(variant, tf.TensorSpec([], tf.string))
 
     def _chunk_reader(self, chunk, used, remaining):
         """The records of chunk ``chunk`` after its first ``used``, ``remaining`` of them."""
-        filename = tf.gather(tf.constant(self.filenames), tf.gather(tf.constant(self.file, tf.int64), chunk))
+        t = self._tensors
+        return self._reader(tf.gather(t.filenames, tf.gather(t.file, chunk)), tf.gather(t.offset, chunk),
+                            tf.gather(t.index, chunk), used, remaining)
+
+    def _reader(self, filename, offset, index, used, remaining, buffer_size=None):
+        """The records of a chunk (its shard ``filename``, byte ``offset``, first record ``index``) after its first
+        ``used``, ``remaining`` of them."""
         if self.by_offset:
-            records = self._read(filename, tf.gather(tf.constant(self.offset, tf.int64), chunk))
+            records = self._read(filename, offset, buffer_size)
         else:  # no offset table (a gzip shard): from the shard's start, skipping to the chunk (headers only)
-            records = tf.data.TFRecordDataset(filename, "GZIP" if self.compression == "gzip" else None)
-            used = used + tf.gather(tf.constant(self.index, tf.int64), chunk)
+            records = tf.data.TFRecordDataset(tf.reshape(filename, []),
+                                              "GZIP" if self.compression == "gzip" else None)
+            used = used + tf.reshape(index, [])
         return records.skip(used).take(remaining)
 
     def _window_records(self, epoch, perm, w, k, cached):
@@ -145,7 +198,8 @@ class Order:
         ids, choice, keys = self._window_plan(epoch, perm, w)
         m = tf.size(ids, out_type=tf.int64)
         used = tf.math.unsorted_segment_sum(tf.ones_like(choice[:k]), choice[:k], m)
-        counts = tf.gather(tf.constant(self.count, tf.int64), ids)
+        t = self._tensors
+        counts = tf.gather(t.count, ids)
         keys, choice = keys[k:], choice[k:]
         if cached is not None:
             return tf.data.Dataset.from_tensor_slices((keys, self._positions(keys))).map(
@@ -154,7 +208,16 @@ class Order:
         ids = tf.concat([ids, tf.zeros([pad], tf.int64)], 0)
         used = tf.concat([used, tf.zeros([pad], tf.int64)], 0)
         remaining = tf.concat([counts, tf.zeros([pad], tf.int64)], 0) - used
-        readers = [self._chunk_reader(ids[j], used[j], remaining[j]) for j in range(self.window)]
+        # Each reader's shard, offset, first record (gzip), records used and left: gathered for the window, then
+        # split by one op per column (a slice per reader and column was 700 ops to trace at a window of 147
+        # chunks; tf.unstack instead crashed TensorFlow 2.21 in make_iterator).
+        names, offsets = (tf.split(c, self.window) for c in (tf.gather(t.filenames, tf.gather(t.file, ids)),
+                                                              tf.gather(t.offset, ids)))
+        first = tf.split(tf.gather(t.index, ids), self.window) if not self.by_offset else [None] * self.window
+        used, remaining = ([tf.squeeze(x, 0) for x in tf.split(c, self.window)] for c in (used, remaining))
+        buffer_size = tf.constant(self.buffer_size, tf.int64)  # one for the window's readers
+        readers = [self._reader(names[j], offsets[j], first[j], used[j], remaining[j], buffer_size)
+                   for j in range(self.window)]
         records = (readers[0] if self.window == 1 else
                    tf.data.Dataset.choose_from_datasets(readers, tf.data.Dataset.from_tensor_slices(choice)))
         return tf.data.Dataset.zip(tf.data.Dataset.from_tensor_slices(keys), records)
@@ -175,8 +238,8 @@ class Order:
         if cached is not None:
             return tf.data.Dataset.from_tensor_slices((keys, self._positions(keys))).map(
                 lambda key, p: (key, tf.gather(cached, p)))
-        offsets = tf.gather(tf.constant(self.offset, tf.int64), perm)
-        names = tf.constant(self.filenames)  # a record's shard name looked up as it is read: no string per record
+        offsets = tf.gather(self._tensors.offset, perm)
+        names = self._tensors.filenames  # a record's shard name looked up as it is read: no string per record
 
         def read(key, offset):
             filename = tf.gather(names, tf.bitwise.right_shift(key, 32))
@@ -203,7 +266,7 @@ class Order:
         epoch."""
         chunks = tf.data.Dataset.range(self.num_chunks)
         return chunks.flat_map(_no_autograph(lambda c: self._chunk_reader(c, tf.constant(0, tf.int64), tf.gather(
-            tf.constant(self.count, tf.int64), c))))
+            self._tensors.count, c))))
 
     def stream(self, start_epoch: int, offset: int, workers=tf.data.AUTOTUNE, cache: bool = False,
                epochs: int = None):
@@ -226,29 +289,53 @@ class Order:
             lambda e: epoch(e, records)))))
 
 
+@dataclasses.dataclass(frozen=True)
+class _Columns:
+    """An Order's chunk table as tensors (``Order._tensors``)."""
+    filenames: tf.Tensor
+    file: tf.Tensor
+    index: tf.Tensor
+    count: tf.Tensor
+    offset: tf.Tensor
+
+
 def chunks(runs, tables: dict, filenames):
     """Chunk columns (file, index, count, offset) of ``runs`` ((file index, record indices in the shard,
     ascending), ...), and whether records are large (read one at a time). ``tables``: file index -> record
-    offsets (``shards.record_table``) or None."""
+    offsets (``shards.record_table``) or None. Vectorized over all runs (a loop per run and consecutive stretch
+    took a tenth of a second per order at 1M records, three orders on a resume on another topology)."""
     sizes = [(t[-1] - t[0]) / max(1, len(t) - 1) for t in (tables.get(f) for f, _ in runs) if t is not None]
     mean = float(np.mean(sizes)) if sizes else 0.0
     every_table = all(tables.get(f) is not None for f, _ in runs)
     single = every_table and mean >= LARGE_RECORD
     per_chunk = 1 if single else int(np.clip(CHUNK_BYTES // max(mean, 1.0), 1, MAX_CHUNK_RECORDS))
-    columns = []
-    for f, idx in runs:
-        idx = np.asarray(idx, np.int64)
-        if not len(idx):
-            continue
-        table = tables.get(f)
-        breaks = np.flatnonzero(np.diff(idx) != 1) + 1
-        for run in np.split(idx, breaks):
-            step = per_chunk if table is not None else len(run)
-            first = run[::step]
-            count = np.minimum(step, len(run) - np.arange(0, len(run), step))
-            offset = table[first] if table is not None else np.full(len(first), -1, np.int64)
-            columns.append(np.stack([np.full(len(first), f, np.int64), first, count, offset]))
-    table = np.concatenate(columns, 1) if columns else np.zeros((4, 0), np.int64)
+    runs = [(int(f), np.asarray(idx, np.int64)) for f, idx in runs if len(idx)]
+    if not runs:
+        return np.zeros((4, 0), np.int64), single, per_chunk, mean
+    lengths = np.array([len(idx) for _, idx in runs])
+    file = np.repeat(np.array([f for f, _ in runs], np.int64), lengths)
+    index = np.concatenate([idx for _, idx in runs])
+    n = len(index)
+    # stretches: consecutive records of one run (a new run, or a gap in the indices, starts one)
+    new = np.zeros(n, bool)
+    new[np.concatenate([[0], np.cumsum(lengths)[:-1]])] = True
+    new[1:] |= np.diff(index) != 1
+    stretch = np.flatnonzero(new)
+    stretch_len = np.diff(np.append(stretch, n))
+    with_table = np.array([tables.get(f) is not None for f in range(int(file.max()) + 1)])
+    step = np.where(with_table[file[stretch]], per_chunk, stretch_len)  # no table: the stretch is one chunk
+    into = np.arange(n) - np.repeat(stretch, stretch_len)
+    first = np.flatnonzero(into % np.repeat(step, stretch_len) == 0)  # every stretch's start is a chunk's
+    count = np.diff(np.append(first, n))
+    chunk_file, chunk_index = file[first], index[first]
+    offset = np.full(len(first), -1, np.int64)
+    listed = [f for f in dict.fromkeys(f for f, _ in runs) if tables.get(f) is not None]
+    if listed:
+        base = np.zeros(len(with_table), np.int64)
+        base[listed] = np.concatenate([[0], np.cumsum([len(tables[f]) for f in listed])[:-1]])
+        known = with_table[chunk_file]
+        offset[known] = np.concatenate([tables[f] for f in listed])[base[chunk_file[known]] + chunk_index[known]]
+    table = np.stack([chunk_file, chunk_index, count, offset]).astype(np.int64)
     return table, single, per_chunk, mean
 
 

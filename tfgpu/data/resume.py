@@ -1,8 +1,8 @@
 """Resuming inside an epoch on another topology: which records the interrupted epoch fed, and the rest of it.
 
 ``data.position`` says in records where a run is (epoch, stages); this module turns a position into records. The
-records a stage's pipelines consumed are the first ``consumed`` of each pipeline's order (``stage_keys``: computed
-from the chunk tables and seeds by ``data.order``, no file opened); the rest of the epoch is read by
+records a stage's pipelines consumed are the first ``consumed`` of each pipeline's order (``Order.first_records``:
+computed from the chunk tables and seeds by ``data.order``, no file opened); the rest of the epoch is read by
 ``stage_order``, each new pipeline its contiguous range of the records no stage consumed, in an order of its own.
 ``plan_resume`` is the one entry point: the trainer and ``tfgpu.audit_input`` call it, ``pipeline.train_dataset_fn``
 reads the ``ResumePlan`` it returns.
@@ -28,21 +28,26 @@ def stage_order(config: InputConfig, info: DatasetInfo, indices, length: int, pi
     starts = position.first_of_file(split_files)
     indices = np.asarray(indices, np.int64)
     file_of = np.searchsorted(starts, indices, side="right") - 1
-    runs = [(int(f), indices[file_of == f] - starts[f]) for f in np.unique(file_of)]
+    cut = np.flatnonzero(np.diff(file_of)) + 1  # ascending: each file's indices are one stretch
+    runs = ([(int(f), part - starts[f]) for f, part in zip(file_of[np.r_[0, cut]], np.split(indices, cut))]
+            if len(indices) else [])
     return order.build(info, info.train_split, runs, length, _pipeline_seed(config, pipeline_id),
                        stage * STAGE_SALT, config.shuffle_buffer)
+
+
+def _order_of_stage(config: InputConfig, info: DatasetInfo, stage: int, num_pipelines: int, pipeline_id: int,
+                    indices, length: int) -> order.Order:
+    if stage == 0:
+        return share_order(config, info, num_pipelines, pipeline_id)
+    return stage_order(config, info, indices, length, pipeline_id, stage)
 
 
 def stage_keys(config: InputConfig, info: DatasetInfo, epoch: int, stage: int, num_pipelines: int, pipeline_id: int,
                indices=None, length: int = 0, records: int = 0):
     """The first ``records`` record keys pipeline ``pipeline_id`` of ``num_pipelines`` feeds in stage ``stage`` of
-    ``epoch`` (stage 0: the ordinary epoch; later stages: its ``indices``, ``length`` of them), in order: the
-    records a checkpointed position consumed. Reads no file (``order.Order.keys``)."""
-    if stage == 0:
-        chosen = share_order(config, info, num_pipelines, pipeline_id)
-    else:
-        chosen = stage_order(config, info, indices, length, pipeline_id, stage)
-    return chosen.keys(epoch, 0, records)
+    ``epoch`` (stage 0: the ordinary epoch; later stages: its ``indices``, ``length`` of them), in order. Reads no
+    file (``order.Order.keys``); ``consumed_records`` takes the same records as a set (``Order.first_records``)."""
+    return _order_of_stage(config, info, stage, num_pipelines, pipeline_id, indices, length).keys(epoch, 0, records)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,8 +95,8 @@ def consumed_records(config: InputConfig, info: DatasetInfo, pos: position.Posit
             raise ConfigError("model_dir", f"the checkpoint's data position has {stage.consumed} records consumed "
                               f"per pipeline in a stage of {length}; resume from an earlier checkpoint")
         for p in range(stage.num_pipelines if stage.consumed else 0):
-            keys = stage_keys(config, info, pos.epoch, k, stage.num_pipelines, p,
-                              None if ranges is None else ranges[p], length, stage.consumed)
+            keys = _order_of_stage(config, info, k, stage.num_pipelines, p, None if ranges is None else ranges[p],
+                                   length).first_records(pos.epoch, stage.consumed)
             consumed[position.global_index(keys, starts)] = True
     return np.flatnonzero(consumed), layouts
 
