@@ -24,7 +24,8 @@ CHUNK_BYTES = 64 << 10  # records read together from one offset (one buffered re
 MAX_CHUNK_RECORDS = 128
 LARGE_RECORD = 16 << 10  # records this large are read one at a time, in a global permutation
 MAX_OPEN_CHUNKS = 256  # readers open at once in a window of small records (one file handle each)
-READ_CYCLE = 16  # large records read in parallel (order kept)
+READ_PARALLEL = 16  # large records read at once (a fixed count: the autotuner's CPU budget is left to the decode)
+SERVICE_BLOCK = 256  # large records in one tf.data service split (--data_service; small records: a window a split)
 
 _no_autograph = tf.autograph.experimental.do_not_convert
 
@@ -48,6 +49,7 @@ class Order:
     single: bool
     buffer_size: int
     shuffled: bool = True  # False (--shuffle_buffer=1): every epoch reads the chunks in shard order
+    nbytes: np.ndarray = None  # a chunk's bytes in its shard (0: unknown): its reader's buffer, one read a chunk
 
     @property
     def num_chunks(self) -> int:
@@ -123,18 +125,26 @@ class Order:
         return np.concatenate(found)
 
     # -- the records ------------------------------------------------------------------------------------------
-    def _read(self, filename, offset):
+    def _buffer(self, chunk):
+        """A chunk's reader buffer: the chunk's own bytes when known (one read fetches it whole), else the
+        Order's ``buffer_size``."""
+        if self.nbytes is None:
+            return tf.constant(self.buffer_size, tf.int64)
+        nbytes = tf.gather(tf.constant(self.nbytes, tf.int64), chunk)
+        return tf.where(nbytes > 0, nbytes, self.buffer_size)
+
+    def _read(self, filename, offset, buffer_size):
         """A shard's records from byte ``offset`` (the start of a record's length header)."""
         variant = tf.raw_ops.TFRecordDatasetV2(
-            filenames=tf.reshape(filename, [1]), compression_type="", buffer_size=tf.constant(
-                self.buffer_size, tf.int64), byte_offsets=tf.reshape(tf.cast(offset, tf.int64), [1]))
+            filenames=tf.reshape(filename, [1]), compression_type="", buffer_size=buffer_size,
+            byte_offsets=tf.reshape(tf.cast(offset, tf.int64), [1]))
         return tf.data.experimental.from_variant(variant, tf.TensorSpec([], tf.string))
 
     def _chunk_reader(self, chunk, used, remaining):
         """The records of chunk ``chunk`` after its first ``used``, ``remaining`` of them."""
         filename = tf.gather(tf.constant(self.filenames), tf.gather(tf.constant(self.file, tf.int64), chunk))
         if self.by_offset:
-            records = self._read(filename, tf.gather(tf.constant(self.offset, tf.int64), chunk))
+            records = self._read(filename, tf.gather(tf.constant(self.offset, tf.int64), chunk), self._buffer(chunk))
         else:  # no offset table (a gzip shard): from the shard's start, skipping to the chunk (headers only)
             records = tf.data.TFRecordDataset(filename, "GZIP" if self.compression == "gzip" else None)
             used = used + tf.gather(tf.constant(self.index, tf.int64), chunk)
@@ -175,16 +185,16 @@ class Order:
         if cached is not None:
             return tf.data.Dataset.from_tensor_slices((keys, self._positions(keys))).map(
                 lambda key, p: (key, tf.gather(cached, p)))
-        offsets = tf.gather(tf.constant(self.offset, tf.int64), perm)
         names = tf.constant(self.filenames)  # a record's shard name looked up as it is read: no string per record
+        offsets = tf.constant(self.offset, tf.int64)
 
-        def read(key, offset):
-            filename = tf.gather(names, tf.bitwise.right_shift(key, 32))
-            return tf.data.Dataset.zip(tf.data.Dataset.from_tensors(key), self._read(filename, offset).take(1))
+        def read(chunk):  # one record, read in a map: no reader dataset handed between threads per record
+            filename = tf.gather(names, tf.gather(tf.constant(self.file, tf.int64), chunk))
+            return self._read(filename, tf.gather(offsets, chunk), self._buffer(chunk)).take(1).get_single_element()
 
-        return tf.data.Dataset.from_tensor_slices((keys, offsets)).interleave(
-            _no_autograph(read),
-            cycle_length=READ_CYCLE, block_length=1, num_parallel_calls=workers, deterministic=True)
+        records = tf.data.Dataset.from_tensor_slices(perm).map(_no_autograph(read), num_parallel_calls=READ_PARALLEL,
+                                                               deterministic=True)
+        return tf.data.Dataset.zip(tf.data.Dataset.from_tensor_slices(keys), records)
 
     def epoch_records(self, epoch, w0=0, k0=0, workers=tf.data.AUTOTUNE, cached=None):
         """(key, record) of ``epoch``'s order from window ``w0``, record ``k0`` into it (``locate``), to its end
@@ -195,6 +205,41 @@ class Order:
         w0 = tf.cast(w0, tf.int64)
         return tf.data.Dataset.range(w0, self.num_windows).flat_map(_no_autograph(
             lambda w: self._window_records(epoch, perm, w, tf.where(w == w0, tf.cast(k0, tf.int64), 0), cached)))
+
+    def service_epoch(self, epoch, offset=0, workers=tf.data.AUTOTUNE):
+        """(key, record) of records ``[offset, length)`` of ``epoch``'s order as a tf.data service job reads them:
+        a ``Dataset.range`` of *units* (the order's windows of small records, blocks of ``SERVICE_BLOCK`` large
+        ones), each unit flat-mapped to its records. The range is the dataset's only source, so the service's
+        dynamic sharding hands every unit to one worker: the epoch's records once between them, in an order
+        that is the workers' (each unit's records in the epoch's order), the shuffle holding indices."""
+        if not self.num_chunks:
+            return tf.data.Dataset.range(0).map(lambda i: (i, tf.constant(b"")))
+        perm = self.chunk_order(epoch)
+        offset, length = tf.cast(offset, tf.int64), tf.constant(self.length, tf.int64)
+        if self.single:
+            block = SERVICE_BLOCK
+
+            def block_records(u):
+                lo, hi = tf.maximum(u * block, offset), tf.minimum((u + 1) * block, length)
+                return self._single_records(perm[lo:tf.maximum(lo, hi)], workers, None)
+
+            return tf.data.Dataset.range(offset // block, -(-self.length // block)).flat_map(
+                _no_autograph(block_records))
+        sizes = tf.gather(tf.constant(self.count, tf.int64), perm)
+        per_window = tf.math.unsorted_segment_sum(sizes, tf.range(self.num_chunks, dtype=tf.int64) // self.window,
+                                                  self.num_windows)
+        ends = tf.cumsum(per_window)
+        begins = ends - per_window
+
+        def window_records(w):
+            k = tf.maximum(offset - begins[w], 0)
+            n = tf.maximum(tf.minimum(ends[w], length) - begins[w] - k, 0)
+            return self._window_records(epoch, perm, w, k, None).take(n)
+
+        first = tf.searchsorted(ends, tf.reshape(offset, [1]), side="right")[0]
+        last = tf.searchsorted(begins, tf.reshape(length, [1]), side="left")[0]
+        return tf.data.Dataset.range(tf.cast(first, tf.int64), tf.cast(last, tf.int64)).flat_map(
+            _no_autograph(window_records))
 
     def table_records(self):
         """Every record of the chunks once, in table order (what --cache holds in memory; ``_positions`` counts on
@@ -247,8 +292,10 @@ def chunks(runs, tables: dict, filenames):
             first = run[::step]
             count = np.minimum(step, len(run) - np.arange(0, len(run), step))
             offset = table[first] if table is not None else np.full(len(first), -1, np.int64)
-            columns.append(np.stack([np.full(len(first), f, np.int64), first, count, offset]))
-    table = np.concatenate(columns, 1) if columns else np.zeros((4, 0), np.int64)
+            end = table[first + count] if table is not None else np.full(len(first), -1, np.int64)
+            nbytes = np.where((offset >= 0) & (end >= 0), end - offset, 0)
+            columns.append(np.stack([np.full(len(first), f, np.int64), first, count, offset, nbytes]))
+    table = np.concatenate(columns, 1) if columns else np.zeros((5, 0), np.int64)
     return table, single, per_chunk, mean
 
 
@@ -264,4 +311,4 @@ def build(info, split: str, runs, length: int, seed: int, salt: int, shuffle_buf
         window = max(1, min(window, table.shape[1]))  # no more readers than chunks
     buffer_size = int(np.clip(per_chunk * (mean + 16), 1 << 12, CHUNK_BYTES + (1 << 12)))
     return Order(tuple(f for f, _ in files), info.compression, table[0], table[1], table[2], table[3], int(length),
-                 window, int(seed), int(salt), single, buffer_size, shuffled=shuffle_buffer > 1)
+                 window, int(seed), int(salt), single, buffer_size, shuffled=shuffle_buffer > 1, nbytes=table[4])
