@@ -21,6 +21,7 @@ in --input_range (``augment.to_model_range``).
 """
 import logging
 import math
+import warnings
 
 import numpy as np
 import tensorflow as tf
@@ -198,8 +199,10 @@ def _service_epoch(config, share: order.Order, epoch, offset, parse, per_replica
     examples = records.map(_no_autograph(lambda key, serialized: parse(
         tf.random.experimental.stateless_fold_in(tf.stack([tf.constant(seed, tf.int64), key]), epoch),
         (key, serialized))), num_parallel_calls=workers)
-    produced = examples.batch(per_replica).apply(service.distribute(
-        processing_mode=service.ShardingPolicy.DYNAMIC, service=config.data_service))
+    with warnings.catch_warnings():  # distribute reads the dataset's options, which warns inside a function
+        warnings.filterwarnings("ignore", "To make it possible to preserve tf.data options", UserWarning)
+        produced = examples.batch(per_replica).apply(service.distribute(
+            processing_mode=service.ShardingPolicy.DYNAMIC, service=config.data_service))
     return produced.unbatch()
 
 
