@@ -7,13 +7,15 @@ or one record each (records of ``LARGE_RECORD`` bytes and more). Every epoch per
 --shuffle_buffer records, and within a window the records of its chunks are interleaved at random (a shuffled
 list of chunk numbers says which chunk the next record comes from; a chunk's records keep their shard order and
 are read by one reader from the chunk's byte offset). Large records: the permutation of one-record chunks is the
-epoch's order, a global shuffle, each record read on its own at its offset (reads in parallel, order kept).
+epoch's order, a global shuffle, each record read on its own at its offset (a parallel map, order kept).
+A tf.data service job reads an epoch as a range of units (windows, or blocks of large records) handed to its
+workers one unit each (``service_epoch``).
 
 The order is a pure function of the chunk table and the seeds, computed by TensorFlow's stateless shuffles: the
 same ops in the pipeline's graph and eagerly here (``keys``). Where a run is inside an epoch is a window and a
 count into it (``locate``), so a resumed pipeline starts there reading nothing before its first record, and the
 shuffle holds indices, never records: its memory does not grow with the records' size (a window's open readers
-each buffer at most ``CHUNK_BYTES``).
+each buffer their chunk's bytes, about ``CHUNK_BYTES``).
 """
 import dataclasses
 
