@@ -152,7 +152,7 @@ def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, re
                 return _service_epoch(config, ordinary, e, first, parse, per_replica, seed, workers)
 
             # Two epochs open at a time, read one after the other: the next epoch's job starts while this one
-            # is consumed (a new job takes about a second to reach its first example).
+            # is consumed (a new job takes seconds to reach its first example: its workers build a window's readers).
             ds = tf.data.Dataset.range(start_epoch, 1 << 40).interleave(
                 _no_autograph(service_epoch), cycle_length=2, block_length=epoch_size, num_parallel_calls=2,
                 deterministic=True)
