@@ -69,9 +69,12 @@ def _service(num_workers: int):
     import tensorflow as tf
 
     service = tf.data.experimental.service
-    dispatcher = service.DispatchServer()
+    # Jobs the audit leaves open (a pipeline's next epochs, started ahead) are collected a second after their
+    # client goes, not after the default 5 minutes: stopping a worker waits for the tasks it still holds.
+    dispatcher = service.DispatchServer(service.DispatcherConfig(job_gc_check_interval_ms=500, job_gc_timeout_ms=1000))
     address = dispatcher.target.split("://")[1]
-    workers = [service.WorkerServer(service.WorkerConfig(dispatcher_address=address)) for _ in range(num_workers)]
+    workers = [service.WorkerServer(service.WorkerConfig(dispatcher_address=address, heartbeat_interval_ms=500))
+               for _ in range(num_workers)]
     return dispatcher.target, [dispatcher, *workers]
 
 

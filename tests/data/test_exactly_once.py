@@ -5,7 +5,7 @@ cache on or off, shuffle buffer and tf.data service workers: epoch ``e`` of ever
 ``[e*E, (e+1)*E)`` of its stream (E = records // pipelines), and the pipelines' epochs together hold every
 record of the split once, except at most ``pipelines - 1`` left out as the remainder. A run resumed at any
 step yields exactly the records the uninterrupted run yields from that step on (with a tf.data service, the
-same count per epoch; see pipeline._service_epochs). A run resumed inside an epoch on another number of
+same count per epoch; see pipeline._service_epoch). A run resumed inside an epoch on another number of
 pipelines (once or twice) feeds the rest of that epoch each record once, then ordinary epochs (data/resume.py).
 
 Records are told apart by their label: each record's label is its index in the split.
@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from tfgpu import config_sources
 from tfgpu.config import Config
-from tfgpu.data import catalog, pipeline, position, resume, tfrecord
+from tfgpu.data import catalog, order, pipeline, position, resume, tfrecord
 from tfgpu.tasks.registry import input_config
 
 _DATASETS = {}
@@ -179,6 +179,35 @@ def test_every_record_once_per_epoch_through_two_service_workers(service):
     distinct); dynamic sharding hands each segment to one of them. Resume through the service: the slow test."""
     check_exactly_once((5, 3, 4), 1, 1, 2, 1, False, 10000, resume_step=0, resumed_pipeline=None,
                        service_target=service, num_epochs=4)
+
+
+@pytest.mark.parametrize("large", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["windows", "large-records"])
+def test_a_service_epoch_holds_the_index_orders_records(service, monkeypatch, large):
+    """Through a tf.data service (a dispatcher and two workers, in process) each epoch holds exactly the records
+    of the pipeline's index order for that epoch, the same set the pipeline feeds without a service (so the
+    record a share one record longer leaves out is the one its order puts last, not the last to arrive), each
+    once; a run resumed inside an epoch feeds, by index, the records the order puts after its position.
+    ``large``: records read one at a time, handed to the workers in blocks of 2 (``order.SERVICE_BLOCK``)."""
+    if large:
+        monkeypatch.setattr(order, "LARGE_RECORD", 1)
+        monkeypatch.setattr(order, "SERVICE_BLOCK", 2)
+    sizes, pipelines, pipeline_id, resume_step = (5, 4, 4), 2, 1, 2  # pipeline 1's share: 7 records, epochs of 6
+    info = catalog.prepare(Config(model_dir="unused", data_dir=make_split(sizes)))
+    epoch = sum(sizes) // pipelines
+    common = dict(model_dir="unused", data_dir=info.directory, seed=3, global_batch_size=2 * pipelines,
+                  shuffle_buffer=4)
+    local = config_sources.build(**common)
+    served = config_sources.build(**common, data_service=service)
+    assert pipeline.share_order(input_config(local), info, pipelines, pipeline_id).single == large
+    expected = stream(local, info, 0, pipelines, pipeline_id, 1, 2 * epoch)
+    seen = stream(served, info, 0, pipelines, pipeline_id, 1, 2 * epoch)
+    for e in range(2):
+        got = seen[e * epoch:(e + 1) * epoch]
+        assert len(set(got)) == epoch, f"epoch {e} through the service fed a record twice: {got}"
+        assert set(got) == set(expected[e * epoch:(e + 1) * epoch]), f"epoch {e}: {got} vs {expected}"
+    consumed = resume_step * 2  # records per step of one pipeline (one replica of batch 2)
+    resumed = stream(served, info, resume_step, pipelines, pipeline_id, 1, epoch - consumed)
+    assert sorted(resumed) == sorted(expected[consumed:epoch])
 
 
 @pytest.mark.slow

@@ -200,14 +200,14 @@ def test_chunks_cover_each_record_of_the_runs_once_in_stretches_of_one_shard(siz
               for f, n in enumerate(sizes)}
     runs = [(f, np.flatnonzero(rng.random(n) < keep)) for f, n in enumerate(sizes)]
     table, single, per_chunk, _ = order.chunks(runs, tables, None)
-    file, index, count, offset = table
+    file, index, count, offset, nbytes = table
     covered = [(f, i) for f, first, n in zip(file, index, count) for i in range(first, first + n)]
     assert covered == [(f, int(i)) for f, idx in runs for i in idx]  # each record once, in order
-    for f, first, n, at in zip(file, index, count, offset):
+    for f, first, n, at, size in zip(file, index, count, offset, nbytes):
         stretch = set(range(first, first + n))
         assert stretch <= set(runs[f][1].tolist())  # consecutive records of one shard, all in the run
         if tables[f] is None:
-            assert at == -1 and first + n not in runs[f][1] and first - 1 not in runs[f][1]
-        else:
-            assert at == tables[f][first] and 1 <= n <= per_chunk
+            assert at == -1 and size == 0 and first + n not in runs[f][1] and first - 1 not in runs[f][1]
+        else:  # a chunk's bytes: from its first record's offset to the next record's (or the shard's end)
+            assert at == tables[f][first] and 1 <= n <= per_chunk and size == tables[f][first + n] - at
     assert not single or per_chunk == 1

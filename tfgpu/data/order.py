@@ -7,13 +7,15 @@ or one record each (records of ``LARGE_RECORD`` bytes and more). Every epoch per
 --shuffle_buffer records, and within a window the records of its chunks are interleaved at random (a shuffled
 list of chunk numbers says which chunk the next record comes from; a chunk's records keep their shard order and
 are read by one reader from the chunk's byte offset). Large records: the permutation of one-record chunks is the
-epoch's order, a global shuffle, each record read on its own at its offset (reads in parallel, order kept).
+epoch's order, a global shuffle, each record read on its own at its offset (a parallel map, order kept).
+A tf.data service job reads an epoch as a range of units (windows, or blocks of large records) handed to its
+workers one unit each (``service_epoch``).
 
 The order is a pure function of the chunk table and the seeds, computed by TensorFlow's stateless shuffles: the
 same ops in the pipeline's graph and eagerly here (``keys``). Where a run is inside an epoch is a window and a
 count into it (``locate``), so a resumed pipeline starts there reading nothing before its first record, and the
 shuffle holds indices, never records: its memory does not grow with the records' size (a window's open readers
-each buffer at most ``CHUNK_BYTES``).
+each buffer their chunk's bytes, about ``CHUNK_BYTES``).
 """
 import dataclasses
 import functools
@@ -25,7 +27,8 @@ CHUNK_BYTES = 64 << 10  # records read together from one offset (one buffered re
 MAX_CHUNK_RECORDS = 128
 LARGE_RECORD = 16 << 10  # records this large are read one at a time, in a global permutation
 MAX_OPEN_CHUNKS = 256  # readers open at once in a window of small records (one file handle each)
-READ_CYCLE = 16  # large records read in parallel (order kept)
+READ_PARALLEL = 16  # large records read at once (a fixed count: the autotuner's CPU budget is left to the decode)
+SERVICE_BLOCK = 256  # large records in one tf.data service split (--data_service; small records: a window a split)
 
 _no_autograph = tf.autograph.experimental.do_not_convert
 
@@ -49,6 +52,7 @@ class Order:
     single: bool
     buffer_size: int
     shuffled: bool = True  # False (--shuffle_buffer=1): every epoch reads the chunks in shard order
+    nbytes: np.ndarray = None  # a chunk's bytes in its shard (0: unknown): its reader's buffer, one read a chunk
 
     @property
     def num_chunks(self) -> int:
@@ -70,7 +74,8 @@ class Order:
         with tf.init_scope():
             return _Columns(tf.constant(self.filenames, tf.string), tf.constant(self.file, tf.int64),
                             tf.constant(self.index, tf.int64), tf.constant(self.count, tf.int64),
-                            tf.constant(self.offset, tf.int64))
+                            tf.constant(self.offset, tf.int64),
+                            tf.constant(np.zeros_like(self.count) if self.nbytes is None else self.nbytes, tf.int64))
 
     # -- the order (TensorFlow ops: the same in a dataset's graph and eagerly) ----------------------------------
     def _epoch_seed(self, epoch):
@@ -163,6 +168,12 @@ class Order:
         return keys
 
     # -- the records ------------------------------------------------------------------------------------------
+    def _buffer(self, chunk):
+        """A large record's reader buffer: the chunk's own bytes when known (one read fetches it whole), else the
+        Order's ``buffer_size``."""
+        nbytes = tf.gather(self._tensors.nbytes, chunk)
+        return tf.where(nbytes > 0, nbytes, self.buffer_size)
+
     def _read(self, filename, offset, buffer_size=None):
         """A shard's records from byte ``offset`` (the start of a record's length header); ``filename`` and
         ``offset`` are scalars or vectors of one; ``buffer_size``: the read buffer's tensor, when the caller made
@@ -238,16 +249,15 @@ class Order:
         if cached is not None:
             return tf.data.Dataset.from_tensor_slices((keys, self._positions(keys))).map(
                 lambda key, p: (key, tf.gather(cached, p)))
-        offsets = tf.gather(self._tensors.offset, perm)
-        names = self._tensors.filenames  # a record's shard name looked up as it is read: no string per record
+        t = self._tensors  # a record's shard name looked up as it is read: no string per record
 
-        def read(key, offset):
-            filename = tf.gather(names, tf.bitwise.right_shift(key, 32))
-            return tf.data.Dataset.zip(tf.data.Dataset.from_tensors(key), self._read(filename, offset).take(1))
+        def read(chunk):  # one record, read in a map: no reader dataset handed between threads per record
+            filename = tf.gather(t.filenames, tf.gather(t.file, chunk))
+            return self._read(filename, tf.gather(t.offset, chunk), self._buffer(chunk)).take(1).get_single_element()
 
-        return tf.data.Dataset.from_tensor_slices((keys, offsets)).interleave(
-            _no_autograph(read),
-            cycle_length=READ_CYCLE, block_length=1, num_parallel_calls=workers, deterministic=True)
+        records = tf.data.Dataset.from_tensor_slices(perm).map(_no_autograph(read), num_parallel_calls=READ_PARALLEL,
+                                                               deterministic=True)
+        return tf.data.Dataset.zip(tf.data.Dataset.from_tensor_slices(keys), records)
 
     def epoch_records(self, epoch, w0=0, k0=0, workers=tf.data.AUTOTUNE, cached=None):
         """(key, record) of ``epoch``'s order from window ``w0``, record ``k0`` into it (``locate``), to its end
@@ -258,6 +268,41 @@ class Order:
         w0 = tf.cast(w0, tf.int64)
         return tf.data.Dataset.range(w0, self.num_windows).flat_map(_no_autograph(
             lambda w: self._window_records(epoch, perm, w, tf.where(w == w0, tf.cast(k0, tf.int64), 0), cached)))
+
+    def service_epoch(self, epoch, offset=0, workers=tf.data.AUTOTUNE):
+        """(key, record) of records ``[offset, length)`` of ``epoch``'s order as a tf.data service job reads them:
+        a ``Dataset.range`` of *units* (the order's windows of small records, blocks of ``SERVICE_BLOCK`` large
+        ones), each unit flat-mapped to its records. The range is the dataset's only source, so the service's
+        dynamic sharding hands every unit to one worker: the epoch's records once between them, in an order
+        that is the workers' (each unit's records in the epoch's order), the shuffle holding indices."""
+        if not self.num_chunks:
+            return tf.data.Dataset.range(0).map(lambda i: (i, tf.constant(b"")))
+        perm = self.chunk_order(epoch)
+        offset, length = tf.cast(offset, tf.int64), tf.constant(self.length, tf.int64)
+        if self.single:
+            block = SERVICE_BLOCK
+
+            def block_records(u):
+                lo, hi = tf.maximum(u * block, offset), tf.minimum((u + 1) * block, length)
+                return self._single_records(perm[lo:tf.maximum(lo, hi)], workers, None)
+
+            return tf.data.Dataset.range(offset // block, -(-self.length // block)).flat_map(
+                _no_autograph(block_records))
+        sizes = tf.gather(tf.constant(self.count, tf.int64), perm)
+        per_window = tf.math.unsorted_segment_sum(sizes, tf.range(self.num_chunks, dtype=tf.int64) // self.window,
+                                                  self.num_windows)
+        ends = tf.cumsum(per_window)
+        begins = ends - per_window
+
+        def window_records(w):
+            k = tf.maximum(offset - begins[w], 0)
+            n = tf.maximum(tf.minimum(ends[w], length) - begins[w] - k, 0)
+            return self._window_records(epoch, perm, w, k, None).take(n)
+
+        first = tf.searchsorted(ends, tf.reshape(offset, [1]), side="right")[0]
+        last = tf.searchsorted(begins, tf.reshape(length, [1]), side="left")[0]
+        return tf.data.Dataset.range(tf.cast(first, tf.int64), tf.cast(last, tf.int64)).flat_map(
+            _no_autograph(window_records))
 
     def table_records(self):
         """Every record of the chunks once, in table order (what --cache holds in memory; ``_positions`` counts on
@@ -297,6 +342,7 @@ class _Columns:
     index: tf.Tensor
     count: tf.Tensor
     offset: tf.Tensor
+    nbytes: tf.Tensor
 
 
 def chunks(runs, tables: dict, filenames):
@@ -311,7 +357,7 @@ def chunks(runs, tables: dict, filenames):
     per_chunk = 1 if single else int(np.clip(CHUNK_BYTES // max(mean, 1.0), 1, MAX_CHUNK_RECORDS))
     runs = [(int(f), np.asarray(idx, np.int64)) for f, idx in runs if len(idx)]
     if not runs:
-        return np.zeros((4, 0), np.int64), single, per_chunk, mean
+        return np.zeros((5, 0), np.int64), single, per_chunk, mean
     lengths = np.array([len(idx) for _, idx in runs])
     file = np.repeat(np.array([f for f, _ in runs], np.int64), lengths)
     index = np.concatenate([idx for _, idx in runs])
@@ -329,13 +375,18 @@ def chunks(runs, tables: dict, filenames):
     count = np.diff(np.append(first, n))
     chunk_file, chunk_index = file[first], index[first]
     offset = np.full(len(first), -1, np.int64)
+    nbytes = np.zeros(len(first), np.int64)  # a chunk's bytes (0: unknown), from the offsets it starts and ends at
     listed = [f for f in dict.fromkeys(f for f, _ in runs) if tables.get(f) is not None]
     if listed:
         base = np.zeros(len(with_table), np.int64)
         base[listed] = np.concatenate([[0], np.cumsum([len(tables[f]) for f in listed])[:-1]])
         known = with_table[chunk_file]
-        offset[known] = np.concatenate([tables[f] for f in listed])[base[chunk_file[known]] + chunk_index[known]]
-    table = np.stack([chunk_file, chunk_index, count, offset]).astype(np.int64)
+        every = np.concatenate([tables[f] for f in listed])
+        at = base[chunk_file[known]] + chunk_index[known]
+        offset[known] = every[at]
+        end = every[at + count[known]]  # a table ends with its shard's size: the last chunk's end is known too
+        nbytes[known] = np.where((offset[known] >= 0) & (end >= 0), end - offset[known], 0)
+    table = np.stack([chunk_file, chunk_index, count, offset, nbytes]).astype(np.int64)
     return table, single, per_chunk, mean
 
 
@@ -351,4 +402,4 @@ def build(info, split: str, runs, length: int, seed: int, salt: int, shuffle_buf
         window = max(1, min(window, table.shape[1]))  # no more readers than chunks
     buffer_size = int(np.clip(per_chunk * (mean + 16), 1 << 12, CHUNK_BYTES + (1 << 12)))
     return Order(tuple(f for f, _ in files), info.compression, table[0], table[1], table[2], table[3], int(length),
-                 window, int(seed), int(salt), single, buffer_size, shuffled=shuffle_buffer > 1)
+                 window, int(seed), int(salt), single, buffer_size, shuffled=shuffle_buffer > 1, nbytes=table[4])

@@ -21,6 +21,7 @@ in --input_range (``augment.to_model_range``).
 """
 import logging
 import math
+import warnings
 
 import numpy as np
 import tensorflow as tf
@@ -71,12 +72,6 @@ def _eval_files(info: DatasetInfo, split: str, num_pipelines: int, pipeline_id: 
     return list(range(len(files))), len(range(pipeline_id, total, num_pipelines)), True
 
 
-def _exact_epoch(records, share: int, epoch_size: int):
-    """Exactly ``epoch_size`` records of one epoch's stream, so epochs start at the same step in every pipeline
-    and a resumed run finds them where the uninterrupted one did (a share one record longer leaves one out)."""
-    return records.take(epoch_size) if share > epoch_size else records
-
-
 def _with_options(ds, config: InputConfig, deterministic: bool):
     options = tf.data.Options()
     options.deterministic = deterministic
@@ -119,7 +114,6 @@ def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, re
             return _synthetic(info, examples, per_replica, config.seed + ctx.input_pipeline_id, config.input_range)
         split_files = readable_files(info, info.train_split)
         segments, epoch_size = train_share(split_files, ctx.num_input_pipelines, ctx.input_pipeline_id)
-        share = sum(n for _, _, n in segments)
         if any(first or n < split_files[i][1] for i, first, n in segments):
             log.info("input pipeline %d reads part of a shard: the %d records of split %r are balanced over %d "
                      "pipelines by record (equal-sized shards in a multiple of %d would give whole shards)",
@@ -151,24 +145,20 @@ def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, re
             *weight, keys = rest
             return (x, examples.check_batch(y, keys, info.train_split), *weight)
 
+        ordinary = share_order(config, info, ctx.num_input_pipelines, ctx.input_pipeline_id)
         if config.data_service:
-            reader = Segments(info, info.train_split, segments)
-            segment_ds = reader.dataset
+            def service_epoch(e):  # a job an epoch, the first one from the run's record of it (by index)
+                first = tf.where(e == start_epoch, tf.constant(offset, tf.int64), 0)
+                return _service_epoch(config, ordinary, e, first, parse, per_replica, seed, workers)
 
-            def read(ds):
-                return segment_records(reader, ds, workers)
-
-            ds = _service_epochs(config, segment_ds, read, parse, per_replica, share, epoch_size)
             # Two epochs open at a time, read one after the other: the next epoch's job starts while this one
-            # is consumed (a new job takes about a second to reach its first example).
+            # is consumed (a new job takes seconds to reach its first example: its workers build a window's readers).
             ds = tf.data.Dataset.range(start_epoch, 1 << 40).interleave(
-                _no_autograph(lambda e: ds.skip(tf.where(e == start_epoch, tf.constant(offset, tf.int64), 0))),
-                cycle_length=2,
-                block_length=epoch_size, num_parallel_calls=2, deterministic=True)
+                _no_autograph(service_epoch), cycle_length=2, block_length=epoch_size, num_parallel_calls=2,
+                deterministic=True)
             ds = ds.batch(per_replica, drop_remainder=True)
             return _with_options(ds.prefetch(tf.data.AUTOTUNE), config, config.deterministic_input)
 
-        ordinary = share_order(config, info, ctx.num_input_pipelines, ctx.input_pipeline_id)
         if plan is not None and plan.in_later_stage:
             later = plan.stage_order(config, info, ctx.input_pipeline_id)  # its records, from the stage's start
             records = later.stream(start_epoch, offset, workers, config.cache, epochs=1).concatenate(
@@ -187,29 +177,33 @@ def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, re
     return dataset_fn
 
 
-def _service_epochs(config, segment_ds, read, parse, per_replica, share, epoch_size):
-    """--data_service: one epoch of this pipeline's examples, produced by the service's workers.
+def _service_epoch(config, share: order.Order, epoch, offset, parse, per_replica, seed, workers):
+    """--data_service: records ``[offset, length)`` of the pipeline's epoch ``epoch`` (its index order, ``share``),
+    read, parsed and batched by the service's workers; one service job an epoch.
 
-    Dynamic sharding hands each segment of the pipeline's share to one service worker, so the workers together
-    produce every record once per epoch (at most once if a worker dies mid-epoch, tf.data service's own
-    guarantee). Each epoch is a new service job; its examples arrive in the order workers finish them, so
-    which records of an epoch a step sees is not a function of the step: a resumed run restarts inside the
-    same epoch at the same count, but the records it skips are not the ones the interrupted run trained on
-    (its interrupted epoch may repeat or miss up to the records consumed before the interruption; every later
-    epoch is exactly once). A pipeline whose share is one record longer than its epoch leaves out the record
-    that arrives last, so which one varies from epoch to epoch and run to run. Workers batch their examples;
-    batches are re-cut here, so no worker drops a remainder."""
+    The job's dataset is ``Order.service_epoch``: a range of units (the order's windows, or blocks of large
+    records) expanded to their records by index, so the shuffle holds indices and nothing is read before
+    ``offset``. Its processing mode is ``distributed_epoch`` (``ShardingPolicy.DYNAMIC``): the dispatcher hands
+    each unit to one worker, so the workers together produce every record of the epoch once (tf.data service's
+    guarantee is at most once: a worker restarted mid-epoch loses the units it held, never repeats one), and the
+    record left out of a share one record longer is the one the order puts last, as without the service.
+    (``parallel_epochs``, ``ShardingPolicy.OFF``, would have every worker produce the whole epoch: each record
+    once per worker.) The examples arrive in the order the workers finish them, so which records of an epoch a
+    step sees is not a function of the step: a resumed run restarts the interrupted epoch at the same record of
+    its order, and the records it skips are those the order put first, not necessarily those the interrupted
+    run trained on (the units in flight when it stopped may repeat or be missed; every later epoch is exactly
+    once). Augmentation is seeded by (seed, epoch, record), whichever worker decodes it. Workers batch their
+    examples; batches are re-cut here, so no worker drops a remainder."""
     service = tf.data.experimental.service
-    records = read(segment_ds.shuffle(64))
-    if config.shuffle_buffer > 1:
-        records = records.shuffle(config.shuffle_buffer)
-    # Augmentation seeds drawn per example: the service's order is not reproducible anyway.
-    randomized = tf.data.Dataset.zip(tf.data.Dataset.random(), records)
-    examples = randomized.map(_no_autograph(lambda r, element: parse(tf.stack([config.seed, r]), element)),
-                              num_parallel_calls=config.data_workers or tf.data.AUTOTUNE)
-    produced = examples.batch(per_replica).apply(service.distribute(
-        processing_mode=service.ShardingPolicy.DYNAMIC, service=config.data_service))
-    return _exact_epoch(produced.unbatch(), share, epoch_size)
+    records = share.service_epoch(epoch, offset, workers)
+    examples = records.map(_no_autograph(lambda key, serialized: parse(
+        tf.random.experimental.stateless_fold_in(tf.stack([tf.constant(seed, tf.int64), key]), epoch),
+        (key, serialized))), num_parallel_calls=workers)
+    with warnings.catch_warnings():  # distribute reads the dataset's options, which warns inside a function
+        warnings.filterwarnings("ignore", "To make it possible to preserve tf.data options", UserWarning)
+        produced = examples.batch(per_replica).apply(service.distribute(
+            processing_mode=service.ShardingPolicy.DYNAMIC, service=config.data_service))
+    return produced.unbatch()
 
 
 def _synthetic(info: DatasetInfo, examples: Examples, per_replica: int, seed: int,
