@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from tfgpu import config_sources
 from tfgpu.config import Config
-from tfgpu.data import catalog, dataset_info, order, pipeline, position, resume, tfrecord
+from tfgpu.data import catalog, chunks, dataset_info, pipeline, position, resume, tfrecord
 from tfgpu.tasks.registry import input_config
 
 
@@ -27,7 +27,7 @@ def index_only(sizes, record_bytes: int) -> dataset_info.DatasetInfo:
 SHAPES = dict(sizes=st.lists(st.integers(0, 300), min_size=1, max_size=6), workers=st.integers(1, 5),
               replicas=st.integers(1, 3), per_replica=st.integers(1, 8), resume_step=st.integers(0, 400),
               seed=st.integers(0, 2 ** 31), shuffle_buffer=st.sampled_from([0, 1, 7, 300, 10000]),
-              record_bytes=st.sampled_from([40, 3000, order.LARGE_RECORD]))
+              record_bytes=st.sampled_from([40, 3000, chunks.LARGE_RECORD]))
 
 
 def _every_record_once_and_resume(sizes, workers, replicas, per_replica, resume_step, seed, shuffle_buffer,
@@ -106,7 +106,7 @@ TRANSITIONS = dict(sizes=st.lists(st.integers(1, 200), min_size=1, max_size=5),
                    topologies=st.lists(st.integers(1, 4), min_size=2, max_size=3),
                    steps=st.lists(st.integers(0, 30), min_size=2, max_size=2), seed=st.integers(0, 99),
                    shuffle_buffer=st.sampled_from([0, 50, 10000]),
-                   record_bytes=st.sampled_from([40, order.LARGE_RECORD]))
+                   record_bytes=st.sampled_from([40, chunks.LARGE_RECORD]))
 
 
 @settings(max_examples=4, deadline=None)
@@ -166,7 +166,7 @@ def _write(directory: str, sizes, record_bytes: int):
         "image_shape": {"height": side, "width": side, "channels": 3}})
 
 
-@pytest.mark.parametrize("record_bytes,where", [(60, "local"), (order.LARGE_RECORD + 100, "ram")])
+@pytest.mark.parametrize("record_bytes,where", [(60, "local"), (chunks.LARGE_RECORD + 100, "ram")])
 def test_the_pipelines_read_by_offset_in_the_computed_order(tmp_path, record_bytes, where):
     """Small records (chunks mixed in windows) on a local disk; large records (one read each at its offset) on a
     TensorFlow file system (ram://, as gs:// is read): the labels the train pipeline yields are the records
@@ -178,36 +178,10 @@ def test_the_pipelines_read_by_offset_in_the_computed_order(tmp_path, record_byt
                                   shuffle_buffer=10, data_cache_dir=str(tmp_path / "cache"))
     info = catalog.prepare(config)
     share = pipeline.share_order(input_config(config), info, 1, 0)
-    assert share.single == (record_bytes >= order.LARGE_RECORD) and share.by_offset
+    assert share.single == (record_bytes >= chunks.LARGE_RECORD) and share.by_offset
     starts = position.first_of_file(info.split_files["train"])
     expected = position.global_index(np.concatenate([share.keys(0), share.keys(1)]), starts).tolist()
     for start_step in (0, 10):
         ds = pipeline.train_dataset_fn(input_config(config), info, start_step)(tf.distribute.InputContext())
         labels = [int(y) for _, batch in ds.take(16 - start_step).as_numpy_iterator() for y in batch]
         assert labels == expected[3 * start_step:48], start_step
-
-
-@settings(max_examples=40, deadline=None)
-@given(sizes=st.lists(st.integers(0, 300), min_size=1, max_size=5), keep=st.sampled_from([0.3, 0.9, 1.0]),
-       record_bytes=st.sampled_from([40, 3000, order.LARGE_RECORD]), gzip=st.lists(st.booleans(), max_size=5),
-       seed=st.integers(0, 99))
-def test_chunks_cover_each_record_of_the_runs_once_in_stretches_of_one_shard(sizes, keep, record_bytes, gzip, seed):
-    """order.chunks: every record of every run once, in run order; a chunk is consecutive records of one shard,
-    at most per_chunk of them where the shard has an offset table (read from the chunk's offset), one whole stretch
-    where it has none (read from the shard's start)."""
-    rng = np.random.default_rng(seed)
-    tables = {f: None if f < len(gzip) and gzip[f] else np.arange(n + 1, dtype=np.int64) * (record_bytes + 16) + f
-              for f, n in enumerate(sizes)}
-    runs = [(f, np.flatnonzero(rng.random(n) < keep)) for f, n in enumerate(sizes)]
-    table, single, per_chunk, _ = order.chunks(runs, tables, None)
-    file, index, count, offset, nbytes = table
-    covered = [(f, i) for f, first, n in zip(file, index, count) for i in range(first, first + n)]
-    assert covered == [(f, int(i)) for f, idx in runs for i in idx]  # each record once, in order
-    for f, first, n, at, size in zip(file, index, count, offset, nbytes):
-        stretch = set(range(first, first + n))
-        assert stretch <= set(runs[f][1].tolist())  # consecutive records of one shard, all in the run
-        if tables[f] is None:
-            assert at == -1 and size == 0 and first + n not in runs[f][1] and first - 1 not in runs[f][1]
-        else:  # a chunk's bytes: from its first record's offset to the next record's (or the shard's end)
-            assert at == tables[f][first] and 1 <= n <= per_chunk and size == tables[f][first + n] - at
-    assert not single or per_chunk == 1

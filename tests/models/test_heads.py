@@ -98,14 +98,14 @@ def test_an_activation_called_as_a_function_on_the_graph_is_found_and_separated(
 
 def test_a_sigmoid_called_on_the_graph_is_refused_by_the_classifier_and_a_graph_softmax_trains_on_its_logits():
     from tfgpu.config import ConfigError
-    from tfgpu.tasks import classification
+    from tfgpu.tasks import classifier_head
 
     inputs = keras.Input(SHAPE)
     sigmoid = keras.Model(inputs, keras.ops.sigmoid(layers.Dense(10)(layers.Flatten()(inputs))))
     with pytest.raises(ConfigError, match="ends in a sigmoid"):
-        classification.check_model(sigmoid, "mine", 10, (0.0, 1.0))
+        classifier_head.check_model(sigmoid, "mine", 10, (0.0, 1.0))
     softmax = keras.Model(inputs, keras.activations.softmax(layers.Dense(10)(layers.Flatten()(inputs))))
-    head = classification.check_model(softmax, "mine", 10, (0.0, 1.0))
+    head = classifier_head.check_model(softmax, "mine", 10, (0.0, 1.0))
     assert head.activation == "softmax" and head.logits is not None
 
 

@@ -15,7 +15,8 @@ from tfgpu.config import Config, ConfigError, InputConfig
 from tfgpu.data import records
 from tfgpu.models import register_model
 from tfgpu.tasks.base import register_task
-from tfgpu.tasks.classification import ClassificationTask, check_model
+from tfgpu.tasks.classification import ClassificationTask
+from tfgpu.tasks.classifier_head import check_model
 from tfgpu.training import run_dir
 
 

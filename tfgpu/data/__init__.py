@@ -7,7 +7,7 @@
   ``workers``, ``outdir``, ``manifest``, ``from_dataset`` (a user's ``tf.data.Dataset`` written once) and
   ``elements`` (what such a dataset's elements must be as they are written).
 - **Reading** (a run's input): ``dataset_info`` (a converted directory described from its ``dataset.json``),
-  ``records``, ``pipeline``, ``order``, ``position``, ``input_position``, ``resume``, ``augment``.
+  ``records``, ``pipeline``, ``order``, ``chunks``, ``position``, ``input_position``, ``resume``, ``augment``.
 - **Bridge**: ``catalog`` (which dataset a run names; a built-in or TFDS one converted into the cache first) imports
   both halves; neither half imports it.
 

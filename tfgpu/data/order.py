@@ -1,8 +1,8 @@
 """An epoch's order as record indices, computed without reading a record, and the records read in it by offset.
 
 A pipeline's part of an epoch (its share of the split, or its range of a later stage of an interrupted epoch) is
-cut into *chunks*: runs of consecutive readable records of one shard, about ``CHUNK_BYTES`` each (small records)
-or one record each (records of ``LARGE_RECORD`` bytes and more). Every epoch permutes the chunks with a seed of
+cut into *chunks*: runs of consecutive readable records of one shard, about ``chunks.CHUNK_BYTES`` each (small records)
+or one record each (records of ``chunks.LARGE_RECORD`` bytes and more). Every epoch permutes the chunks with a seed of
 (seed, epoch, stage, pipeline). Small records: the permuted chunks are grouped into *windows* of about
 --shuffle_buffer records, and within a window the records of its chunks are interleaved at random (a shuffled
 list of chunk numbers says which chunk the next record comes from; a chunk's records keep their shard order and
@@ -23,9 +23,8 @@ import functools
 import numpy as np
 import tensorflow as tf
 
-CHUNK_BYTES = 64 << 10  # records read together from one offset (one buffered read of small records)
-MAX_CHUNK_RECORDS = 128
-LARGE_RECORD = 16 << 10  # records this large are read one at a time, in a global permutation
+from tfgpu.data.chunks import CHUNK_BYTES, chunks
+
 MAX_OPEN_CHUNKS = 256  # readers open at once in a window of small records (one file handle each)
 READ_PARALLEL = 16  # large records read at once (a fixed count: the autotuner's CPU budget is left to the decode)
 SERVICE_BLOCK = 256  # large records in one tf.data service split (--data_service; small records: a window a split)
@@ -343,51 +342,6 @@ class _Columns:
     count: tf.Tensor
     offset: tf.Tensor
     nbytes: tf.Tensor
-
-
-def chunks(runs, tables: dict, filenames):
-    """Chunk columns (file, index, count, offset) of ``runs`` ((file index, record indices in the shard,
-    ascending), ...), and whether records are large (read one at a time). ``tables``: file index -> record
-    offsets (``shards.record_table``) or None. Vectorized over all runs (a loop per run and consecutive stretch
-    took a tenth of a second per order at 1M records, three orders on a resume on another topology)."""
-    sizes = [(t[-1] - t[0]) / max(1, len(t) - 1) for t in (tables.get(f) for f, _ in runs) if t is not None]
-    mean = float(np.mean(sizes)) if sizes else 0.0
-    every_table = all(tables.get(f) is not None for f, _ in runs)
-    single = every_table and mean >= LARGE_RECORD
-    per_chunk = 1 if single else int(np.clip(CHUNK_BYTES // max(mean, 1.0), 1, MAX_CHUNK_RECORDS))
-    runs = [(int(f), np.asarray(idx, np.int64)) for f, idx in runs if len(idx)]
-    if not runs:
-        return np.zeros((5, 0), np.int64), single, per_chunk, mean
-    lengths = np.array([len(idx) for _, idx in runs])
-    file = np.repeat(np.array([f for f, _ in runs], np.int64), lengths)
-    index = np.concatenate([idx for _, idx in runs])
-    n = len(index)
-    # stretches: consecutive records of one run (a new run, or a gap in the indices, starts one)
-    new = np.zeros(n, bool)
-    new[np.concatenate([[0], np.cumsum(lengths)[:-1]])] = True
-    new[1:] |= np.diff(index) != 1
-    stretch = np.flatnonzero(new)
-    stretch_len = np.diff(np.append(stretch, n))
-    with_table = np.array([tables.get(f) is not None for f in range(int(file.max()) + 1)])
-    step = np.where(with_table[file[stretch]], per_chunk, stretch_len)  # no table: the stretch is one chunk
-    into = np.arange(n) - np.repeat(stretch, stretch_len)
-    first = np.flatnonzero(into % np.repeat(step, stretch_len) == 0)  # every stretch's start is a chunk's
-    count = np.diff(np.append(first, n))
-    chunk_file, chunk_index = file[first], index[first]
-    offset = np.full(len(first), -1, np.int64)
-    nbytes = np.zeros(len(first), np.int64)  # a chunk's bytes (0: unknown), from the offsets it starts and ends at
-    listed = [f for f in dict.fromkeys(f for f, _ in runs) if tables.get(f) is not None]
-    if listed:
-        base = np.zeros(len(with_table), np.int64)
-        base[listed] = np.concatenate([[0], np.cumsum([len(tables[f]) for f in listed])[:-1]])
-        known = with_table[chunk_file]
-        every = np.concatenate([tables[f] for f in listed])
-        at = base[chunk_file[known]] + chunk_index[known]
-        offset[known] = every[at]
-        end = every[at + count[known]]  # a table ends with its shard's size: the last chunk's end is known too
-        nbytes[known] = np.where((offset[known] >= 0) & (end >= 0), end - offset[known], 0)
-    table = np.stack([chunk_file, chunk_index, count, offset, nbytes]).astype(np.int64)
-    return table, single, per_chunk, mean
 
 
 def build(info, split: str, runs, length: int, seed: int, salt: int, shuffle_buffer: int) -> Order:

@@ -13,7 +13,7 @@ frozen or not, and a resume on either side of the unfreeze step is exact.
 
 A model that ends in a softmax gives probabilities (``tfgpu.models.heads``): the loss is computed from the logits
 that softmax takes (the same layers and weights, ``Head.logits``), or, where the softmax cannot be separated from
-its layer (a subclassed model), from the probabilities in float32, clipped at ``PROBABILITY_FLOOR``. A sigmoid
+its layer (a subclassed model), from the probabilities in float32, clipped at ``classifier_head.PROBABILITY_FLOOR``. A sigmoid
 head is refused: it scores each class on its own, which one softmax over the classes does not train; but a
 ``tfgpu.fit`` model compiled with binary_crossentropy ends in one sigmoid unit (or logit) scoring class 1 of labels
 0/1 (``check_binary_model``). Under ``tfgpu.fit`` a step also adds to the compiled metrics' summed state
@@ -26,15 +26,16 @@ import logging
 import keras
 import tensorflow as tf
 
-from tfgpu.config import ConfigError, InputConfig, OptimizationConfig, PrecisionConfig
+from tfgpu.config import InputConfig, OptimizationConfig, PrecisionConfig
 from tfgpu.runtime import precision
 from tfgpu.training import fit_compile, fit_weights, optimizers, results
 from tfgpu.models import batch_norm, create_model, get_spec, heads, model_options
 from tfgpu.models.summary import count_params
+from tfgpu.tasks import classifier_head
 from tfgpu.tasks.base import MetricSpec, Task, register_task, unpack_batch
+from tfgpu.tasks.classifier_head import check_binary_model, check_model
 
 log = logging.getLogger("tfgpu")
-PROBABILITY_FLOOR = 1e-7  # log(0) guard for a softmax that cannot be separated (Keras' epsilon)
 _LR_TITLE = "Learning rate (and the float16 loss scale)"
 
 
@@ -217,27 +218,16 @@ class ClassificationTask(Task):
         """Cross-entropy in float32 of ``outputs``: logits, or probabilities when the softmax is not separable."""
         outputs = tf.cast(outputs, tf.float32)
         num_classes = self.info.num_classes
-        if self._binary:  # binary_crossentropy of one unit, labels 0/1 (Keras' smoothing: toward 0.5)
-            targets = tf.cast(labels, tf.float32)[:, None]
-            smoothing = self._label_smoothing or 0.0
-            if smoothing:
-                targets = targets * (1.0 - smoothing) + 0.5 * smoothing
-            if self._from_probabilities:
-                p = tf.clip_by_value(outputs, PROBABILITY_FLOOR, 1.0 - PROBABILITY_FLOOR)
-                return -tf.reduce_mean(targets * tf.math.log(p) + (1.0 - targets) * tf.math.log(1.0 - p), -1)
-            return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(targets, outputs), -1)
+        if self._binary:
+            return classifier_head.binary_cross_entropy(labels, outputs, self._label_smoothing or 0.0,
+                                                        self._from_probabilities)
         if self._generic_loss is not None:  # a compiled loss other than cross-entropy, on the model's output
             predicted = tf.nn.softmax(outputs) if self.head.gives_probabilities and not self._from_probabilities \
                 else outputs
             truth = tf.one_hot(labels, num_classes) if self.compiled.one_hot else labels
             return tf.cast(self._generic_loss(truth, predicted), tf.float32)
-        targets = tf.one_hot(labels, num_classes)
         smoothing = self.config.label_smoothing if self._label_smoothing is None else self._label_smoothing
-        if smoothing:
-            targets = targets * (1.0 - smoothing) + smoothing / num_classes
-        if self._from_probabilities:
-            return -tf.reduce_sum(targets * tf.math.log(tf.clip_by_value(outputs, PROBABILITY_FLOOR, 1.0)), -1)
-        return tf.nn.softmax_cross_entropy_with_logits(targets, outputs)
+        return classifier_head.softmax_cross_entropy(labels, outputs, num_classes, smoothing, self._from_probabilities)
 
     def per_example_accuracy(self, labels, outputs):
         """The train "accuracy" of each example, 0..1: top-1 correct (binary: class 1 at probability > 0.5)."""
@@ -406,52 +396,3 @@ class ClassificationTask(Task):
                             output=self.model_output, **model_options(self.config))
         twin.set_weights(self.model.get_weights())
         return twin
-
-
-def check_model(model, name: str, num_classes: int, input_range) -> heads.Head:
-    """The head of classifier ``name`` (``heads.output_head``), after one INFO line when it is a softmax;
-    ``ConfigError(model)`` for a sigmoid head, ``ConfigError(input_range)`` when the model begins with a
-    Rescaling that expects 0..255 pixels and --input_range is not 0,255."""
-    head = heads.output_head(model)
-    where = f"(layer {head.layer!r})"
-    if head.gives_probabilities and head.activation != "softmax":
-        raise ConfigError("model", f"{name} ends in a {head.activation} {where}, which scores each of the "
-                          f"{num_classes} classes on its own; the classification task trains one softmax over them: "
-                          "remove the activation (activation=None, logits) or end in softmax")
-    if head.activation == "softmax":
-        how = ("from the logits that softmax takes (the same weights), in float32" if head.logits is not None else
-               f"from its probabilities in float32, clipped at {PROBABILITY_FLOOR:g} (the softmax cannot be "
-               "separated from the layer)")
-        log.info("model %s ends in a softmax %s: it gives probabilities (as its export does); the loss is computed "
-                 "%s (metrics.json: model_output=probabilities)", name, where, how)
-    check_input_range(model, name, input_range)
-    return head
-
-
-def check_binary_model(model, name: str, num_classes: int, input_range) -> heads.Head:
-    """The head of ``name`` compiled with binary_crossentropy: one logit or one sigmoid unit (the loss is computed
-    from the logit under it); ``ConfigError(model)`` for another head or labels other than 0/1,
-    ``ConfigError(input_range)`` as ``check_model``."""
-    head = heads.output_head(model)
-    if head.activation not in (None, "sigmoid"):
-        raise ConfigError("model", f"{name} ends in a {head.activation} (layer {head.layer!r}) but was compiled with "
-                          "binary_crossentropy, which trains one sigmoid unit: end in Dense(1, activation='sigmoid') "
-                          "(or Dense(1) and from_logits=True)")
-    if num_classes > 2:
-        raise ConfigError("model", f"compiled with binary_crossentropy, but the labels hold {num_classes} classes: "
-                          "binary labels are 0 and 1 (for more classes compile with "
-                          "sparse_categorical_crossentropy and end in Dense(num_classes))")
-    check_input_range(model, name, input_range)
-    return head
-
-
-def check_input_range(model, name: str, input_range) -> None:
-    """``ConfigError(input_range)`` when ``model`` begins with a Rescaling that expects 0..255 pixels and
-    --input_range is not 0,255."""
-    rescaling = heads.leading_rescaling(model)
-    low, high = (float(v) for v in input_range)
-    if rescaling and heads.expects_pixels(*rescaling[1:]) and (low, high) != (0.0, 255.0):
-        layer, scale, offset = rescaling
-        raise ConfigError("input_range", f"{name} begins with Rescaling(scale={scale:.6g}, offset={offset:g}) "
-                          f"(layer {layer!r}), so it expects pixels in 0..255, but --input_range={low:g},{high:g} "
-                          f"feeds it {low:g}..{high:g}: set --input_range=0,255")

@@ -26,7 +26,8 @@ from tfgpu.data import records, tfrecord
 from tfgpu.models import heads
 from tfgpu.runtime import fileio
 from tfgpu.tasks.base import MetricSpec, register_task, unpack_batch
-from tfgpu.tasks.classification import ClassificationTask, check_input_range
+from tfgpu.tasks.classification import ClassificationTask
+from tfgpu.tasks.classifier_head import check_input_range
 
 DIGIT_LABELS = {
     "even": lambda d: d % 2 == 0,

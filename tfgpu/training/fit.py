@@ -49,7 +49,7 @@ import os
 
 from tfgpu import config_sources
 from tfgpu.config import ConfigError
-from tfgpu.training import fit_arguments, fit_data
+from tfgpu.training import fit_arguments, fit_data, fit_runtime
 from tfgpu.training import run_dir
 
 log = logging.getLogger("tfgpu")
@@ -73,11 +73,6 @@ ONLY_REGISTERED = {
     "zero_init_residual": "applies to tfgpu's registered ResNets; initialise your model's layers yourself",
 }
 _RUNS = {}  # registered name -> the _Model given under it (latest)
-# Whether the last run in this process all-reduced over several replicas (or failed): TensorFlow keeps each
-# collective's instance parameters (shapes) by key in its runtime, and a new strategy numbers its keys from the
-# start again, so the next run's all-reduce would meet the last one's shapes ("Shape mismatch in the collective
-# instance 101") unless the runtime starts afresh.
-_LAST_RUN = {"collectives": False}
 
 
 class FitError(ConfigError):
@@ -237,15 +232,10 @@ def _fit(model, args: dict, model_dir, options: dict, names: dict):
     hooks = fit_callbacks.KerasLoop(runs_callbacks, history, ends, int(args["initial_epoch"]),
                                     int(args["validation_freq"]), given)
     given.defaults = (config.optimizer, config.base_learning_rate, config.lr_schedule)
-    restarted = _fresh_runtime_if_needed(config, multi_worker=num_workers > 1)
-    try:
+    restarted = fit_runtime.fresh_if_needed(config, multi_worker=num_workers > 1)
+    with fit_runtime.collectives_noted() as note:
         results = experiment.run(config, cluster_desc=desc, hooks=hooks)
-    except ConfigError:  # refused before training: no collective ran
-        raise
-    except BaseException:  # stopped or failed while training, perhaps inside a collective
-        _LAST_RUN["collectives"] = True
-        raise
-    _LAST_RUN["collectives"] = int(results.get("num_replicas") or 1) > 1
+        note(int(results.get("num_replicas") or 1))
     if given.rebuild is not None:
         given.rebuild.copy_back(given.compiled.built_optimizer, restarted)
     history.results, history.model_dir = results, model_dir
@@ -385,26 +375,3 @@ def _check_saveable(model_fn, model) -> None:
         reference = getattr(model_fn, "__qualname__", None) or type(model_fn).__name__
         user.UserBuilder(reference, "model", model_fn, module, getattr(module, "__file__", None) or "") \
             .check_saveable(model)
-
-
-def _fresh_runtime_if_needed(config, multi_worker: bool) -> bool:
-    """Restarts TensorFlow's eager runtime when this run needs an unstarted one (see the module docstring); returns
-    whether it did."""
-    from tensorflow.python.eager import context
-
-    from tfgpu.config import RuntimeConfig
-    from tfgpu.runtime import distribute
-
-    after_collectives = _LAST_RUN["collectives"]
-    if not multi_worker and not after_collectives:
-        try:
-            distribute.configure_devices(RuntimeConfig.of(config))
-            return False
-        except RuntimeError:
-            pass
-    why = ("MultiWorkerMirrored's collectives" if multi_worker else "fresh collectives (the last run in this process "
-           "all-reduced over several replicas)" if after_collectives else "the device settings")
-    log.info("restarting TensorFlow's runtime to apply %s (tensors and datasets made before this call may not be "
-             "usable after it)", why)
-    context._reset_context()
-    return True
