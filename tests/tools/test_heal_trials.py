@@ -50,12 +50,16 @@ def test_each_host_agent_runs_in_its_namespace_with_its_address_and_the_shared_r
     assert trials.victim_and_step(args, 4) == trials.victim_and_step(args, 4)
 
 
-@pytest.mark.slow
-def test_one_lost_host_heals_audits_clean_and_keeps_the_accuracy(tmp_path):
+def _skip_without_namespaces_and_etcd():
     import shutil
 
     if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("etcd"):
         pytest.skip("needs root, iproute2 (network namespaces) and etcd (apt-get install -y etcd-server)")
+
+
+@pytest.mark.slow
+def test_one_lost_host_heals_audits_clean_and_keeps_the_accuracy(tmp_path):
+    _skip_without_namespaces_and_etcd()
     out = tmp_path / "trials"
     code = trials.main(["--trials=1", "--failure=host", f"--output_dir={out}"])
     trial, = json.loads((out / "trials-host.json").read_text())["trials"]
@@ -68,10 +72,7 @@ def test_one_lost_host_heals_audits_clean_and_keeps_the_accuracy(tmp_path):
 
 @pytest.mark.slow
 def test_a_host_that_joins_grows_the_group_back_and_the_run_stays_exact(tmp_path):
-    import shutil
-
-    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("etcd"):
-        pytest.skip("needs root, iproute2 (network namespaces) and etcd (apt-get install -y etcd-server)")
+    _skip_without_namespaces_and_etcd()
     out = tmp_path / "trials"
     code = trials.main(["--trials=1", "--failure=join", f"--output_dir={out}"])
     trial, = json.loads((out / "trials-join.json").read_text())["trials"]

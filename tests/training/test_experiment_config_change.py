@@ -7,6 +7,7 @@ import keras
 import pytest
 import yaml
 
+from tests.training.model_files import NET
 from tfgpu import config as config_lib
 from tfgpu import config_sources
 from tfgpu.config import ConfigError
@@ -75,16 +76,6 @@ def test_a_resume_with_another_batch_or_model_is_one_line_until_allowed(train_he
 
 
 # -- resume only the same model; a refused resume writes nothing (issue 37 items 4, 5) -------------------------------
-NET = '''
-import keras
-
-
-def build(input_shape, num_classes):
-    inputs = keras.Input(input_shape)
-    x = keras.layers.Conv2D(4, 3, activation="relu", name="conv")(inputs)
-    x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
-    return keras.Model(inputs, keras.layers.Dense(num_classes, name="logits")(x))
-'''
 # The issue's edit: another activation and another pooling layer, the same variables.
 EDITED = NET.replace('activation="relu"', 'activation="gelu"').replace("GlobalAveragePooling2D", "GlobalMaxPooling2D")
 

@@ -1,7 +1,6 @@
 """tfgpu.fit as keras.Model.fit: the user's compiled model object trained as compile() says and given its trained
 weights back, Keras' History keys, callbacks on the loop, and Keras' refusals in one line before any work. Tiny
 models on 8x8 digits; the scripts compared with plain Keras on one and two workers are examples/from_model_fit."""
-import logging
 import os
 
 import keras
@@ -20,20 +19,6 @@ def digits():
     """96 uint8 8x8x1 digits and their labels."""
     x, y = builtin.load_builtin("digits")["splits"]["train"]
     return x[:96], y[:96].astype("int64")
-
-
-@pytest.fixture
-def run_state(monkeypatch, tmp_path):
-    """Runs in tmp_path without report.md (its plots take seconds); tfgpu's logger and Keras' state put back."""
-    from tfgpu.training import experiment
-
-    monkeypatch.setattr(experiment, "_write_report", lambda model_dir: None)
-    monkeypatch.chdir(tmp_path)
-    logger = logging.getLogger("tfgpu")
-    saved = logger.handlers[:], logger.level, logger.propagate
-    yield
-    logger.handlers[:], logger.level, logger.propagate = saved
-    keras.mixed_precision.set_global_policy("float32")
 
 
 def small_model(compile_with=None, name="small"):
@@ -63,7 +48,8 @@ class Batches(keras.utils.PyDataset):
 QUICK = dict(verbose=0, steps_per_loop=2, tensorboard=False)
 
 
-def test_a_compiled_model_object_trains_as_compiled_and_holds_the_trained_weights_after(digits, run_state, capsys):
+def test_a_compiled_model_object_trains_as_compiled_and_holds_the_trained_weights_after(digits, fit_in_tmp_path,
+                                                                                         capsys):
     """Adam as compiled (its moments in the checkpoint, its state back in model.optimizer), Keras' History keys
     (equal to plain model.fit's for the same script), the last fraction validating, and model.evaluate on that
     fraction afterwards giving the run's last val_loss: the user's object holds the trained weights."""
@@ -81,7 +67,8 @@ def test_a_compiled_model_object_trains_as_compiled_and_holds_the_trained_weight
     out = capsys.readouterr().out
     assert out.startswith(f"tfgpu.fit: run directory {history.model_dir}\n") and history.model_dir.startswith(
         "tfgpu_runs" + os.sep)
-    assert history.results["val_examples"] == 24 and history.results["step"] == 9  # 72 train: epochs end at steps 5 and 9
+    # 72 train examples: the epochs end at steps 5 and 9
+    assert history.results["val_examples"] == 24 and history.results["step"] == 9
     loss, accuracy = model.evaluate(x[72:], y[72:], verbose=0)
     assert loss == pytest.approx(history.history["val_loss"][-1], abs=1e-4)
     assert accuracy == pytest.approx(history.history["val_accuracy"][-1], abs=1e-6)
@@ -95,7 +82,7 @@ def test_a_compiled_model_object_trains_as_compiled_and_holds_the_trained_weight
         assert np.any(moment.numpy()) and any(np.array_equal(moment.numpy(), a) for a in saved), moment.path
 
 
-def test_sgd_at_learning_rate_zero_moves_no_weight_and_class_weight_counts(digits, run_state):
+def test_sgd_at_learning_rate_zero_moves_no_weight_and_class_weight_counts(digits, fit_in_tmp_path):
     """compile() is the truth: SGD(0.0) leaves every weight where it was (tfgpu's default SGD would move them);
     class_weight 0 for every class makes the train loss 0."""
     x, y = digits
@@ -109,7 +96,7 @@ def test_sgd_at_learning_rate_zero_moves_no_weight_and_class_weight_counts(digit
     assert set(history.history) == {"loss", "val_loss"}  # no metrics compiled: Keras' keys
 
 
-def test_a_model_object_trains_under_the_runs_precision(digits, run_state):
+def test_a_model_object_trains_under_the_runs_precision(digits, fit_in_tmp_path):
     """precision="mixed_bfloat16": the rebuilt model computes in bfloat16 (its variables float32), and the user's
     float32 model gets the trained weights."""
     x, y = digits
@@ -121,7 +108,7 @@ def test_a_model_object_trains_under_the_runs_precision(digits, run_state):
     np.testing.assert_array_equal(model.get_weights()[0], built.get_weights()[0])
 
 
-def test_a_builder_in_either_signature_trains_compiled_or_with_tfgpus_defaults(digits, run_state, capsys):
+def test_a_builder_in_either_signature_trains_compiled_or_with_tfgpus_defaults(digits, fit_in_tmp_path, capsys):
     x, y = digits
 
     def command_line_builder(input_shape, num_classes):
@@ -140,7 +127,7 @@ def test_a_builder_in_either_signature_trains_compiled_or_with_tfgpus_defaults(d
     assert "the model is not compiled: tfgpu's defaults train it (optimizer=sgd" in capsys.readouterr().err
 
 
-def test_callbacks_see_keras_logs_and_act_on_the_run(digits, run_state, tmp_path):
+def test_callbacks_see_keras_logs_and_act_on_the_run(digits, fit_in_tmp_path, tmp_path):
     """EarlyStopping stops the run (restoring the best weights), LearningRateScheduler sets the optimizer's rate
     each epoch, LambdaCallback and a user's Callback get Keras' epoch logs, CSVLogger and ModelCheckpoint write
     their files, BackupAndRestore's directory becomes the run directory."""
@@ -199,7 +186,7 @@ def test_callbacks_see_keras_logs_and_act_on_the_run(digits, run_state, tmp_path
     (lambda m, x, y: tfgpu.fit(m, x, y, input_range=(1, 0)), "input_range", "MIN < MAX"),
 ])
 def test_arguments_keras_refuses_or_tfgpu_cannot_honour_are_one_line_before_any_work(call, argument, message,
-                                                                                     digits, run_state, tmp_path):
+                                                                                     digits, fit_in_tmp_path, tmp_path):
     x, y = digits
     with pytest.raises(tfgpu.ConfigError) as e:
         call(small_model(), x, y)
@@ -208,7 +195,7 @@ def test_arguments_keras_refuses_or_tfgpu_cannot_honour_are_one_line_before_any_
     assert os.listdir(tmp_path) == []
 
 
-def test_with_model_dir_a_second_call_resumes_at_the_epoch_the_first_ended(digits, run_state):
+def test_with_model_dir_a_second_call_resumes_at_the_epoch_the_first_ended(digits, fit_in_tmp_path):
     """epochs=1 then epochs=2 into the same model_dir: the second call trains epoch 1 only, from the checkpoint
     (its History holds that epoch), on the data the first wrote."""
     x, y = digits
@@ -219,7 +206,7 @@ def test_with_model_dir_a_second_call_resumes_at_the_epoch_the_first_ended(digit
     assert int(model.optimizer.iterations.numpy()) == 6
 
 
-def test_a_callback_stopping_inside_an_epoch_stops_the_run_at_that_loop(digits, run_state):
+def test_a_callback_stopping_inside_an_epoch_stops_the_run_at_that_loop(digits, fit_in_tmp_path):
     """model.stop_training set in on_train_batch_end ends the run at the end of that loop (steps_per_loop steps),
     and the epoch ends with what it trained, as in Keras."""
     x, y = digits
@@ -233,7 +220,7 @@ def test_a_callback_stopping_inside_an_epoch_stops_the_run_at_that_loop(digits, 
     assert history.results["step"] == 2 and history.epoch == [0] and list(history.history) == ["loss"]
 
 
-def test_refused_compile_choices_and_models_are_named(digits, run_state, tmp_path):
+def test_refused_compile_choices_and_models_are_named(digits, fit_in_tmp_path, tmp_path):
     x, y = digits
     cases = [
         (dict(optimizer="adam", loss="binary_focal_crossentropy"), "loss binary_focal_crossentropy"),
@@ -262,7 +249,7 @@ def test_refused_compile_choices_and_models_are_named(digits, run_state, tmp_pat
     assert os.listdir(tmp_path) == []
 
 
-def test_errors_from_inside_the_run_speak_python_arguments(digits, run_state):
+def test_errors_from_inside_the_run_speak_python_arguments(digits, fit_in_tmp_path):
     """The input-range advice raised when the model is built reads input_range=(0, 255), not a flag."""
     x, y = digits
     with pytest.raises(tfgpu.ConfigError) as e:
@@ -282,7 +269,7 @@ def binary_model(name, from_logits=False, activation="sigmoid"):
 
 
 @pytest.mark.parametrize("from_logits", [False, pytest.param(True, marks=pytest.mark.slow)])
-def test_binary_crossentropy_in_order_trains_as_plain_keras_on_two_replicas(from_logits, digits, run_state):
+def test_binary_crossentropy_in_order_trains_as_plain_keras_on_two_replicas(from_logits, digits, fit_in_tmp_path):
     """A sigmoid unit (or a logit) compiled with binary_crossentropy on float 0/1 labels, shuffle=False: every
     epoch's loss, Keras' binary "accuracy", AUC and precision and their val_ equal plain model.fit's on one device,
     trained on 2 replicas batch for batch in the same order (SGD moves the weights)."""
@@ -300,7 +287,7 @@ def test_binary_crossentropy_in_order_trains_as_plain_keras_on_two_replicas(from
     assert described["output"]["shape"] == [None, 1] and "class 1" in described["output"]["meaning"]
 
 
-def test_binary_crossentropy_refuses_a_softmax_head_and_more_than_two_classes(digits, run_state, tmp_path):
+def test_binary_crossentropy_refuses_a_softmax_head_and_more_than_two_classes(digits, fit_in_tmp_path, tmp_path):
     x, y = digits
     with pytest.raises(tfgpu.ConfigError, match="ends in a softmax .* compiled with binary_crossentropy"):
         tfgpu.fit(binary_model("soft", activation="softmax"), x, (y % 2).astype("float32"), **QUICK)

@@ -1,7 +1,6 @@
 """sample_weight under tfgpu.fit: weights checked in one line, taken from (x, y, w) elements, carried so that a
 weight-0 example is not the evaluation's padding, and the loss, val_loss and weighted metrics equal plain
 model.fit's on 2 replicas."""
-import logging
 
 import keras
 import numpy as np
@@ -47,18 +46,6 @@ def test_weights_are_split_off_a_datasets_elements_batched_or_not():
     assert none is None and len(same.element_spec) == 2
 
 
-@pytest.fixture
-def run_state(monkeypatch, tmp_path):
-    from tfgpu.training import experiment
-
-    monkeypatch.setattr(experiment, "_write_report", lambda model_dir: None)
-    monkeypatch.chdir(tmp_path)
-    logger = logging.getLogger("tfgpu")
-    saved = logger.handlers[:], logger.level, logger.propagate
-    yield
-    logger.handlers[:], logger.level, logger.propagate = saved
-
-
 def weighted_model(name, learning_rate):
     keras.utils.set_random_seed(1)
     model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Rescaling(1 / 255), keras.layers.Flatten(),
@@ -84,7 +71,7 @@ def assert_same_history(history, plain):
         assert history.history[key] == pytest.approx(values, abs=1e-5), key
 
 
-def test_sample_weight_trains_as_plain_keras_on_two_replicas(weighted_digits, run_state):
+def test_sample_weight_trains_as_plain_keras_on_two_replicas(weighted_digits, fit_in_tmp_path):
     """Arrays with sample_weight, cut by validation_split with them, in order: loss (sum(loss * w) / batch),
     val_loss, accuracy and weighted_accuracy equal plain model.fit's every epoch while SGD moves the weights."""
     x, y, w = weighted_digits
@@ -97,7 +84,7 @@ def test_sample_weight_trains_as_plain_keras_on_two_replicas(weighted_digits, ru
 
 
 @pytest.mark.slow
-def test_dataset_elements_and_validation_data_carry_weights_as_keras_takes_them(weighted_digits, run_state):
+def test_dataset_elements_and_validation_data_carry_weights_as_keras_takes_them(weighted_digits, fit_in_tmp_path):
     """(x, y, w) elements of a batched Dataset and validation_data=(x, y, w): with the weights frozen (SGD(0)) the
     epoch's loss and metrics are those of its examples in any order, equal to plain model.fit's."""
     x, y, w = weighted_digits

@@ -4,6 +4,7 @@ import importlib
 
 import pytest
 
+from tests.training.model_files import NET
 from tfgpu import config as config_lib
 from tfgpu import config_sources
 from tfgpu.training import run_dir
@@ -30,16 +31,6 @@ def test_sample_names_the_task_of_a_run_that_is_not_a_gan(tmp_path, capsys):
     assert code == 1 and err == [f"error: --model_dir: {tmp_path} is a classification run, not a GAN run"]
 
 
-NET = '''
-import keras
-
-
-def build(input_shape, num_classes):
-    inputs = keras.Input(input_shape)
-    x = keras.layers.Conv2D(4, 3, activation="relu", name="conv")(inputs)
-    x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
-    return keras.Model(inputs, keras.layers.Dense(num_classes, name="logits")(x))
-'''
 
 
 @pytest.mark.slow  # a run and three restores (13 s loaded); the refusal's line runs by default in test_config_change.py
