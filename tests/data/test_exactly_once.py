@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from tfgpu import config_sources
 from tfgpu.config import Config
-from tfgpu.data import catalog, order, pipeline, position, resume, tfrecord
+from tfgpu.data import catalog, chunks, order, pipeline, position, resume, tfrecord
 from tfgpu.tasks.registry import input_config
 
 _DATASETS = {}
@@ -189,7 +189,7 @@ def test_a_service_epoch_holds_the_index_orders_records(service, monkeypatch, la
     once; a run resumed inside an epoch feeds, by index, the records the order puts after its position.
     ``large``: records read one at a time, handed to the workers in blocks of 2 (``order.SERVICE_BLOCK``)."""
     if large:
-        monkeypatch.setattr(order, "LARGE_RECORD", 1)
+        monkeypatch.setattr(chunks, "LARGE_RECORD", 1)
         monkeypatch.setattr(order, "SERVICE_BLOCK", 2)
     sizes, pipelines, pipeline_id, resume_step = (5, 4, 4), 2, 1, 2  # pipeline 1's share: 7 records, epochs of 6
     info = catalog.prepare(Config(model_dir="unused", data_dir=make_split(sizes)))
