@@ -139,3 +139,17 @@ def test_an_unreachable_etcd_is_one_line_naming_it():
     r = rendezvous.Rendezvous("http://127.0.0.1:9", "job1", "a", "addr", 1)
     with pytest.raises(rendezvous.RendezvousError, match=r"etcd at http://127.0.0.1:9 cannot be reached"):
         r.register()
+
+
+def test_a_key_another_program_wrote_under_the_job_is_one_line_naming_it(etcd_url):
+    a = _agent(etcd_url, "a")
+    a.register()
+    try:
+        a.etcd.put(a.key("round"), "not json")
+        with pytest.raises(rendezvous.ForeignRecord, match=r"etcd key .*round holds 'not json', not a tfgpu"):
+            a.current()
+        a.etcd.put(a.key("outcome"), json.dumps({"code": 1}))
+        with pytest.raises(rendezvous.ForeignRecord, match=r"outcome holds .* use another --rendezvous JOB_ID"):
+            a.outcome()
+    finally:
+        a.leave()

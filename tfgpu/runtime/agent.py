@@ -106,6 +106,8 @@ class HostAgent(Launcher):
                 return 128 + self._signal
             try:
                 joined = self._join_step(enough_since)
+            except rendezvous.ForeignRecord:
+                raise
             except rendezvous.RendezvousError as e:
                 self.say(f"warning: {e}; trying again")
                 time.sleep(1.0)
@@ -185,6 +187,8 @@ class HostAgent(Launcher):
             lost = tuple(m for m in self.round.members if m not in alive)
             if lost and not self.rdzv.done(self.round.number):
                 return HostsLost(lost)
+        except rendezvous.ForeignRecord:
+            raise
         except rendezvous.RendezvousError as e:
             self.say(f"warning: {e}")
         return None

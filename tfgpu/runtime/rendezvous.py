@@ -32,6 +32,10 @@ class RendezvousError(RuntimeError):
     """etcd cannot be reached or refused a request; the message names the endpoint."""
 
 
+class ForeignRecord(RendezvousError):
+    """A key under the job's prefix that is no tfgpu record: not retried (it stays until someone removes it)."""
+
+
 def parse_endpoint(text: str) -> tuple:
     """``etcd://HOST:PORT/JOB`` -> (``http://HOST:PORT``, JOB); ValueError naming --rendezvous otherwise."""
     parsed = urllib.parse.urlsplit(text)
@@ -201,14 +205,14 @@ class Rendezvous:
     def alive(self) -> dict:
         """{host: {"address", "workers"}} of every registered host."""
         start = len(self.key("hosts", ""))
-        return {k[start:]: json.loads(v) for k, v in self.etcd.get_prefix(self.key("hosts", "")).items()}
+        return {k[start:]: _record(k, v) for k, v in self.etcd.get_prefix(self.key("hosts", "")).items()}
 
     def current(self):
         """The current Round, or None before the first."""
         value, revision = self.etcd.get(self.key("round"))
         if value is None:
             return None
-        data = json.loads(value)
+        data = _record(self.key("round"), value, ("round", "members"))
         return Round(data["round"], tuple(data["members"]), data.get("restarts", 0), data.get("reason", ""),
                      data.get("record"), revision)
 
@@ -226,7 +230,8 @@ class Rendezvous:
 
     def published(self, number: int) -> dict:
         start = len(self.key("rounds", number, ""))
-        return {k[start:]: json.loads(v) for k, v in self.etcd.get_prefix(self.key("rounds", number, "")).items()}
+        return {k[start:]: _record(k, v, ("address", "ports"))
+                for k, v in self.etcd.get_prefix(self.key("rounds", number, "")).items()}
 
     def mark_done(self, number: int) -> None:
         self.etcd.put(self.key("done", number, self.host), "1")
@@ -240,7 +245,7 @@ class Rendezvous:
 
     def outcome(self):
         value, _ = self.etcd.get(self.key("outcome"))
-        return json.loads(value) if value else None
+        return _record(self.key("outcome"), value, ("code", "line")) if value else None
 
 
 def wait_for_members(rdzv: Rendezvous, current: Round, timeout_s: float, poll_s: float = 0.2):
@@ -259,3 +264,16 @@ def wait_for_members(rdzv: Rendezvous, current: Round, timeout_s: float, poll_s:
             return None
         time.sleep(poll_s)
     return None
+
+
+def _record(key: str, value: str, fields=()) -> dict:
+    """A tfgpu record read from etcd key ``key``; RendezvousError naming the key when it is not one (another
+    program's keys under the job's prefix, or a hand edit)."""
+    try:
+        data = json.loads(value)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict) or any(f not in data for f in fields):
+        raise ForeignRecord(f"etcd key {key} holds {value[:80]!r}, not a tfgpu rendezvous record "
+                              f"(another program's keys under this job id?): use another --rendezvous JOB_ID")
+    return data
