@@ -243,7 +243,7 @@ class Order:
         first_key = tf.gather(tf.constant((self.file.astype(np.int64) << 32) + self.index, tf.int64), chunk)
         return tf.gather(tf.constant(starts, tf.int64), chunk) + keys - first_key
 
-    def _single_records(self, perm, workers, cached):
+    def _single_records(self, perm, cached):
         keys = self._single_keys(perm)
         if cached is not None:
             return tf.data.Dataset.from_tensor_slices((keys, self._positions(keys))).map(
@@ -258,17 +258,17 @@ class Order:
                                                                deterministic=True)
         return tf.data.Dataset.zip(tf.data.Dataset.from_tensor_slices(keys), records)
 
-    def epoch_records(self, epoch, w0=0, k0=0, workers=tf.data.AUTOTUNE, cached=None):
+    def epoch_records(self, epoch, w0=0, k0=0, cached=None):
         """(key, record) of ``epoch``'s order from window ``w0``, record ``k0`` into it (``locate``), to its end
         (the caller takes ``length``)."""
         perm = self.chunk_order(epoch)
         if self.single:
-            return self._single_records(perm[k0:], workers, cached)
+            return self._single_records(perm[k0:], cached)
         w0 = tf.cast(w0, tf.int64)
         return tf.data.Dataset.range(w0, self.num_windows).flat_map(_no_autograph(
             lambda w: self._window_records(epoch, perm, w, tf.where(w == w0, tf.cast(k0, tf.int64), 0), cached)))
 
-    def service_epoch(self, epoch, offset=0, workers=tf.data.AUTOTUNE):
+    def service_epoch(self, epoch, offset=0):
         """(key, record) of records ``[offset, length)`` of ``epoch``'s order as a tf.data service job reads them:
         a ``Dataset.range`` of *units* (the order's windows of small records, blocks of ``SERVICE_BLOCK`` large
         ones), each unit flat-mapped to its records. The range is the dataset's only source, so the service's
@@ -283,7 +283,7 @@ class Order:
 
             def block_records(u):
                 lo, hi = tf.maximum(u * block, offset), tf.minimum((u + 1) * block, length)
-                return self._single_records(perm[lo:tf.maximum(lo, hi)], workers, None)
+                return self._single_records(perm[lo:tf.maximum(lo, hi)], None)
 
             return tf.data.Dataset.range(offset // block, -(-self.length // block)).flat_map(
                 _no_autograph(block_records))
@@ -312,7 +312,7 @@ class Order:
         return chunks.flat_map(_no_autograph(lambda c: self._chunk_reader(c, tf.constant(0, tf.int64), tf.gather(
             self._tensors.count, c))))
 
-    def stream(self, start_epoch: int, offset: int, workers=tf.data.AUTOTUNE, cache: bool = False,
+    def stream(self, start_epoch: int, offset: int, cache: bool = False,
                epochs: int = None):
         """(key, record) of this order's epochs from record ``offset`` of ``start_epoch`` on (``epochs`` of
         them, or endless), each ``length`` records; nothing before ``offset`` is read."""
@@ -322,7 +322,7 @@ class Order:
         def epoch(e, cached=None):
             first = tf.equal(e, start_epoch)
             records = self.epoch_records(e, tf.where(first, np.int64(w0), 0), tf.where(first, np.int64(k0), 0),
-                                         workers, cached)
+                                         cached)
             return records.take(tf.where(first, np.int64(self.length - offset), self.length))
 
         epochs_ds = tf.data.Dataset.range(start_epoch, end)

@@ -161,10 +161,10 @@ def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, re
 
         if plan is not None and plan.in_later_stage:
             later = plan.stage_order(config, info, ctx.input_pipeline_id)  # its records, from the stage's start
-            records = later.stream(start_epoch, offset, workers, config.cache, epochs=1).concatenate(
-                ordinary.stream(start_epoch + 1, 0, workers, config.cache))
+            records = later.stream(start_epoch, offset, config.cache, epochs=1).concatenate(
+                ordinary.stream(start_epoch + 1, 0, config.cache))
         else:
-            records = ordinary.stream(start_epoch, offset, workers, config.cache)
+            records = ordinary.stream(start_epoch, offset, config.cache)
         indexed = tf.data.Dataset.zip(tf.data.Dataset.counter(start=consumed), records)
         one = parse if record_keys else parse_unchecked
         ds = indexed.map(_no_autograph(lambda i, element: one(tf.stack([seed, i]), element)),
@@ -195,7 +195,7 @@ def _service_epoch(config, share: order.Order, epoch, offset, parse, per_replica
     once). Augmentation is seeded by (seed, epoch, record), whichever worker decodes it. Workers batch their
     examples; batches are re-cut here, so no worker drops a remainder."""
     service = tf.data.experimental.service
-    records = share.service_epoch(epoch, offset, workers)
+    records = share.service_epoch(epoch, offset)
     examples = records.map(_no_autograph(lambda key, serialized: parse(
         tf.random.experimental.stateless_fold_in(tf.stack([tf.constant(seed, tf.int64), key]), epoch),
         (key, serialized))), num_parallel_calls=workers)
