@@ -1,14 +1,18 @@
 """tfgpu: multi-GPU and multi-node training of Keras 3 models on TensorFlow.
 
-Importing ``tfgpu`` is cheap: the attributes below load TensorFlow only when first used.
+``import tfgpu`` first in a script: when the process is one of several workers (``tfgpu.launch``, TF_CONFIG, Slurm)
+or sees several GPUs, it makes the job's strategy the process default, so the script's models, optimizers and
+Datasets live in it (``tfgpu.runtime.job_strategy``). Elsewhere (one device, a laptop) importing is cheap: the
+attributes below load TensorFlow only when first used.
 
-- ``tfgpu.fit(model, x=None, y=None, batch_size=None, epochs=1, ..., *, model_dir=None, **tfgpu_options)``:
-  ``keras.Model.fit``'s arguments and meaning on every device of the job (``model.fit(`` -> ``tfgpu.fit(model, ``);
-  returns a ``keras.callbacks.History`` (``tfgpu.training.fit``, docs/from-model-fit.md).
+- ``tfgpu.fit(model, x=None, y=None, batch_size=None, epochs=1, ..., model_dir=None, ...)``: ``model.fit`` on every
+  device of the job, the model's own ``train_step`` in tfgpu's loop (``model.fit(`` -> ``tfgpu.fit(model, ``);
+  returns the ``keras.callbacks.History`` (``tfgpu.training.fit``, docs/from-model-fit.md).
 - ``tfgpu.ConfigError``: what a bad option or argument raises; ``.flag`` names it.
 - ``tfgpu.Preempted``: what ``fit`` raises after a SIGTERM or a Ctrl-C, once the checkpoint is saved
   (``.step``); a Ctrl-C's is also a ``KeyboardInterrupt``.
-- ``tfgpu.keras_fit``: stock ``model.fit`` under multi-worker strategies (``tfgpu.training.keras_fit``).
+- ``tfgpu.keras_fit``: stock ``model.fit`` under multi-worker strategies (``tfgpu.training.keras_fit``), for code
+  that keeps ``model.fit``: no exact resume, no stop at the step in flight.
 """
 
 __version__ = "0.1.0"
@@ -20,6 +24,15 @@ _LAZY = {
     "Preempted": ("tfgpu.training.failures", "Preempted"),
     "keras_fit": ("tfgpu.training.keras_fit", None),
 }
+
+
+def _make_job_strategy():
+    from tfgpu.runtime import job_strategy
+
+    job_strategy.at_import()
+
+
+_make_job_strategy()
 
 
 def __getattr__(name):

@@ -1,0 +1,153 @@
+"""The loop of ``tfgpu.fit``: Keras' ``fit`` loop, epoch by epoch, around tfgpu's compiled steps.
+
+It is ``keras.Model.fit``'s loop as Keras 3.15 writes it (``keras/src/backend/tensorflow/trainer.py``): metrics reset
+at each epoch's start, ``on_train_batch_begin/end`` around each host call with the last step's logs, the epoch's logs
+read from the model's metrics (``_get_metrics_result_or_logs``), validation through the model's ``test_step`` with
+the same callbacks (``on_test_*``) and ``val_`` logs, ``stop_training`` honoured after the call it is set in,
+``finalize_variable_values`` at the end. What tfgpu adds: the batches come from its inputs (arrays by index, a
+Dataset as written), a host call runs ``steps_per_loop`` steps when no callback acts on single batches (else
+``steps_per_execution``, as Keras), a Ctrl-C or SIGTERM stops after the step in flight and saves, checkpoints on a
+timer, a resumed run starts at the checkpoint's epoch and step, the launcher sees a heartbeat after every call.
+"""
+import contextlib
+import logging
+
+import tensorflow as tf
+
+from tfgpu.runtime import heartbeat
+from tfgpu.training import failures
+from tfgpu.training.fit import placement as placement_lib
+from tfgpu.training.fit.steps import StepLoop
+
+log = logging.getLogger("tfgpu")
+
+
+class Epochs:
+    """One ``tfgpu.fit`` call's training: ``model`` on ``placement``, ``train``/``val`` inputs (``ArrayInput`` or
+    ``DatasetInput``; val may be None), Keras' ``callbacks`` (a ``CallbackList``), the run's ``state``
+    (``state.RunState``) and ``stopping`` (``training.stopping.Stopping``)."""
+
+    def __init__(self, model, placement, train, val, callbacks, state, stopping, steps_per_call: int,
+                 validation_freq: int, model_dir: str):
+        self.model, self.placement, self.train, self.val = model, placement, train, val
+        self.callbacks, self.state, self.stopping = callbacks, state, stopping
+        self.steps_per_call, self.validation_freq, self.model_dir = steps_per_call, validation_freq, model_dir
+        self.train_steps = StepLoop(model, placement.strategy, "train", stopping.flag)
+        self.test_steps = StepLoop(model, placement.strategy, "test")
+        self.running = None  # a Dataset with steps_per_epoch: the iterator that runs on across epochs
+
+    def run(self, epochs: int):
+        """Trains from the state's position to the end of epoch ``epochs - 1``; returns the model's History."""
+        model, position = self.model, self.state.position
+        model.stop_training = False
+        self.callbacks.on_train_begin()
+        training_logs = None
+        with self._named():
+            with self.stopping.watching():
+                while position.epoch < epochs:
+                    epoch_logs = self._epoch(position.epoch)
+                    self.callbacks.on_epoch_end(position.epoch, epoch_logs)
+                    training_logs = epoch_logs
+                    position.epoch, position.step = position.epoch + 1, 0
+                    if model.stop_training:
+                        break
+            if model.optimizer is not None and epochs > 0:
+                model.optimizer.finalize_variable_values(model.trainable_weights)
+            self._save()
+        heartbeat.beat("done", int(self.state.steps.numpy()), self.model_dir)
+        self.callbacks.on_train_end(logs=training_logs)
+        return model.history
+
+    def _epoch(self, epoch: int) -> dict:
+        model, position = self.model, self.state.position
+        model.reset_metrics()
+        self.callbacks.on_epoch_begin(epoch)
+        self.train.on_epoch_begin()
+        # arrays: exactly this many steps; a Dataset: until it ends (or Keras' steps_per_epoch), as every worker agrees
+        steps = self.train.steps_per_epoch if self.train.kind == "arrays" else self.train.fixed_steps
+        iterator = self._iterator(epoch)
+        logs = {}
+        while steps is None or position.step < steps:
+            count = self.steps_per_call if steps is None else min(self.steps_per_call, steps - position.step)
+            self.callbacks.on_train_batch_begin(position.step)
+            if self.stopping.any_worker_preempted():
+                self.stopping.stop_at(int(self.state.steps.numpy()))
+            if self.train.kind == "arrays":
+                step_logs, ran = self.train_steps.run(iterator, count)
+            else:
+                step_logs, ran = self.train_steps.run_until_end(iterator, count)
+            if ran == 0:
+                if self.train.fixed_steps:
+                    log.warning("Your input ran out of data; interrupting training. Make sure that your dataset or "
+                                "generator can generate at least `steps_per_epoch * epochs` batches.")
+                    model.stop_training = True
+                    self.running = None
+                break
+            logs = step_logs
+            position.step += ran
+            self.state.steps.assign_add(ran)
+            done = int(self.state.steps.numpy())
+            heartbeat.beat("training", done, self.model_dir)
+            if self.stopping.flag.requested_by is not None and ran < count:
+                self.stopping.stop_at(done)
+            self.callbacks.on_train_batch_end(position.step - 1, logs)
+            if self.stopping.checkpoint_due():
+                self._save()
+            if model.stop_training:
+                break
+        if self.running is None:
+            self.train.on_epoch_end()
+        epoch_logs = dict(model._get_metrics_result_or_logs(logs))
+        if self.val is not None and (epoch + 1) % self.validation_freq == 0:
+            epoch_logs.update({f"val_{name}": value for name, value in self.evaluate().items()})
+        return epoch_logs
+
+    def _iterator(self, epoch: int):
+        if self.train.kind == "dataset" and self.train.fixed_steps:
+            if self.running is None:
+                self.running = placement_lib.iterator(self.placement, self.train, epoch, self.state.position.step)
+            return self.running
+        return placement_lib.iterator(self.placement, self.train, epoch, self.state.position.step)
+
+    def evaluate(self) -> dict:
+        """The validation data through the model's ``test_step`` (Keras' ``evaluate`` inside ``fit``): every worker's
+        share, metrics read over all replicas and workers."""
+        model, val = self.model, self.val
+        self.callbacks.on_test_begin()
+        model.reset_metrics()
+        iterator = placement_lib.iterator(self.placement, val, 0, 0)
+        logs, step = {}, 0
+        steps = val.steps_per_epoch if val.kind == "arrays" else val.fixed_steps
+        while steps is None or step < steps:
+            count = self.steps_per_call if steps is None else min(self.steps_per_call, steps - step)
+            self.callbacks.on_test_batch_begin(step)
+            if val.kind == "arrays":
+                step_logs, ran = self.test_steps.run(iterator, count)
+            else:
+                step_logs, ran = self.test_steps.run_until_end(iterator, count)
+            if ran == 0:
+                break
+            logs, step = step_logs, step + ran
+            self.callbacks.on_test_batch_end(step - 1, logs)
+        from keras.src.utils.python_utils import pythonify_logs
+
+        logs = pythonify_logs(model._get_metrics_result_or_logs(logs))
+        self.callbacks.on_test_end(logs)
+        return logs
+
+    def _save(self) -> None:
+        self.stopping.save()
+        self.stopping.checkpoint_every_s = self.state.every_s
+
+    @contextlib.contextmanager
+    def _named(self):
+        """A collective that lost a peer as ``failures.WorkerLost`` (exit 129 under the launcher: a new group
+        resumes from the last checkpoint)."""
+        try:
+            yield
+        except tf.errors.OpError as e:
+            if self.placement.num_workers > 1 and failures.lost_peer(e):
+                last = tf.train.latest_checkpoint(self.state.real_dir)
+                raise failures.worker_lost(e, self.placement.worker_index, int(self.state.steps.numpy()),
+                                           last) from None
+            raise

@@ -1,0 +1,21 @@
+"""What ``tfgpu.fit`` was given as data, as one of its two inputs: arrays read by index (``arrays.ArrayInput``) or a
+pipeline run as written (``datasets.DatasetInput``). Keras' own data adapters check and pack the arguments first,
+so ``x``, ``y``, ``sample_weight``, ``class_weight`` and ``batch_size`` mean, and fail, as they do under
+``model.fit``.
+"""
+from tfgpu.training.fit.arrays import ArrayInput
+from tfgpu.training.fit.datasets import DatasetInput
+
+
+def make(x, y=None, sample_weight=None, batch_size=None, steps=None, shuffle=False, class_weight=None, seed=0):
+    """The input for ``model.fit``-style data arguments; ``steps``: Keras' ``steps_per_epoch`` (or
+    ``validation_steps``)."""
+    from keras.src.trainers.data_adapters import array_data_adapter, get_data_adapter
+
+    if array_data_adapter.can_convert_arrays((x, y, sample_weight)):
+        adapter = array_data_adapter.ArrayDataAdapter(x, y, sample_weight=sample_weight, batch_size=batch_size,
+                                                      steps=steps, shuffle=shuffle, class_weight=class_weight)
+        return ArrayInput(adapter._inputs, adapter.batch_size, bool(shuffle), seed, steps_per_epoch=steps)
+    adapter = get_data_adapter(x, y, sample_weight=sample_weight, batch_size=batch_size, steps_per_epoch=steps,
+                               shuffle=shuffle, class_weight=class_weight)
+    return DatasetInput(adapter, steps)

@@ -1,0 +1,94 @@
+"""One ``tfgpu.fit`` call wired together: placement, inputs, the model's build, run directory, checkpoints, stops,
+callbacks, then ``epochs.Epochs``. Every check that can fail does so before the first file is written."""
+import json
+import logging
+
+import numpy as np
+
+from tfgpu.training.fit import arguments, callbacks as callbacks_lib, inputs, placement as placement_lib
+from tfgpu.training.fit.arguments import FitError
+
+log = logging.getLogger("tfgpu")
+
+
+def fit(model, loop: arguments.LoopOptions, *, x, y, batch_size, epochs, verbose, callbacks, validation_split,
+        validation_data, shuffle, class_weight, sample_weight, initial_epoch, steps_per_epoch, validation_steps,
+        validation_batch_size, validation_freq):
+    from keras.src.trainers.data_adapters import array_slicing, data_adapter_utils
+
+    placement = placement_lib.of_model(model)
+    if model.run_eagerly and placement.num_workers > 1:
+        raise FitError("run_eagerly", "compile(run_eagerly=True) runs on one worker: each worker's steps must be "
+                       "compiled to meet in the same collectives")
+    user_callbacks, backup_dir = callbacks_lib.prepare(callbacks)
+    if validation_split and validation_data is None:  # Keras' own cut: the last fraction, before shuffling
+        (x, y, sample_weight), validation_data = array_slicing.train_validation_split(
+            (x, y, sample_weight), validation_split=validation_split)
+    seed = agreed_seed(placement, loop.seed)
+    train = inputs.make(x, y, sample_weight, batch_size, steps_per_epoch, shuffle, class_weight, seed)
+    val = None
+    if validation_data is not None:
+        val_x, val_y, val_weight = data_adapter_utils.unpack_x_y_sample_weight(validation_data)
+        val = inputs.make(val_x, val_y, val_weight, validation_batch_size or batch_size, validation_steps)
+    with placement.strategy.scope():  # Keras' own build (fit's _maybe_symbolic_build), from the batch's structure
+        model._symbolic_build(data_batch=train.element_spec())
+    log.info("tfgpu.fit: %s; %s", placement.describe(), train.describe())
+
+    from tfgpu.training import loop as loop_lib, stopping as stopping_lib
+    from tfgpu.training.fit import epochs as epochs_lib, state as state_lib
+
+    model_dir = loop.model_dir or backup_dir or arguments.new_run_dir(_job_name(placement))
+    if placement.is_chief and not loop.model_dir and not backup_dir:
+        print(f"tfgpu.fit: run directory {model_dir}", flush=True)
+    position = state_lib.Position(epoch=initial_epoch, seed=seed, kind=train.kind,
+                                  examples=getattr(train, "num_examples", -1), batch_size=_batch_size(train))
+    state = state_lib.RunState(model, placement, model_dir, position, loop.checkpoint_every_s)
+    outputs = callbacks_lib.ChiefOutputs(user_callbacks, placement.is_chief)
+    try:
+        if state.restore() is not None:
+            train.seed = position.seed
+        from tfgpu.runtime import heartbeat
+
+        heartbeat.beat("restored", int(state.steps.numpy()), model_dir)
+        flag = loop_lib.StopFlag(placement.strategy, placement.num_workers)
+        stopping = stopping_lib.Stopping(placement, state.steps, flag, state, state.every_s)
+        steps_per_call = model.steps_per_execution if callbacks_lib.acts_on_batches(user_callbacks) else \
+            max(model.steps_per_execution, loop.steps_per_loop)
+        callback_list = callbacks_lib.callback_list(outputs.callbacks, model, verbose, epochs, train.steps_per_epoch,
+                                                    placement.is_chief)
+        run = epochs_lib.Epochs(model, placement, train, val, callback_list, state, stopping, steps_per_call,
+                                validation_freq, model_dir)
+        return run.run(epochs)
+    finally:
+        outputs.close()
+        state.close()
+
+
+def agreed_seed(placement, seed):
+    """The seed of the arrays' order: the given one, else one drawn from numpy's global generator (which
+    ``keras.utils.set_random_seed`` seeds) by the chief and told to every worker."""
+    if seed is not None:
+        return int(seed)
+    drawn = int(np.random.randint(0, 2**31 - 1))
+    if placement.num_workers == 1:
+        return drawn
+    import tensorflow as tf
+
+    strategy = placement.strategy
+    mine = tf.constant(float(drawn) if placement.is_chief else 0.0, tf.float64)
+    total = strategy.reduce(tf.distribute.ReduceOp.SUM,
+                            strategy.experimental_distribute_values_from_function(
+                                lambda context: mine if context.replica_id_in_sync_group == 0 else mine * 0),
+                            axis=None)
+    return int(total.numpy())
+
+
+def _batch_size(data) -> int:
+    return int(getattr(data, "batch_size", 0) or 0)
+
+
+def _job_name(placement) -> str:
+    """A name every worker of a multi-worker job derives alike (its cluster spec), for a run directory."""
+    if placement.num_workers == 1:
+        return ""
+    return json.dumps(placement.strategy.cluster_resolver.cluster_spec().as_dict(), sort_keys=True)

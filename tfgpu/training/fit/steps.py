@@ -1,0 +1,111 @@
+"""The model's own ``train_step``/``test_step``, several per host call, under ``strategy.run``.
+
+Keras 3's ``fit`` cannot run several steps per call under MirroredStrategy (its loop calls ``strategy.run`` inside a
+``tf.cond``) nor start under MultiWorkerMirroredStrategy; this loop does neither: the call's first step runs before
+a ``tf.while_loop`` of the rest, whose condition checks the stop flag (``training.loop.StopFlag``: a Ctrl-C or SIGTERM
+ends the call after the step in flight) and, for an input of unknown length, whether a next batch exists. Each step
+is the model's own (its ``compute_loss``, compiled losses and metrics, ``add_loss``, loss scaling, a GAN's two
+optimizers); its logs are reduced over replicas as Keras reduces them (``model.distribute_reduction_method``; over
+workers element-wise). ``jit_compile=True`` compiles the replica step with XLA; ``run_eagerly=True`` runs each step
+eagerly, one per call, as Keras does.
+"""
+import tensorflow as tf
+
+
+def _is_multi_worker(strategy) -> bool:
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and \
+        strategy.extended._in_multi_worker_mode()
+
+
+class StepLoop:
+    """The compiled loops of one model's ``step`` (``"train"`` or ``"test"``) on ``strategy``; ``stop``: the run's
+    ``loop.StopFlag`` (None: the call runs all its steps)."""
+
+    def __init__(self, model, strategy, step: str, stop=None):
+        self.model, self.strategy, self.stop = model, strategy, stop
+        step_fn = model.train_step if step == "train" else model.test_step
+        self.eager = bool(model.run_eagerly)
+        if model.jit_compile is True and not self.eager:
+            step_fn = tf.function(step_fn, jit_compile=True, reduce_retracing=True)
+        self.step_fn = step_fn
+        self._known = self._optional = self._single = None
+
+    def _one_step(self, batch):
+        outputs = self.strategy.run(self.step_fn, args=(batch,))
+        if _is_multi_worker(self.strategy):  # Keras' axis=0 fails on scalar logs across workers
+            return tf.nest.map_structure(lambda v: self.strategy.reduce("MEAN", v, axis=None), outputs)
+        from keras.src.backend.tensorflow import trainer as keras_trainer
+
+        return keras_trainer.reduce_per_replica(outputs, self.strategy,
+                                                reduction=getattr(self.model, "_distribute_reduction_method", None) or "auto")
+
+    def _stopping(self, logs):
+        if self.stop is None:
+            return tf.constant(False)
+        return self.stop.after_step(tf.nest.flatten(logs))
+
+    def run(self, iterator, num_steps: int):
+        """Runs up to ``num_steps`` steps (fewer after a stop request) on an iterator that holds at least that many
+        batches; returns (the last step's logs, steps run)."""
+        if self.eager:
+            return self._one_step(next(iterator)), 1
+        if self._known is None:
+            self._known = self._compile_known()
+        logs, ran = self._known(iterator, tf.constant(num_steps, tf.int64))
+        return logs, int(ran.numpy())
+
+    def run_until_end(self, iterator, num_steps: int):
+        """As ``run`` on an iterator that may end first: (logs, steps run), or (None, 0) when it held no batch.
+        The call's first batch is asked for here (one host sync a call; several workers agree whether it exists)."""
+        first = iterator.get_next_as_optional()
+        if not bool(first.has_value()):
+            return None, 0
+        if self.eager:
+            return self._one_step(first.get_value()), 1
+        if num_steps == 1:  # the loop below draws a second batch before its first iteration
+            if self._single is None:
+                self._single = tf.function(self._one_step, autograph=False, reduce_retracing=True)
+            return self._single(first.get_value()), 1
+        if self._optional is None:
+            self._optional = self._compile_optional()
+        logs, ran = self._optional(first.get_value(), iterator, tf.constant(num_steps, tf.int64))
+        return logs, int(ran.numpy())
+
+    def _compile_known(self):
+        @tf.function(autograph=False, reduce_retracing=True)
+        def loop(iterator, num_steps):
+            logs = self._one_step(next(iterator))
+
+            def more(i, stopping, logs):
+                return tf.logical_and(i < num_steps, tf.logical_not(stopping))
+
+            def step(i, stopping, logs):
+                logs = self._one_step(next(iterator))
+                return i + 1, self._stopping(logs), logs
+
+            ran, _, logs = tf.while_loop(more, step, (tf.constant(1, tf.int64), self._stopping(logs), logs))
+            return logs, ran
+
+        return loop
+
+    def _compile_optional(self):
+        @tf.function(autograph=False, reduce_retracing=True)
+        def loop(first, iterator, num_steps):
+            logs = self._one_step(first)
+
+            def fetch(done, current):  # the next batch only while more steps are due: none is drawn and dropped
+                return tf.cond(done < num_steps, iterator.get_next_as_optional, lambda: current)
+
+            def more(done, stopping, logs, upcoming):
+                return tf.logical_and(tf.logical_and(done < num_steps, tf.logical_not(stopping)),
+                                      upcoming.has_value())
+
+            def step(done, stopping, logs, upcoming):
+                logs = self._one_step(upcoming.get_value())
+                return done + 1, self._stopping(logs), logs, fetch(done + 1, upcoming)
+
+            ran, _, logs, _ = tf.while_loop(more, step, (tf.constant(1, tf.int64), self._stopping(logs), logs,
+                                                         iterator.get_next_as_optional()))
+            return logs, ran
+
+        return loop
