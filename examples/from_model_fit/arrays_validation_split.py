@@ -13,6 +13,7 @@ runs the unported line for comparison.
 
 Prints one line ``{"script": ..., "test_accuracy": ...}`` (every worker the same).
 """
+import tfgpu  # edit 1: first, before TensorFlow or Keras make anything
 import argparse
 import json
 
@@ -20,7 +21,6 @@ import keras
 import numpy as np
 from sklearn.datasets import load_digits
 
-import tfgpu  # edit 1
 
 
 def data(seed: int = 0):

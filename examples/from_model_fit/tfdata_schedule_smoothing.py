@@ -15,6 +15,7 @@ runs the unported line for comparison.
 
 Prints one line ``{"script": ..., "test_accuracy": ...}``.
 """
+import tfgpu  # edit 1: first, before TensorFlow or Keras make anything
 import argparse
 import json
 
@@ -23,7 +24,6 @@ import numpy as np
 import tensorflow as tf
 from sklearn.datasets import load_digits
 
-import tfgpu  # edit 1
 
 
 def data():

@@ -7,8 +7,7 @@ import pathlib
 DATA = pathlib.Path(__file__).resolve().parents[2] / "tfgpu" / "data"
 
 SCHEMA = {"tfrecord", "shards"}  # the record format, dataset.json and the checks of shards against it
-WRITE = {"builtin", "convert", "csvlist", "elements", "encode", "folders", "foreign", "from_dataset", "manifest",
-         "outdir", "source_formats", "sources", "tfds_source", "workers"}
+WRITE = {"builtin", "convert", "csvlist", "encode", "folders", "foreign", "manifest", "outdir", "source_formats", "sources", "tfds_source", "workers"}
 READ = {"augment", "chunks", "dataset_info", "input_position", "order", "pipeline", "position", "records", "resume"}
 BRIDGE = {"catalog"}  # which dataset a run names, converted first when it must be: above both halves
 

@@ -458,31 +458,3 @@ def test_a_subclassed_softmax_trains_from_its_probabilities_like_the_same_model_
     assert (softmax["val_accuracy"], softmax["val_loss"]) == pytest.approx((logits["val_accuracy"], logits["val_loss"]),
                                                                            rel=1e-3)
     assert (softmax["model_output"], softmax["loss_from"]) == ("probabilities", "probabilities")
-
-
-def test_tfgpu_fit_checks_the_model_fn_head_too(tmp_path, monkeypatch):
-    """A softmax model_fn under mixed_bfloat16 trains on its logits; a sigmoid one is refused naming the model."""
-    import tensorflow as tf
-
-    import tfgpu
-    from tests.conftest import process_state_restored
-    from tfgpu.data import builtin
-
-    images, labels = builtin.load_builtin("digits")["splits"]["train"]
-    data = tf.data.Dataset.from_tensor_slices((images[:64], labels[:64]))
-
-    def tutorial_head(activation):
-        def model_fn():
-            inputs = keras.Input((8, 8, 1))
-            return keras.Model(inputs, keras.layers.Dense(10, activation=activation)(keras.layers.Flatten()(inputs)))
-        return model_fn
-
-    options = dict(global_batch_size=32, train_steps=2, verbose=0, tensorboard=False, precision="mixed_bfloat16")
-    monkeypatch.setattr(experiment, "_write_report", lambda model_dir: None)  # its plots take seconds
-    with process_state_restored():
-        metrics = tfgpu.fit(tutorial_head("softmax"), data, model_dir=str(tmp_path / "softmax"), **options).results
-        assert (metrics["model_output"], metrics["loss_from"]) == ("probabilities", "pre_softmax_logits")
-        with pytest.raises(tfgpu.ConfigError) as error:
-            tfgpu.fit(tutorial_head("sigmoid"), data, model_dir=str(tmp_path / "sigmoid"), **options)
-    assert str(error.value).startswith("tfgpu.fit: model: fit:tests.tasks.test_classification.")
-    assert "ends in a sigmoid (layer 'dense'), which scores each of the 10 classes on its own" in str(error.value)

@@ -18,16 +18,3 @@ def test_softmax_cross_entropy_is_keras_categorical_crossentropy(smoothing):
     probs = keras.ops.softmax(logits)
     got = classifier_head.softmax_cross_entropy(labels, probs, 4, smoothing, from_probabilities=True)
     np.testing.assert_allclose(got, want, rtol=1e-4)
-
-
-@pytest.mark.parametrize("smoothing", [0.0, 0.2])
-def test_binary_cross_entropy_is_keras_binary_crossentropy(smoothing):
-    rng = np.random.default_rng(1)
-    logits = rng.normal(size=(8, 1)).astype(np.float32)
-    labels = rng.integers(0, 2, 8)
-    want = keras.losses.BinaryCrossentropy(from_logits=True, label_smoothing=smoothing, reduction=None)(
-        labels[:, None].astype(np.float32), logits)
-    got = classifier_head.binary_cross_entropy(labels, logits, smoothing, from_probabilities=False)
-    np.testing.assert_allclose(got, want, rtol=1e-5)
-    got = classifier_head.binary_cross_entropy(labels, keras.ops.sigmoid(logits), smoothing, from_probabilities=True)
-    np.testing.assert_allclose(got, want, rtol=1e-4)

@@ -1,5 +1,5 @@
 """The default LoopHooks adds nothing to the loop: no boundary, no evaluation, never a stop."""
-from tfgpu.training import fit_callbacks, trainer
+from tfgpu.training import trainer
 from tfgpu.training.hooks import LoopHooks
 
 
@@ -12,6 +12,5 @@ def test_the_default_hooks_add_no_boundary_no_evaluation_and_never_stop():
     assert hooks.on_train_end(20, {}) is None
 
 
-def test_the_trainer_and_fit_use_the_same_hooks_class():
+def test_the_trainer_uses_the_hooks_class():
     assert trainer.LoopHooks is LoopHooks
-    assert issubclass(fit_callbacks.KerasLoop, LoopHooks)

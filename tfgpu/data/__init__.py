@@ -2,10 +2,8 @@
 
 - **Schema**, what a converted dataset is on disk: ``tfrecord`` (the record format, ``dataset.json``'s reader and
   writer), ``shards`` (shards checked against their manifest).
-- **Writing** (the converter, ``python -m tfgpu.convert`` and ``tfgpu.fit``'s own data): ``convert``,
-  ``source_formats``, ``sources``, ``builtin``, ``folders``, ``csvlist``, ``tfds_source``, ``foreign``, ``encode``,
-  ``workers``, ``outdir``, ``manifest``, ``from_dataset`` (a user's ``tf.data.Dataset`` written once) and
-  ``elements`` (what such a dataset's elements must be as they are written).
+- **Writing** (the converter, ``python -m tfgpu.convert``): ``convert``, ``source_formats``, ``sources``, ``builtin``,
+  ``folders``, ``csvlist``, ``tfds_source``, ``foreign``, ``encode``, ``workers``, ``outdir``, ``manifest``.
 - **Reading** (a run's input): ``dataset_info`` (a converted directory described from its ``dataset.json``),
   ``records``, ``pipeline``, ``order``, ``chunks``, ``position``, ``input_position``, ``resume``, ``augment``.
 - **Bridge**: ``catalog`` (which dataset a run names; a built-in or TFDS one converted into the cache first) imports

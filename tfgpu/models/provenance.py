@@ -4,10 +4,8 @@ Its own module because it needs both the registry (a registered name is never a 
 ``tfgpu.models.user``, which the registry itself imports to load a user's builder.
 """
 import hashlib
-import inspect
 import json
 import logging
-import sys
 
 from tfgpu.models import user
 from tfgpu.models.registry import is_registered
@@ -38,23 +36,10 @@ def source_record(config) -> dict:
 
 def builder_sources(config) -> dict:
     """{flag: {"what", "sha256"}} of the code behind each of --model, --generator, --discriminator that is not tfgpu's
-    own: a user file's sha256 (``source_record``), or a ``tfgpu.fit`` model function's source text's (its script
-    changes for other reasons). Part of the model fingerprint (``tfgpu.models.fingerprint``); a source that cannot be
+    own: a user file's sha256 (``source_record``). Part of the model fingerprint (``tfgpu.models.fingerprint``); a source that cannot be
     read is left out (the layers are still compared)."""
     sources = {flag: {"what": f"--{flag} file {entry['file'] or entry['module']}", "sha256": entry["sha256"]}
                for flag, entry in source_record(config).items() if entry["sha256"]}
-    named = config.options()
-    fit = sys.modules.get("tfgpu.training.fit")  # only a run tfgpu.fit started registers a model_fn
-    for flag in user.FLAGS:
-        function = fit.model_fn_of(named.get(flag, "")) if fit is not None else None
-        if function is None:
-            continue
-        try:
-            text = inspect.getsource(function)
-        except (OSError, TypeError):  # defined where Python keeps no source (e.g. exec'd code)
-            continue
-        sources[flag] = {"what": f"model_fn {getattr(function, '__qualname__', named[flag])}'s source",
-                         "sha256": hashlib.sha256(text.encode()).hexdigest()}
     return sources
 
 

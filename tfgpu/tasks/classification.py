@@ -14,10 +14,7 @@ frozen or not, and a resume on either side of the unfreeze step is exact.
 A model that ends in a softmax gives probabilities (``tfgpu.models.heads``): the loss is computed from the logits
 that softmax takes (the same layers and weights, ``Head.logits``), or, where the softmax cannot be separated from
 its layer (a subclassed model), from the probabilities in float32, clipped at ``classifier_head.PROBABILITY_FLOOR``. A sigmoid
-head is refused: it scores each class on its own, which one softmax over the classes does not train; but a
-``tfgpu.fit`` model compiled with binary_crossentropy ends in one sigmoid unit (or logit) scoring class 1 of labels
-0/1 (``check_binary_model``). Under ``tfgpu.fit`` a step also adds to the compiled metrics' summed state
-(``training.fit_metrics``) and weighs its examples by their ``sample_weight`` (``training.fit_weights``). A model whose
+head is refused: it scores each class on its own, which one softmax over the classes does not train. A model whose
 first layer is ``Rescaling(1/255)`` (it expects 0..255 pixels) is refused unless --input_range=0,255.
 """
 import dataclasses
@@ -28,12 +25,12 @@ import tensorflow as tf
 
 from tfgpu.config import InputConfig, OptimizationConfig, PrecisionConfig
 from tfgpu.runtime import precision
-from tfgpu.training import fit_compile, fit_weights, optimizers, results
+from tfgpu.training import optimizers, results
 from tfgpu.models import batch_norm, create_model, get_spec, heads, model_options
 from tfgpu.models.summary import count_params
 from tfgpu.tasks import classifier_head
 from tfgpu.tasks.base import MetricSpec, Task, register_task, unpack_batch
-from tfgpu.tasks.classifier_head import check_binary_model, check_model
+from tfgpu.tasks.classifier_head import check_model
 
 log = logging.getLogger("tfgpu")
 _LR_TITLE = "Learning rate (and the float16 loss scale)"
@@ -59,14 +56,6 @@ class ClassificationTask(Task):
         MetricSpec("loss_scale", plot="learning_rate", panel="loss scale", label="loss scale", scale="log2",
                    progress=True),
     )
-    # tfgpu.fit's compile() (``build`` sets them): None/empty for a run of the options alone
-    compiled = None
-    _label_smoothing = None
-    _generic_loss = None
-    _class_weights = None
-    _clipping = {}
-    _metrics = None
-    _binary = False
     report_options = ("jit_compile", "optimizer", "base_learning_rate", "lr_schedule", "warmup_epochs", "warmup_steps",
                       "weight_decay", "label_smoothing", "grad_accum_steps", "init_weights", "freeze")
 
@@ -76,7 +65,6 @@ class ClassificationTask(Task):
             raise ValueError(f"--model={config.model} is not a classifier; use --task=gan")
         self.model = create_model(config.model, self.info.image_shape, self.info.num_classes,
                                   output=self.model_output, **model_options(config))
-        self._binary = self.binary
         self.head = self.check_head(self.model)
         # What the loss is computed from: the model's logits, or the logits its softmax takes, or its probabilities.
         self._forward = self.head.logits if self.head.logits is not None else self.model
@@ -91,67 +79,21 @@ class ClassificationTask(Task):
         self.schedule = optimizers.learning_rate_schedule(optimization, self.total_steps,
                                                           steps_per_epoch(inputs, self.info), inputs.examples_per_step,
                                                           self.resumed_examples)
-        # tfgpu.fit: what the model's compile() said (training/fit_compile.py); None or uncompiled: the options.
-        self.compiled = fit_compile.lookup(config.model)
-        compiled = self.compiled if self.compiled and self.compiled.compiled else None
-        self._label_smoothing = compiled.label_smoothing if compiled else config.label_smoothing
-        self._generic_loss = compiled.loss if compiled else None
-        self._clipping = compiled.clipping if compiled else {}
-        self._class_weights = (tf.constant([float(self.compiled.class_weight.get(c, 1.0))
-                                            for c in range(self.info.num_classes)])
-                               if self.compiled and self.compiled.class_weight else None)
-        # tfgpu.fit's compiled metrics (Keras' objects, their state summed over replicas and workers)
-        self._metrics = compiled.make_metrics(1 if self._binary else self.info.num_classes) if compiled else None
-        if self._metrics:
-            self._metrics.build(self.placement.strategy)
-        else:
-            self._metrics = None
-        if compiled:
-            fit_compile.check_from_logits(compiled, self.head, config.model)
-            inner = compiled.make_optimizer()
-            self.optimizer = precision.wrap_optimizer(inner, PrecisionConfig.of(config))
-            self._learning_rate_now = lambda: tf.convert_to_tensor(inner.learning_rate).numpy()
-        else:
-            learning_rate = optimizers.ScheduleAtStep(self.schedule, self.global_step)
-            self.optimizer = precision.wrap_optimizer(optimizers.create_optimizer(optimization, learning_rate),
-                                                      PrecisionConfig.of(config))
-            # The rate for the log, one compiled call per loop (the warmup + decay schedule run eagerly: ~0.9 ms).
-            self._learning_rate_now = tf.function(lambda: self.schedule(self.global_step), autograph=False)
-            # Slots for every variable, frozen or not: the same optimizer (and checkpoint) trains after the unfreeze.
-            optimizers.exclude_from_decay(self.optimizer, self.model.trainable_variables)
+        learning_rate = optimizers.ScheduleAtStep(self.schedule, self.global_step)
+        self.optimizer = precision.wrap_optimizer(optimizers.create_optimizer(optimization, learning_rate),
+                                                  PrecisionConfig.of(config))
+        # The rate for the log, one compiled call per loop (the warmup + decay schedule run eagerly: ~0.9 ms).
+        self._learning_rate_now = tf.function(lambda: self.schedule(self.global_step), autograph=False)
+        # Slots for every variable, frozen or not: the same optimizer (and checkpoint) trains after the unfreeze.
+        optimizers.exclude_from_decay(self.optimizer, self.model.trainable_variables)
         self.optimizer.build(self.model.trainable_variables)
         if self.freezer:
             self.freezer.freeze()
         self.num_trainable_while_frozen = count_params(self.model)
         self._trace_gradients()
 
-    @property
-    def binary(self) -> bool:
-        """``tfgpu.fit``'s model compiled with binary_crossentropy: one sigmoid unit (or logit) scores class 1 of
-        labels 0/1."""
-        compiled = fit_compile.lookup(self.config.model)
-        return bool(compiled is not None and compiled.binary)
-
-    def model_output(self) -> tuple:
-        if self.binary:
-            return (1,), ("a model compiled with binary_crossentropy must give one sigmoid probability (or logit) "
-                          "per image: shape (batch, 1)")
-        return super().model_output()
-
-    def examples(self):
-        """Classification's examples; under ``tfgpu.fit`` with ``sample_weight``, each with its weight
-        (``fit_weights.WeightedExamples``)."""
-        compiled = fit_compile.lookup(self.config.model)
-        if compiled is None or not compiled.sample_weights:
-            return super().examples()
-        return fit_weights.WeightedExamples(InputConfig.of(self.config, self.batches_per_step(self.config)), self.info,
-                                            compiled.sample_weights)
-
     def check_head(self, model) -> heads.Head:
-        """The head of the built model, once this task can train it (``check_model``, or ``check_binary_model``
-        for binary_crossentropy); ConfigError otherwise."""
-        if self._binary:
-            return check_binary_model(model, self.config.model, self.info.num_classes, self.config.input_range)
+        """The head of the built model, once this task can train it (``check_model``); ConfigError otherwise."""
         return check_model(model, self.config.model, self.info.num_classes, self.config.input_range)
 
     def _trace_gradients(self):
@@ -217,23 +159,11 @@ class ClassificationTask(Task):
     def per_example_loss(self, labels, outputs):
         """Cross-entropy in float32 of ``outputs``: logits, or probabilities when the softmax is not separable."""
         outputs = tf.cast(outputs, tf.float32)
-        num_classes = self.info.num_classes
-        if self._binary:
-            return classifier_head.binary_cross_entropy(labels, outputs, self._label_smoothing or 0.0,
-                                                        self._from_probabilities)
-        if self._generic_loss is not None:  # a compiled loss other than cross-entropy, on the model's output
-            predicted = tf.nn.softmax(outputs) if self.head.gives_probabilities and not self._from_probabilities \
-                else outputs
-            truth = tf.one_hot(labels, num_classes) if self.compiled.one_hot else labels
-            return tf.cast(self._generic_loss(truth, predicted), tf.float32)
-        smoothing = self.config.label_smoothing if self._label_smoothing is None else self._label_smoothing
-        return classifier_head.softmax_cross_entropy(labels, outputs, num_classes, smoothing, self._from_probabilities)
+        return classifier_head.softmax_cross_entropy(labels, outputs, self.info.num_classes, self.config.label_smoothing,
+                                                     self._from_probabilities)
 
     def per_example_accuracy(self, labels, outputs):
-        """The train "accuracy" of each example, 0..1: top-1 correct (binary: class 1 at probability > 0.5)."""
-        if self._binary:
-            positive = outputs[:, 0] > (0.5 if self._from_probabilities else 0.0)
-            return tf.cast(tf.equal(tf.cast(positive, labels.dtype), labels), tf.float32)
+        """The train "accuracy" of each example, 0..1: top-1 correct."""
         return tf.cast(tf.equal(tf.argmax(outputs, -1), labels), tf.float32)
 
     def _gradients(self, images, labels, weights=None):
@@ -248,57 +178,26 @@ class ClassificationTask(Task):
         # One micro-batch: the batch itself, no split nor zero-initialized sums (fewer kernels per step).
         micro = zip(*(tf.split(t, k) for t in (images, labels, weights))) if k > 1 else [(images, labels, weights)]
         grads = loss_sum = correct = None
-        predictions = []
         for i, (x, y, sample_weight) in enumerate(micro):
             with tf.GradientTape() as tape:
                 outputs = self._forward(x, training=True)
-                loss_weight = (sample_weight if self._class_weights is None
-                               else sample_weight * tf.gather(self._class_weights, y))
-                summed = tf.reduce_sum(self.per_example_loss(y, outputs) * loss_weight)
+                summed = tf.reduce_sum(self.per_example_loss(y, outputs) * sample_weight)
                 loss = summed / config.global_batch_size
                 if i == 0:  # the L2 term counts once per step
                     loss += optimizers.l2_penalty(self.optimization, variables, num_replicas)
-                    if self.compiled and self.compiled.compiled and self.model.losses:  # as Keras adds them
-                        regularization = tf.add_n([tf.cast(v, tf.float32) for v in self.model.losses]) / num_replicas
-                        loss += regularization
-                        summed += regularization * config.global_batch_size
                 scaled = precision.scale_loss(self.optimizer, loss)
             micro_grads = [tf.cast(m, v.dtype) for m, v in zip(tape.gradient(scaled, variables), variables)]
             grads = micro_grads if grads is None else [g + m for g, m in zip(grads, micro_grads)]
             hits = tf.reduce_sum(self.per_example_accuracy(y, tf.cast(outputs, tf.float32)) * sample_weight)
             loss_sum, correct = (summed, hits) if i == 0 else (loss_sum + summed, correct + hits)
-            if self._metrics is not None:
-                predictions.append(tf.cast(outputs, tf.float32))
-        outputs = (predictions[0] if len(predictions) == 1 else tf.concat(predictions, 0)) if predictions else None
-        return grads, loss_sum / config.global_batch_size, correct / config.global_batch_size, outputs
-
-    def _metric_update(self, kind: str, labels, outputs, mask=None, sample_weight=None):
-        """Adds this replica's batch to the compiled metrics' summed state: the labels as the user gave them
-        (class indices or one-hot rows) and the model's output as the user's model gives it (probabilities under
-        a softmax head, else its logits)."""
-        if self._binary:
-            truth = tf.cast(labels, tf.float32)[:, None]
-            predicted = tf.sigmoid(outputs) if self.head.gives_probabilities and not self._from_probabilities \
-                else outputs
-            return self._metrics.add(kind, self._metrics.increments(truth, predicted, mask, sample_weight))
-        truth = tf.one_hot(labels, self.info.num_classes) if self.compiled.one_hot else labels
-        predicted = tf.nn.softmax(outputs) if self.head.gives_probabilities and not self._from_probabilities \
-            else outputs
-        return self._metrics.add(kind, self._metrics.increments(truth, predicted, mask, sample_weight))
+        return grads, loss_sum / config.global_batch_size, correct / config.global_batch_size
 
     def train_step(self, batch):
         images, labels, weights = unpack_batch(batch)
-        if weights is not None:  # tfgpu.fit's sample weights (fit_weights), as carried by the pipeline
-            weights, _ = fit_weights.decode(weights)
         state = self.model.non_trainable_variables  # BatchNorm statistics: a skipped step puts them back
         saved = [tf.identity(v.value) for v in state]
-        grads, loss, accuracy, outputs = self._grads_fn(images, labels, weights)
-        if self._metrics is not None:
-            self._metric_update("train", labels, outputs, sample_weight=weights)
+        grads, loss, accuracy = self._grads_fn(images, labels, weights)
         num_replicas = self.placement.num_replicas
-        if self._clipping:  # a compiled clipnorm/clipvalue/global_clipnorm, on the all-reduced gradient
-            grads = fit_compile.clip(grads, self._clipping, precision.current_loss_scale(self.optimizer),
-                                     num_replicas)
         finite, norm = precision.apply_if_finite(self.optimizer, loss, grads, self.model.trainable_variables,
                                                  self.config.grad_clip_norm, num_replicas)
         precision.restore_if_not_finite(finite, state, saved)
@@ -313,16 +212,11 @@ class ClassificationTask(Task):
 
     def eval_step(self, batch):
         images, labels, carried = unpack_batch(batch)
-        weights, real = fit_weights.decode(carried)  # padding: weight 0, not real; a weighted example's weight
+        weights = real = tf.cast(carried, tf.float32)  # the eval pipeline's padding weighs 0
         outputs = tf.cast(self._forward(images, training=False), tf.float32)
         loss = self.per_example_loss(labels, outputs)
         top1 = self.per_example_accuracy(labels, outputs)
-        if self._binary:  # two classes: the top 5 hold both
-            top5 = tf.ones_like(top1)
-        else:
-            top5 = tf.cast(tf.nn.in_top_k(labels, outputs, min(5, self.info.num_classes)), tf.float32)
-        if self._metrics is not None:
-            self._metric_update("eval", labels, outputs, mask=real, sample_weight=weights)
+        top5 = tf.cast(tf.nn.in_top_k(labels, outputs, min(5, self.info.num_classes)), tf.float32)
         # val_loss as Keras reduces it: sum(loss * weight) over the examples divided by their number; the
         # accuracies are weighted means
         return {"loss_sum": tf.reduce_sum(loss * weights), "correct": tf.reduce_sum(top1 * weights),
@@ -333,14 +227,10 @@ class ClassificationTask(Task):
         if step == self.total_steps and (note := batch_norm.stale_statistics_note(
                 self.model, step * self.config.grad_accum_steps)):
             log.warning("%s", note)
-        if self._metrics is not None:
-            self._metrics.reset("eval")
         sums = run_eval()
         count, weight = max(sums["count"], 1.0), sums["weight_sum"] or 1.0
         metrics = {"val_loss": sums["loss_sum"] / count, "val_accuracy": sums["correct"] / weight,
                    "val_top5_accuracy": sums["correct_top5"] / weight, "val_examples": int(sums["count"])}
-        if self._metrics is not None:  # tfgpu.fit's compiled metrics, under History's names
-            metrics.update(self._metrics.results("eval", "val_"))
         return metrics
 
     def learning_rates(self):
@@ -352,12 +242,6 @@ class ClassificationTask(Task):
         return {}
 
     def model_facts(self):
-        if self._binary:
-            return {"model_output": "probabilities" if self.head.gives_probabilities else "logits",
-                    "loss_from": "probabilities" if self._from_probabilities else "logits", "output_units": "1",
-                    "output_meaning": "one value per image: the probability of class 1 (the model ends in a "
-                                      "sigmoid)" if self.head.gives_probabilities else
-                                      "one logit per image: a sigmoid of it gives the probability of class 1"}
         return {"model_output": "probabilities" if self.head.gives_probabilities else "logits",
                 "loss_from": ("probabilities" if self._from_probabilities else
                               "pre_softmax_logits" if self.head.gives_probabilities else "logits")}

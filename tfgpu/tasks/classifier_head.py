@@ -1,6 +1,6 @@
 """A classifier's head as the classification task takes it: which heads it accepts (``check_model``,
-``check_binary_model``, ``check_input_range``: one line naming the flag for any other), and the cross-entropy it
-computes from that head's outputs (logits, or probabilities when the softmax/sigmoid cannot be separated)."""
+``check_input_range``: one line naming the flag for any other), and the cross-entropy it computes from that head's
+outputs (logits, or probabilities when the softmax cannot be separated)."""
 import logging
 
 import tensorflow as tf
@@ -22,17 +22,6 @@ def softmax_cross_entropy(labels, outputs, num_classes: int, smoothing: float, f
     return tf.nn.softmax_cross_entropy_with_logits(targets, outputs)
 
 
-def binary_cross_entropy(labels, outputs, smoothing: float, from_probabilities: bool):
-    """Each example's binary_crossentropy of one unit on labels 0/1 (Keras' smoothing: toward 0.5)."""
-    targets = tf.cast(labels, tf.float32)[:, None]
-    if smoothing:
-        targets = targets * (1.0 - smoothing) + 0.5 * smoothing
-    if from_probabilities:
-        p = tf.clip_by_value(outputs, PROBABILITY_FLOOR, 1.0 - PROBABILITY_FLOOR)
-        return -tf.reduce_mean(targets * tf.math.log(p) + (1.0 - targets) * tf.math.log(1.0 - p), -1)
-    return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(targets, outputs), -1)
-
-
 def check_model(model, name: str, num_classes: int, input_range) -> heads.Head:
     """The head of classifier ``name`` (``heads.output_head``), after one INFO line when it is a softmax;
     ``ConfigError(model)`` for a sigmoid head, ``ConfigError(input_range)`` when the model begins with a
@@ -49,23 +38,6 @@ def check_model(model, name: str, num_classes: int, input_range) -> heads.Head:
                "separated from the layer)")
         log.info("model %s ends in a softmax %s: it gives probabilities (as its export does); the loss is computed "
                  "%s (metrics.json: model_output=probabilities)", name, where, how)
-    check_input_range(model, name, input_range)
-    return head
-
-
-def check_binary_model(model, name: str, num_classes: int, input_range) -> heads.Head:
-    """The head of ``name`` compiled with binary_crossentropy: one logit or one sigmoid unit (the loss is computed
-    from the logit under it); ``ConfigError(model)`` for another head or labels other than 0/1,
-    ``ConfigError(input_range)`` as ``check_model``."""
-    head = heads.output_head(model)
-    if head.activation not in (None, "sigmoid"):
-        raise ConfigError("model", f"{name} ends in a {head.activation} (layer {head.layer!r}) but was compiled with "
-                          "binary_crossentropy, which trains one sigmoid unit: end in Dense(1, activation='sigmoid') "
-                          "(or Dense(1) and from_logits=True)")
-    if num_classes > 2:
-        raise ConfigError("model", f"compiled with binary_crossentropy, but the labels hold {num_classes} classes: "
-                          "binary labels are 0 and 1 (for more classes compile with "
-                          "sparse_categorical_crossentropy and end in Dense(num_classes))")
     check_input_range(model, name, input_range)
     return head
 

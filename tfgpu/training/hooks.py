@@ -1,9 +1,9 @@
 """``LoopHooks``: what a caller adds to the trainer's loop (extra boundaries and evaluations, calls at each
-loop and boundary, a stop); the default adds nothing. ``tfgpu.fit``'s Keras callbacks are one (``fit_callbacks``)."""
+loop and boundary, a stop); the default adds nothing."""
 
 
 class LoopHooks:
-    """What a caller adds to the loop (``tfgpu.fit``'s Keras callbacks): steps where a loop must end and steps to
+    """What a caller adds to the loop: steps where a loop must end and steps to
     evaluate at, and calls at the start, after every loop, at every boundary before the last (True stops the run
     there, after a checkpoint) and at the end (with the final evaluation, {} when there was none). The default
     adds nothing; ``on_loop_end`` returning True makes the loop's end a boundary (where ``on_boundary`` may stop)."""

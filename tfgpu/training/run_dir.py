@@ -33,7 +33,6 @@ samples/step_<N>.png        tasks/gan/evaluation.py                    report.md
 samples/sample_step<N>.png  sample.py                                  the user
 eval-<split>-step<N>.json   evaluate.py                                the user
 fid_features/               tasks/gan/evaluation.py                    tasks/gan/evaluation.py
-data/                       training/fit.py (tfgpu.fit's arrays)       training/fit.py (the run's --data_dir)
 .write-test-<pid>           training/experiment.py (a probe, removed)  -
 ==========================  =========================================  ============================================
 """
@@ -60,7 +59,6 @@ EXPORTED_SAVED_MODEL = "saved_model"
 SAMPLES_DIR = "samples"
 FID_FEATURES_DIR = "fid_features"
 EVALUATION_PREFIX = "eval-"
-FIT_DATA_DIR = "data"
 WRITE_PROBE = ".write-test-"
 
 
@@ -182,11 +180,6 @@ def evaluation(model_dir: str, split: str, step: int) -> str:
 def fid_features(model_dir: str) -> str:
     """Cached real-image features for FID/KID."""
     return os.path.join(model_dir, FID_FEATURES_DIR)
-
-
-def fit_data(model_dir: str) -> str:
-    """Where ``tfgpu.fit`` writes the arrays it was given, as the run's --data_dir."""
-    return os.path.join(model_dir, FIT_DATA_DIR)
 
 
 def write_probe(model_dir: str, pid: int) -> str:
