@@ -72,10 +72,12 @@ def loop_options(options: dict) -> LoopOptions:
     every = options.get("checkpoint_every", 0)
     if isinstance(every, str):
         try:
-            every = durations.seconds(durations.parse(every, "checkpoint_every"))
+            parsed = durations.parse(every, "checkpoint_every")
         except (ConfigError, ValueError):
-            raise FitError("checkpoint_every", f"must be seconds (a number, or Ns, Nmin, Nh), got {every!r}") \
-                from None
+            parsed = None
+        if parsed is None or parsed.unit != durations.SECONDS:
+            raise FitError("checkpoint_every", f"must be seconds (a number, or Ns, Nmin, Nh), got {every!r}")
+        every = durations.seconds(parsed)
     if isinstance(every, bool) or not isinstance(every, (int, float)) or every < 0:
         raise FitError("checkpoint_every", f"must be seconds >= 0, got {every!r}")
     seed = options.get("seed")
