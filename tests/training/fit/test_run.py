@@ -1,0 +1,56 @@
+"""training/fit/run across processes: a script ported by the two edits trains one model on two workers (every worker
+the same weights), its own objects work after fit, and a run stopped by SIGTERM on two workers resumes on one device
+to the weights of the uninterrupted run."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fit_script.py")
+
+
+def _run(args, cwd, launch_workers=0, expect=0, timeout=300):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
+    command = [sys.executable, SCRIPT, *args]
+    if launch_workers:
+        command = [sys.executable, "-m", "tfgpu.launch", f"--num_workers={launch_workers}", "--", "python", SCRIPT,
+                   *args]
+    proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == expect, output[-4000:]
+    return [json.loads(line.split("RESULT ", 1)[1]) for line in proc.stdout.splitlines() if "RESULT " in line]
+
+
+def test_two_workers_train_one_model_and_the_scripts_objects_work_after_fit(tmp_path):
+    one, = _run([str(tmp_path / "one")], tmp_path)
+    two = _run([str(tmp_path / "two")], tmp_path, launch_workers=2)
+    assert len(two) == 2
+    assert two[0]["sha256"] == two[1]["sha256"]  # every worker holds the same weights
+    for worker in two:
+        assert worker["iterations"] == one["iterations"] == 3 * 23  # ceil(1437 / 64) steps an epoch, as Keras
+        # one device's global batch mean against two replicas' (the last partial batch's halves are averaged, as
+        # tf.distribute does): a hundredth apart after 69 Adam steps; another model would be far off
+        np.testing.assert_allclose(worker["weights"], one["weights"], rtol=1e-2, atol=1e-2)
+        for key, value in one["history"].items():
+            assert abs(worker["history"][key] - value) < 2e-3, (key, worker["history"], one["history"])
+        assert worker["held_out_examples"] == 200  # a Dataset made before fit, read after it
+        assert abs(worker["evaluate"]["accuracy"] - one["evaluate"]["accuracy"]) < 0.02
+        assert worker["batches"] == one["batches"] == 69  # the callback saw every batch, as under model.fit
+        assert worker["seen"] == one["seen"] == 1.0  # its own metric works in fit and after it
+    assert one["history"]["val_accuracy"] > 0.5  # 10 classes: chance is 0.1
+
+
+@pytest.mark.slow  # three runs, one on two workers: over a minute on 2 cores
+def test_a_run_stopped_on_two_workers_resumes_on_one_device_to_the_uninterrupted_weights(tmp_path):
+    whole, = _run([str(tmp_path / "whole")], tmp_path)
+    _run([str(tmp_path / "moved"), "1:9"], tmp_path, launch_workers=2, expect=143)
+    resumed, = _run([str(tmp_path / "moved")], tmp_path)
+    assert resumed["iterations"] == whole["iterations"]
+    assert resumed["epochs"] == [1, 2]  # the stopped epoch ends, then the last one
+    np.testing.assert_allclose(resumed["weights"], whole["weights"], rtol=1e-2, atol=1e-2)
+    assert abs(resumed["history"]["val_accuracy"] - whole["history"]["val_accuracy"]) < 0.01
