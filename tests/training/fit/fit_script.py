@@ -1,7 +1,8 @@
 """A plain Keras script ported by the two edits, for tests/training/fit/test_run.py: a small classifier on the
 digits as numpy arrays, with a Dataset and a metric of the script's own made before fit and used after it.
 
-    python fit_script.py MODEL_DIR [STOP_AT]   # STOP_AT: "epoch:batch" at which the script sends itself SIGTERM
+    python fit_script.py MODEL_DIR [STOP_AT]   # STOP_AT: "epoch:batch[@worker]": there the script (only worker
+                                               # ``worker``'s, with @) sends itself SIGTERM
 
 Prints one line ``RESULT <json>``: the history, a sha256 of the trained weights, the optimizer's iterations and what
 the script's own objects gave after fit. Exits 143 when tfgpu.fit raised Preempted.
@@ -19,6 +20,9 @@ import tensorflow as tf
 from sklearn.datasets import load_digits
 
 model_dir, stop_at = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else ""
+if "@" in stop_at:
+    stop_at, only = stop_at.split("@")
+    stop_at = stop_at if json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index") == int(only) else ""
 keras.utils.set_random_seed(0)
 digits = load_digits()
 x, y = (digits.images[..., None] / 16.0).astype("float32"), digits.target

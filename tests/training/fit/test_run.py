@@ -48,7 +48,8 @@ def test_two_workers_train_one_model_and_the_scripts_objects_work_after_fit(tmp_
 @pytest.mark.slow  # three runs, one on two workers: over a minute on 2 cores
 def test_a_run_stopped_on_two_workers_resumes_on_one_device_to_the_uninterrupted_weights(tmp_path):
     whole, = _run([str(tmp_path / "whole")], tmp_path)
-    _run([str(tmp_path / "moved"), "1:9"], tmp_path, launch_workers=2, expect=143)
+    # SIGTERM to worker 1 alone: both workers stop after the same step and save there
+    _run([str(tmp_path / "moved"), "1:9@1"], tmp_path, launch_workers=2, expect=143)
     resumed, = _run([str(tmp_path / "moved")], tmp_path)
     assert resumed["iterations"] == whole["iterations"]
     assert resumed["epochs"] == [1, 2]  # the stopped epoch ends, then the last one

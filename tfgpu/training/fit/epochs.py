@@ -73,9 +73,9 @@ class Epochs:
             if self.stopping.any_worker_preempted():
                 self.stopping.stop_at(int(self.state.steps.numpy()))
             if self.train.kind == "arrays":
-                step_logs, ran = self.train_steps.run(iterator, count)
+                step_logs, ran, stopped = self.train_steps.run(iterator, count)
             else:
-                step_logs, ran = self.train_steps.run_until_end(iterator, count)
+                step_logs, ran, stopped = self.train_steps.run_until_end(iterator, count)
             if ran == 0:
                 if self.train.fixed_steps:
                     log.warning("Your input ran out of data; interrupting training. Make sure that your dataset or "
@@ -88,7 +88,7 @@ class Epochs:
             self.state.steps.assign_add(ran)
             done = int(self.state.steps.numpy())
             heartbeat.beat("training", done, self.model_dir)
-            if self.stopping.flag.requested_by is not None and ran < count:
+            if stopped:  # asked on some worker: every worker stopped after this same step
                 self.stopping.stop_at(done)
             self.callbacks.on_train_batch_end(position.step - 1, logs)
             if self.stopping.checkpoint_due():
@@ -122,9 +122,9 @@ class Epochs:
             count = self.steps_per_call if steps is None else min(self.steps_per_call, steps - step)
             self.callbacks.on_test_batch_begin(step)
             if val.kind == "arrays":
-                step_logs, ran = self.test_steps.run(iterator, count)
+                step_logs, ran, _ = self.test_steps.run(iterator, count)
             else:
-                step_logs, ran = self.test_steps.run_until_end(iterator, count)
+                step_logs, ran, _ = self.test_steps.run_until_end(iterator, count)
             if ran == 0:
                 break
             logs, step = step_logs, step + ran

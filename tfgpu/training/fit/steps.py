@@ -45,31 +45,42 @@ class StepLoop:
         return self.stop.after_step(tf.nest.flatten(logs))
 
     def run(self, iterator, num_steps: int):
-        """Runs up to ``num_steps`` steps (fewer after a stop request) on an iterator that holds at least that many
-        batches; returns (the last step's logs, steps run)."""
+        """Runs up to ``num_steps`` steps on an iterator that holds at least that many batches; returns (the last
+        step's logs, steps run, whether a stop was asked for: the same on every worker, which all stop after that
+        step)."""
         if self.eager:
-            return self._one_step(next(iterator)), 1
+            return self._one_step(next(iterator)), 1, self._asked()
         if self._known is None:
             self._known = self._compile_known()
-        logs, ran = self._known(iterator, tf.constant(num_steps, tf.int64))
-        return logs, int(ran.numpy())
+        logs, ran, stopped = self._known(iterator, tf.constant(num_steps, tf.int64))
+        return logs, int(ran.numpy()), bool(stopped.numpy())
+
+    def _asked(self) -> bool:
+        """After an eager step (one worker): whether a stop was asked for."""
+        return self.stop is not None and self.stop.requested_by is not None
 
     def run_until_end(self, iterator, num_steps: int):
-        """As ``run`` on an iterator that may end first: (logs, steps run), or (None, 0) when it held no batch.
+        """As ``run`` on an iterator that may end first: (logs, steps run, stopped), or (None, 0, False) when it held
+        no batch.
         The call's first batch is asked for here (one host sync a call; several workers agree whether it exists)."""
         first = iterator.get_next_as_optional()
         if not bool(first.has_value()):
-            return None, 0
+            return None, 0, False
         if self.eager:
-            return self._one_step(first.get_value()), 1
+            return self._one_step(first.get_value()), 1, self._asked()
         if num_steps == 1:  # the loop below draws a second batch before its first iteration
             if self._single is None:
-                self._single = tf.function(self._one_step, autograph=False, reduce_retracing=True)
-            return self._single(first.get_value()), 1
+                self._single = tf.function(lambda batch: self._with_stop(self._one_step(batch)), autograph=False,
+                                           reduce_retracing=True)
+            logs, stopped = self._single(first.get_value())
+            return logs, 1, bool(stopped.numpy())
         if self._optional is None:
             self._optional = self._compile_optional()
-        logs, ran = self._optional(first.get_value(), iterator, tf.constant(num_steps, tf.int64))
-        return logs, int(ran.numpy())
+        logs, ran, stopped = self._optional(first.get_value(), iterator, tf.constant(num_steps, tf.int64))
+        return logs, int(ran.numpy()), bool(stopped.numpy())
+
+    def _with_stop(self, logs):
+        return logs, self._stopping(logs)
 
     def _compile_known(self):
         @tf.function(autograph=False, reduce_retracing=True)
@@ -83,8 +94,8 @@ class StepLoop:
                 logs = self._one_step(next(iterator))
                 return i + 1, self._stopping(logs), logs
 
-            ran, _, logs = tf.while_loop(more, step, (tf.constant(1, tf.int64), self._stopping(logs), logs))
-            return logs, ran
+            ran, stopped, logs = tf.while_loop(more, step, (tf.constant(1, tf.int64), self._stopping(logs), logs))
+            return logs, ran, stopped
 
         return loop
 
@@ -104,8 +115,8 @@ class StepLoop:
                 logs = self._one_step(upcoming.get_value())
                 return done + 1, self._stopping(logs), logs, fetch(done + 1, upcoming)
 
-            ran, _, logs, _ = tf.while_loop(more, step, (tf.constant(1, tf.int64), self._stopping(logs), logs,
-                                                         iterator.get_next_as_optional()))
-            return logs, ran
+            ran, stopped, logs, _ = tf.while_loop(more, step, (tf.constant(1, tf.int64), self._stopping(logs), logs,
+                                                               iterator.get_next_as_optional()))
+            return logs, ran, stopped
 
         return loop
