@@ -14,12 +14,12 @@ from tests.conftest import REPO
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fit_script.py")
 
 
-def _run(args, cwd, launch_workers=0, expect=0, timeout=300):
+def _run(args, cwd, launch_workers=0, expect=0, timeout=600, launch_args=()):
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
     command = [sys.executable, SCRIPT, *args]
     if launch_workers:
-        command = [sys.executable, "-m", "tfgpu.launch", f"--num_workers={launch_workers}", "--", "python", SCRIPT,
-                   *args]
+        command = [sys.executable, "-m", "tfgpu.launch", f"--num_workers={launch_workers}", *launch_args, "--",
+                   "python", SCRIPT, *args]
     proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     output = proc.stdout + proc.stderr
     assert proc.returncode == expect, output[-4000:]
@@ -55,3 +55,14 @@ def test_a_run_stopped_on_two_workers_resumes_on_one_device_to_the_uninterrupted
     assert resumed["epochs"] == [1, 2]  # the stopped epoch ends, then the last one
     np.testing.assert_allclose(resumed["weights"], whole["weights"], rtol=1e-2, atol=1e-2)
     assert abs(resumed["history"]["val_accuracy"] - whole["history"]["val_accuracy"]) < 0.01
+
+
+@pytest.mark.slow  # two runs on two workers, one of them restarted: minutes on 2 cores
+def test_the_launcher_heals_a_fit_script_to_the_uninterrupted_weights(tmp_path):
+    """Both workers preempted mid-epoch (SIGTERM at epoch 1, batch 9): --max_restarts=1 starts the script again, which
+    resumes from model_dir and ends with the very weights of an uninterrupted two-worker run."""
+    whole = _run([str(tmp_path / "whole")], tmp_path, launch_workers=2)
+    env_args = ["--max_restarts=1"]
+    healed = _run([str(tmp_path / "healed"), "1:9"], tmp_path, launch_workers=2, launch_args=env_args)
+    assert {w["sha256"] for w in healed} == {whole[0]["sha256"]}
+    assert healed[0]["iterations"] == 69 and healed[0]["epochs"] == [1, 2]

@@ -16,6 +16,10 @@ def fit(model, loop: arguments.LoopOptions, *, x, y, batch_size, epochs, verbose
         validation_batch_size, validation_freq):
     from keras.src.trainers.data_adapters import array_slicing, data_adapter_utils
 
+    if not logging.getLogger("tfgpu").handlers:  # the lines fit says (how the data is split, a resume) are seen
+        from tfgpu.runtime import logs
+
+        logs.setup()
     placement = placement_lib.of_model(model)
     if model.run_eagerly and placement.num_workers > 1:
         raise FitError("run_eagerly", "compile(run_eagerly=True) runs on one worker: each worker's steps must be "
