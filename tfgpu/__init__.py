@@ -29,7 +29,11 @@ _LAZY = {
 def _make_job_strategy():
     from tfgpu.runtime import job_strategy
 
-    job_strategy.at_import()
+    strategy = job_strategy.at_import()
+    if strategy is not None and job_strategy.cluster_desc() is not None:  # the script's own model.evaluate/predict
+        from tfgpu.training import keras_fit                              # under MultiWorkerMirroredStrategy
+
+        keras_fit.patch()
 
 
 _make_job_strategy()

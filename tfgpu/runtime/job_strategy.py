@@ -5,8 +5,8 @@ A Keras script ported to tfgpu starts with ``import tfgpu``. When its process is
 trains under (MultiWorkerMirroredStrategy, or MirroredStrategy over the local GPUs) and makes it the process default
 (``tf.distribute.experimental_set_strategy``). So every Keras object the script makes afterwards lives in it, as if
 the whole script ran inside ``strategy.scope()``: ``tfgpu.fit`` trains the user's own model object, and the script's
-Datasets, metrics and callbacks keep working before and after it. Under MultiWorkerMirroredStrategy the import also
-applies ``keras_fit.patch()``, so that the script's own ``model.evaluate``/``predict`` run there as on one device.
+Datasets, metrics and callbacks keep working before and after it (under MultiWorkerMirroredStrategy ``tfgpu``'s
+``__init__`` also applies ``keras_fit.patch()``, so that the script's own ``model.evaluate``/``predict`` run there).
 
 On one device nothing is made: Keras' default strategy is the one ``tfgpu.fit`` uses. tfgpu's own commands
 (``python -m tfgpu.X``, the ``tfgpu-X`` scripts) build their strategy from their flags instead (``runtime.distribute``).
@@ -50,13 +50,13 @@ def _listdir(path: str) -> list:
         return []
 
 
-def at_import(environ=None, argv=None) -> None:
+def at_import(environ=None, argv=None):
     """What ``import tfgpu`` does: make the job's strategy when this process is a script that is one of several
-    workers or has several GPUs; nothing otherwise. A malformed TF_CONFIG or Slurm environment, or TensorFlow
-    already started by the script, raises ``ConfigError`` in one line."""
+    workers or has several GPUs, and return it; None otherwise. A malformed TF_CONFIG or Slurm environment, or
+    TensorFlow already started by the script, raises ``ConfigError`` in one line."""
     environ = os.environ if environ is None else environ
     if _JOB or is_command(argv) or environ.get("TFGPU_NO_JOB_STRATEGY"):
-        return
+        return None
     from tfgpu.runtime import cluster
 
     try:
@@ -64,8 +64,8 @@ def at_import(environ=None, argv=None) -> None:
     except ValueError as e:
         raise ConfigError("cluster", str(e)) from None
     if desc is None and visible_gpus_hint(environ) < 2:
-        return
-    make(desc)
+        return None
+    return make(desc)
 
 
 def make(desc=None):
@@ -86,9 +86,6 @@ def make(desc=None):
 
         log.info("%s", cluster.describe(desc))
         strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=cluster.make_cluster_resolver(desc))
-        from tfgpu.training import keras_fit
-
-        keras_fit.patch()  # the script's own model.evaluate/predict under MultiWorkerMirroredStrategy
     else:
         strategy = tf.distribute.MirroredStrategy()
     tf.distribute.experimental_set_strategy(strategy)

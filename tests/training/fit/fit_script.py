@@ -4,8 +4,9 @@ digits as numpy arrays, with a Dataset and a metric of the script's own made bef
     python fit_script.py MODEL_DIR [STOP_AT]   # STOP_AT: "epoch:batch[@worker]": there the script (only worker
                                                # ``worker``'s, with @) sends itself SIGTERM
 
-Prints one line ``RESULT <json>``: the history, a sha256 of the trained weights, the optimizer's iterations and what
-the script's own objects gave after fit. Exits 143 when tfgpu.fit raised Preempted.
+Prints one line ``RESULT <json>``: the history, a sha256 of the trained weights (and one of the weights after every
+loop: its callback acts on every batch, so a loop is one step), the optimizer's iterations and what the script's own
+objects gave after fit. Exits 143 when tfgpu.fit raised Preempted.
 """
 import tfgpu
 import hashlib
@@ -37,7 +38,7 @@ class SigtermAt(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         seen.update_state(1.0)
-        batches.append(batch)
+        batches.append(hashlib.sha256(b"".join(np.asarray(v.numpy()).tobytes() for v in model.weights)).digest())
         if stop_at and f"{self.epoch}:{batch}" == stop_at:
             os.kill(os.getpid(), signal.SIGTERM)
 
@@ -56,5 +57,6 @@ result = {"history": {k: v[-1] for k, v in history.history.items()}, "epochs": h
           "weights": [float(np.sum(np.asarray(v.numpy(), np.float64))) for v in model.weights],
           "sha256": hashlib.sha256(weights).hexdigest(), "iterations": int(model.optimizer.iterations.numpy()),
           "evaluate": model.evaluate(held_out, verbose=0, return_dict=True),
-          "held_out_examples": sum(int(b[0].shape[0]) for b in held_out), "seen": float(seen.result().numpy()), "batches": len(batches)}
+          "held_out_examples": sum(int(b[0].shape[0]) for b in held_out), "seen": float(seen.result().numpy()), "batches": len(batches),
+          "loop_digests": hashlib.sha256(b"".join(batches)).hexdigest()}
 print("RESULT " + json.dumps(result), flush=True)

@@ -31,6 +31,7 @@ def test_two_workers_train_one_model_and_the_scripts_objects_work_after_fit(tmp_
     two = _run([str(tmp_path / "two")], tmp_path, launch_workers=2)
     assert len(two) == 2
     assert two[0]["sha256"] == two[1]["sha256"]  # every worker holds the same weights
+    assert two[0]["loop_digests"] == two[1]["loop_digests"]  # after every loop, too
     for worker in two:
         assert worker["iterations"] == one["iterations"] == 3 * 23  # ceil(1437 / 64) steps an epoch, as Keras
         # one device's global batch mean against two replicas' (the last partial batch's halves are averaged, as
@@ -66,3 +67,27 @@ def test_the_launcher_heals_a_fit_script_to_the_uninterrupted_weights(tmp_path):
     healed = _run([str(tmp_path / "healed"), "1:9"], tmp_path, launch_workers=2, launch_args=env_args)
     assert {w["sha256"] for w in healed} == {whole[0]["sha256"]}
     assert healed[0]["iterations"] == 69 and healed[0]["epochs"] == [1, 2]
+
+
+AUDIT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "audit_script.py")
+
+
+def _audits(args, cwd, launch_workers=0, expect=0):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
+    command = [sys.executable, AUDIT, *args]
+    if launch_workers:
+        command = [sys.executable, "-m", "tfgpu.launch", f"--num_workers={launch_workers}", "--", "python", AUDIT,
+                   *args]
+    proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == expect, (proc.stdout + proc.stderr)[-4000:]
+    return [json.loads(line.split("AUDIT ", 1)[1]) for line in proc.stdout.splitlines() if "AUDIT " in line]
+
+
+@pytest.mark.slow  # three runs, two of them on two workers: minutes on 2 cores
+def test_every_example_trains_once_per_epoch_on_two_workers_and_across_a_resume_on_one(tmp_path):
+    """The model's own step counts each example it trains on (summed over replicas and workers): 203 examples in
+    batches of 16 (the last partial), 2 epochs on two workers: each example exactly twice; stopped at epoch 1,
+    batch 5 on two workers and resumed on one device: exactly twice again (the counts travel in the checkpoint)."""
+    assert _audits([str(tmp_path / "two"), "2"], tmp_path, launch_workers=2) == [{"2": 203}, {"2": 203}]
+    _audits([str(tmp_path / "moved"), "2", "1:5"], tmp_path, launch_workers=2, expect=143)
+    assert _audits([str(tmp_path / "moved"), "2"], tmp_path) == [{"2": 203}]
