@@ -34,6 +34,7 @@ def test_early_stopping_restores_the_best_weights(data, tmp_path):
     assert val["loss"] == pytest.approx(min(ours.history.history["val_loss"]), abs=1e-5)
 
 
+@pytest.mark.slow  # the default set stays near a minute on 2 cores
 def test_model_checkpoint_saves_the_best_model_compiled(data, tmp_path):
     x, y = data
 

@@ -132,6 +132,7 @@ def test_a_py_dataset_with_steps_per_epoch(data, tmp_path):
     assert ours.record["train"].calls == plain.record["train"].calls == ["end"] + ["begin", "end"] * 2
 
 
+@pytest.mark.slow  # the default set stays near a minute on 2 cores
 def test_a_dataset_made_before_fit_iterates_after_it(data, tmp_path):
     x, y = data
 

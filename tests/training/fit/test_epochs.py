@@ -1,7 +1,6 @@
 """tfgpu.fit's epoch loop is Keras' (epochs.py): ``stop_training`` set in a batch hook stops at the step it stops
 at under ``model.fit``, a second fit continues the optimizer, validation data as a Dataset or (x, y, w) tuples every
 ``validation_freq`` epochs. Each test compares with plain ``model.fit`` on the same seeded model and data."""
-import warnings
 
 import keras
 import numpy as np
@@ -61,6 +60,7 @@ def test_a_second_fit_continues_the_optimizer(data, tmp_path):
     helpers.assert_same_weights(plain.model, ours.model)  # and its moments: model.fit's Adam continued too
 
 
+@pytest.mark.slow  # the default set stays near a minute on 2 cores
 def test_validation_data_as_a_dataset_every_second_epoch(data, tmp_path):
     x, y = data
 

@@ -28,10 +28,10 @@ def test_dict_inputs_to_a_functional_model_with_two_named_inputs(data, tmp_path)
         m.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
         return m
 
-    both(model, lambda r: ((x, y), dict(batch_size=32, epochs=2, shuffle=False, verbose=0, validation_split=0.25)),
-         tmp_path)
+    both(model, lambda r: ((x, y), dict(batch_size=32, epochs=2, shuffle=False, verbose=0)), tmp_path)
 
 
+@pytest.mark.slow  # the default set stays near a minute on 2 cores
 def test_two_outputs_with_a_loss_dict_and_loss_weights(data, tmp_path):
     x, digit = data
     targets = {"digit": digit, "parity": (digit % 2).astype("float32")[:, None]}
@@ -48,9 +48,9 @@ def test_two_outputs_with_a_loss_dict_and_loss_weights(data, tmp_path):
                   metrics={"digit": ["accuracy"], "parity": ["accuracy"]})
         return m
 
-    plain, ours = both(model, lambda r: ((x, targets), dict(batch_size=32, epochs=2, shuffle=False, verbose=0,
-                                                            validation_split=0.25)), tmp_path)
-    assert {"digit_loss", "parity_loss", "digit_accuracy", "val_parity_accuracy"} <= set(ours.history.history)
+    plain, ours = both(model, lambda r: ((x, targets), dict(batch_size=32, epochs=2, shuffle=False, verbose=0)),
+                       tmp_path)
+    assert {"digit_loss", "parity_loss", "digit_accuracy", "parity_accuracy"} <= set(ours.history.history)
 
 
 def test_the_last_partial_batch_makes_steps_as_in_keras(tmp_path):
@@ -76,6 +76,7 @@ def binary_model():
     return m
 
 
+@pytest.mark.slow  # the default set stays near a minute on 2 cores
 def test_class_weight_on_tabular_data(binary, tmp_path):
     x, y = binary
     weights = {0: 1.0, 1: 3.0}

@@ -12,7 +12,6 @@ import sys
 import numpy as np
 import pytest
 
-from tests.training.fit import helpers
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -24,7 +23,6 @@ tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfigur
 import keras
 import numpy as np
 import tfgpu
-from tests.training.fit import helpers
 from tests.training.fit.test_epochs import StopAfter
 from tests.training.fit.test_inputs import binary_model
 from tests.training.fit.test_steps import own_loss_model
@@ -109,6 +107,7 @@ def assert_agree(result, tol=1e-4):
     assert result["weights"] < tol
 
 
+@pytest.mark.slow  # the default set stays near a minute on 2 cores
 class TestOnTwoReplicas:
     def test_a_subclassed_train_step_with_its_own_trackers(self, mirrored_results):
         result = mirrored_results["own_train_step"]
