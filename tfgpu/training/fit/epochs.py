@@ -35,6 +35,7 @@ class Epochs:
         self.train_steps = StepLoop(model, placement.strategy, "train", stopping.flag)
         self.test_steps = StepLoop(model, placement.strategy, "test")
         self.running = None  # a Dataset with steps_per_epoch: the iterator that runs on across epochs
+        self.running_seen = 0  # batches the running iterator gave (a pipeline of known length: Keras' _steps_seen)
 
     def run(self, epochs: int):
         """Trains from the state's position to the end of epoch ``epochs - 1``; returns the model's History."""
@@ -69,6 +70,12 @@ class Epochs:
         self.train.on_epoch_begin()
         # arrays: exactly this many steps; a Dataset: until it ends (or Keras' steps_per_epoch), as every worker agrees
         steps = self.train.steps_per_epoch if self.train.kind == "arrays" else self.train.fixed_steps
+        known = getattr(self.train, "num_batches", None) if self.train.kind == "dataset" and steps else None
+        if known:  # Keras' epoch iterator: the epoch ends where the pipeline does (a warning), the next one reruns it
+            if steps > known - self.running_seen:
+                log.warning("Your input ran out of data; interrupting training. Make sure that your dataset or "
+                            "generator can generate at least `steps_per_epoch * epochs` batches.")
+            steps = min(steps, known - self.running_seen)
         iterator = self._iterator(epoch)
         logs, stopped = {}, False
         while steps is None or position.step < steps:
@@ -100,6 +107,10 @@ class Epochs:
             if model.stop_training:
                 stopped = True
                 break
+        if known:
+            self.running_seen += position.step
+            if self.running_seen >= known:  # a pipeline of known length that ended: rerun from its start
+                self.running, self.running_seen = None, 0
         # As Keras' epoch iterator: the adapter's on_epoch_end after every epoch that ran to its end, also when the
         # iterator runs on across epochs (steps_per_epoch; a PyDataset's next on_epoch_begin refuses to come
         # without it), not after an epoch that stop_training broke off.
