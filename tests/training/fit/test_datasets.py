@@ -146,3 +146,15 @@ def test_a_dataset_made_before_fit_iterates_after_it(data, tmp_path):
     np.testing.assert_array_equal(labels, y)
     after = ours.model.evaluate(dataset, verbose=0, return_dict=True)
     assert after == pytest.approx(plain.model.evaluate(plain.record["data"], verbose=0, return_dict=True), abs=1e-5)
+
+
+def test_a_finite_dataset_shorter_than_its_steps_per_epoch_is_rerun(data, tmp_path):
+    """10 batches, 4 an epoch: Keras' third epoch ends after the last 2 (with its warning), the fourth reruns the
+    Dataset from its start; training does not stop."""
+    x, y = data
+
+    def args(record):
+        return (tf.data.Dataset.from_tensor_slices((x, y)).batch(32),), dict(epochs=4, steps_per_epoch=4, verbose=0)
+
+    plain, ours = both(helpers.classifier, args, tmp_path)
+    assert ours.iterations == plain.iterations == 14 and ours.history.epoch == [0, 1, 2, 3]
