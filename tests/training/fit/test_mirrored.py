@@ -23,6 +23,7 @@ tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfigur
 import keras
 import numpy as np
 import tfgpu
+from tests.training.fit import helpers
 from tests.training.fit.test_epochs import StopAfter
 from tests.training.fit.test_inputs import binary_model
 from tests.training.fit.test_steps import own_loss_model
