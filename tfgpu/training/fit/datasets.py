@@ -25,7 +25,8 @@ class DatasetInput:
         self.dataset = adapter.get_tf_dataset()
         self.fixed_steps = int(steps_per_epoch) if steps_per_epoch else None
         known = adapter.num_batches
-        self.steps_per_epoch = self.fixed_steps or (int(known) if known is not None and known >= 0 else None)
+        self.num_batches = int(known) if known is not None and known >= 0 else None  # the pipeline's length, if known
+        self.steps_per_epoch = self.fixed_steps or self.num_batches
         self.running = None  # with steps_per_epoch: the iterator that runs on across epochs
 
     def describe(self) -> str:

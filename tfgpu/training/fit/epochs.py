@@ -35,11 +35,16 @@ class Epochs:
         self.train_steps = StepLoop(model, placement.strategy, "train", stopping.flag)
         self.test_steps = StepLoop(model, placement.strategy, "test")
         self.running = None  # a Dataset with steps_per_epoch: the iterator that runs on across epochs
+        self.running_seen = 0  # batches the running iterator gave (a pipeline of known length: Keras' _steps_seen)
 
     def run(self, epochs: int):
         """Trains from the state's position to the end of epoch ``epochs - 1``; returns the model's History."""
         model, position = self.model, self.state.position
         model.stop_training = False
+        # Keras' fit resets its epoch iterator after the model's build, which calls the data adapter's on_epoch_end
+        # once before the first epoch: a PyDataset that reshuffles there (the documented pattern) starts its first
+        # epoch reshuffled under model.fit, so it must here too.
+        self.train.on_epoch_end()
         self.callbacks.on_train_begin()
         training_logs = None
         with self._named():
@@ -65,8 +70,14 @@ class Epochs:
         self.train.on_epoch_begin()
         # arrays: exactly this many steps; a Dataset: until it ends (or Keras' steps_per_epoch), as every worker agrees
         steps = self.train.steps_per_epoch if self.train.kind == "arrays" else self.train.fixed_steps
+        known = getattr(self.train, "num_batches", None) if self.train.kind == "dataset" and steps else None
+        if known:  # Keras' epoch iterator: the epoch ends where the pipeline does (a warning), the next one reruns it
+            if steps > known - self.running_seen:
+                log.warning("Your input ran out of data; interrupting training. Make sure that your dataset or "
+                            "generator can generate at least `steps_per_epoch * epochs` batches.")
+            steps = min(steps, known - self.running_seen)
         iterator = self._iterator(epoch)
-        logs = {}
+        logs, stopped = {}, False
         while steps is None or position.step < steps:
             count = self.steps_per_call if steps is None else min(self.steps_per_call, steps - position.step)
             self.callbacks.on_train_batch_begin(position.step)
@@ -94,8 +105,16 @@ class Epochs:
             if self.stopping.checkpoint_due():
                 self._save()
             if model.stop_training:
+                stopped = True
                 break
-        if self.running is None:
+        if known:
+            self.running_seen += position.step
+            if self.running_seen >= known:  # a pipeline of known length that ended: rerun from its start
+                self.running, self.running_seen = None, 0
+        # As Keras' epoch iterator: the adapter's on_epoch_end after every epoch that ran to its end, also when the
+        # iterator runs on across epochs (steps_per_epoch; a PyDataset's next on_epoch_begin refuses to come
+        # without it), not after an epoch that stop_training broke off.
+        if not stopped:
             self.train.on_epoch_end()
         epoch_logs = dict(model._get_metrics_result_or_logs(logs))
         if self.val is not None and (epoch + 1) % self.validation_freq == 0:
@@ -115,6 +134,10 @@ class Epochs:
         model, val = self.model, self.val
         self.callbacks.on_test_begin()
         model.reset_metrics()
+        # Keras' evaluate inside fit: its cached epoch iterator is reset (the adapter's on_epoch_end), then iterated
+        # for one epoch between on_epoch_begin and on_epoch_end (a validation PyDataset sees all three)
+        val.on_epoch_end()
+        val.on_epoch_begin()
         iterator = placement_lib.iterator(self.placement, val, 0, 0)
         logs, step = {}, 0
         steps = val.steps_per_epoch if val.kind == "arrays" else val.fixed_steps
@@ -129,6 +152,7 @@ class Epochs:
                 break
             logs, step = step_logs, step + ran
             self.callbacks.on_test_batch_end(step - 1, logs)
+        val.on_epoch_end()
         from keras.src.utils.python_utils import pythonify_logs
 
         logs = pythonify_logs(model._get_metrics_result_or_logs(logs))
