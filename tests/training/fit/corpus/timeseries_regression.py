@@ -12,9 +12,9 @@ Data instead of the Jena climate CSV (no downloads): a seeded synthetic "weather
 features -> 3, past 720 steps sampled every 6 -> 48 sampled every 2, LSTM 32 -> 16, batch 256 -> 64, 10 epochs -> 5,
 no checkpoint file.
 
-Tolerance: the validation loss (mse) of the last epoch within 25% relative of plain Keras: it falls from ~0.9 to
-~0.15 here; another data order or a 2-replica run moves it ~10%, a port that loses the windowing or the targets'
-alignment misses by far more.
+Tolerance: the validation loss (mse) of the last epoch within 35% relative of plain Keras. It falls from ~0.5 to
+~0.15-0.18 here, and much of what is left is the drift the validation part extrapolates, which moves ~20% between
+seeds; a port that loses the windowing or the targets' alignment stays near 1 (the target's normalized variance).
 """
 import keras
 import numpy as np
@@ -24,7 +24,7 @@ import corpus_report
 
 keras.utils.set_random_seed(0)
 
-TOLERANCE = {"key": "val_loss", "rel": 0.25}
+TOLERANCE = {"key": "val_loss", "rel": 0.35}
 
 rng = np.random.RandomState(0)
 steps = np.arange(2400)
