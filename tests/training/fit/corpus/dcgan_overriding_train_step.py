@@ -12,11 +12,14 @@ Data instead of MNIST (no downloads): scikit-learn's bundled 8x8 digits, all 179
 -> 8x8 (a 2x2x32 seed map upsampled twice), filters 64/128 -> 16/32, latent 128 -> 16, 30 epochs -> 4, the monitor
 keeps generated images in memory instead of writing PNGs.
 
-Tolerance: after fit, the script's own discriminator tells real digits from the script's own generator's samples;
-its accuracy on 256 of each must be within 0.15 of plain Keras. GAN losses see-saw from step to step, so the
-check sits on this held-out measure, which a port that skips the discriminator's or the generator's updates moves
-well past 0.15 (an untrained pair scores ~0.5, the plain run scores far from it). Same seed, other data order: a
-few hundredths.
+Tolerance: three checks against plain Keras. The discriminator's loss over the last epoch (``d_loss``) within
+0.06; the mean pixel of 256 samples of the script's own generator after fit within 0.1; and how well the script's
+own discriminator tells 256 real digits from those samples, within 0.15. Calibration: with the script's initial
+weights kept and only the data order and the train_step's latent draws changed (what a port may change), the
+three moved by 0.004, 0.005 and 0.0 (d_loss ~0.55, mean pixel ~0.14, accuracy 1.0); another seed, i.e. other
+initial weights, moved them by 0.09, 0.2 and 0.5, since a GAN's course hangs on its start, so a port must keep
+the weights the script made. An untrained discriminator sits at d_loss ~0.69, an untrained generator's mean
+pixel at ~0.5.
 """
 import keras
 import numpy as np
@@ -28,7 +31,11 @@ import corpus_report
 
 keras.utils.set_random_seed(0)
 
-TOLERANCE = {"key": "discriminator_accuracy", "abs": 0.15}
+TOLERANCE = [
+    {"key": "d_loss", "abs": 0.06},
+    {"key": "generated_mean_pixel", "abs": 0.1},
+    {"key": "discriminator_accuracy", "abs": 0.15},
+]
 
 batch_size = 64
 digits = load_digits()
