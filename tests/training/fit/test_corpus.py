@@ -1,0 +1,324 @@
+"""Real Keras scripts as tests (issue 46, item 5): the corpus in ``corpus/`` ported to tfgpu by two edits.
+
+Each script in ``corpus/`` is a plain Keras 3 script after one keras-io example (its header names it), ending
+with one ``CORPUS_RESULT <json>`` line (``corpus/corpus_report.py``) and stating a module-level ``TOLERANCE``: which
+History or after-fit value a ported run must match and how closely. A script is ported by exactly the two edits a
+user makes (``port``): ``import tfgpu`` as its first statement and ``X.fit(`` -> ``tfgpu.fit(X, ``. Each script
+runs three ways, every one a child process in its own temporary directory with a bounded timeout:
+
+- ``plain``: ``python script.py``; it must end with a falling loss and a sane after-fit report;
+- ``ported``: ``python ported.py`` on one device; it must land within TOLERANCE of plain Keras, and its after-fit
+  report must have plain Keras' keys, shapes, counts and flags (its numbers finite);
+- ``ported_2_workers``: ``python -m tfgpu.launch --num_workers=2 -- python ported.py``; both workers must report,
+  with equal weight digests (one model), each within TOLERANCE of plain Keras, after-fit as above.
+
+The plain run of a script is made once per session (``plain_results``) and shared by its three cases. The whole
+matrix is ``slow``; three scripts stay in the default suite (``DEFAULT``: the three quickest, a convnet on arrays,
+an overridden train_step, class weights on a table), their three ways each.
+"""
+import ast
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CORPUS = os.path.join(HERE, "corpus")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+SCRIPTS = sorted(f[:-3] for f in os.listdir(CORPUS) if f.endswith(".py") and f != "corpus_report.py")
+DEFAULT = ("mnist_convnet", "dcgan_overriding_train_step", "imbalanced_classification")
+WAYS = ("plain", "ported", "ported_2_workers")
+RESULT = "CORPUS_RESULT "
+TIMEOUT_S = {"plain": 300, "ported": 300, "ported_2_workers": 600}
+
+FIT_CALL = re.compile(r"(\w+)\.fit\(")
+
+
+def port(source: str) -> str:
+    """``source`` ported by the two edits: ``import tfgpu`` inserted as the first statement (after a module
+    docstring and ``from __future__`` imports, which must come first) and every ``X.fit(`` made
+    ``tfgpu.fit(X, ``. Raises ValueError unless exactly one fit call was rewritten: a script with none is not a
+    fit script, one with several is not a two-edit port."""
+    ported, count = FIT_CALL.subn(r"tfgpu.fit(\1, ", source)
+    if count != 1:
+        raise ValueError(f"port: expected exactly one `X.fit(` call, found {count}")
+    lines = ported.splitlines(keepends=True)
+    after = 0  # lines before the insertion point
+    for node in ast.parse(ported).body:
+        docstring = (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+                     and isinstance(node.value.value, str) and after == 0)
+        future = isinstance(node, ast.ImportFrom) and node.module == "__future__"
+        if not (docstring or future):
+            break
+        after = node.end_lineno
+    if after and not lines[after - 1].endswith("\n"):
+        lines[after - 1] += "\n"
+    return "".join(lines[:after] + ["import tfgpu\n"] + lines[after:])
+
+
+def tolerances(path):
+    """The script's TOLERANCE as a list of {"key", "abs" or "rel"} dicts, read from its source without running
+    it."""
+    for node in ast.parse(open(path).read()).body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["TOLERANCE"]:
+            value = ast.literal_eval(node.value)
+            return value if isinstance(value, list) else [value]
+    raise AssertionError(f"{path} has no module-level TOLERANCE")
+
+
+def run(command, cwd, timeout):
+    """(exit code, stdout+stderr) of ``command`` in ``cwd``; the child runs in its own process group, which is
+    terminated (SIGTERM, then SIGKILL) on a timeout or any other way out, so nothing it started outlives the
+    test (tfgpu.launch's workers also die with the launcher)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([CORPUS, REPO]), "TF_CPP_MIN_LOG_LEVEL": "2",
+           "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, output
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        output, _ = proc.communicate()
+        raise AssertionError(f"{' '.join(command)} did not end within {timeout} s:\n{output[-4000:]}") from None
+    finally:
+        _stop(proc)
+
+
+def _stop(proc):
+    """Ends ``proc``'s process group if anything of it is still running."""
+    for sig, wait_s in ((signal.SIGTERM, 15), (signal.SIGKILL, 15)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+
+
+def results_in(output, prefix=""):
+    """Every ``CORPUS_RESULT`` json in ``output`` after ``prefix``, as {prefix match: dict}."""
+    found = {}
+    for line in output.splitlines():
+        match = re.match(prefix + re.escape(RESULT) + r"(.*)$", line)
+        if match:
+            key = match.group(1) if match.groups()[:-1] else ""
+            assert key not in found, f"more than one CORPUS_RESULT line for {key or 'the script'}"
+            found[key] = json.loads(match.groups()[-1])
+    return found
+
+
+def run_way(name, way, workdir):
+    """The CORPUS_RESULT dicts of ``name`` run ``way`` in ``workdir``: one for plain and ported, one per worker
+    (worker index order) for ported_2_workers. A run that fails or prints no result fails the test with its
+    output's last lines."""
+    os.makedirs(workdir, exist_ok=True)
+    source = open(os.path.join(CORPUS, name + ".py")).read()
+    script = os.path.join(workdir, f"{name}.py" if way == "plain" else f"{name}_ported.py")
+    with open(script, "w") as f:
+        f.write(source if way == "plain" else port(source))
+    if way == "ported_2_workers":
+        command = [sys.executable, "-m", "tfgpu.launch", "--num_workers=2", "--", sys.executable, script]
+    else:
+        command = [sys.executable, script]
+    code, output = run(command, workdir, TIMEOUT_S[way])
+    tail = "\n".join(output.splitlines()[-40:])
+    assert code == 0, f"{name} ({way}) exited {code}:\n{tail}"
+    if way == "ported_2_workers":
+        found = results_in(output, prefix=r"\[worker (\d+)\] ")
+        assert sorted(found) == ["0", "1"], f"{name} ({way}): CORPUS_RESULT from workers {sorted(found)}:\n{tail}"
+        return [found["0"], found["1"]]
+    found = results_in(output)
+    assert list(found) == [""], f"{name} ({way}) printed no CORPUS_RESULT line:\n{tail}"
+    return [found[""]]
+
+
+@pytest.fixture(scope="session")
+def plain_results(tmp_path_factory):
+    """name -> the plain-Keras CORPUS_RESULT of that script, run once per session on first use."""
+    cache = {}
+    root = tmp_path_factory.mktemp("corpus-plain")
+
+    def get(name):
+        if name not in cache:
+            cache[name] = run_way(name, "plain", str(root / name))[0]
+        return cache[name]
+
+    return get
+
+
+def value_of(result, key):
+    """The TOLERANCE key's value in a result: from after_fit when it is there, else from history."""
+    for part in ("after_fit", "history"):
+        if key in result[part]:
+            value = result[part][key]
+            assert isinstance(value, (int, float)) and math.isfinite(value), f"{key}={value!r} is not a finite number"
+            return float(value)
+    raise AssertionError(f"TOLERANCE key {key!r} is in neither after_fit {sorted(result['after_fit'])} nor history "
+                         f"{sorted(result['history'])}")
+
+
+def within(tolerance, plain, ported):
+    """None when ``ported`` is within ``tolerance`` of ``plain``, else the one line saying by how much not."""
+    key = tolerance["key"]
+    expected, got = value_of(plain, key), value_of(ported, key)
+    if "abs" in tolerance:
+        allowed = tolerance["abs"]
+    else:
+        allowed = tolerance["rel"] * abs(expected)
+    if abs(got - expected) <= allowed:
+        return None
+    return f"{key}: ported {got:.6g}, plain Keras {expected:.6g}, off by {abs(got - expected):.4g} > {allowed:.4g}"
+
+
+def check_after_fit(plain, ported, where=""):
+    """``ported``'s after-fit report is plain Keras': the same keys (nested), equal shapes, counts, flags and
+    names (ints, bools, strings and lists of them), and finite numbers where plain Keras has a float."""
+    if isinstance(plain, dict):
+        assert isinstance(ported, dict) and sorted(ported) == sorted(plain), \
+            f"after_fit{where}: keys {sorted(ported) if isinstance(ported, dict) else ported!r}, " \
+            f"plain Keras has {sorted(plain)}"
+        for k in plain:
+            check_after_fit(plain[k], ported[k], f"{where}[{k!r}]")
+    elif isinstance(plain, float):
+        assert isinstance(ported, (int, float)) and not isinstance(ported, bool) and math.isfinite(ported), \
+            f"after_fit{where}: {ported!r} is not a finite number (plain Keras: {plain})"
+    else:
+        assert ported == plain, f"after_fit{where}: {ported!r}, plain Keras gave {plain!r}"
+
+
+def check_plain(name, result):
+    """A plain run's own sanity: it trained (a loss fell over the epochs) and said what its objects gave."""
+    assert result["after_fit"], f"{name}: empty after_fit"
+    check_after_fit(result["after_fit"], result["after_fit"])
+    first, last = result["history_first"], result["history"]
+    keys = ["loss"] if "loss" in last else [k for k in last if k.endswith("loss") and not k.startswith("val_")]
+    assert keys, f"{name}: no training loss in History ({sorted(last)})"
+    assert any(last[k] < first[k] for k in keys), \
+        f"{name}: the loss did not fall: " + ", ".join(f"{k} {first[k]:.4g} -> {last[k]:.4g}" for k in keys)
+    for tolerance in tolerances(os.path.join(CORPUS, name + ".py")):
+        value_of(result, tolerance["key"])
+
+
+def _cases():
+    for name in SCRIPTS:
+        for way in WAYS:
+            marks = () if name in DEFAULT else (pytest.mark.slow,)
+            yield pytest.param(name, way, id=f"{name}-{way}", marks=marks)
+
+
+@pytest.mark.parametrize("name,way", list(_cases()))
+def test_corpus(name, way, plain_results, tmp_path):
+    """``name`` run ``way``: plain Keras trains; a ported run matches plain Keras within the script's TOLERANCE,
+    with its own objects working after fit; on 2 workers, both workers end with one model."""
+    plain = plain_results(name)
+    check_plain(name, plain)
+    if way == "plain":
+        return
+    ported = run_way(name, way, str(tmp_path))
+    problems = []
+    for index, result in enumerate(ported):
+        who = f"worker {index}" if way == "ported_2_workers" else "ported"
+        check_after_fit(plain["after_fit"], result["after_fit"])
+        assert sorted(result["history"]) == sorted(plain["history"]), \
+            f"{who}: History keys {sorted(result['history'])}, plain Keras has {sorted(plain['history'])}"
+        assert result["epochs"] == plain["epochs"], f"{who}: {result['epochs']} epochs, plain Keras {plain['epochs']}"
+        problems += [f"{who}: {p}" for p in (within(t, plain, result) for t in tolerances(
+            os.path.join(CORPUS, name + ".py"))) if p]
+    assert not problems, f"{name} ({way}) is not within TOLERANCE of plain Keras:\n" + "\n".join(problems)
+    if way == "ported_2_workers":
+        assert ported[0]["weights_sha256"] == ported[1]["weights_sha256"], \
+            f"{name}: the workers ended with different models (weights sums {ported[0]['weights_sum']!r} and " \
+            f"{ported[1]['weights_sum']!r})"
+
+
+# --- port() itself, in this process ---
+
+def test_port_inserts_import_first_and_rewrites_the_fit_call():
+    source = "import keras\nmodel = keras.Sequential()\nhistory = model.fit(x, y, epochs=2)\n"
+    assert port(source) == ("import tfgpu\nimport keras\nmodel = keras.Sequential()\n"
+                            "history = tfgpu.fit(model, x, y, epochs=2)\n")
+
+
+def test_port_keeps_the_docstring_and_future_imports_first():
+    source = ('"""Doc.\n\nmore doc: model.fit is named here without a call.\n"""\n'
+              "from __future__ import annotations\nfrom __future__ import division\n\n"
+              "import keras\nvae.fit(\n    data,\n    epochs=3,\n)\n")
+    ported = port(source)
+    assert ported.startswith('"""Doc.\n\nmore doc: model.fit is named here without a call.\n"""\n'
+                             "from __future__ import annotations\nfrom __future__ import division\n"
+                             "import tfgpu\n\nimport keras\n")
+    assert "tfgpu.fit(vae, \n    data," in ported
+    compile(ported, "ported.py", "exec")
+
+
+def test_port_leaves_other_calls_alone():
+    source = "gan.compile()\nh = gan.fit(ds)\nfit(x)\nmodel.fit_generator\nnp.polyfit(a, b, 1)\n"
+    assert port(source) == "import tfgpu\ngan.compile()\nh = tfgpu.fit(gan, ds)\nfit(x)\nmodel.fit_generator\n" \
+                           "np.polyfit(a, b, 1)\n"
+
+
+@pytest.mark.parametrize("source,count", [("model.evaluate(x)\n", 0), ("a.fit(x)\nb.fit(y)\n", 2)])
+def test_port_refuses_anything_but_one_fit_call(source, count):
+    with pytest.raises(ValueError, match=f"exactly one `X.fit\\(` call, found {count}"):
+        port(source)
+
+
+def test_results_in_reads_one_line_per_worker():
+    output = '[worker 1] CORPUS_RESULT {"a": 1}\nnoise\n[worker 0] CORPUS_RESULT {"a": 2}\n'
+    assert results_in(output, prefix=r"\[worker (\d+)\] ") == {"1": {"a": 1}, "0": {"a": 2}}
+    assert results_in('CORPUS_RESULT {"a": 3}\n') == {"": {"a": 3}}
+    with pytest.raises(AssertionError, match="more than one"):
+        results_in('CORPUS_RESULT {}\nCORPUS_RESULT {}\n')
+
+
+def test_within_and_check_after_fit_fail_when_they_should():
+    plain = {"history": {"loss": 1.0}, "after_fit": {"acc": 0.9, "shape": [8, 10], "ok": True}}
+    assert within({"key": "loss", "rel": 0.2}, plain, {"history": {"loss": 1.19}, "after_fit": {}}) is None
+    assert "off by" in within({"key": "loss", "rel": 0.2}, plain, {"history": {"loss": 1.21}, "after_fit": {}})
+    assert "off by" in within({"key": "acc", "abs": 0.05}, plain, {"history": {}, "after_fit": {"acc": 0.84}})
+    with pytest.raises(AssertionError, match="not a finite number"):
+        within({"key": "loss", "rel": 0.2}, plain, {"history": {"loss": float("nan")}, "after_fit": {}})
+    with pytest.raises(AssertionError, match="plain Keras gave"):
+        check_after_fit(plain["after_fit"], {"acc": 0.5, "shape": [8, 9], "ok": True})
+    with pytest.raises(AssertionError, match="keys"):
+        check_after_fit(plain["after_fit"], {"acc": 0.5, "shape": [8, 10]})
+
+
+# --- the corpus as written ---
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_script_follows_the_corpus_rules(name):
+    """Every script ports by the two edits (exactly one fit call), names the keras-io file it follows, seeds Keras,
+    reports through corpus_report, downloads nothing, and states a tolerance of a known form."""
+    path = os.path.join(CORPUS, name + ".py")
+    source = open(path).read()
+    ported = port(source)
+    tree = ast.parse(ported)
+    docstring = ast.get_docstring(tree)
+    assert docstring and re.search(r"keras-io\s+(examples|guides)/[\w/]+\.py", docstring), \
+        f"{name}: the header must name the keras-io file it follows"
+    first = next(node for node in tree.body if not isinstance(node, ast.Expr))
+    assert isinstance(first, ast.Import) and [a.name for a in first.names] == ["tfgpu"]
+    assert "keras.utils.set_random_seed(0)" in source and "corpus_report.report(" in source
+    for fetcher in ("load_data(", "get_file(", "urlretrieve", "requests.", "fetch_"):
+        assert fetcher not in source, f"{name}: {fetcher!r} looks like a download"
+    for tolerance in tolerances(path):
+        assert set(tolerance) in ({"key", "abs"}, {"key", "rel"}), f"{name}: TOLERANCE entry {tolerance}"
+        assert 0 < (tolerance.get("abs") or tolerance.get("rel")), f"{name}: TOLERANCE entry {tolerance}"
+
+
+def test_corpus_size_and_default_suite():
+    assert len(SCRIPTS) >= 12
+    assert set(DEFAULT) <= set(SCRIPTS) and len(DEFAULT) == 3
