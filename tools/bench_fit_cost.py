@@ -12,7 +12,8 @@ rotates every round):
 - ``tfgpu_fit``: the same model, compile and arrays through ``tfgpu.fit(model, x, y, batch_size=B, epochs=E,
   verbose=0, steps_per_loop=S, model_dir=...)`` (its default checkpoint cadence: one save at the end here).
 - ``tfgpu_train``: ``python -m tfgpu.train --model=<file>.py:build_<model> --dataset=digits
-  --global_batch_size=B --steps_per_loop=S --train_steps=E*C*S --optimizer=sgd`` (lr 0.01 at B=64, momentum 0.9),
+  --global_batch_size=B --steps_per_loop=S --train_steps=E*C*S --optimizer=sgd --lr_schedule=constant`` (lr 0.01,
+  momentum 0.9),
   run as ``python -m`` runs it (``runpy``) with ``heartbeat.beat``, which the trainer calls after every loop,
   wrapped to note the times. It cannot take the arrays: it reads the built-in digits from TFRecords (1,438 train
   images, the same 8x8 images the arrays tile), so it measures the same model and steps per call fed by its
@@ -48,7 +49,7 @@ RUNNERS = ("keras_fit", "tfgpu_fit", "tfgpu_train")
 MODELS = ("tiny", "cnn")
 BASELINE = "keras_fit"
 REL_BOUND, ABS_BOUND_MS, STARTUP_BOUND_S = 0.05, 0.1, 1.0
-LEARNING_RATE = 0.01  # at batch 64; tfgpu.train's --base_learning_rate is per 256 examples
+LEARNING_RATE = 0.01  # tfgpu.train's --base_learning_rate is per 256 examples: scaled to give this
 
 MODELS_FILE = '''"""The benchmark's models, as tfgpu.train's --model=FILE:FUNCTION takes them: logits, no softmax."""
 import keras
@@ -159,7 +160,8 @@ def _child_train(spec: dict) -> dict:
     sys.argv = ["tfgpu.train", "--dataset=digits", f"--model={spec['models_file']}:build_{spec['model']}",
                 f"--global_batch_size={spec['batch_size']}", f"--steps_per_loop={spec['steps_per_call']}",
                 f"--train_steps={total}", "--optimizer=sgd", "--momentum=0.9",
-                f"--base_learning_rate={LEARNING_RATE * 256 / 64:g}", "--eval_split=none", "--verbose=0",
+                f"--base_learning_rate={LEARNING_RATE * 256 / spec['batch_size']:g}", "--lr_schedule=constant",
+                "--eval_split=none", "--verbose=0",
                 "--seed=1", f"--model_dir={spec['model_dir']}"]
     runpy.run_module("tfgpu.train", run_name="__main__", alter_sys=True)
     return result
