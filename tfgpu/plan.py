@@ -3,18 +3,23 @@
     python -m tfgpu.plan --flagfile=configs/quickstart.flags --num_workers=2,4,8 \\
         --bandwidth=100mbit,1gbit,10gbit --latency_ms=0.5 --output_json=plan.json [--validate]
 
-It trains the flags' run for ``--measure_steps`` steps on one replica in a child process (or reads a finished
-run's ``--from_model_dir``), takes its step time (median over the loops after the first) and its trainable
-parameters (the float32 gradient bytes), probes what an all-reduce of those gradients costs this host with no
-link limit (``tfgpu.bench.allreduce_probe``: two local workers, a few seconds, in this run, so the host's load
-now is in it), and prints, per (workers, bandwidth), the step time with its three terms (compute, the hosts'
-all-reduce, the wire) and which dominates, examples/s and scaling efficiency (``tfgpu.bench.scaling``'s model),
-with the remedy that helps most. The per-replica batch stays the run's ``--global_batch_size`` on N workers
-(weak scaling). ``--validate`` also runs each row of up to ``--validate_max_workers`` workers on the emulated
-cluster network (``tfgpu.bench.netem``: root, network namespaces) and prints every row's prediction for this
-host, measured step and error; it exits 1 when a row is off by more than ``--tolerance``, naming the term that
-missed. There the N workers share one host's cores, so the compute term is measured in the same run: the same
-N workers over localhost with no link limit, less the probe's all-reduce for N workers.
+Each worker is a host of ``--cores_per_host`` cores (by default: every core this process may use; with
+``--validate``, an equal share of them per worker of the largest count validated, as the emulated cluster gives
+its workers: ``tfgpu.bench.cores``). On one such share it trains the flags' run for ``--measure_steps`` steps on
+one replica in a child process (or reads a finished run's ``--from_model_dir``), takes its step time (median over
+the loops after the first) and its trainable parameters (the gradient bytes), probes what an all-reduce of those
+gradients costs two such hosts with no link limit (``tfgpu.bench.allreduce_probe``: two local workers, each on its
+share, a few seconds, in this run, so the host's load now is in it), and prints, per (workers, bandwidth), the
+step time with its three terms (compute, the hosts' all-reduce, the wire) and which dominates, examples/s and
+scaling efficiency (``tfgpu.bench.scaling``'s model), with the remedy that helps most. The per-replica batch stays
+the run's ``--global_batch_size`` on N workers (weak scaling).
+
+``--validate`` then runs each row of up to ``--validate_max_workers`` workers (fewer when the host's cores do not
+give each its share: said in one line) on the emulated cluster network (``tfgpu.bench.netem``: root, network
+namespaces, each worker on its core share) and compares every row's ``predicted_step_s``, the figure printed
+above and made before any validation run, with the step measured there; it exits 1 when a row is off by more
+than ``--tolerance``, naming the term that missed. The same runs also time their loops with no link limit; that
+figure only helps name the term, no pass or fail depends on it.
 """
 import dataclasses
 import json
@@ -28,6 +33,7 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from tfgpu import cli  # noqa: E402
+from tfgpu.bench import cores  # noqa: E402
 from tfgpu.bench import scaling  # noqa: E402
 from tfgpu.config import ConfigError  # noqa: E402
 from tfgpu.training import failures  # noqa: E402
@@ -52,6 +58,10 @@ def parser() -> cli.ArgumentParser:
                    "(its history.jsonl and metrics.json) instead of measuring.")
     p.add_argument("--validate", action="store_true", help="Also run rows on the emulated cluster network.")
     p.add_argument("--validate_max_workers", type=int, default=3)
+    p.add_argument("--cores_per_host", type=int, default=0, help="Cores one worker's host has: the "
+                   "single-replica measurement, each probe worker and each emulated worker run on a share this "
+                   "size; 0 = every core this process may use, or with --validate an equal share per worker of "
+                   "the largest count validated.")
     p.add_argument("--validate_steps", type=int, default=0, help="Steps of each validation run; 0 = "
                    "--measure_steps.")
     p.add_argument("--probe_repeats", type=int, default=9, help="Repeats of each size of the all-reduce probe "
@@ -105,15 +115,33 @@ def _train_command(argv_flags: list, model_dir: str, steps: int, global_batch: i
             f"--global_batch_size={global_batch}", f"--steps_per_loop={loop}"]
 
 
-def measure_one(argv_flags: list, config, steps: int, workdir: str) -> dict:
-    """Trains ``steps`` steps on one replica in a child process and reads the run back."""
-    model_dir = os.path.join(workdir, "one-replica")
+def measure_one(argv_flags: list, config, steps: int, workdir: str, shares=(None,)) -> dict:
+    """Trains ``steps`` steps on one replica in a child process per share of ``shares`` (one host's cores each,
+    its thread pools sized to them; None: this process's cores), all at once, and reads the runs back. With more
+    than one share the hosts' neighbours are busy as the emulated cluster's workers keep them (cores of one
+    machine share caches, memory and, as vCPUs, often a physical core: two single-replica runs on two cores of this
+    project's machines took 1.45x one alone); the step is the slowest run's, as N workers in lockstep go at the
+    slowest one's pace. The runs' own steps are kept in ``runs``."""
     loop = max(1, min(config.steps_per_loop, steps // 4))
-    proc = subprocess.run(_train_command(argv_flags + MEASURE_FLAGS, model_dir, steps, config.global_batch_size,
-                                         loop), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if proc.returncode:
-        raise RuntimeError(f"the single-replica measurement failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}")
-    return read_run(model_dir)
+    procs = []
+    for index, share in enumerate(shares):
+        model_dir = os.path.join(workdir, f"one-replica-{index}")
+        log = open(os.path.join(workdir, f"one-replica-{index}.log"), "w+")
+        procs.append((model_dir, log, subprocess.Popen(
+            _train_command(argv_flags + MEASURE_FLAGS, model_dir, steps, config.global_batch_size, loop),
+            env={**os.environ, **cores.env(share)}, preexec_fn=cores.pin(share), stdout=log,
+            stderr=subprocess.STDOUT)))
+    runs = []
+    for (model_dir, log, proc), share in zip(procs, shares):
+        code = proc.wait()
+        log.seek(0)
+        output = log.read()
+        log.close()
+        if code:
+            raise RuntimeError(f"the single-replica measurement failed (exit {code}):\n{output[-3000:]}")
+        runs.append({**read_run(model_dir), "cores": list(share) if share else None})
+    slowest = max(runs, key=lambda r: r["step_s"])
+    return {**slowest, "runs": [{"cores": r["cores"], "step_s": r["step_s"]} for r in runs]}
 
 
 UNLIMITED = "100gbit"  # a link no all-reduce here comes near: the host's cores, not the wire, decide
@@ -143,13 +171,35 @@ def split_loops(records: list, changes: list, skip_loops: int = 1) -> tuple:
     return statistics.median(timed[False]) / 1000, statistics.median(timed[True]) / 1000
 
 
+def hosts(workers: list, validate: bool, max_workers: int, cores_per_host: int, usable: int) -> dict:
+    """The host every worker is, in cores, and the worker counts ``--validate`` runs: each row's count up to
+    ``max_workers``, lowered to the largest count whose hosts fit in the ``usable`` cores (``note`` says so in
+    one line). Without ``cores_per_host`` a host is every usable core, or with ``validate`` an equal share per
+    worker of the largest count validated. ConfigError when the hosts cannot be given their cores."""
+    if cores_per_host > usable:
+        raise ConfigError("cores_per_host", f"{cores_per_host} cores asked; this process may use {usable}")
+    wanted = sorted({min(n, max_workers) for n in workers if n > 1}) if validate else []
+    if not wanted:
+        return {"cores_per_host": cores_per_host or usable, "validate": [], "note": ""}
+    per = cores_per_host or max(1, usable // wanted[-1])
+    fit = usable // per
+    if fit < 2:
+        raise ConfigError("cores_per_host" if cores_per_host else "validate",
+                          f"two emulated hosts of {per} core(s) need {2 * per} cores; this process may use {usable}")
+    counts = sorted({min(n, fit) for n in wanted})
+    note = ""
+    if wanted[-1] > fit:
+        note = (f"validation: {wanted[-1]} workers of {per} core(s) each do not fit in this host's {usable} "
+                f"core(s); validating {fit} workers, the largest count that fits")
+    return {"cores_per_host": per, "validate": counts, "note": note}
+
+
 def validate_row(argv_flags: list, config, num_workers: int, bandwidth: str, latency_ms: float, steps: int,
-                 workdir: str) -> dict:
-    """One run of ``num_workers`` workers on the emulated cluster (per-replica batch kept) whose link alternates,
-    every ``BLOCK_LOOPS`` loops, between no limit and ``bandwidth``, for about ``steps`` steps of each. Returns the
-    median step of each: the N workers' compute at once on this host's cores with their all-reduce's host cost
-    (``unlimited_step_s``) and the row's measured step (``measured_step_s``), both taken in the same seconds, so
-    under the same load."""
+                 workdir: str, cores_per_worker: int) -> dict:
+    """One run of ``num_workers`` workers on the emulated cluster, each on its own ``cores_per_worker`` cores
+    (per-replica batch kept), whose link alternates, every ``BLOCK_LOOPS`` loops, between no limit and
+    ``bandwidth``, for about ``steps`` steps of each. Returns the median step at the link (``measured_step_s``)
+    and, taken in the same seconds and so under the same load, with no link limit (``unlimited_step_s``)."""
     import threading
 
     from tfgpu.bench import netem
@@ -175,7 +225,7 @@ def validate_row(argv_flags: list, config, num_workers: int, bandwidth: str, lat
     try:
         codes = netem.run(_train_command(flags + MEASURE_FLAGS[:4], model_dir, loop * (1 + blocks * BLOCK_LOOPS),
                                          config.global_batch_size * num_workers, loop),
-                          timeout_s=1800, output_dir=workdir)
+                          timeout_s=1800, output_dir=workdir, cores_per_worker=cores_per_worker)
     finally:
         done.set()
         watcher.join()
@@ -195,69 +245,70 @@ def _terms_text(terms: dict) -> str:
     return ", ".join(f"{name} {_ms(value)}" for name, value in terms.items())
 
 
-def validate(flags: list, config, opts, measured: scaling.Measured, rows: list, workdir: str) -> list:
-    """Runs every row of 2..--validate_max_workers workers on the emulated cluster (``validate_row``: first with no
-    link limit, then at the row's link) and, per worker count, the all-reduce probe, all in this run; adds to each
-    row the prediction for this host (compute and host all-reduce from the unlimited half, split by the probe;
-    the wire from the model), the measured step, the error and the term that missed. Returns the rows validated."""
-    from tfgpu.bench import allreduce_probe
-
-    steps = opts.validate_steps or opts.measure_steps
-    probes, checked = {}, []
+def judge(rows: list, unlimited: dict) -> None:
+    """Adds to each measured row its ``error`` (``predicted_step_s`` against ``measured_step_s``) and the term
+    that missed: per worker count, the term that scaled alone best explains the misses of its rows and of the
+    same runs' loops with no link limit (``unlimited``: the prediction at no limit with its measured step, one
+    per worker count), which set the compute and host terms apart from the wire's."""
     for row in rows:
-        n = row["workers"]
-        if not 1 < n <= opts.validate_max_workers:
-            continue
-        if n not in probes:
-            probes[n] = allreduce_probe.measure(n, measured.wire_bytes, repeats=opts.probe_repeats)
-        probe = probes[n]
-        run = validate_row(flags, config, n, row["bandwidth"], opts.latency_ms, steps, workdir)
-        local = run["unlimited_step_s"]
-        host = min(probe.seconds(scaling.bytes_sent(n, measured.wire_bytes)), local)
-        predicted = scaling.step_terms(local - host, host, scaling.wire_s(
-            n, measured.wire_bytes, scaling.parse_bandwidth(row["bandwidth"]), opts.latency_ms / 1000,
-            opts.link_efficiency), min(probe.fixed_s, host))
-        row["this_host"] = {"unlimited_step_s": local, "probe": dataclasses.asdict(probe), **predicted}
-        row["predicted_step_s_this_host"] = predicted["predicted_step_s"]
-        row["measured_step_s"] = run["measured_step_s"]
-        row["error"] = row["predicted_step_s_this_host"] / row["measured_step_s"] - 1
-        print(f"{n} workers on this host at {row['bandwidth']}: {_ms(local)}/step with no link limit (the "
-              f"all-reduce probe's host cost {_ms(host)}: fixed {_ms(probe.fixed_s)} + {probe.per_byte_s * 1e9:.2f} "
-              f"ns/byte sent), {_ms(row['measured_step_s'])} at the link, {_ms(predicted['predicted_step_s'])} "
-              f"predicted ({row['error']:+.0%})", flush=True)
-        checked.append(row)
-    for n in sorted({r["workers"] for r in checked}):
-        same = [{**r["this_host"], "measured_step_s": r["measured_step_s"]} for r in checked if r["workers"] == n]
+        row["error"] = row["predicted_step_s"] / row["measured_step_s"] - 1
+    for n in sorted({r["workers"] for r in rows}):
+        same = [r for r in rows if r["workers"] == n] + unlimited.get(n, [])
         term = scaling.missed_term(same)
-        for row in checked:
+        for row in rows:
             if row["workers"] == n:
                 row["missed_term"] = term
+
+
+def validate(flags: list, config, opts, measured: scaling.Measured, host: scaling.HostCost, rows: list,
+             plan: dict, workdir: str) -> list:
+    """Runs every row of the worker counts ``plan["validate"]`` on the emulated cluster, each worker on its core
+    share (``validate_row``), adds the measured step to each and judges it (``judge``); the rows' predictions
+    were made before and are not changed. Returns the rows validated."""
+    checked, unlimited = [], {}
+    for row in rows:
+        n = row["workers"]
+        if n not in plan["validate"]:
+            continue
+        run = validate_row(flags, config, n, row["bandwidth"], opts.latency_ms, opts.validate_steps or
+                           opts.measure_steps, workdir, plan["cores_per_host"])
+        row["measured_step_s"] = run["measured_step_s"]
+        row["unlimited_step_s"] = run["unlimited_step_s"]  # a diagnostic: no pass or fail depends on it
+        free = scaling.predict(measured, n, scaling.parse_bandwidth(UNLIMITED), 0.0, opts.link_efficiency, host)
+        unlimited.setdefault(n, []).append({**free, "measured_step_s": run["unlimited_step_s"]})
+        print(f"{n} workers on the emulated cluster at {row['bandwidth']}: {_ms(row['measured_step_s'])}/step "
+              f"measured, {_ms(row['predicted_step_s'])} predicted "
+              f"({row['predicted_step_s'] / row['measured_step_s'] - 1:+.0%}); with no link limit in the same run "
+              f"{_ms(run['unlimited_step_s'])} ({_ms(free['predicted_step_s'])} predicted)", flush=True)
+        checked.append(row)
+    judge(checked, unlimited)
     return checked
 
 
-def print_validation(rows: list, tolerance: float) -> int:
-    """The validation table (every row: predicted, measured, error, the prediction's terms); 1 when a row is off
-    by more than ``tolerance``, naming the term that missed, else 0."""
-    print(f"\nvalidation on this host (N workers share its cores; within {tolerance:.0%} passes):")
+def print_validation(rows: list, tolerance: float, cores_per_host: int) -> int:
+    """The validation table (every row: the prediction's terms, predicted, measured, error; the same run's step
+    with no link limit as a diagnostic); 1 when a row is off by more than ``tolerance``, naming the term that
+    missed, else 0."""
+    print(f"\nvalidation on the emulated cluster (each worker a host of {cores_per_host} core(s); within "
+          f"{tolerance:.0%} passes):")
     print("| workers | link | compute | host all-reduce | wire | of these streaming together | predicted step | "
-          "measured step | error |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "measured step | error | measured, no link limit |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     failed = []
     for row in rows:
-        h = row["this_host"]
-        t = h["terms_s"]
+        t = row["terms_s"]
         print(f"| {row['workers']} | {row['bandwidth']} | {_ms(t['compute'])} | {_ms(t['host all-reduce'])} | "
-              f"{_ms(t['wire'])} | -{_ms(h.get('overlapped_s', 0.0))} | {_ms(h['predicted_step_s'])} | "
-              f"{_ms(row['measured_step_s'])} | "
-              f"{row['error']:+.0%} |")
+              f"{_ms(t['wire'])} | -{_ms(row.get('overlapped_s', 0.0))} | {_ms(row['predicted_step_s'])} | "
+              f"{_ms(row['measured_step_s'])} | {row['error']:+.0%} | "
+              f"{_ms(row['unlimited_step_s']) if 'unlimited_step_s' in row else '-'} |")
         if abs(row["error"]) > tolerance:
             failed.append(row)
     for row in failed:
         direction = "fast" if row["error"] < 0 else "slow"
         print(f"error: {row['workers']} workers at {row['bandwidth']}: predicted {row['error']:+.0%} off (too "
               f"{direction}); the term that missed: {row['missed_term']} "
-              f"({_ms(row['this_host']['terms_s'][row['missed_term']])} predicted, "
-              f"{_ms(row['measured_step_s'] - row['predicted_step_s_this_host'])} unexplained)", file=sys.stderr)
+              f"({_ms(row['terms_s'][row['missed_term']])} predicted, "
+              f"{_ms(row['measured_step_s'] - row['predicted_step_s'])} unexplained)", file=sys.stderr)
     return 1 if failed else 0
 
 
@@ -281,37 +332,58 @@ def main(argv=None) -> int:
             raise ConfigError("probe_repeats", f"must be >= 0, got {opts.probe_repeats}")
         if opts.tolerance <= 0:
             raise ConfigError("tolerance", f"must be > 0, got {opts.tolerance}")
+        if opts.cores_per_host < 0:
+            raise ConfigError("cores_per_host", f"must be >= 0, got {opts.cores_per_host}")
         if opts.validate and opts.probe_repeats == 0:
             raise ConfigError("probe_repeats", "--validate needs the host probe (a positive --probe_repeats)")
+        if opts.validate and opts.from_model_dir:
+            raise ConfigError("from_model_dir", "--validate measures one replica on the emulated host's cores; "
+                              "drop --from_model_dir")
+        plan = hosts(workers, opts.validate, opts.validate_max_workers, opts.cores_per_host, len(cores.usable()))
         config = cli.resolve(opts, "", model_dir="plan")
     except ConfigError as e:
         return failures.report(e)
     flags = [a for a in cli.expand_flagfiles(argv) if a.split("=")[0].lstrip("-") in opts.config_flags]
+    per = plan["cores_per_host"]
+    if plan["note"]:
+        print(plan["note"], flush=True)
+    workers = sorted(set(workers) | set(plan["validate"]))  # a count validated in place of one that did not fit
+    # The emulated hosts: as many as the largest count validated (their neighbours busy as in the validation), or
+    # one host of this machine's cores; two of them, where they fit, run the probe.
+    shares = cores.shares(max(plan["validate"] or [1]), per)
+    pair = shares[:2] if len(shares) >= 2 else cores.shares(min(2, cores.fitting(per)), per)
     code = 0
     with tempfile.TemporaryDirectory(prefix="tfgpu-plan-") as workdir:
         if opts.from_model_dir:
             one = read_run(opts.from_model_dir)
         else:
-            one = measure_one(flags, config, opts.measure_steps, workdir)
+            one = measure_one(flags, config, opts.measure_steps, workdir, shares)
         measured = scaling.Measured(one["step_s"], one["global_batch_size"], one["trainable"],
                                     config.allreduce_dtype)
-        print(f"one replica: {measured.step_s * 1000:.1f} ms/step at batch {measured.per_replica_batch}, "
+        where = f"from {opts.from_model_dir}" if opts.from_model_dir else f"on a host of {per} core(s)"
+        if len(one.get("runs", ())) > 1:
+            where += (", one run per host at once (" + ", ".join(f"{r['step_s'] * 1000:.1f} ms on "
+                      f"{cores.describe([r['cores']])}" for r in one["runs"]) + "; the slowest counts)")
+        print(f"one replica {where}: "
+              f"{measured.step_s * 1000:.1f} ms/step at batch {measured.per_replica_batch}, "
               f"{measured.trainable_parameters:,} trainable parameters: {measured.wire_bytes / 1e6:.1f} MB of "
               f"{config.allreduce_dtype} gradients per all-reduce")
         host, probe = scaling.HostCost(), None
         if opts.probe_repeats and any(n > 1 for n in workers):
             from tfgpu.bench import allreduce_probe
 
-            probe = allreduce_probe.measure(2, measured.wire_bytes, repeats=opts.probe_repeats)
+            pair = pair if len(pair) == 2 else pair * 2  # one host's cores only: the pair shares them
+            probe = allreduce_probe.measure(2, measured.wire_bytes, repeats=opts.probe_repeats, shares=pair)
             host = probe.cost
-            print(f"all-reduce host cost (2 workers here, no link limit): {_ms(probe.fixed_s)} fixed + "
-                  f"{probe.per_byte_s * 1e9:.2f} ns/byte sent: "
-                  f"{_ms(probe.seconds(scaling.bytes_sent(2, measured.wire_bytes)))} for these gradients")
+            print(f"all-reduce host cost (2 workers, {cores.describe(pair)}, no link limit): {_ms(probe.fixed_s)} "
+                  f"fixed + {probe.per_byte_s * 1e9:.2f} ns/byte sent: "
+                  f"{_ms(probe.seconds(scaling.bytes_sent(2, measured.wire_bytes)))} for these gradients"
+                  f"{'' if pair[0] != pair[1] else ' (both on one host: the cores give no second one)'}")
         rows = []
         latency = opts.latency_ms / 1000
         for n in workers:
             for name, bandwidth in bandwidths:
-                row = {"workers": n, "bandwidth": name, "latency_ms": opts.latency_ms,
+                row = {"workers": n, "bandwidth": name, "latency_ms": opts.latency_ms, "cores_per_host": per,
                        **scaling.predict(measured, n, bandwidth, latency, opts.link_efficiency, host),
                        "remedies": scaling.remedies(measured, n, bandwidth, latency, opts.link_efficiency, host)}
                 rows.append(row)
@@ -321,12 +393,12 @@ def main(argv=None) -> int:
                       f"{row['predicted_examples_per_sec']:9.1f} examples/s, efficiency {row['efficiency']:.0%}; "
                       f"with {best['remedy']}: {best['efficiency']:.0%}", flush=True)
         if opts.validate:
-            checked = validate(flags, config, opts, measured, rows, workdir)
-            code = print_validation(checked, opts.tolerance)
+            checked = validate(flags, config, opts, measured, host, rows, plan, workdir)
+            code = print_validation(checked, opts.tolerance, per)
     if opts.output_json:
         tmp = opts.output_json + ".tmp"
         with open(tmp, "w") as f:
-            json.dump({"one_replica": one, "link_efficiency": opts.link_efficiency,
+            json.dump({"one_replica": one, "cores_per_host": per, "link_efficiency": opts.link_efficiency,
                        "host_probe": dataclasses.asdict(probe) if probe else None, "rows": rows}, f, indent=2)
         os.replace(tmp, opts.output_json)
     return code

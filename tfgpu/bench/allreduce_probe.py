@@ -5,7 +5,8 @@ one-float finiteness flag and the gradients, as ``precision.apply_if_finite`` do
 
     python -m tfgpu.bench.allreduce_probe --workers=2 --sizes_bytes=4096,550000,1100000 --repeats=5
 
-``tfgpu.plan`` runs it in its own run, so the host's load at that moment is in the figures. The same worker
+``tfgpu.plan`` runs it in its own run, each worker on the core share an emulated host gets
+(``tfgpu.bench.cores``), so the host's load at that moment and the hosts' size are in the figures. The same worker
 times the emulated cluster's all-reduce in ``tools/allreduce_bench.py``.
 """
 import argparse
@@ -116,9 +117,12 @@ def _worker_command(sizes_bytes, repeats: int, out: str, dtype: str) -> list:
 
 
 def run_local(num_workers: int, sizes_bytes, repeats: int = 5, dtype: str = "float32",
-              timeout_s: float = 180) -> list:
-    """Runs the probe's workers on this host over localhost (free ports, no root, no link limit) and returns the
-    chief's rows; RuntimeError with worker 0's last lines if they fail or pass ``timeout_s``."""
+              timeout_s: float = 180, shares=None) -> list:
+    """Runs the probe's workers on this host over localhost (free ports, no root, no link limit), worker i on
+    ``shares[i]`` (``tfgpu.bench.cores``; None: the caller's cores), and returns the chief's rows; RuntimeError
+    with worker 0's last lines if they fail or pass ``timeout_s``."""
+    from tfgpu.bench import cores
+
     from tfgpu.runtime.launcher import free_ports, tf_configs
 
     with tempfile.TemporaryDirectory(prefix="tfgpu-probe-") as tmp:
@@ -126,9 +130,11 @@ def run_local(num_workers: int, sizes_bytes, repeats: int = 5, dtype: str = "flo
         configs = tf_configs("localhost", free_ports(num_workers))
         logs = [open(os.path.join(tmp, f"worker{i}.log"), "w+") for i in range(num_workers)]
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
-        procs = [subprocess.Popen(_worker_command(sizes_bytes, repeats, out, dtype), env={**env, "TF_CONFIG": c},
+        shares = shares or [None] * num_workers
+        procs = [subprocess.Popen(_worker_command(sizes_bytes, repeats, out, dtype),
+                                  env={**env, **cores.env(share), "TF_CONFIG": c}, preexec_fn=cores.pin(share),
                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-                 for c, log in zip(configs, logs)]
+                 for c, log, share in zip(configs, logs, shares)]
         deadline = time.monotonic() + timeout_s
         try:
             while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
@@ -157,9 +163,10 @@ def probe_sizes(wire_bytes: float) -> list:
 
 
 def measure(num_workers: int, wire_bytes: float, repeats: int = 5, dtype: str = "float32",
-            timeout_s: float = 180) -> Probe:
-    """This host's cost line for ``num_workers`` workers, probed around a gradient of ``wire_bytes``."""
-    rows = run_local(num_workers, probe_sizes(wire_bytes), repeats, dtype, timeout_s)
+            timeout_s: float = 180, shares=None) -> Probe:
+    """This host's cost line for ``num_workers`` workers (worker i on ``shares[i]``, as ``run_local``), probed
+    around a gradient of ``wire_bytes``."""
+    rows = run_local(num_workers, probe_sizes(wire_bytes), repeats, dtype, timeout_s, shares)
     return fit(num_workers, [(bytes_sent(num_workers, r["wire_bytes"]), r["median_s"]) for r in rows])
 
 

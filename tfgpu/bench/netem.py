@@ -21,7 +21,9 @@ a default route, so nothing a run sends leaves them. Needs root (``ip netns``, `
 
 ``run`` starts one process per worker namespace with TF_CONFIG naming the workers' addresses (worker 0 is the
 chief), bounded by ``--timeout_s``; every child is killed when it returns, and its exit code is the worst
-worker's.
+worker's. An emulated host is a host: each worker runs on its own share of the cores (``--cores_per_worker``,
+by default an equal share of the cores this process may use; ``tfgpu.bench.cores``), with TensorFlow's thread
+pools sized to it, so N workers on one machine do not each compute as if they had all of its cores.
 """
 import argparse
 import json
@@ -32,6 +34,8 @@ import signal
 import subprocess
 import sys
 import time
+
+from tfgpu.bench import cores
 
 # Every name this tool makes starts with PREFIX; tests set TFGPU_NETEM_PREFIX to keep theirs apart from a user's.
 PREFIX = os.environ.get("TFGPU_NETEM_PREFIX", "tfgpu-nc")
@@ -240,22 +244,38 @@ def tf_configs(num_workers: int, port: int = DEFAULT_PORT) -> list:
     return [json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}) for i in range(num_workers)]
 
 
+def worker_shares(num_workers: int, cores_per_worker: int = -1, available=None) -> list:
+    """Each worker's cores: ``cores_per_worker`` each (-1: an equal share of the usable cores, or no pinning when
+    there are fewer cores than workers; 0: no pinning, None per worker); ClusterError when they do not fit."""
+    per = cores_per_worker if cores_per_worker >= 0 else len(cores.usable(available)) // num_workers
+    if per == 0:
+        return [None] * num_workers
+    try:
+        return cores.shares(num_workers, per, available)
+    except ValueError as e:
+        raise ClusterError(f"--cores_per_worker: {e}") from None
+
+
 def run(command: list, timeout_s: float, port: int = DEFAULT_PORT, env: dict | None = None,
-        output_dir: str = "") -> list:
+        output_dir: str = "", cores_per_worker: int = -1) -> list:
     """Runs ``command`` once in every worker namespace (TF_CONFIG set; ``{worker}`` in an argument becomes the
-    worker's index) and returns the exit codes; past ``timeout_s`` every worker is killed (code -9)."""
+    worker's index), each worker on its share of the cores (``worker_shares``), and returns the exit codes; past
+    ``timeout_s`` every worker is killed (code -9)."""
     names = workers()
     if not names:
         raise ClusterError("no emulated cluster: run `up` first")
     configs = tf_configs(len(names), port)
+    share_list = worker_shares(len(names), cores_per_worker)
     procs = []
     try:
         for index, name in enumerate(names):
             args = [a.replace("{worker}", str(index)) for a in command]
             out = open(os.path.join(output_dir, f"worker{index}.log"), "w") if output_dir else None
             procs.append(subprocess.Popen(
-                ["ip", "netns", "exec", name, *args], env={**os.environ, **(env or {}), "TF_CONFIG": configs[index]},
-                stdout=out or None, stderr=subprocess.STDOUT if out else None, start_new_session=True))
+                ["ip", "netns", "exec", name, *args],
+                env={**os.environ, **(env or {}), **cores.env(share_list[index]), "TF_CONFIG": configs[index]},
+                preexec_fn=cores.pin(share_list[index]), stdout=out or None,
+                stderr=subprocess.STDOUT if out else None, start_new_session=True))
         deadline = time.monotonic() + timeout_s
         codes = [None] * len(procs)
         while any(c is None for c in codes):
@@ -290,6 +310,8 @@ def main(argv=None) -> int:
     p_run.add_argument("--timeout_s", type=float, default=600)
     p_run.add_argument("--port", type=int, default=DEFAULT_PORT)
     p_run.add_argument("--output_dir", default="", help="write each worker's output to worker<I>.log here")
+    p_run.add_argument("--cores_per_worker", type=int, default=-1, help="cores each worker (an emulated host) "
+                       "runs on; -1 = an equal share of the usable cores, 0 = no pinning")
     p_run.add_argument("argv", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     try:
@@ -310,7 +332,8 @@ def main(argv=None) -> int:
             if not command:
                 raise ClusterError("run: give the command after --")
             check_host()
-            codes = run(command, args.timeout_s, args.port, output_dir=args.output_dir)
+            codes = run(command, args.timeout_s, args.port, output_dir=args.output_dir,
+                        cores_per_worker=args.cores_per_worker)
             print(f"exit codes: {codes}")
             return max((abs(c) for c in codes), default=0) and 1
     except ClusterError as e:
