@@ -1,4 +1,5 @@
-"""How a run would scale past one machine: measured single-replica step and host costs, predicted N-worker steps.
+"""How a run would scale past one machine: measured single-replica step and host costs, predicted N-worker steps
+(over 400 lines) because the command, its validation on the emulated cluster and its report read as one story.
 
     python -m tfgpu.plan --flagfile=configs/quickstart.flags --num_workers=2,4,8 \\
         --bandwidth=100mbit,1gbit,10gbit --latency_ms=0.5 --output_json=plan.json [--validate]

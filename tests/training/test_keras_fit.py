@@ -186,7 +186,7 @@ def test_mirrored_steps_per_execution_4_matches_steps_per_execution_1():
 
 
 def _launch(worker_dir, model_dir, *extra, scratch, timeout=240):
-    env = {**os.environ, "PYTHONPATH": f"{worker_dir}{os.pathsep}{REPO}", "TF_CPP_MIN_LOG_LEVEL": "2",
+    env = {**os.environ, "PYTHONPATH": f"{worker_dir}{os.pathsep}{REPO}", "TF_CPP_MIN_LOG_LEVEL": "2", "TFGPU_NO_JOB_STRATEGY": "1",
            "TMPDIR": str(scratch)}
     proc = subprocess.run([sys.executable, "-m", "tfgpu.launch", "--num_workers=2", "--module=fit_worker",
                            "--stop_grace_s=5", "--worker_timeout_s=200", "--", str(model_dir), *extra],

@@ -31,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CORPUS = os.path.join(HERE, "corpus")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 SCRIPTS = sorted(f[:-3] for f in os.listdir(CORPUS) if f.endswith(".py") and f != "corpus_report.py")
-DEFAULT = ("mnist_convnet", "dcgan_overriding_train_step", "imbalanced_classification")
+DEFAULT = ("mnist_convnet", "image_classification_from_scratch", "imbalanced_classification")
 WAYS = ("plain", "ported", "ported_2_workers")
 RESULT = "CORPUS_RESULT "
 TIMEOUT_S = {"plain": 300, "ported": 300, "ported_2_workers": 600}
