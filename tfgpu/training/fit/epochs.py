@@ -20,6 +20,8 @@ from tfgpu.training.fit import placement as placement_lib
 from tfgpu.training.fit.steps import StepLoop
 
 log = logging.getLogger("tfgpu")
+RAN_OUT = ("Your input ran out of data; interrupting training. Make sure that your dataset or generator can generate "
+           "at least `steps_per_epoch * epochs` batches.")  # Keras' epoch iterator's words
 
 
 class Epochs:
@@ -73,8 +75,7 @@ class Epochs:
         known = getattr(self.train, "num_batches", None) if self.train.kind == "dataset" and steps else None
         if known:  # Keras' epoch iterator: the epoch ends where the pipeline does (a warning), the next one reruns it
             if steps > known - self.running_seen:
-                log.warning("Your input ran out of data; interrupting training. Make sure that your dataset or "
-                            "generator can generate at least `steps_per_epoch * epochs` batches.")
+                log.warning("%s", RAN_OUT)
             steps = min(steps, known - self.running_seen)
         iterator = self._iterator(epoch)
         logs, stopped = {}, False
@@ -83,14 +84,10 @@ class Epochs:
             self.callbacks.on_train_batch_begin(position.step)
             if self.stopping.any_worker_preempted():
                 self.stopping.stop_at(int(self.state.steps.numpy()))
-            if self.train.kind == "arrays":
-                step_logs, ran, stopped = self.train_steps.run(iterator, count)
-            else:
-                step_logs, ran, stopped = self.train_steps.run_until_end(iterator, count)
+            step_logs, ran, stopped = self.train_steps.run_on(self.train, iterator, count)
             if ran == 0:
                 if self.train.fixed_steps:
-                    log.warning("Your input ran out of data; interrupting training. Make sure that your dataset or "
-                                "generator can generate at least `steps_per_epoch * epochs` batches.")
+                    log.warning("%s", RAN_OUT)
                     model.stop_training = True
                     self.running = None
                 break
@@ -144,10 +141,7 @@ class Epochs:
         while steps is None or step < steps:
             count = self.steps_per_call if steps is None else min(self.steps_per_call, steps - step)
             self.callbacks.on_test_batch_begin(step)
-            if val.kind == "arrays":
-                step_logs, ran, _ = self.test_steps.run(iterator, count)
-            else:
-                step_logs, ran, _ = self.test_steps.run_until_end(iterator, count)
+            step_logs, ran, _ = self.test_steps.run_on(val, iterator, count)
             if ran == 0:
                 break
             logs, step = step_logs, step + ran

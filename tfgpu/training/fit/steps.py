@@ -55,6 +55,12 @@ class StepLoop:
         logs, ran, stopped = self._known(iterator, tf.constant(num_steps, tf.int64))
         return logs, int(ran.numpy()), bool(stopped.numpy())
 
+    def run_on(self, data, iterator, num_steps: int):
+        """``run`` for arrays (their length is known on every worker), ``run_until_end`` for a pipeline."""
+        if data.kind == "arrays":
+            return self.run(iterator, num_steps)
+        return self.run_until_end(iterator, num_steps)
+
     def _asked(self) -> bool:
         """After an eager step (one worker): whether a stop was asked for."""
         return self.stop is not None and self.stop.requested_by is not None
