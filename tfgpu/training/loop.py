@@ -14,6 +14,7 @@ import time
 import tensorflow as tf
 
 from tfgpu.runtime import process_exit
+from tfgpu.training import replica_local
 
 
 def host_cpu_only(placement) -> bool:
@@ -227,13 +228,15 @@ class StopFlag:
 
 
 def build_loop(strategy, step_fn, sums: dict, counter=None, batches_per_step: int = 1, skipped_run=None,
-               nonfinite_names=(), stop=None):
+               nonfinite_names=(), stop=None, models=()):
     """A tf.function ``loop(iterator, num_steps)`` running ``num_steps`` replica steps of ``step_fn`` in one
     host call, adding each step's metric shares to ``sums`` (and 1 to ``counter``). With ``batches_per_step``
     > 1 a step gets a tuple of that many consecutive batches, so every replica holds its rows of the same
     global batches as one device would. ``skipped_run`` counts consecutive steps whose share of any of
     ``nonfinite_names`` (metrics declared ``counts_nonfinite``) is non-zero (skipped). With ``stop`` (a
-    ``StopFlag``) the loop ends after the step during which a stop was requested.
+    ``StopFlag``) the loop ends after the step during which a stop was requested. The call ends by averaging the
+    weights of ``models`` (Keras models) that Keras 3 leaves replica-local (``replica_local``: BatchNormalization's
+    moving statistics), so every replica and worker holds one model.
 
     The call returns ``(sums, longest, steps_run)``: the loop's sums over replicas (``take_sums``: zeroed for the
     next loop), with ``skipped_run`` the longest run of skipped steps that reached into it (else None), and the
@@ -266,6 +269,7 @@ def build_loop(strategy, step_fn, sums: dict, counter=None, batches_per_step: in
         steps_run, _ = tf.while_loop(lambda i, stopping: tf.logical_and(i < num_steps, tf.logical_not(stopping)),
                                      one_step, (tf.zeros([], num_steps.dtype),
                                                 stop.at_start() if stop is not None else tf.constant(False)))
+        replica_local.average_over_replicas(strategy, replica_local.replica_local_weights_of(models, strategy))
         return take_sums(sums), (skipped_run.take_longest() if skipped_run is not None else None), steps_run
 
     return loop

@@ -110,7 +110,7 @@ class Trainer:
         """A fresh train loop; the task's ``at_step`` asks for one when a step trains other variables."""
         return loop.build_loop(self.strategy, lambda batch: self.task.train_step(batch), self.train_sums,
                                self.step, self.inputs.batches_per_step, self.skipped_run, self.nonfinite_names,
-                               stop=self.stopping.flag)
+                               stop=self.stopping.flag, models=tuple(self.task.checkpoint_items().values()))
 
     def _every(self, duration, round_up: bool = False) -> set:
         """The steps of each multiple of ``duration`` before the end, epochs counted across the segments of a

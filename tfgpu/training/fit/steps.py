@@ -7,9 +7,12 @@ ends the call after the step in flight) and, for an input of unknown length, whe
 is the model's own (its ``compute_loss``, compiled losses and metrics, ``add_loss``, loss scaling, a GAN's two
 optimizers); its logs are reduced over replicas as Keras reduces them (``model.distribute_reduction_method``; over
 workers element-wise). ``jit_compile=True`` compiles the replica step with XLA; ``run_eagerly=True`` runs each step
-eagerly, one per call, as Keras does.
+eagerly, one per call, as Keras does. A training call ends by averaging the weights Keras 3 leaves replica-local
+(BatchNormalization's moving statistics: ``training.replica_local``), so every replica and worker holds one model.
 """
 import tensorflow as tf
+
+from tfgpu.training import replica_local
 
 
 def _is_multi_worker(strategy) -> bool:
@@ -28,6 +31,7 @@ class StepLoop:
         if model.jit_compile is True and not self.eager:
             step_fn = tf.function(step_fn, jit_compile=True, reduce_retracing=True)
         self.step_fn = step_fn
+        self.training = step == "train"
         self._known = self._optional = self._single = None
 
     def _one_step(self, batch):
@@ -39,6 +43,18 @@ class StepLoop:
         return keras_trainer.reduce_per_replica(outputs, self.strategy,
                                                 reduction=getattr(self.model, "_distribute_reduction_method", None) or "auto")
 
+    def _end_of_call(self):
+        """Averages the replica-local weights after a training call (they exist once the first step has built the
+        model, so this is traced after it)."""
+        if self.training:
+            replica_local.average_over_replicas(self.strategy,
+                                                replica_local.replica_local_weights(self.model, self.strategy))
+
+    def _step_and_average(self, batch):
+        logs = self._one_step(batch)
+        self._end_of_call()
+        return logs
+
     def _stopping(self, logs):
         if self.stop is None:
             return tf.constant(False)
@@ -49,7 +65,7 @@ class StepLoop:
         step's logs, steps run, whether a stop was asked for: the same on every worker, which all stop after that
         step)."""
         if self.eager:
-            return self._one_step(next(iterator)), 1, self._asked()
+            return self._step_and_average(next(iterator)), 1, self._asked()
         if self._known is None:
             self._known = self._compile_known()
         logs, ran, stopped = self._known(iterator, tf.constant(num_steps, tf.int64))
@@ -73,10 +89,10 @@ class StepLoop:
         if not bool(first.has_value()):
             return None, 0, False
         if self.eager:
-            return self._one_step(first.get_value()), 1, self._asked()
+            return self._step_and_average(first.get_value()), 1, self._asked()
         if num_steps == 1:  # the loop below draws a second batch before its first iteration
             if self._single is None:
-                self._single = tf.function(lambda batch: self._with_stop(self._one_step(batch)), autograph=False,
+                self._single = tf.function(lambda batch: self._with_stop(self._step_and_average(batch)), autograph=False,
                                            reduce_retracing=True)
             logs, stopped = self._single(first.get_value())
             return logs, 1, bool(stopped.numpy())
@@ -101,6 +117,7 @@ class StepLoop:
                 return i + 1, self._stopping(logs), logs
 
             ran, stopped, logs = tf.while_loop(more, step, (tf.constant(1, tf.int64), self._stopping(logs), logs))
+            self._end_of_call()
             return logs, ran, stopped
 
         return loop
@@ -123,6 +140,7 @@ class StepLoop:
 
             ran, stopped, logs, _ = tf.while_loop(more, step, (tf.constant(1, tf.int64), self._stopping(logs), logs,
                                                                iterator.get_next_as_optional()))
+            self._end_of_call()
             return logs, ran, stopped
 
         return loop
