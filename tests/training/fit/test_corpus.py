@@ -169,10 +169,15 @@ def value_of(result, key):
                          f"{sorted(result['history'])}")
 
 
-def within(tolerance, plain, ported):
-    """None when ``ported`` is within ``tolerance`` of ``plain``, else the one line saying by how much not."""
+def within(tolerance, plain, ported, replicas=1):
+    """None when ``ported`` is within ``tolerance`` of ``plain``, else the one line saying by how much not. A key
+    marked ``"replica_share": True`` is a loss the script's ``train_step`` computes by calling a Keras ``Loss``,
+    which Keras divides by the replicas in sync under any strategy (``model.fit`` on a MirroredStrategy too): on
+    ``replicas`` replicas it is compared times ``replicas``."""
     key = tolerance["key"]
     expected, got = value_of(plain, key), value_of(ported, key)
+    if tolerance.get("replica_share"):
+        got *= replicas
     if "abs" in tolerance:
         allowed = tolerance["abs"]
     else:
@@ -234,7 +239,8 @@ def test_corpus(name, way, plain_results, tmp_path):
         assert sorted(result["history"]) == sorted(plain["history"]), \
             f"{who}: History keys {sorted(result['history'])}, plain Keras has {sorted(plain['history'])}"
         assert result["epochs"] == plain["epochs"], f"{who}: {result['epochs']} epochs, plain Keras {plain['epochs']}"
-        problems += [f"{who}: {p}" for p in (within(t, plain, result) for t in tolerances(
+        replicas = 2 if way == "ported_2_workers" else 1
+        problems += [f"{who}: {p}" for p in (within(t, plain, result, replicas) for t in tolerances(
             os.path.join(CORPUS, name + ".py"))) if p]
     assert not problems, f"{name} ({way}) is not within TOLERANCE of plain Keras:\n" + "\n".join(problems)
     if way == "ported_2_workers":
@@ -273,6 +279,14 @@ def test_port_leaves_other_calls_alone():
 def test_port_refuses_anything_but_one_fit_call(source, count):
     with pytest.raises(ValueError, match=f"exactly one `X.fit\\(` call, found {count}"):
         port(source)
+
+
+def test_a_replica_share_is_compared_times_the_replicas():
+    plain, ported = {"history": {"d_loss": 0.5}, "after_fit": {}}, {"history": {"d_loss": 0.25}, "after_fit": {}}
+    share = {"key": "d_loss", "abs": 0.01, "replica_share": True}
+    assert within(share, plain, ported, replicas=2) is None
+    assert within(share, plain, ported, replicas=1) is not None
+    assert within({"key": "d_loss", "abs": 0.01}, plain, ported, replicas=2) is not None
 
 
 def test_results_in_reads_one_line_per_worker():

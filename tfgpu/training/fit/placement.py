@@ -63,13 +63,23 @@ def iterator(placement: Placement, data, epoch: int, first_step: int):
     """An iterator over ``data``'s batches of epoch ``epoch`` from ``first_step`` on, for ``strategy.run``:
     the pipeline's own on one replica; arrays through ``distribute_datasets_from_function`` (each worker yields its
     replicas' parts); a user's Dataset through ``experimental_distribute_dataset`` (tf.distribute's split)."""
+    return iter(_distributed(placement, data, epoch, first_step))
+
+
+def batch_spec(placement: Placement, data):
+    """The type of the batches ``iterator`` gives (per replica when distributed), without starting the data: a
+    Python generator's first elements are not drawn."""
+    return _distributed(placement, data, 0, 0).element_spec
+
+
+def _distributed(placement: Placement, data, epoch: int, first_step: int):
     ids = replica_ids(placement)
 
     def dataset(_context=None):
         return data.epoch_dataset(epoch, first_step, placement.num_replicas, ids)
 
     if single(placement):
-        return iter(dataset())
+        return dataset()
     if data.kind == "arrays":
-        return iter(placement.strategy.distribute_datasets_from_function(dataset))
-    return iter(placement.strategy.experimental_distribute_dataset(dataset()))
+        return placement.strategy.distribute_datasets_from_function(dataset)
+    return placement.strategy.experimental_distribute_dataset(dataset())

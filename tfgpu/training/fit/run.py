@@ -34,8 +34,10 @@ def fit(model, loop: arguments.LoopOptions, *, x, y, batch_size, epochs, verbose
     if validation_data is not None:
         val_x, val_y, val_weight = data_adapter_utils.unpack_x_y_sample_weight(validation_data)
         val = inputs.make(val_x, val_y, val_weight, validation_batch_size or batch_size, validation_steps)
-    with placement.strategy.scope():  # Keras' own build (fit's _maybe_symbolic_build), from the batch's structure
-        model._symbolic_build(data_batch=train.element_spec())
+    if not _build(model, placement, train):
+        from tfgpu.training.fit.steps import StepLoop
+
+        StepLoop(model, placement.strategy, "train").trace_first_step(placement_lib.batch_spec(placement, train))
     log.info("tfgpu.fit: %s; %s", placement.describe(), train.describe())
 
     from tfgpu.training import loop as loop_lib, stopping as stopping_lib
@@ -66,6 +68,20 @@ def fit(model, loop: arguments.LoopOptions, *, x, y, batch_size, epochs, verbose
     finally:
         outputs.close()
         state.close()
+
+
+def _build(model, placement, train) -> bool:
+    """Keras' own build (fit's ``_maybe_symbolic_build``) from the batch's structure, inside the strategy; False for
+    a model with no ``call`` of its own (a GAN whose ``train_step`` drives its parts), which cannot be called on a
+    batch: as under ``model.fit`` on one device, its first step builds what is left (its optimizers)."""
+    import keras
+
+    if type(model).call is keras.Model.call and not isinstance(model, keras.Sequential) and \
+            not getattr(model, "_is_graph_network", False):
+        return False
+    with placement.strategy.scope():
+        model._symbolic_build(data_batch=train.element_spec())
+    return True
 
 
 def agreed_seed(placement, seed):

@@ -1,6 +1,6 @@
-"""A ``tfgpu.fit`` run's checkpoints: the user's model (its optimizers and Keras' state through it), the steps trained
-and the position in the data, saved by the chief into ``<model_dir>/checkpoints`` (``training.checkpoint``: atomic,
-checked against the model before anything is restored).
+"""A ``tfgpu.fit`` run's checkpoints: the user's model (its optimizers and Keras' state through it), the states of its
+random seed generators, the steps trained and the position in the data, saved by the chief into
+``<model_dir>/checkpoints`` (``training.checkpoint``: atomic, checked against the model before anything is restored).
 
 The position (``Position``) is where the next step starts: Keras' epoch, the step inside it, the seed of the arrays'
 order and what the data was (kind, examples, batch size). A rerun with the same ``model_dir`` resumes there; one
@@ -53,6 +53,14 @@ def checked_position(record, current: Position, path: str) -> Position:
     return saved
 
 
+def random_states(model) -> list:
+    """The states of ``model``'s ``SeedGenerator``s (Dropout's, random augmentation's, a ``train_step``'s own): in
+    ``model.variables`` but not its ``weights``, and out of a TensorFlow checkpoint of the model, yet a resumed run
+    must draw what the uninterrupted run would."""
+    weights = {id(w) for w in model.weights}
+    return [v for v in model.variables if id(v) not in weights]
+
+
 class RunState:
     """The checkpoints of ``model`` on ``placement`` in ``model_dir``; ``every_s``: the timed interval (0: 2% of the
     time)."""
@@ -60,7 +68,7 @@ class RunState:
     def __init__(self, model, placement, model_dir: str, position: Position, every_s: float):
         with placement.strategy.scope():
             self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="fit_steps")
-        items = {"model": model}
+        items = {"model": model, "random_states": random_states(model)}
         if model.optimizer is not None:
             items["optimizer"] = model.optimizer
         self.position = position

@@ -43,6 +43,12 @@ class StepLoop:
         return keras_trainer.reduce_per_replica(outputs, self.strategy,
                                                 reduction=getattr(self.model, "_distribute_reduction_method", None) or "auto")
 
+    def trace_first_step(self, batch_spec) -> None:
+        """Traces one step on batches of ``batch_spec`` without running it, so that what the model's first step
+        creates (the optimizers of a model with no ``call``, which Keras builds there) exists before a checkpoint is
+        restored into it; nothing is trained and no data is drawn."""
+        tf.function(self._one_step).get_concrete_function(batch_spec)
+
     def _end_of_call(self):
         """Averages the replica-local weights after a training call (they exist once the first step has built the
         model, so this is traced after it)."""

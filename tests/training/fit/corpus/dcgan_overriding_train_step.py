@@ -19,7 +19,9 @@ weights kept and only the data order and the train_step's latent draws changed (
 three moved by 0.004, 0.005 and 0.0 (d_loss ~0.55, mean pixel ~0.14, accuracy 1.0); another seed, i.e. other
 initial weights, moved them by 0.09, 0.2 and 0.5, since a GAN's course hangs on its start, so a port must keep
 the weights the script made. An untrained discriminator sits at d_loss ~0.69, an untrained generator's mean
-pixel at ~0.5.
+pixel at ~0.5. ``d_loss`` is the loss ``train_step`` gets from calling its ``loss_fn``, which Keras divides by the
+replicas in sync under a strategy (so ``model.fit`` on a 2-replica MirroredStrategy reports half of it too): on 2
+workers it is compared times 2.
 """
 import keras
 import numpy as np
@@ -32,7 +34,7 @@ import corpus_report
 keras.utils.set_random_seed(0)
 
 TOLERANCE = [
-    {"key": "d_loss", "abs": 0.06},
+    {"key": "d_loss", "abs": 0.06, "replica_share": True},
     {"key": "generated_mean_pixel", "abs": 0.1},
     {"key": "discriminator_accuracy", "abs": 0.15},
 ]
