@@ -26,7 +26,7 @@ import tensorflow as tf
 from tfgpu.config import InputConfig, OptimizationConfig, PrecisionConfig
 from tfgpu.runtime import precision
 from tfgpu.training import optimizers, results
-from tfgpu.models import batch_norm, create_model, get_spec, heads, model_options
+from tfgpu.models import batch_norm, create_model, get_spec, heads, model_options, random_states
 from tfgpu.models.summary import count_params
 from tfgpu.tasks import classifier_head
 from tfgpu.tasks.base import MetricSpec, Task, register_task, unpack_batch
@@ -154,7 +154,7 @@ class ClassificationTask(Task):
         return ("loss", "accuracy") + clipping + ("nonfinite_steps",)
 
     def checkpoint_items(self):
-        return {"model": self.model, "optimizer": self.optimizer}
+        return {"model": self.model, "optimizer": self.optimizer, **random_states.items(self.model)}
 
     def per_example_loss(self, labels, outputs):
         """Cross-entropy in float32 of ``outputs``: logits, or probabilities when the softmax is not separable."""

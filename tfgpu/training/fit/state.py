@@ -15,6 +15,7 @@ import time
 
 import tensorflow as tf
 
+from tfgpu.models import random_states
 from tfgpu.training import checkpoint
 from tfgpu.training.fit.arguments import FitError
 
@@ -53,14 +54,6 @@ def checked_position(record, current: Position, path: str) -> Position:
     return saved
 
 
-def random_states(model) -> list:
-    """The states of ``model``'s ``SeedGenerator``s (Dropout's, random augmentation's, a ``train_step``'s own): in
-    ``model.variables`` but not its ``weights``, and out of a TensorFlow checkpoint of the model, yet a resumed run
-    must draw what the uninterrupted run would."""
-    weights = {id(w) for w in model.weights}
-    return [v for v in model.variables if id(v) not in weights]
-
-
 class RunState:
     """The checkpoints of ``model`` on ``placement`` in ``model_dir``; ``every_s``: the timed interval (0: 2% of the
     time)."""
@@ -68,7 +61,7 @@ class RunState:
     def __init__(self, model, placement, model_dir: str, position: Position, every_s: float):
         with placement.strategy.scope():
             self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="fit_steps")
-        items = {"model": model, "random_states": random_states(model)}
+        items = {"model": model, **random_states.items(model)}  # a resumed run draws what the whole run would
         if model.optimizer is not None:
             items["optimizer"] = model.optimizer
         self.position = position
