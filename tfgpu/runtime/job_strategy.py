@@ -89,6 +89,9 @@ def make(desc=None):
     else:
         strategy = tf.distribute.MirroredStrategy()
     tf.distribute.experimental_set_strategy(strategy)
+    from tfgpu.runtime import keras_variables
+
+    keras_variables.read_as_numbers()  # float(metric.result()) as on one device
     _JOB.update(strategy=strategy, desc=desc)
     return strategy
 

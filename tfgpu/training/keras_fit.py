@@ -156,6 +156,12 @@ def _is_multi_worker(strategy) -> bool:
     return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and strategy.extended._in_multi_worker_mode()
 
 
+def logs_as_tensors(logs):
+    """A step's logs as tensors made on its replica: a log may be a variable (a custom metric's ``result()`` returning
+    its own state), which cannot be reduced across workers as it is."""
+    return tf.nest.map_structure(lambda value: value if value is None else tf.identity(value), logs)
+
+
 def _reduce_logs(outputs, strategy):
     """Per-replica step outputs → one value each, the same on every worker."""
     if _is_multi_worker(strategy):
@@ -172,7 +178,7 @@ def _make_function(self, step_function):
 
     @tf.autograph.experimental.do_not_convert  # as Keras does: explicit tf.while_loop/tf.cond below, no autograph
     def one_step_on_data(data):
-        outputs = self.distribute_strategy.run(step_function, args=(data,))
+        outputs = self.distribute_strategy.run(lambda batch: logs_as_tensors(step_function(batch)), args=(data,))
         return _reduce_logs(outputs, self.distribute_strategy)
 
     if not self.run_eagerly:

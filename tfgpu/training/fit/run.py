@@ -21,6 +21,10 @@ def fit(model, loop: arguments.LoopOptions, *, x, y, batch_size, epochs, verbose
 
         logs.setup()
     placement = placement_lib.of_model(model)
+    if placement.num_replicas > 1:
+        from tfgpu.runtime import keras_variables
+
+        keras_variables.read_as_numbers()  # the script's float(metric.result()) after fit, as on one device
     if model.run_eagerly and placement.num_workers > 1:
         raise FitError("run_eagerly", "compile(run_eagerly=True) runs on one worker: each worker's steps must be "
                        "compiled to meet in the same collectives")

@@ -12,7 +12,7 @@ eagerly, one per call, as Keras does. A training call ends by averaging the weig
 """
 import tensorflow as tf
 
-from tfgpu.training import replica_local
+from tfgpu.training import keras_fit, replica_local
 
 
 def _is_multi_worker(strategy) -> bool:
@@ -30,7 +30,7 @@ class StepLoop:
         self.eager = bool(model.run_eagerly)
         if model.jit_compile is True and not self.eager:
             step_fn = tf.function(step_fn, jit_compile=True, reduce_retracing=True)
-        self.step_fn = step_fn
+        self.step_fn = lambda batch: keras_fit.logs_as_tensors(step_fn(batch))
         self.training = step == "train"
         self._known = self._optional = self._single = None
 
