@@ -85,3 +85,12 @@ def test_the_pipeline_gathers_a_workers_parts_from_memory():
     np.testing.assert_array_equal(np.concatenate([p[1].numpy() for p in parts]), order % 3)
     resumed = list(data.epoch_dataset(1, 2, num_replicas=2, replica_ids=[1]))  # step 2 on, replica 1 only
     assert [p[0]["ids"].numpy().tolist() for p in resumed] == [order[8 + 1:10].tolist()]
+
+
+def test_the_last_batch_is_smaller_only_when_the_examples_do_not_divide():
+    def input_of(n, batch, steps=None):
+        packed = (np.zeros((n, 2), "float32"), np.zeros((n,), "int64"), None)
+        return arrays.ArrayInput(packed, batch, shuffle=False, seed=0, steps_per_epoch=steps)
+
+    assert input_of(100, 32).last_batch_smaller() and not input_of(96, 32).last_batch_smaller()
+    assert not input_of(100, 32, steps=2).last_batch_smaller()  # steps_per_epoch stops before the partial batch

@@ -158,3 +158,11 @@ def test_a_finite_dataset_shorter_than_its_steps_per_epoch_is_rerun(data, tmp_pa
 
     plain, ours = both(helpers.classifier, args, tmp_path)
     assert ours.iterations == plain.iterations == 14 and ours.history.epoch == [0, 1, 2, 3]
+
+
+def test_a_pipeline_may_end_with_a_smaller_batch_unless_it_drops_the_remainder():
+    from tfgpu.training.fit import inputs
+
+    rows = tf.data.Dataset.from_tensor_slices((np.zeros((10, 2), "float32"), np.zeros((10,), "int64")))
+    assert inputs.make(rows.batch(4)).last_batch_smaller()
+    assert not inputs.make(rows.batch(4, drop_remainder=True)).last_batch_smaller()

@@ -91,3 +91,35 @@ def test_every_example_trains_once_per_epoch_on_two_workers_and_across_a_resume_
     assert _audits([str(tmp_path / "two"), "2"], tmp_path, launch_workers=2) == [{"2": 203}, {"2": 203}]
     _audits([str(tmp_path / "moved"), "2", "1:5"], tmp_path, launch_workers=2, expect=143)
     assert _audits([str(tmp_path / "moved"), "2"], tmp_path) == [{"2": 203}]
+
+
+EMBEDDING_SCRIPT = r'''
+import tfgpu
+import sys
+import keras, numpy as np, tensorflow as tf
+keras.utils.set_random_seed(0)
+x = np.random.RandomState(0).randint(0, 500, (2000, 32)); y = (x[:, 0] > 250).astype("int64")
+model = keras.Sequential([keras.Input((32,), dtype="int32"), keras.layers.Embedding(500, 16),
+                          keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(2, activation="softmax")])
+model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+data = (x, y) if sys.argv[1] == "arrays" else (tf.data.Dataset.from_tensor_slices((x, y)).batch(32),)
+history = tfgpu.fit(model, *data, batch_size=32 if sys.argv[1] == "arrays" else None, epochs=2, verbose=0,
+                    steps_per_loop=100)
+print("RESULT " + str(history.history["loss"][-1]))
+'''
+
+
+@pytest.mark.slow  # two runs on two workers: about a minute on 2 cores
+@pytest.mark.parametrize("kind", ["arrays", "dataset"])
+def test_sparse_gradients_train_on_two_workers_when_the_last_batch_is_partial(tmp_path, kind):
+    """An Embedding's gradients are all-gathered with the batch's shape; 2000 examples in batches of 32 end each
+    epoch with a batch of 16, which one call may not mix with full ones (TensorFlow's collectives keep an instance's
+    first shape: "Shape mismatch in the collective instance")."""
+    script = tmp_path / "embedding.py"
+    script.write_text(EMBEDDING_SCRIPT)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
+    proc = subprocess.run([sys.executable, "-m", "tfgpu.launch", "--num_workers=2", "--", sys.executable,
+                           str(script), kind], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    losses = [float(line.split("RESULT ", 1)[1]) for line in proc.stdout.splitlines() if "RESULT " in line]
+    assert len(losses) == 2 and losses[0] == losses[1] < 0.6932  # both workers, one model, below chance's log(2)

@@ -81,6 +81,11 @@ class ArrayInput:
                 f"{'a new order each epoch' if self.shuffle else 'in their order'}: every example once per epoch, "
                 f"split among the replicas by global batch of {self.batch_size}")
 
+    def last_batch_smaller(self) -> bool:
+        """Whether an epoch's last batch is partial (Keras' last batch)."""
+        return self.steps_per_epoch == num_steps(self.num_examples, self.batch_size) and \
+            self.num_examples % self.batch_size != 0
+
     def element_spec(self):
         """A batch's structure, for Keras' symbolic build: shapes with a free batch dimension."""
         import tensorflow as tf

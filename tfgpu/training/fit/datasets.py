@@ -37,6 +37,13 @@ class DatasetInput:
     def element_spec(self):
         return self.dataset.element_spec
 
+    def last_batch_smaller(self) -> bool:
+        """Whether the pipeline's last batch may be partial: its batch dimension is not fixed (no ``drop_remainder``)."""
+        import tensorflow as tf
+
+        specs = [s for s in tf.nest.flatten(self.dataset.element_spec) if getattr(s, "shape", None) is not None]
+        return any(s.shape.rank and s.shape[0] is None for s in specs)
+
     def epoch_dataset(self, epoch: int, first_step: int, num_replicas: int, replica_ids):
         return self.dataset.skip(first_step) if first_step else self.dataset
 

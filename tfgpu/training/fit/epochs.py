@@ -78,9 +78,12 @@ class Epochs:
                 log.warning("%s", RAN_OUT)
             steps = min(steps, known - self.running_seen)
         iterator = self._iterator(epoch)
+        alone = self._last_step_alone(steps if steps is not None else getattr(self.train, "num_batches", None))
         logs, stopped = {}, False
         while steps is None or position.step < steps:
             count = self.steps_per_call if steps is None else min(self.steps_per_call, steps - position.step)
+            if alone is not None and position.step < alone:
+                count = min(count, alone - position.step)
             self.callbacks.on_train_batch_begin(position.step)
             if self.stopping.any_worker_preempted():
                 self.stopping.stop_at(int(self.state.steps.numpy()))
@@ -117,6 +120,15 @@ class Epochs:
         if self.val is not None and (epoch + 1) % self.validation_freq == 0:
             epoch_logs.update({f"val_{name}": value for name, value in self.evaluate().items()})
         return epoch_logs
+
+    def _last_step_alone(self, steps):
+        """The step that starts a call of its own (else None): on several workers, an epoch's last step when its batch
+        may be smaller. TensorFlow's collectives keep the shape an instance first had for the rest of a call, and the
+        all-gather of sparse gradients (an Embedding's) follows the batch: one call must not mix batch sizes."""
+        if self.placement.num_workers == 1 or not steps or self.train.fixed_steps or \
+                not self.train.last_batch_smaller():
+            return None
+        return steps - 1
 
     def _iterator(self, epoch: int):
         if self.train.kind == "dataset" and self.train.fixed_steps:
