@@ -15,7 +15,7 @@ import types
 
 import pytest
 
-from tfgpu.training import run_dir
+from tfgpu.runtime import run_dir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

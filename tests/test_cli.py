@@ -13,7 +13,8 @@ from tfgpu import audit_input, benchmark, cli, evaluate, export, sample, train
 from tfgpu import config as config_lib
 from tfgpu import config_sources
 from tfgpu.models import registry  # noqa: F401 - imports TensorFlow (which raises the recursion limit) up front
-from tfgpu.training import restore, run_dir
+from tfgpu.runtime import run_dir
+from tfgpu.training import restore
 
 COMMANDS = ("train", "evaluate", "export", "sample", "benchmark", "audit_input", "launch", "convert", "doctor",
             "report", "plan")

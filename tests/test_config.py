@@ -6,7 +6,7 @@ import yaml
 from tfgpu import config as config_lib
 from tfgpu import config_sources
 from tfgpu.config import ConfigError
-from tfgpu.training import run_dir
+from tfgpu.runtime import run_dir
 
 BASE = {"dataset": "digits", "model": "small_cnn", "model_dir": "/tmp/unused"}
 

@@ -34,7 +34,7 @@ def heal(mode, index, workers):
     every 5 steps), beats after every step, trains to 30. In the first group worker VICTIM kills (kill) or stops
     (stop) itself at step AT; its peers then exit 129 (kill: a lost peer) or block (stop: a collective that waits)."""
     from tfgpu.runtime import heartbeat
-    from tfgpu.training import run_dir
+    from tfgpu.runtime import run_dir
     _, action, victim, at = mode.split(":")
     model_dir = os.environ["TINY_MODEL_DIR"]
     state = run_dir.checkpoint_state(model_dir)

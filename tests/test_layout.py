@@ -159,3 +159,25 @@ def test_the_readme_is_for_users_and_ci_runs_its_commands():
     assert tests in (root / ".ci" / "run").read_text().splitlines()
     for page in sorted((root / "docs").glob("*.md")):
         assert "\nThis page answers:\n" in page.read_text()[:400], page.name
+
+
+GROUND = {"config": set(), "durations": {"config"}, "runtime": {"config", "durations"},
+          "data": {"config", "durations", "runtime"}, "models": {"config", "durations", "runtime"}}
+UPWARD_ALLOWED = {("tfgpu.runtime.launcher", "tfgpu.cli")}  # the launcher reads a train flagfile with train's parser
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_the_ground_floors_import_nothing_above_them():
+    """config and durations, then runtime/, then data/ and models/ import only the floors below them (function-level
+    imports count): what runtime/ needed of training/ (the exit codes, the run directory's names, the gradient
+    clipping of the guarded step) lives in runtime/."""
+    modules = _modules()
+    upward = sorted((name, imported) for name, tree in modules.items() if _package(name) in GROUND
+                    for imported in _imports(tree, modules, anywhere=True)
+                    if _package(imported) != _package(name) and _package(imported) not in GROUND[_package(name)]
+                    and (name, imported) not in UPWARD_ALLOWED)
+    assert upward == []

@@ -20,7 +20,7 @@ import portpicker
 import pytest
 
 from tests.conftest import REPO, checkpoint_weights, read_history, read_metrics
-from tfgpu.training import run_dir
+from tfgpu.runtime import run_dir
 
 
 def _worker(args, data_cache, cluster, index):
@@ -249,7 +249,8 @@ def test_a_lost_worker_exits_129_and_max_restarts_reexecutes_the_same_command(mo
     import time
 
     from tfgpu import train
-    from tfgpu.training import experiment, failures
+    from tfgpu.runtime import failures
+    from tfgpu.training import experiment
 
     def lost(config, **kwargs):
         raise failures.WorkerLost("worker 0: a collective failed after step 10; rerun the same launch")

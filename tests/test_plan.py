@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import REPO
 from tfgpu import plan
 from tfgpu.training import results
-from tfgpu.training import run_dir
+from tfgpu.runtime import run_dir
 
 
 def write_run(model_dir, step_ms=(900.0, 40.0, 42.0, 41.0), batch=64, params=4_000_000):

@@ -12,7 +12,7 @@ from tfgpu import train
 from tfgpu.training import experiment
 from tfgpu.config import ConfigError
 from tfgpu.data import tfrecord
-from tfgpu.training import run_dir
+from tfgpu.runtime import run_dir
 
 DIGITS = ["--dataset=digits", "--model=small_cnn"]
 

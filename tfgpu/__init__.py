@@ -21,7 +21,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "fit": ("tfgpu.training.fit", "fit"),
     "ConfigError": ("tfgpu.config", "ConfigError"),
-    "Preempted": ("tfgpu.training.failures", "Preempted"),
+    "Preempted": ("tfgpu.runtime.failures", "Preempted"),
     "keras_fit": ("tfgpu.training.keras_fit", None),
 }
 

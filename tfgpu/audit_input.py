@@ -32,7 +32,7 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported anywhere
 
 from tfgpu.config import ConfigError, DatasetConfig  # noqa: E402
-from tfgpu.training import failures  # noqa: E402
+from tfgpu.runtime import failures  # noqa: E402
 
 USAGE = ("python -m tfgpu.audit_input --data_dir=D [--dataset=NAME] --num_workers=N [--replicas_per_worker=R] "
          "[--data_service_workers=K] [--epochs=E] [--read_records] [--resume_from_step=S --previous_num_workers=N "

@@ -44,7 +44,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is impor
 
 from tfgpu import cli  # noqa: E402
 from tfgpu.config import PRECISIONS, ConfigError  # noqa: E402
-from tfgpu.training import failures  # noqa: E402
+from tfgpu.runtime import failures  # noqa: E402
 from tfgpu.runtime import process_exit  # noqa: E402
 
 USAGE = ("python -m tfgpu.benchmark --model=NAME [--image_size=N] [--batch_size=B,...|auto] [--precision=P,...] "

@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     logs.setup()
     from tfgpu.config import ConfigError
     from tfgpu.data import convert
-    from tfgpu.training import failures
+    from tfgpu.runtime import failures
 
     try:
         convert.convert(parse_args(argv))

@@ -15,7 +15,7 @@ import sys
 
 from tfgpu import cli
 from tfgpu.config import ConfigError
-from tfgpu.training import failures
+from tfgpu.runtime import failures
 from tfgpu.runtime.advice import format_report, recommend
 from tfgpu.runtime.host import collect
 

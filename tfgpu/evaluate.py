@@ -12,9 +12,8 @@ import sys
 
 from tfgpu import cli
 from tfgpu.config import ConfigError
-from tfgpu.training import failures
-from tfgpu.runtime import fileio, process_exit
-from tfgpu.training import restore, run_dir
+from tfgpu.runtime import failures, fileio, process_exit, run_dir
+from tfgpu.training import restore
 
 USAGE = "python -m tfgpu.evaluate --model_dir=D [--checkpoint=PATH] [--data=DIR|NAME] [--output_json=F] [train flags]"
 

@@ -15,9 +15,9 @@ import sys
 
 from tfgpu import cli
 from tfgpu.config import ConfigError
-from tfgpu.runtime import fileio
-from tfgpu.training import failures, restore
-from tfgpu.training import run_dir
+from tfgpu.runtime import failures, fileio
+from tfgpu.training import restore
+from tfgpu.runtime import run_dir
 from tfgpu.training.exporting import read_description, save, summary, write_description
 
 USAGE = ("python -m tfgpu.export --model_dir=D [--format=keras|saved_model] [--output=PATH] [--checkpoint=PATH] "

@@ -32,7 +32,7 @@ import sys
 from tfgpu.runtime.launcher import LaunchError
 from tfgpu.runtime.rendezvous import RendezvousError
 from tfgpu.runtime.supervisor import Launcher
-from tfgpu.training import failures
+from tfgpu.runtime import failures
 
 USAGE = ("python -m tfgpu.launch --num_workers=N [--gpus_per_worker=G] [--cpu_cores_per_worker=K] "
          "[launcher flags] -- <train flags>")

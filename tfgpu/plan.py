@@ -37,8 +37,8 @@ from tfgpu import cli  # noqa: E402
 from tfgpu.bench import cores  # noqa: E402
 from tfgpu.bench import scaling  # noqa: E402
 from tfgpu.config import ConfigError  # noqa: E402
-from tfgpu.training import failures  # noqa: E402
-from tfgpu.training import run_dir  # noqa: E402
+from tfgpu.runtime import failures  # noqa: E402
+from tfgpu.runtime import run_dir  # noqa: E402
 
 USAGE = ("python -m tfgpu.plan --flagfile=F [train flags] --num_workers=2,4,8 --bandwidth=100mbit,1gbit "
          "[--latency_ms=0.5] [--output_json=F] [--validate]")

@@ -8,11 +8,11 @@ import sys
 
 from tfgpu import cli
 from tfgpu.config import ConfigError
-from tfgpu.training import failures
+from tfgpu.runtime import failures
 from tfgpu.reporting.report import write_report
 from tfgpu.runtime import fileio
 from tfgpu.training import results
-from tfgpu.training import run_dir
+from tfgpu.runtime import run_dir
 
 
 def main(argv=None) -> int:

@@ -13,8 +13,9 @@ from tfgpu import cli
 from tfgpu.config import ConfigError
 from tfgpu.runtime import fileio
 from tfgpu.tasks.gan.options import GanOptions
-from tfgpu.training import failures, restore
-from tfgpu.training import run_dir
+from tfgpu.runtime import failures
+from tfgpu.training import restore
+from tfgpu.runtime import run_dir
 
 USAGE = ("python -m tfgpu.sample --model_dir=D [--num=64] [--out=PNG] [--checkpoint=PATH] [--raw] [--seed=N] "
          "[--nrow=N] [train flags]")

@@ -4,7 +4,7 @@ Every ``Config`` field is a flag of the same name (declared by ``tfgpu.cli`` fro
 ``config.py``). Sources, lowest precedence first: field defaults, ``--config`` YAML,
 flagfiles, the command line. Flagfiles may nest (a relative path inside a
 flagfile is resolved against that file's directory first). Exit codes
-(``tfgpu.training.failures.EXIT_CODES``): 0 done, 1 bad flag or input, 2 too many
+(``tfgpu.runtime.failures.EXIT_CODES``): 0 done, 1 bad flag or input, 2 too many
 non-finite steps, 3 a GPU kernel failed, 129 a worker was lost (after
 ``--max_restarts`` re-executions), 130 stopped by Ctrl-C and 143 by SIGTERM (each after saving a checkpoint
 at the step in flight; a second Ctrl-C ends at once without saving).
@@ -22,7 +22,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from tfgpu import cli  # noqa: E402
 from tfgpu.runtime import logs, process_exit  # noqa: E402
-from tfgpu.training import failures  # noqa: E402
+from tfgpu.runtime import failures  # noqa: E402
 from tfgpu.training.history import PhaseTimer  # noqa: E402
 from tfgpu import config as config_lib  # noqa: E402
 from tfgpu import config_sources  # noqa: E402

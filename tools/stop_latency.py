@@ -19,7 +19,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)  # tfgpu from this checkout
-from tfgpu.training import run_dir  # noqa: E402 (after the checkout is on the path)
+from tfgpu.runtime import run_dir  # noqa: E402 (after the checkout is on the path)
 
 
 def main(argv=None) -> int:

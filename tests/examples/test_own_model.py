@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO, read_history, read_metrics
-from tfgpu.training import run_dir
+from tfgpu.runtime import run_dir
 
 EXAMPLE = os.path.join(REPO, "examples", "own_model")
 FLAGS = ["--flagfile=examples/own_model/own_model.flags", "--steps_per_loop=5", "--checkpoint_every_steps=10",

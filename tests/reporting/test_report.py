@@ -14,7 +14,7 @@ from PIL import Image
 from tfgpu.reporting import report
 from tfgpu.training import history as history_lib
 from tfgpu.training import metric_specs, results
-from tfgpu.training import run_dir
+from tfgpu.runtime import run_dir
 
 from tests.conftest import REPO
 

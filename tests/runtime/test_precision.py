@@ -15,8 +15,7 @@ import yaml
 
 from tests.conftest import REPO, read_history
 from tfgpu.config import Config
-from tfgpu.runtime import host, precision
-from tfgpu.training import run_dir
+from tfgpu.runtime import host, precision, run_dir
 
 SMALL = ["--dataset=digits", "--model=small_cnn", "--global_batch_size=32", "--eval_split=none", "--verbose=2",
          "--base_learning_rate=0.8", "--lr_schedule=constant"]
@@ -369,3 +368,12 @@ def test_a_float16_all_reduce_overflow_in_a_float32_run_names_the_all_reduce(run
     assert proc.returncode == 2, proc.output[-3000:]
     assert "summed in float16 (--allreduce_dtype=float16)" in proc.output, proc.output[-3000:]
     assert "--allreduce_dtype=bfloat16" in proc.output
+
+
+def test_clip_by_global_norm_measures_the_unscaled_gradient():
+    import tensorflow as tf
+
+    grads = [tf.constant([3.0, 0.0]) * 8, tf.constant([[4.0]]) * 8]  # norm 5, loss scale 8
+    clipped, norm = precision.clip_by_global_norm(grads, 1.0, tf.constant(8.0), num_replicas=1)
+    assert float(norm) == pytest.approx(5.0)
+    assert float(tf.linalg.global_norm(clipped)) / 8 == pytest.approx(1.0)

@@ -5,7 +5,7 @@ import pytest
 
 from tfgpu.runtime import restarts
 from tfgpu.runtime.restarts import Failure
-from tfgpu.training import run_dir
+from tfgpu.runtime import run_dir
 
 
 @pytest.mark.parametrize("exits, exited_at, stopped, running, cause", [

@@ -8,7 +8,8 @@ import keras
 import pytest
 import tensorflow as tf
 
-from tfgpu.training import experiment, failures, metric_specs
+from tfgpu.runtime import failures
+from tfgpu.training import experiment, metric_specs
 from tfgpu.config import Config
 from tfgpu.tasks.base import MetricSpec, Task, register_task, unpack_batch
 from tfgpu.tasks.registry import get_task, input_config

@@ -17,7 +17,7 @@ from tfgpu.models import register_model
 from tfgpu.tasks.base import register_task
 from tfgpu.tasks.classification import ClassificationTask
 from tfgpu.tasks.classifier_head import check_model
-from tfgpu.training import run_dir
+from tfgpu.runtime import run_dir
 
 
 @register_model("test_mlp_without_bn")

@@ -10,7 +10,7 @@ import yaml
 from tfgpu import config_sources, train
 from tfgpu.config import ConfigError
 from tfgpu.tasks.options import SECTIONS
-from tfgpu.training import run_dir
+from tfgpu.runtime import run_dir
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
 TASK_OPTIONS = [(task, f) for task, section in SECTIONS.items() for f in dataclasses.fields(section)]

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tests.conftest import REPO, read_history, read_metrics
-from tfgpu.training import run_dir
+from tfgpu.runtime import run_dir
 
 RESUMED = r"^0: .*restored .*" + re.escape(run_dir.CHECKPOINT_PREFIX) + r"(\d+): resuming at step \1$"
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 from tfgpu.config import ConfigError
 from tfgpu.runtime.distribute import Placement
 from tfgpu.training import checkpoint
-from tfgpu.training import run_dir
+from tfgpu.runtime import run_dir
 
 
 def _classifier(classes: int, hidden: int = 6):

@@ -12,7 +12,7 @@ from tfgpu import config_sources
 from tfgpu.config import Config, ConfigError
 from tfgpu.training import config_change
 from tfgpu.training.history import History
-from tfgpu.training import run_dir
+from tfgpu.runtime import run_dir
 
 BASE = dict(model_dir="/runs/r", dataset="digits", model="small_cnn", global_batch_size=32)
 FIELDS = {name: option.field for name, option in config_sources.options().items()}

@@ -11,7 +11,7 @@ from tests.training.model_files import NET
 from tfgpu import config as config_lib
 from tfgpu import config_sources
 from tfgpu.config import ConfigError
-from tfgpu.training import run_dir
+from tfgpu.runtime import run_dir
 from tests.conftest import read_history
 
 TINY = ["--dataset=digits", "--model=small_cnn", "--eval_split=none", "--steps_per_loop=1", "--tensorboard=false",

@@ -116,10 +116,3 @@ def test_adamw_excludes_bn_and_bias_from_decoupled_decay():
     opt.apply([tf.zeros_like(v) for v in model.trainable_variables], model.trainable_variables)
     np.testing.assert_allclose(model.trainable_variables[0].numpy(), kernel * (1 - 0.1 * 0.5), rtol=1e-6)
     np.testing.assert_allclose(model.trainable_variables[1].numpy(), np.ones(2))
-
-
-def test_clip_by_global_norm_measures_the_unscaled_gradient():
-    grads = [tf.constant([3.0, 0.0]) * 8, tf.constant([[4.0]]) * 8]  # norm 5, loss scale 8
-    clipped, norm = optimizers.clip_by_global_norm(grads, 1.0, tf.constant(8.0), num_replicas=1)
-    assert float(norm) == pytest.approx(5.0)
-    assert float(tf.linalg.global_norm(clipped)) / 8 == pytest.approx(1.0)

@@ -11,8 +11,7 @@ import uuid
 import numpy as np
 import pytest
 
-from tfgpu.runtime import fileio
-from tfgpu.training import run_dir
+from tfgpu.runtime import fileio, run_dir
 
 
 @pytest.fixture

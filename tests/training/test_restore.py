@@ -7,7 +7,7 @@ import pytest
 from tests.training.model_files import NET
 from tfgpu import config as config_lib
 from tfgpu import config_sources
-from tfgpu.training import run_dir
+from tfgpu.runtime import run_dir
 
 COMMANDS = ("evaluate", "export", "sample")
 

@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 from tests.conftest import REPO
 from tfgpu.config import ConfigError
 from tfgpu.training import results
-from tfgpu.training import run_dir
+from tfgpu.runtime import run_dir
 
 # A version-1 file as tfgpu wrote it before format_version (a --target classification run with
 # --skip_corrupt_records, --unfreeze_at_step), keys and values as they were on users' disks.

@@ -6,7 +6,8 @@ import types
 import pytest
 import tensorflow as tf
 
-from tfgpu.training import failures, loop
+from tfgpu.runtime import failures
+from tfgpu.training import loop
 from tfgpu.training.stopping import Stopping
 
 

@@ -13,7 +13,7 @@ from tests.conftest import REPO, read_history, read_metrics
 from tfgpu.config import ConfigError
 from tfgpu.training import metric_specs, results, target
 from tfgpu.training.metric_specs import Declarations, MetricSpec
-from tfgpu.training import run_dir
+from tfgpu.runtime import run_dir
 
 TINY = ["--dataset=digits", "--model=small_cnn", "--global_batch_size=64", "--steps_per_loop=2",
         "--checkpoint_every_steps=0", "--tensorboard=false", "--verbose=2"]

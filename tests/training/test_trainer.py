@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import checkpoint_weights, preempted, read_history, read_metrics
-from tfgpu.training import run_dir
+from tfgpu.runtime import run_dir
 
 SMALL = ["--dataset=digits", "--model=resnet20", "--global_batch_size=64", "--eval_split=none", "--verbose=2"]
 
@@ -163,7 +163,8 @@ def test_a_peer_lost_outside_the_train_loop_is_reported_as_worker_lost(tmp_path,
     import keras
     import tensorflow as tf
 
-    from tfgpu.training import experiment, failures
+    from tfgpu.runtime import failures
+    from tfgpu.training import experiment
     from tfgpu.config import Config
 
     config = Config(model_dir=str(tmp_path), dataset="digits", data_cache_dir=data_cache, model="small_cnn",
@@ -233,7 +234,7 @@ def test_scattered_skips_do_not_stop_the_run(tmp_path, data_cache):
 def test_consecutive_skips_across_a_loop_boundary_stop_the_run(tmp_path, data_cache, monkeypatch):
     import keras
 
-    from tfgpu.training import failures
+    from tfgpu.runtime import failures
 
     feeds = _recorded_feeds(monkeypatch)
     run, _ = _trainer_skipping(tmp_path, data_cache, lambda s: 6 <= s < 9, max_nonfinite_steps=3)
@@ -305,7 +306,8 @@ def test_a_kernel_error_fails_as_itself_not_as_a_lost_worker(tmp_path, data_cach
     import tensorflow as tf
 
     from tfgpu import train
-    from tfgpu.training import experiment, failures
+    from tfgpu.runtime import failures
+    from tfgpu.training import experiment
     from tfgpu.config import Config
 
     config = Config(model_dir=str(tmp_path), dataset="digits", data_cache_dir=data_cache, model="small_cnn",

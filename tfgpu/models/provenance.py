@@ -9,7 +9,7 @@ import logging
 
 from tfgpu.models import user
 from tfgpu.models.registry import is_registered
-from tfgpu.training import run_dir
+from tfgpu.runtime import run_dir
 
 log = logging.getLogger("tfgpu")
 

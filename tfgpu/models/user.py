@@ -27,7 +27,7 @@ import sys
 import types
 
 from tfgpu.config import ConfigError
-from tfgpu.training import run_dir
+from tfgpu.runtime import run_dir
 
 log = logging.getLogger("tfgpu")
 

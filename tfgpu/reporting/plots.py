@@ -10,7 +10,7 @@ import statistics
 
 from tfgpu.runtime import fileio
 from tfgpu.runtime.fileio import atomic_write_bytes
-from tfgpu.training import run_dir
+from tfgpu.runtime import run_dir
 
 PLOTS_DIR = run_dir.PLOTS_DIR
 

@@ -24,7 +24,7 @@ from tfgpu.runtime import fileio
 from tfgpu.runtime.fileio import atomic_write_bytes
 from tfgpu.training import config_change, metric_specs, results
 from tfgpu.training import history as history_lib
-from tfgpu.training import run_dir
+from tfgpu.runtime import run_dir
 from tfgpu.training import target as target_lib
 
 INPUT_BOUND_FRACTION = 0.1  # share of step time waiting for data above which a run is input-bound

@@ -16,7 +16,7 @@ import time
 from tfgpu.runtime import rendezvous, restarts
 from tfgpu.runtime.launcher import LaunchError, free_ports
 from tfgpu.runtime.supervisor import Launcher
-from tfgpu.training import failures as exit_codes
+from tfgpu.runtime import failures as exit_codes
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,7 @@ import re
 import signal
 import subprocess
 
-from tfgpu.training import failures as exit_codes  # the one table of exit codes (loads no TensorFlow)
+from tfgpu.runtime import failures as exit_codes  # the one table of exit codes (loads no TensorFlow)
 
 LAST_LINES = 20
 

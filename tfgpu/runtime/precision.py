@@ -209,6 +209,21 @@ def all_reduce_in(dtype: str, ctx, grads) -> list:
     return [tf.cast(s, g.dtype) for s, g in zip(ctx.all_reduce(tf.distribute.ReduceOp.SUM, wire), grads)]
 
 
+def clip_by_global_norm(grads, clip_norm: float, loss_scale, num_replicas: int, summed: bool = False):
+    """Clips the all-reduced gradient to ``clip_norm`` (measured unscaled) and returns per-replica shares.
+
+    Keras clips each replica's partial gradient before the all-reduce; this clips the true global
+    gradient instead. The optimizer sums the returned shares over replicas, giving the clipped sum.
+    ``summed``: ``grads`` are the cross-replica sum already (--allreduce_dtype; pass ``num_replicas=1``),
+    clipped as they are. Returns (grads, global_norm).
+    """
+    ctx = tf.distribute.get_replica_context()
+    total = grads if summed or not ctx else ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads)
+    norm = tf.linalg.global_norm([tf.cast(g, tf.float32) for g in total]) / loss_scale
+    factor = tf.minimum(1.0, clip_norm / (norm + 1e-12))
+    return [g * tf.cast(factor / num_replicas, g.dtype) for g in total], norm
+
+
 def apply_if_finite(optimizer, loss, grads, variables, clip_norm: float = 0.0, num_replicas: int = 1):
     """Applies ``grads`` unless the loss or a gradient on *any* replica is non-finite; returns (finite, norm).
 
@@ -219,8 +234,6 @@ def apply_if_finite(optimizer, loss, grads, variables, clip_norm: float = 0.0, n
     summed here in that dtype (``all_reduce_in``) and the sum must be finite too (a float16 overflow skips the
     step everywhere, as the sum is the same on every replica); the optimizer then applies the sum as it is.
     """
-    from tfgpu.training import optimizers
-
     local_bad = tf.logical_not(tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads] +
                                              [tf.math.is_finite(loss)]))
     ctx = tf.distribute.get_replica_context()
@@ -234,7 +247,7 @@ def apply_if_finite(optimizer, loss, grads, variables, clip_norm: float = 0.0, n
         finite = tf.logical_and(finite, tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads]))
     norm = None
     if clip_norm:
-        grads, norm = optimizers.clip_by_global_norm(grads, clip_norm, current_loss_scale(optimizer),
+        grads, norm = clip_by_global_norm(grads, clip_norm, current_loss_scale(optimizer),
                                                      1 if summed else num_replicas, summed=summed)
     poison = tf.where(finite, 0.0, float("nan"))
     poisoned = [g + tf.cast(poison, g.dtype) for g in grads]

@@ -5,7 +5,7 @@ are ``runtime/launcher.py``'s.
 A slot is one worker's place on the host (its cores and GPUs). The cause's slot is left out of the next group
 when the cause was killed by a signal or hung (its GPU, its memory or the process itself is suspect), unless
 --reuse_failed_slots; a group that lost a peer (129) or was preempted (143) with no other cause found comes back
-on the same slots. Exit codes 1-127 are permanent (``training/failures.py``: a bad flag, non-finite steps, a
+on the same slots. Exit codes 1-127 are permanent (``runtime/failures.py``: a bad flag, non-finite steps, a
 failed kernel): a restart would fail the same way, so the job stops.
 """
 import dataclasses
@@ -13,8 +13,7 @@ import json
 import re
 import signal
 
-from tfgpu.training import failures
-from tfgpu.training import run_dir
+from tfgpu.runtime import failures, run_dir
 
 
 @dataclasses.dataclass(frozen=True)

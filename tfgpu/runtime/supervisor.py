@@ -19,8 +19,7 @@ import time
 from tfgpu.runtime import heartbeat, restarts
 from tfgpu.runtime.launcher import (LAST_LINES, LaunchError, _child_setup, _ranges, batch_rule, core_sets, exit_code,
                                     free_ports, gpu_sets, host_gpus, tf_configs, worker_command, worst_exit_code)
-from tfgpu.training import failures as exit_codes
-from tfgpu.training import run_dir
+from tfgpu.runtime import failures as exit_codes, run_dir
 
 
 class Worker:

@@ -31,7 +31,7 @@ from tensorflow.python.checkpoint import graph_view, util as checkpoint_util  # 
 from tfgpu.config import ConfigError
 from tfgpu.runtime import fileio
 from tfgpu.runtime.distribute import Placement, worker_dir
-from tfgpu.training import run_dir
+from tfgpu.runtime import run_dir
 
 log = logging.getLogger("tfgpu")
 

@@ -18,7 +18,7 @@ import re
 
 from tfgpu import config_sources
 from tfgpu.config import Config, ConfigError
-from tfgpu.training import run_dir
+from tfgpu.runtime import run_dir
 
 log = logging.getLogger("tfgpu")
 

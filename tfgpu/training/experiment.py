@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from tfgpu.config import Config, ConfigError, DatasetConfig, RuntimeConfig, TrainerConfig
 from tfgpu.config_sources import save_yaml
 from tfgpu.training import config_change, exporting, results
-from tfgpu.training import run_dir
+from tfgpu.runtime import run_dir
 from tfgpu.training.history import PhaseTimer
 
 if TYPE_CHECKING:  # for Setup's field types only: these import TensorFlow, which setup() imports when it runs

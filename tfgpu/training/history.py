@@ -20,8 +20,8 @@ import os
 import sys
 import time
 
-from tfgpu.runtime import fileio, progress
-from tfgpu.training import config_change, run_dir
+from tfgpu.runtime import fileio, progress, run_dir
+from tfgpu.training import config_change
 
 log = logging.getLogger("tfgpu")
 

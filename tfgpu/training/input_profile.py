@@ -15,7 +15,7 @@ import tensorflow as tf
 from tfgpu.reporting.report import input_verdict
 from tfgpu.runtime.fileio import atomic_write_bytes
 from tfgpu.training import loop
-from tfgpu.training import run_dir
+from tfgpu.runtime import run_dir
 
 log = logging.getLogger("tfgpu")
 

@@ -12,7 +12,7 @@ No TensorFlow here: the report reads this module in a light process.
 import dataclasses
 import json
 
-from tfgpu.training import run_dir
+from tfgpu.runtime import run_dir
 
 SPECS_FILE = run_dir.METRIC_SPECS_FILE
 KINDS = ("train", "eval")

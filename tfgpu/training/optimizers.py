@@ -152,18 +152,3 @@ def l2_penalty(config: OptimizationConfig, variables, num_replicas: int):
         return tf.constant(0.0)
     squares = [tf.reduce_sum(tf.square(tf.cast(v, tf.float32))) for v in variables if decays(v)]
     return 0.5 * config.weight_decay * tf.add_n(squares) / num_replicas
-
-
-def clip_by_global_norm(grads, clip_norm: float, loss_scale, num_replicas: int, summed: bool = False):
-    """Clips the all-reduced gradient to ``clip_norm`` (measured unscaled) and returns per-replica shares.
-
-    Keras clips each replica's partial gradient before the all-reduce; this clips the true global
-    gradient instead. The optimizer sums the returned shares over replicas, giving the clipped sum.
-    ``summed``: ``grads`` are the cross-replica sum already (--allreduce_dtype; pass ``num_replicas=1``),
-    clipped as they are. Returns (grads, global_norm).
-    """
-    ctx = tf.distribute.get_replica_context()
-    total = grads if summed or not ctx else ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads)
-    norm = tf.linalg.global_norm([tf.cast(g, tf.float32) for g in total]) / loss_scale
-    factor = tf.minimum(1.0, clip_norm / (norm + 1e-12))
-    return [g * tf.cast(factor / num_replicas, g.dtype) for g in total], norm

@@ -4,8 +4,7 @@ checkpoint, with the same one-line errors in all three."""
 
 from tfgpu import cli
 from tfgpu.config import ConfigError
-from tfgpu.runtime import fileio
-from tfgpu.training import run_dir
+from tfgpu.runtime import fileio, run_dir
 
 
 def parser(prog: str, usage: str, description: str, what: str, own: tuple = ()) -> cli.ArgumentParser:

@@ -20,8 +20,7 @@ import json
 import math
 
 from tfgpu.config import ConfigError
-from tfgpu.runtime import fileio
-from tfgpu.training import run_dir
+from tfgpu.runtime import fileio, run_dir
 
 FILE = run_dir.METRICS_FILE
 VERSION = 2  # 1: the files written before format_version existed (the same flat keys)

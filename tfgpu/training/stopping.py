@@ -7,8 +7,8 @@ import time
 
 import tensorflow as tf
 
-from tfgpu.runtime import process_exit
-from tfgpu.training import failures, interrupts
+from tfgpu.runtime import failures, process_exit
+from tfgpu.training import interrupts
 
 log = logging.getLogger("tfgpu")
 

@@ -19,8 +19,8 @@ from tfgpu.data.input_position import InputPosition
 from tfgpu.runtime import heartbeat, precision, restarts
 from tfgpu.runtime.distribute import Placement
 from tfgpu.training import checkpoint as checkpoint_lib
-from tfgpu.training import run_dir
-from tfgpu.training import evaluation, failures, history, input_profile, loop, metric_specs, results, schedule
+from tfgpu.runtime import failures, run_dir
+from tfgpu.training import evaluation, history, input_profile, loop, metric_specs, results, schedule
 from tfgpu.training.stopping import Stopping
 from tfgpu.training.summaries import Summaries
 from tfgpu.training import target as target_lib

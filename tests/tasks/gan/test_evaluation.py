@@ -148,7 +148,8 @@ def test_a_sigterm_during_fid_saves_at_the_evaluated_step_and_records_no_evaluat
     from tests.conftest import read_history
     from tfgpu import config_sources
     from tfgpu.tasks.gan.task import GanTask
-    from tfgpu.training import checkpoint, experiment, failures
+    from tfgpu.runtime import failures
+    from tfgpu.training import checkpoint, experiment
 
     config = config_sources.build(task="gan", model="dcgan", dataset="digits", model_dir=str(tmp_path / "run"),
                                   data_cache_dir=data_cache, global_batch_size=8, latent_dim=8, seed=3,

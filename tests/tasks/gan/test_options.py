@@ -10,7 +10,7 @@ import pytest
 from tfgpu import cli, config_sources
 from tfgpu.config import ConfigError
 from tfgpu.tasks.gan.options import GAN_LOSSES, GanOptions
-from tfgpu.training import run_dir
+from tfgpu.runtime import run_dir
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "fixtures"
 GAN = {"task": "gan", "model": "dcgan", "dataset": "digits", "model_dir": "/runs/gan"}

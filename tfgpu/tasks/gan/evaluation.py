@@ -17,7 +17,7 @@ import tensorflow as tf
 from tfgpu.config import ConfigError
 from tfgpu.runtime import fileio
 from tfgpu.training import loop
-from tfgpu.training import run_dir
+from tfgpu.runtime import run_dir
 
 log = logging.getLogger("tfgpu")
 

@@ -36,7 +36,7 @@ import numpy as np
 
 from tfgpu.runtime import fileio
 from tfgpu.runtime.precision import float32_policy  # features are compared across runs: built in float32
-from tfgpu.training import run_dir
+from tfgpu.runtime import run_dir
 
 log = logging.getLogger("tfgpu")
 

@@ -14,8 +14,7 @@ import logging
 
 import tensorflow as tf
 
-from tfgpu.runtime import heartbeat
-from tfgpu.training import failures
+from tfgpu.runtime import failures, heartbeat
 from tfgpu.training.fit import placement as placement_lib
 from tfgpu.training.fit.steps import StepLoop
 

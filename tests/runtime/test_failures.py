@@ -2,13 +2,13 @@
 
 import pytest
 
-from tfgpu.training import failures
+from tfgpu.runtime import failures
 
 
 def test_only_collective_failures_count_as_a_lost_peer():
     import tensorflow as tf
 
-    from tfgpu.training import failures
+    from tfgpu.runtime import failures
 
     lost = [tf.errors.UnavailableError(None, None, "Socket closed"),
             tf.errors.DeadlineExceededError(None, None, "Collective ops timed out"),
@@ -27,7 +27,7 @@ def test_every_failure_has_its_exit_code_in_one_table_and_the_values_clusters_re
     import pytest
 
     from tfgpu.config import ConfigError
-    from tfgpu.training import failures
+    from tfgpu.runtime import failures
     from tfgpu.training.fit import FitError
 
     cases = [(ConfigError("model_dir", "x"), 1), (FitError("train_data", "x"), 1), (failures.NonFiniteError("x"), 2),
@@ -43,7 +43,7 @@ def test_a_ctrl_c_stop_is_a_preemption_and_a_keyboard_interrupt_exiting_130():
     raises for Ctrl-C; a command exits 130, says so in one line, and a SIGTERM's stop stays 143."""
     import signal
 
-    from tfgpu.training import failures
+    from tfgpu.runtime import failures
 
     stop = failures.stopped_by(signal.SIGINT)(12, "run/checkpoints/ckpt-12")
     assert isinstance(stop, failures.Preempted) and isinstance(stop, KeyboardInterrupt) and stop.step == 12
@@ -63,7 +63,7 @@ def test_the_launcher_and_the_table_load_no_tensorflow():
 
     from tests.conftest import REPO
 
-    probe = "import sys, tfgpu.launch, tfgpu.training.failures; print('tensorflow' in sys.modules)"
+    probe = "import sys, tfgpu.launch, tfgpu.runtime.failures; print('tensorflow' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True,
                           check=True).stdout.strip() == "False"
 

@@ -1,4 +1,4 @@
-"""training/run_dir.py: every name under model_dir lives there, each path is under model_dir and distinct, and
+"""runtime/run_dir.py: every name under model_dir lives there, each path is under model_dir and distinct, and
 no other module spells a run directory's file by joining model_dir with it."""
 import ast
 import inspect
@@ -8,8 +8,7 @@ import pathlib
 import pytest
 from hypothesis import given, strategies as st
 
-from tfgpu.runtime import restarts
-from tfgpu.training import run_dir
+from tfgpu.runtime import restarts, run_dir
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 ARGUMENTS = {"step": 7, "run": "train", "name": "loss", "pid": 123, "split": "test"}
