@@ -136,20 +136,23 @@ def test_mirrored_sums_come_back_from_the_call_and_every_replica_restarts_at_zer
     assert result == {"steps": 6, "calls": [[{"loss": 6.0, "skipped": 4.0}, 2], [{"loss": 6.0, "skipped": 4.0}, 2]]}
 
 
-def _placement(devices, workers=1):
+def _placement(devices, workers=1, worker_index=0):
     from types import SimpleNamespace
 
-    return SimpleNamespace(devices=tuple(devices), num_replicas=len(devices), num_workers=workers)
+    return SimpleNamespace(devices=tuple(devices), num_replicas=len(devices) * workers, num_workers=workers,
+                           worker_index=worker_index)
 
 
-def test_one_cpu_replica_reads_its_dataset_directly_and_devices_get_the_distributed_input():
-    """On the host CPU alone a distributed dataset has nowhere to prefetch to, yet doubled the CPU time of
-    every op while it existed; GPUs, several replicas and workers keep the strategy's distributed input."""
+def test_one_cpu_replica_per_worker_reads_its_dataset_directly_and_devices_get_the_distributed_input():
+    """On a worker whose one replica is its host CPU a distributed dataset has nowhere to prefetch to, yet
+    doubled the CPU time of every op while it existed; GPUs and several replicas on a worker keep the strategy's
+    distributed input."""
     cpu, gpu = "/job:localhost/replica:0/task:0/device:CPU:0", "/job:localhost/replica:0/task:0/device:GPU:0"
     assert loop.host_cpu_only(_placement([cpu]))
     assert not loop.host_cpu_only(_placement([gpu]))
     assert not loop.host_cpu_only(_placement([cpu, cpu.replace("CPU:0", "CPU:1")]))
-    assert not loop.host_cpu_only(_placement([cpu], workers=2))
+    assert loop.host_cpu_only(_placement([cpu], workers=2))
+    assert not loop.host_cpu_only(_placement([cpu, cpu.replace("CPU:0", "CPU:1")], workers=2))
 
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     batches = lambda ctx: tf.data.Dataset.range(6).map(lambda i: tf.fill([2], tf.cast(i, tf.float32)))  # noqa: E731
@@ -161,6 +164,20 @@ def test_one_cpu_replica_reads_its_dataset_directly_and_devices_get_the_distribu
     assert loop.as_floats(taken) == {"loss": 12.0}  # 2 x (0 + 1 + 2 + 3): every batch once, in order
     distributed = loop.input_iterator(strategy, _placement([gpu]), batches)
     assert isinstance(distributed, tf.distribute.DistributedIterator)
+
+
+def test_a_worker_of_several_reads_its_own_share_as_the_distributed_dataset_would_give_it():
+    """Worker 1 of 3, one CPU replica each: the dataset function gets the context
+    ``distribute_datasets_from_function`` would give worker 1, so each worker reads its own share."""
+    cpu = "/job:worker/replica:0/task:1/device:CPU:0"
+    seen = []
+
+    def batches(ctx):
+        seen.append((ctx.num_input_pipelines, ctx.input_pipeline_id, ctx.num_replicas_in_sync))
+        return tf.data.Dataset.range(9).shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+
+    iterator = loop.input_iterator(None, _placement([cpu], workers=3, worker_index=1), batches)
+    assert seen == [(3, 1, 3)] and [int(x) for x in iterator] == [1, 4, 7]
 
 
 def test_a_released_feed_stops_its_pipeline_on_another_thread_and_the_caller_does_not_wait():
