@@ -79,7 +79,7 @@ class Task(abc.ABC):
         # (step, examples trained by it) of the checkpoint this run resumes, or None: a point given in epochs
         # (--warmup, --lr_decay_at) falls where those epochs' records end, whatever batch earlier segments had.
         self.resumed_examples = resumed_examples
-        # The run's one step counter (a tf.Variable, ``tfgpu.training.trainer.step_counter``); the train loop
+        # The run's one step counter (a tf.Variable, ``tfgpu.training.loop.step_counter``); the train loop
         # advances it after each step, skipped or not. Learning-rate schedules and random draws follow it
         # (optimizer.iterations counts only applied updates).
         self.global_step = global_step

@@ -87,7 +87,8 @@ def setup(config: Config, write_config: bool = True, startup: PhaseTimer | None 
     from tfgpu.data import catalog, pipeline
     from tfgpu.models import list_models
     from tfgpu.tasks.registry import get_task, input_config
-    from tfgpu.training.trainer import Trainer, step_counter
+    from tfgpu.training.loop import step_counter
+    from tfgpu.training.trainer import Trainer
 
     startup.mark("tensorflow_import")
     distribute.configure_devices(RuntimeConfig.of(config))

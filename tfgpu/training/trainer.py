@@ -16,28 +16,18 @@ from tfgpu import durations
 from tfgpu.config import ConfigError, InputConfig, TrainerConfig
 from tfgpu.data import pipeline, records
 from tfgpu.data.input_position import InputPosition
-from tfgpu.runtime import heartbeat, precision, restarts
+from tfgpu.runtime import failures, heartbeat, precision, restarts, run_dir
 from tfgpu.runtime.distribute import Placement
 from tfgpu.training import checkpoint as checkpoint_lib
-from tfgpu.runtime import failures, run_dir
+from tfgpu.training import target as target_lib
 from tfgpu.training import evaluation, history, input_profile, loop, metric_specs, results, schedule
 from tfgpu.training.stopping import Stopping
 from tfgpu.training.summaries import Summaries
-from tfgpu.training import target as target_lib
 from tfgpu.training.history import History, Progress
 from tfgpu.training.hooks import LoopHooks
 from tfgpu.training.loop_log import LoopLog
 
 log = logging.getLogger("tfgpu")
-
-
-def step_counter(strategy) -> tf.Variable:
-    """The run's one step counter, made before the task so that the task is built with it (``Task.__init__``): it
-    counts every step, skipped or not; the train loop advances it, checkpoints save it, schedules and a GAN's
-    random draws follow it."""
-    with strategy.scope():
-        return tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
-                           aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
 
 
 class Trainer:
@@ -74,7 +64,7 @@ class Trainer:
         self.summaries = Summaries({kind: run_dir.summaries(self.model_dir, run)
                                     for kind, run in (("train", "train"), ("eval", "validation"))}
                                    if self.chief and self.config.tensorboard else {})
-        self.step = task.global_step  # the run's one step counter (``step_counter``), which the task was built with
+        self.step = task.global_step  # the run's one step counter (``loop.step_counter``), the task's
         self.input = InputPosition(inputs, info, placement, "data_dir" if config.data_dir else "dataset",
                                    config.allowed_config_changes, self.step)  # where the input is, what it names
         # A run that will load --init_weights (no checkpoint to restore) checks their file before building anything.

@@ -18,7 +18,7 @@ from tfgpu.runtime.distribute import Placement
 from tfgpu.tasks.gan import task as gan_task
 from tfgpu.tasks.registry import input_config
 from tfgpu.tasks.gan.task import GanTask
-from tfgpu.training.trainer import step_counter
+from tfgpu.training.loop import step_counter
 
 SMALL = ["--task=gan", "--dataset=digits", "--global_batch_size=16", "--latent_dim=16", "--eval_split=none",
          "--verbose=2", "--steps_per_loop=2"]
