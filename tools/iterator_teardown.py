@@ -1,5 +1,5 @@
 """How long the thread that destroys a tf.data iterator waits, with tf.data autotune on and off, and how long the
-caller waits when tfgpu releases the iterator (``tfgpu.training.loop.Feed.release``).
+caller waits when tfgpu releases the iterator (``tfgpu.runtime.feed.Feed.release``).
 
 In TensorFlow 2.21 the iterator's destructor stops tf.data's autotune thread and waits for it to end. That thread
 sleeps between optimizations (10 ms at first, twice as long after each, at most 60 s), and the cancellation that
@@ -29,6 +29,7 @@ def measure(mode: str, deletions: int, age_s: float) -> list:
 
     import tensorflow as tf
 
+    from tfgpu.runtime import feed as feed_lib
     from tfgpu.training import loop
 
     def work(x):
@@ -40,11 +41,11 @@ def measure(mode: str, deletions: int, age_s: float) -> list:
     dataset = tf.data.Dataset.range(1 << 40).map(work, num_parallel_calls=tf.data.AUTOTUNE).batch(8)
     dataset = dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
     placement = SimpleNamespace(devices=("/job:localhost/replica:0/task:0/device:CPU:0",), num_replicas=1,
-                                num_workers=1)
+                                num_workers=1, worker_index=0)
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     waits = []
     for _ in range(deletions):
-        feed = loop.Feed(loop.input_iterator(strategy, placement, lambda ctx: dataset))
+        feed = feed_lib.Feed(loop.input_iterator(strategy, placement, lambda ctx: dataset))
         end = time.time() + age_s
         while time.time() < end:
             next(feed.iterator)
