@@ -110,7 +110,7 @@ def train_here(data_cache, capsys):
 
 def read_history(model_dir, kind="train"):
     """The ``kind`` records of the run's history.jsonl, in the order written (through tfgpu's one reader)."""
-    from tfgpu.training import history
+    from tfgpu.metrics import history
 
     return [r for r in history.read(str(model_dir)) if r["kind"] == kind]
 

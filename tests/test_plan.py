@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import REPO
 from tfgpu import plan
-from tfgpu.training import results
+from tfgpu.metrics import results
 from tfgpu.runtime import run_dir
 
 

@@ -391,7 +391,7 @@ class InputConfig(Section):
 
 @dataclasses.dataclass(frozen=True)
 class OptimizationConfig(Section):
-    """The classifier's optimizer and learning-rate schedule (training/optimizers.py)."""
+    """The classifier's optimizer and learning-rate schedule (tasks/optimizers.py)."""
     optimizer: str
     base_learning_rate: float
     global_batch_size: int

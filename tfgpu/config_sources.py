@@ -165,7 +165,7 @@ def check_names(config: Config) -> Config:
                               f"{', '.join(builtin.BUILTIN + ('synthetic',))}, tfds:NAME, or --data_dir")
     if config.target:
         from tfgpu.tasks.eval_metrics import EVAL_METRICS
-        from tfgpu.training import target
+        from tfgpu.metrics import target
 
         metric, _ = target.parse(config.target)
         if config.task in EVAL_METRICS:
@@ -180,7 +180,7 @@ def check_references(config: Config) -> Config:
 
     fileio.check_schemes({f: getattr(config, f) for f in ("model_dir", "data_dir", "data_cache_dir")})
     if config.target:  # the metric is checked against the task's declarations when the trainer is built
-        from tfgpu.training import target
+        from tfgpu.metrics import target
 
         target.parse(config.target)
     from tfgpu.models.registry import get_spec  # cheap: no TensorFlow work

@@ -29,7 +29,7 @@ Workers run in their own process groups and die with the launcher (PR_SET_PDEATH
 """
 import sys
 
-from tfgpu.runtime.launcher import LaunchError
+from tfgpu.runtime.launcher import LaunchError, worker_command
 from tfgpu.runtime.rendezvous import RendezvousError
 from tfgpu.runtime.supervisor import Launcher
 from tfgpu.runtime import failures
@@ -131,16 +131,37 @@ def parse_args(argv):
     return args
 
 
+def train_batches(args, worker_args):
+    """(global batch, eval batch, CPU logical devices) of the workers' tfgpu.train flags, read without TensorFlow,
+    for the group sizes a restart may take (``launcher.batch_rule``); None for another program, a remote
+    --config/--flagfile (reading it would load TensorFlow) or flags that do not parse (the workers then say what
+    is wrong)."""
+    if worker_command(args, worker_args)[1:3] != ["-m", "tfgpu.train"] or any(
+            "://" in a for a in worker_args if a.startswith(("--config", "--flagfile"))):
+        return None
+    from tfgpu import cli
+
+    try:
+        parser = cli.ArgumentParser(prog="tfgpu.train")
+        parser.add_config_flags(config_file=True)
+        namespace = parser.parse_args(list(worker_args))
+        config = cli.resolve(namespace, namespace.config, references=False)
+    except Exception:  # noqa: BLE001 - the workers report their own flag errors
+        return None
+    return config.global_batch_size, config.eval_batch_size or config.global_batch_size, config.cpu_logical_devices
+
+
 def make_launcher(args, worker_args):
     """The one-host Launcher, or this host's agent of a job across hosts (--rendezvous)."""
+    batches = train_batches(args, worker_args)
     if not args.rendezvous:
-        return Launcher(args, worker_args)
+        return Launcher(args, worker_args, train_batches=batches)
     from tfgpu.runtime import agent, rendezvous
 
     url, job = rendezvous.parse_endpoint(args.rendezvous)
     rdzv = rendezvous.Rendezvous(url, job, agent.host_id(args.host), args.host, args.workers_per_host,
                                  ttl_s=args.rendezvous_ttl_s)
-    return agent.HostAgent(args, worker_args, rdzv)
+    return agent.HostAgent(args, worker_args, rdzv, train_batches=batches)
 
 
 def main(argv=None) -> int:

@@ -87,7 +87,7 @@ def _split(flag: str, text: str, parse) -> list:
 def read_run(model_dir: str, skip_loops: int = 1) -> dict:
     """Step time (median of the train loops after the first ``skip_loops``), per-replica batch and trainable
     parameters of a finished run in ``model_dir``."""
-    from tfgpu.training import results
+    from tfgpu.metrics import results
 
     result = results.read(model_dir, flag="from_model_dir")
     try:
@@ -150,7 +150,7 @@ BLOCK_LOOPS = 3  # loops per stretch of one link setting; the first after a chan
 
 
 def _train_records(model_dir: str) -> list:
-    from tfgpu.training import history
+    from tfgpu.metrics import history
 
     return [r for r in history.read(model_dir) if r.get("kind") == "train" and "step_time_ms" in r]
 

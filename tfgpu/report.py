@@ -11,7 +11,7 @@ from tfgpu.config import ConfigError
 from tfgpu.runtime import failures
 from tfgpu.reporting.report import write_report
 from tfgpu.runtime import fileio
-from tfgpu.training import results
+from tfgpu.metrics import results
 from tfgpu.runtime import run_dir
 
 

@@ -23,7 +23,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from tfgpu import cli  # noqa: E402
 from tfgpu.runtime import logs, process_exit  # noqa: E402
 from tfgpu.runtime import failures  # noqa: E402
-from tfgpu.training.history import PhaseTimer  # noqa: E402
+from tfgpu.metrics.history import PhaseTimer  # noqa: E402
 from tfgpu import config as config_lib  # noqa: E402
 from tfgpu import config_sources  # noqa: E402
 from tfgpu.config import ConfigError  # noqa: E402
@@ -117,7 +117,7 @@ def main(argv=None) -> int:
         print(f"stopped: interrupted by SIGINT (Ctrl-C) outside training; {config.model_dir} keeps its latest "
               "checkpoint, if any: run the same command again to resume from it", file=sys.stderr, flush=True)
         return failures.INTERRUPTED
-    from tfgpu.training import results
+    from tfgpu.metrics import results
 
     print("final: " + " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
                                for k, v in results.console_values(metrics).items()), flush=True)

@@ -12,8 +12,8 @@ import yaml
 from PIL import Image
 
 from tfgpu.reporting import report
-from tfgpu.training import history as history_lib
-from tfgpu.training import metric_specs, results
+from tfgpu.metrics import history as history_lib
+from tfgpu.metrics import metric_specs, results
 from tfgpu.runtime import run_dir
 
 from tests.conftest import REPO

@@ -83,12 +83,15 @@ def test_exit_code_rules():
 def test_group_sizes_must_divide_the_workers_global_batch():
     import argparse
 
+    from tfgpu.launch import train_batches
+
     args = argparse.Namespace(module=None, python="python")
-    fits = launcher.batch_rule(args, ["--flagfile=configs/quickstart.flags", "--global_batch_size=48",
-                                      "--model_dir=/tmp/r"], None)
+    fits = launcher.batch_rule(train_batches(args, ["--flagfile=configs/quickstart.flags", "--global_batch_size=48",
+                                                    "--model_dir=/tmp/r"]), None)
     assert [n for n in range(1, 7) if fits(n)] == [1, 2, 3, 4, 6]
-    two_gpus = launcher.batch_rule(args, ["--dataset=digits", "--global_batch_size=36", "--model_dir=/tmp/r"],
-                                   "0,1")
+    two_gpus = launcher.batch_rule(train_batches(args, ["--dataset=digits", "--global_batch_size=36",
+                                                        "--model_dir=/tmp/r"]), "0,1")
     assert [n for n in range(1, 7) if two_gpus(n)] == [1, 2, 3, 6]  # 2 replicas per worker: 4 x 2 does not divide 36
-    assert launcher.batch_rule(args, ["python", "my_script.py"], None)(7)  # another program: any size
-    assert launcher.batch_rule(args, ["--no_such_flag=1"], None)(7)  # the workers will name the flag
+    assert train_batches(args, ["python", "my_script.py"]) is None  # another program: any size
+    assert train_batches(args, ["--no_such_flag=1"]) is None  # the workers will name the flag
+    assert launcher.batch_rule(None, None)(7)

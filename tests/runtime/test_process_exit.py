@@ -1,7 +1,7 @@
 """A command's process ends once its outputs are written, however long a tracked teardown thread would take; its
 atexit handlers run, its output is flushed, its exit status kept, and threads of its own are still waited for.
 
-The teardown here is a plain thread that sleeps (what tfgpu tracks is a ``loop.Feed`` release thread stuck in
+The teardown here is a plain thread that sleeps (what tfgpu tracks is a ``feed.Feed`` release thread stuck in
 TensorFlow; ``tests/training/test_loop.py`` checks that Feed tracks it). Subprocesses: the process's end is what is
 tested. They import neither TensorFlow nor Keras, so each takes a second or two.
 """

@@ -9,7 +9,8 @@ import pytest
 import tensorflow as tf
 
 from tfgpu.runtime import failures
-from tfgpu.training import experiment, metric_specs
+from tfgpu.training import experiment
+from tfgpu.metrics import metric_specs
 from tfgpu.config import Config
 from tfgpu.tasks.base import MetricSpec, Task, register_task, unpack_batch
 from tfgpu.tasks.registry import get_task, input_config

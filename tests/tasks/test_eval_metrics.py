@@ -7,7 +7,7 @@ from tfgpu.tasks.eval_metrics import EVAL_METRICS
 @pytest.mark.parametrize("task", sorted(EVAL_METRICS))
 def test_each_task_s_listed_metrics_are_those_its_declarations_give(task):
     from tfgpu.tasks.registry import get_task
-    from tfgpu.training import metric_specs, target
+    from tfgpu.metrics import metric_specs, target
 
     assert tuple(target.eval_metrics(metric_specs.of_task(get_task(task)))) == EVAL_METRICS[task]
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tfgpu.training import results
+from tfgpu.metrics import results
 from tests.tools import load
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -11,7 +11,7 @@ import yaml
 from tfgpu import config_sources
 from tfgpu.config import Config, ConfigError
 from tfgpu.training import config_change
-from tfgpu.training.history import History
+from tfgpu.metrics.history import History
 from tfgpu.runtime import run_dir
 
 BASE = dict(model_dir="/runs/r", dataset="digits", model="small_cnn", global_batch_size=32)

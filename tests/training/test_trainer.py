@@ -92,7 +92,7 @@ def test_sigterm_saves_exits_143_and_resume_is_exact(run_train, data_cache, tmp_
 
 
 # Slow: the quickstart reduced, end to end (35 s loaded); training, evaluation, the report and the target run
-# in-process in tests/training/test_target.py, an export that loads without tfgpu in tests/examples.
+# in-process in tests/metrics/test_target.py, an export that loads without tfgpu in tests/examples.
 @pytest.mark.slow
 def test_quickstart_reduced_trains_evaluates_and_exports(run_train, tmp_path):
     model_dir = tmp_path / "qs"
@@ -334,22 +334,22 @@ def test_a_kernel_error_fails_as_itself_not_as_a_lost_worker(tmp_path, data_cach
 
 
 def _recorded_feeds(monkeypatch) -> list:
-    """Every loop.Feed the trainer makes from now on, in order (the train input's first)."""
-    from tfgpu.training import loop
+    """Every feed.Feed the trainer makes from now on, in order (the train input's first)."""
+    from tfgpu.runtime import feed as feed_lib
 
     feeds = []
 
-    class Recorded(loop.Feed):
+    class Recorded(feed_lib.Feed):
         def __init__(self, iterator):
             super().__init__(iterator)
             feeds.append(self)
 
-    monkeypatch.setattr(loop, "Feed", Recorded)
+    monkeypatch.setattr(feed_lib, "Feed", Recorded)
     return feeds
 
 
 def test_the_train_pipeline_is_released_before_the_final_evaluation(tmp_path, data_cache, monkeypatch):
-    """The train input is let go of (its destruction handed to another thread, loop.Feed.release) before the final
+    """The train input is let go of (its destruction handed to another thread, feed.Feed.release) before the final
     evaluation: destroyed on the trainer's thread it could keep the user waiting up to a minute for the outputs."""
     import keras
 
@@ -430,7 +430,7 @@ def test_a_preemption_at_an_evaluation_step_leaves_that_evaluation_to_the_resume
     """SIGTERM during the loop that ends at evaluation step 2: the checkpoint is saved before that evaluation, so
     the resumed run runs it first; its history has the evaluations (steps and values) of an uninterrupted run
     (before: step 2's evaluation was lost)."""
-    from tfgpu.training import history
+    from tfgpu.metrics import history
 
     common = ["--dataset=digits", "--model=small_cnn", "--global_batch_size=64", "--train_steps=4",
               "--steps_per_loop=2", "--eval_every_steps=2", "--checkpoint_every_steps=0", "--deterministic",

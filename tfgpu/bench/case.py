@@ -117,7 +117,7 @@ def _macs(model, image_shape):
 def _timed_history():
     """The class of the trainer's history writer that also notes wall and CPU clocks when each train loop's line is
     written (``marks``)."""
-    from tfgpu.training.history import History
+    from tfgpu.metrics.history import History
 
     class TimedHistory(History):
         def __init__(self, model_dir, enabled):

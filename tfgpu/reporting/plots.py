@@ -1,4 +1,4 @@
-"""The run report's PNG plots, drawn from the run's metric declarations (``tfgpu.training.metric_specs``).
+"""The run report's PNG plots, drawn from the run's metric declarations (``tfgpu.metrics.metric_specs``).
 
 Each declared ``plot`` is one figure, ``<model_dir>/plots/<plot>.png``; metrics that share a ``panel`` share
 an axis. No pyplot: no global backend, no GUI, safe in any process. Each PNG is drawn into memory and written

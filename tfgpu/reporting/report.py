@@ -2,12 +2,12 @@
 
 The command ``python -m tfgpu.report`` (``tfgpu/report.py``) calls ``write_report``.
 
-Reads ``history.jsonl`` (through ``tfgpu.training.history``), ``metrics.json`` (through
-``tfgpu.training.results``), ``config.yaml``, ``metric_specs.json`` and, after ``--profile_input``,
+Reads ``history.jsonl`` (through ``tfgpu.metrics.history``), ``metrics.json`` (through
+``tfgpu.metrics.results``), ``config.yaml``, ``metric_specs.json`` and, after ``--profile_input``,
 ``input_profile.json``; any of them may be missing or partial (a run still going, a crashed one). The
 report names no task and no metric: its plots, image links, best scores, task
 sections and task options come from the declarations the trainer wrote to
-``metric_specs.json`` (``tfgpu.training.metric_specs``); for a run older than that file
+``metric_specs.json`` (``tfgpu.metrics.metric_specs``); for a run older than that file
 they come from the registered task named in ``config.yaml``. The plots are
 drawn by ``tfgpu.reporting.plots``. The chief writes the report at the end of every run.
 ``model_dir`` may be any path TensorFlow opens (``gs://``, ``ram://``: ``tfgpu.runtime.fileio``).
@@ -22,10 +22,10 @@ from tfgpu.config import ConfigError
 from tfgpu.reporting.plots import series, write_plots
 from tfgpu.runtime import fileio
 from tfgpu.runtime.fileio import atomic_write_bytes
-from tfgpu.training import config_change, metric_specs, results
-from tfgpu.training import history as history_lib
+from tfgpu.metrics import metric_specs, results
+from tfgpu.metrics import history as history_lib
 from tfgpu.runtime import run_dir
-from tfgpu.training import target as target_lib
+from tfgpu.metrics import target as target_lib
 
 INPUT_BOUND_FRACTION = 0.1  # share of step time waiting for data above which a run is input-bound
 
@@ -311,7 +311,7 @@ def render(model_dir: str, history: dict, bad_lines: int, result, config, profil
             lines += [f"![{title}]({path})", ""]
     lines += _images(declared.metrics, history, model_dir)
 
-    lines += _config_changes(history.get(config_change.HISTORY_KIND, []))
+    lines += _config_changes(history.get(history_lib.CONFIG_CHANGE, []))
     if config:
         lines += ["## Key config", ""]
         keys = dict.fromkeys(KEY_CONFIG + tuple(declared.report_options))

@@ -35,8 +35,8 @@ class HostAgent(Launcher):
     """``Launcher`` whose groups are the job's rounds: ``args.num_workers`` / ``args.min_workers`` count the whole
     job's workers, ``args.workers_per_host`` this host's."""
 
-    def __init__(self, args, worker_args, rdzv: rendezvous.Rendezvous, out=None, err=None):
-        super().__init__(args, worker_args, out, err)
+    def __init__(self, args, worker_args, rdzv: rendezvous.Rendezvous, out=None, err=None, train_batches=None):
+        super().__init__(args, worker_args, out, err, train_batches)
         self.rdzv = rdzv
         self.local = args.workers_per_host
         self.round = None

@@ -175,23 +175,14 @@ def _child_setup(cores):
     return setup
 
 
-def batch_rule(args, worker_args, gpus_per_worker_share):
-    """``fits(n)``: whether n workers divide the workers' global (and eval) batch over their replicas, read from
-    the tfgpu.train flags they are given (no TensorFlow); always True for another program or flags that do not
-    parse (the workers then say what is wrong). ``gpus_per_worker_share``: one worker's CUDA_VISIBLE_DEVICES."""
-    if worker_command(args, worker_args)[1:3] != ["-m", "tfgpu.train"] or any(
-            "://" in a for a in worker_args if a.startswith(("--config", "--flagfile"))):
-        return lambda n: True  # another program, or a remote --config/--flagfile (reading it would load TensorFlow)
-    try:
-        from tfgpu import cli
-
-        parser = cli.ArgumentParser(prog="tfgpu.train")
-        parser.add_config_flags(config_file=True)
-        namespace = parser.parse_args(list(worker_args))
-        config = cli.resolve(namespace, namespace.config, references=False)
-    except Exception:  # noqa: BLE001 - the workers report their own flag errors
+def batch_rule(batches, gpus_per_worker_share):
+    """``fits(n)``: whether n workers divide the workers' global and eval batches over their replicas.
+    ``batches``: (global batch, eval batch, CPU logical devices) as the launch command read them from the workers'
+    tfgpu.train flags (``tfgpu.launch.train_batches``); None (another program, flags that do not parse) fits any
+    n. ``gpus_per_worker_share``: one worker's CUDA_VISIBLE_DEVICES."""
+    if batches is None:
         return lambda n: True
+    global_batch, eval_batch, cpu_logical_devices = batches
     gpus = len(gpus_per_worker_share.split(",")) if gpus_per_worker_share else 0
-    replicas = config.cpu_logical_devices or gpus or 1
-    batches = [config.global_batch_size, config.eval_batch_size or config.global_batch_size]
-    return lambda n: all(b % (n * replicas) == 0 for b in batches)
+    replicas = cpu_logical_devices or gpus or 1
+    return lambda n: all(b % (n * replicas) == 0 for b in (global_batch, eval_batch))

@@ -3,8 +3,8 @@
 Two things held finished runs open (TensorFlow 2.21, 2 cores):
 - the interpreter's last garbage collection, which walks every object TensorFlow made (2-6 s): ``gc.freeze``
   leaves them to the OS, which takes the memory back at exit;
-- an input pipeline still being destroyed on a ``loop.Feed`` release thread. tf.data's autotune thread can miss
-  its wake-up and sleep out its period, up to 60 s (``loop.Feed.release``); the interpreter waits for that
+- an input pipeline still being destroyed on a ``feed.Feed`` release thread. tf.data's autotune thread can miss
+  its wake-up and sleep out its period, up to 60 s (``feed.Feed.release``); the interpreter waits for that
   non-daemon thread. Measured: 26 s after the outputs of a 64 s mnist5k run to its target.
 
 Such threads are registered here (``track``). Destroying a pipeline writes nothing, so ``exit_command`` lets them

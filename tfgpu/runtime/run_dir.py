@@ -10,11 +10,11 @@ name under model_dir        written by                                 read by
 ==========================  =========================================  ============================================
 config.yaml                 training/experiment.py (start of a run)    training/restore.py, training/config_change.py,
                                                                        reporting/report.py, report.py, plan.py
-history.jsonl               training/history.py; runtime/supervisor.py reporting/report.py, plan.py,
+history.jsonl               metrics/history.py; runtime/supervisor.py reporting/report.py, plan.py,
                             (a failed group's line)                    tools/heal_trials.py
-metrics.json                training/results.py                        training/results.py (its readers), plan.py,
+metrics.json                metrics/results.py                        metrics/results.py (its readers), plan.py,
                                                                        tools/heal_trials.py
-metric_specs.json           training/metric_specs.py                   training/metric_specs.py (reporting)
+metric_specs.json           metrics/metric_specs.py                   metrics/metric_specs.py (reporting)
 model_source.json           models/provenance.py                       models/provenance.py
 input_profile.json          training/input_profile.py                  reporting/report.py
 report.md                   reporting/report.py                        the user
@@ -73,7 +73,7 @@ def history(model_dir: str) -> str:
 
 
 def metrics(model_dir: str) -> str:
-    """The run's results (``training/results.py`` owns its content)."""
+    """The run's results (``metrics/results.py`` owns its content)."""
     return os.path.join(model_dir, METRICS_FILE)
 
 

@@ -100,8 +100,9 @@ class Worker:
 class Launcher:
     """Starts and supervises the worker groups; ``run`` returns the job's exit code."""
 
-    def __init__(self, args, worker_args, out=None, err=None):
+    def __init__(self, args, worker_args, out=None, err=None, train_batches=None):
         self.args = args
+        self.train_batches = train_batches  # the workers' batches, as the launch command read them (batch_rule)
         self.worker_args = list(worker_args)
         self._out_lock = threading.Lock()
         self._stdout = out or sys.stdout.buffer
@@ -133,7 +134,7 @@ class Launcher:
         self.cores = core_sets(n, self.args.cpu_cores_per_worker)
         self.gpus = gpu_sets(n, self.args.gpus_per_worker, *host_gpus())
         self.command = worker_command(self.args, self.worker_args)
-        self.fits = batch_rule(self.args, self.worker_args, self.gpus[0])
+        self.fits = batch_rule(self.train_batches, self.gpus[0])
         self._heartbeats = tempfile.mkdtemp(prefix="tfgpu-launch-")
 
     def start(self, slots=None, configs=None):

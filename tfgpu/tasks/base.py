@@ -24,9 +24,30 @@ import abc
 import dataclasses
 
 from tfgpu.config import Config, ConfigError
-from tfgpu.training.metric_specs import MetricSpec  # noqa: F401  (re-exported: tasks declare their metrics with it)
+from tfgpu.metrics.metric_specs import MetricSpec  # noqa: F401  (re-exported: tasks declare their metrics with it)
 
 _TASKS: dict = {}
+
+
+class Stopped(Exception):
+    """A stop signal ended an evaluation part way (``Trainer.train`` saves and stops)."""
+
+
+class EvalRun:
+    """What ``Task.evaluate`` is handed: calling it runs the compiled eval loop over the eval split and returns the
+    sums as floats; ``check_stop()`` raises ``Stopped`` once a stop signal came (``stop``: the loops' ``StopFlag``),
+    for a task that evaluates by other means to call between its own batches (the GAN's FID: sampling, features)."""
+
+    def __init__(self, run, stop):
+        self._run = run
+        self._stop = stop
+
+    def __call__(self) -> dict:
+        return self._run()
+
+    def check_stop(self) -> None:
+        if self._stop is not None and self._stop.requested_by is not None:
+            raise Stopped()
 
 
 def register_task(name: str):
@@ -57,7 +78,7 @@ def unpack_batch(batch):
 class Task(abc.ABC):
     name = ""
     # Every metric the task may log: the keys ``train_step`` returns, ``learning_rates``/``loss_scales`` keys and
-    # the eval keys worth plotting or ranking (tfgpu.training.metric_specs.MetricSpec).
+    # the eval keys worth plotting or ranking (tfgpu.metrics.metric_specs.MetricSpec).
     metrics: tuple = ()
     # "module:function" names of functions (metrics dict, eval records) -> markdown lines the report adds.
     report_sections: tuple = ()
@@ -124,7 +145,7 @@ class Task(abc.ABC):
 
     def evaluate(self, run_eval, step: int, model_dir: str) -> dict:
         """Metrics of one evaluation. ``run_eval()`` runs ``eval_step`` over the eval split and returns the
-        sums over all replicas and batches as floats (``training.evaluation.EvalRun``); a task that evaluates by
+        sums over all replicas and batches as floats (``EvalRun``); a task that evaluates by
         other means calls ``run_eval.check_stop()`` between its batches, so that a stop signal ends it there."""
         return {}
 
@@ -167,7 +188,7 @@ class Task(abc.ABC):
         its output (``training.exporting``: by default "logits, one per class ...")."""
         return {}
 
-    # -- what the task adds to the run's results (metrics.json: tfgpu.training.results) ----------------
+    # -- what the task adds to the run's results (metrics.json: tfgpu.metrics.results) ----------------
     def extend_result(self, result):
         """The run's ``results.RunResult`` with what the task adds: by default its ``model_facts`` among the values
         (a task that counts its parameters sets ``parameters`` too)."""

@@ -25,7 +25,8 @@ import tensorflow as tf
 
 from tfgpu.config import InputConfig, OptimizationConfig, PrecisionConfig
 from tfgpu.runtime import precision
-from tfgpu.training import optimizers, results
+from tfgpu.tasks import optimizers
+from tfgpu.metrics import results
 from tfgpu.models import batch_norm, create_model, get_spec, heads, model_options, random_states
 from tfgpu.models.summary import count_params
 from tfgpu.tasks import classifier_head

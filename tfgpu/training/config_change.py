@@ -19,10 +19,11 @@ import re
 from tfgpu import config_sources
 from tfgpu.config import Config, ConfigError
 from tfgpu.runtime import run_dir
+from tfgpu.metrics import history as history_lib
 
 log = logging.getLogger("tfgpu")
 
-HISTORY_KIND = "config_change"
+HISTORY_KIND = history_lib.CONFIG_CHANGE
 
 # Fields that change what is trained, grouped by why. A change to one of them needs --allow_config_change.
 TRAINED = {

@@ -8,30 +8,11 @@ import time
 import tensorflow as tf
 
 from tfgpu.data import pipeline
+from tfgpu.runtime import feed as feed_lib
+from tfgpu.tasks.base import EvalRun, Stopped
 from tfgpu.training import loop
 
 log = logging.getLogger("tfgpu")
-
-
-class Stopped(Exception):
-    """A stop signal ended an evaluation part way (``Trainer.train`` saves and stops)."""
-
-
-class EvalRun:
-    """What ``Task.evaluate`` is handed: calling it runs the compiled eval loop over the eval split and returns the
-    sums as floats; ``check_stop()`` raises ``Stopped`` once a stop signal came (``stop``: the loops' ``StopFlag``),
-    for a task that evaluates by other means to call between its own batches (the GAN's FID: sampling, features)."""
-
-    def __init__(self, run, stop):
-        self._run = run
-        self._stop = stop
-
-    def __call__(self) -> dict:
-        return self._run()
-
-    def check_stop(self) -> None:
-        if self._stop is not None and self._stop.requested_by is not None:
-            raise Stopped()
 
 
 def evaluates(info, task) -> bool:
@@ -68,7 +49,7 @@ class Evaluation:
         def run_eval():
             steps = pipeline.eval_steps(self.inputs, self.info, self.placement.num_workers,
                                         self.placement.num_replicas)
-            with loop.Feed(loop.input_iterator(self.strategy, self.placement,
+            with feed_lib.Feed(loop.input_iterator(self.strategy, self.placement,
                                                pipeline.eval_dataset_fn(self.inputs, self.info, steps,
                                                                         self.task.examples()))) as feed:
                 sums, _, ran = self.loop(feed.iterator, tf.constant(steps))

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING
 
 from tfgpu.config import Config, ConfigError, DatasetConfig, RuntimeConfig, TrainerConfig
 from tfgpu.config_sources import save_yaml
-from tfgpu.training import config_change, exporting, results
+from tfgpu.training import config_change, exporting
+from tfgpu.metrics import results
 from tfgpu.runtime import run_dir
-from tfgpu.training.history import PhaseTimer
+from tfgpu.metrics.history import PhaseTimer
 
 if TYPE_CHECKING:  # for Setup's field types only: these import TensorFlow, which setup() imports when it runs
     from tfgpu.data.dataset_info import DatasetInfo

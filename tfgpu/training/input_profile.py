@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from tfgpu.reporting.report import input_verdict
 from tfgpu.runtime.fileio import atomic_write_bytes
+from tfgpu.runtime import feed as feed_lib
 from tfgpu.training import loop
 from tfgpu.runtime import run_dir
 
@@ -45,12 +46,12 @@ def measure(strategy, make_iterator, dataset_fn, train_loop, checkpoint_items: d
                 tensor.numpy()  # reading what the call returns (the loop's sums, the drained total) waits for it
         return batches * examples_per_iteration / (time.perf_counter() - started)
 
-    with loop.Feed(make_iterator(dataset_fn)) as pipeline:  # released off-thread, as the run's own (loop.Feed)
+    with feed_lib.Feed(make_iterator(dataset_fn)) as pipeline:  # released off-thread, as the run's own (runtime/feed.py)
         input_rate = rate(drain, pipeline.iterator, examples_per_batch)
     snapshot = tf.train.Checkpoint(**checkpoint_items)
     with tempfile.TemporaryDirectory(prefix="tfgpu-profile-") as tmp:
         saved = snapshot.write(os.path.join(tmp, "snapshot"))
-        with loop.Feed(make_iterator(lambda ctx: dataset_fn(ctx).take(1).cache().repeat())) as one_batch:
+        with feed_lib.Feed(make_iterator(lambda ctx: dataset_fn(ctx).take(1).cache().repeat())) as one_batch:
             compute_rate = rate(train_loop, one_batch.iterator, examples_per_step)
         snapshot.read(saved).assert_consumed()
     on_done()

@@ -2,7 +2,7 @@
 the last record and the throughput of every loop but the first, from which the run's results are made."""
 import numpy as np
 
-from tfgpu.training import results
+from tfgpu.metrics import results
 
 
 class LoopLog:

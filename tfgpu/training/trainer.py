@@ -17,13 +17,15 @@ from tfgpu.config import ConfigError, InputConfig, TrainerConfig
 from tfgpu.data import pipeline, records
 from tfgpu.data.input_position import InputPosition
 from tfgpu.runtime import failures, heartbeat, precision, restarts, run_dir
+from tfgpu.runtime import feed as feed_lib
 from tfgpu.runtime.distribute import Placement
 from tfgpu.training import checkpoint as checkpoint_lib
-from tfgpu.training import target as target_lib
-from tfgpu.training import evaluation, history, input_profile, loop, metric_specs, results, schedule
+from tfgpu.metrics import target as target_lib
+from tfgpu.training import evaluation, input_profile, loop, schedule
+from tfgpu.metrics import history, metric_specs, results
 from tfgpu.training.stopping import Stopping
 from tfgpu.training.summaries import Summaries
-from tfgpu.training.history import History, Progress
+from tfgpu.metrics.history import History, Progress
 from tfgpu.training.hooks import LoopHooks
 from tfgpu.training.loop_log import LoopLog
 
@@ -205,8 +207,8 @@ class Trainer:
         stopped = self.tracker.resume(step, self.evaluate, 0 < step < self.total_steps and step in eval_steps,
                                       self.startup)
         if step < self.total_steps and not stopped:
-            # Released on leaving the block, an error or a preemption included (loop.Feed: TF can block that)
-            with loop.Feed(loop.input_iterator(self.strategy, self.placement,
+            # Released on leaving the block, an error or a preemption included (runtime/feed.py: TF can block that)
+            with feed_lib.Feed(loop.input_iterator(self.strategy, self.placement,
                                                pipeline.train_dataset_fn(self.inputs, self.info, step,
                                                                          plan=self.input.plan,
                                                                          examples=self.task.examples()))) as feed:

@@ -8,7 +8,7 @@ import pytest
 
 from tests.tasks.gan.test_task import _batch, make_task  # noqa: F401 (fixture)
 from tfgpu.tasks.gan import fid
-from tfgpu.training.evaluation import EvalRun, Stopped
+from tfgpu.tasks.base import EvalRun, Stopped
 
 
 class _CountedFeatures(fid.FeatureExtractor):

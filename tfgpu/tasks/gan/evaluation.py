@@ -16,8 +16,9 @@ import tensorflow as tf
 
 from tfgpu.config import ConfigError
 from tfgpu.runtime import fileio
-from tfgpu.training import loop
+from tfgpu.runtime import feed as feed_lib
 from tfgpu.runtime import run_dir
+from tfgpu.tasks.base import Stopped
 
 log = logging.getLogger("tfgpu")
 
@@ -39,10 +40,8 @@ class GanEvaluation:
 
         A stop signal (Ctrl-C, SIGTERM) ends it after the batch in flight: the chief checks ``run_eval.check_stop``
         between the batches of the feature classifier's training, the images it reads, samples and scores; the
-        barrier tells the other workers, and every worker raises ``evaluation.Stopped`` (the trainer saves and
+        barrier tells the other workers, and every worker raises ``base.Stopped`` (the trainer saves and
         stops; the resumed run evaluates this step first)."""
-        from tfgpu.training.evaluation import Stopped
-
         if self.config.eval_split == "none":
             return {}
         result, stopped = {}, False
@@ -222,8 +221,8 @@ class GanEvaluation:
         examples = pipeline.split_examples(self.examples(), split).take(limit)
         batches = examples.map(lambda x, y, *weight: (x, y), num_parallel_calls=tf.data.AUTOTUNE).batch(512)
         images, labels = [], []
-        # Released off-thread: its destruction can wait up to the read's length (training/loop.py: Feed)
-        with loop.Feed(iter(batches)) as feed:
+        # Released off-thread: its destruction can wait up to the read's length (runtime/feed.py)
+        with feed_lib.Feed(iter(batches)) as feed:
             for x, y in feed.iterator:
                 if check_stop:
                     check_stop()

@@ -225,7 +225,7 @@ def _classifier_trained(model_path: str) -> tuple:
     """(trained, reason) from the results (metrics.json) of the run that exported ``<dir>/export/<name>.keras``;
     a classifier without them (a .keras file from elsewhere) or a run that does not say otherwise (any tfgpu
     classification run) was trained. Results that are not tfgpu's stop in one line naming them."""
-    from tfgpu.training import results
+    from tfgpu.metrics import results
 
     export_dir = os.path.dirname(fileio.absolute(model_path))
     if os.path.basename(export_dir) != run_dir.EXPORT_DIR:
@@ -302,7 +302,7 @@ def train_feature_classifier(train, val, out_dir: str, seed: int, epochs: int = 
     """Trains ``feature_classifier`` on (images in [-1, 1], labels) and exports it to
     ``<out_dir>/export/model.keras`` (atomically: ``fileio.atomic_local_path``; ``out_dir`` may be remote), the
     layout ``ClassifierFeatures`` reads. Returns
-    the record it writes to ``<out_dir>/metrics.json`` (``tfgpu.training.results``): e.g. {"trained": True,
+    the record it writes to ``<out_dir>/metrics.json`` (``tfgpu.metrics.results``): e.g. {"trained": True,
     "val_accuracy": ...}. Used when a GAN run names no extractor.
 
     With fewer than two classes among ``labels`` there is nothing to learn (one logit: the loss is 0 for
@@ -311,7 +311,7 @@ def train_feature_classifier(train, val, out_dir: str, seed: int, epochs: int = 
     stop check, which may raise: nothing is then exported) is called after each training batch."""
     import keras
 
-    from tfgpu.training import results
+    from tfgpu.metrics import results
 
     images, labels = train
     num_classes = int(max(labels.max(), val[1].max() if val is not None and len(val[1]) else 0)) + 1

@@ -4,7 +4,7 @@ import json
 import os
 
 from tfgpu.runtime import progress as progress_lib
-from tfgpu.training import history
+from tfgpu.metrics import history
 
 
 def test_progress_lines_show_elapsed_time_an_eta_and_the_best_target_value(capsys, monkeypatch):

@@ -4,7 +4,7 @@ The trainer builds a ``RunResult`` at the end of a run (the task adds its own th
 ``Task.extend_result``), ``experiment.run`` adds what the run ran on, and the chief ``write``s it. Resume
 (whether --target was already reached), the report, the GAN's FID (a feature classifier's record), ``plan`` and
 the tools ``read`` it. The keys and what each means are ``KEYS`` below, the one place they are named: renaming
-a key is an edit of this file (``tests/training/test_results.py`` renames every key here and checks that each
+a key is an edit of this file (``tests/metrics/test_results.py`` renames every key here and checks that each
 reader answers the same, and that no other module names the file).
 
 On disk metrics.json stays one flat JSON object, so a user's ``json.load(...)["examples_per_sec"]`` keeps

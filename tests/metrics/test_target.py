@@ -11,8 +11,8 @@ from hypothesis import given, settings, strategies as st
 
 from tests.conftest import REPO, read_history, read_metrics
 from tfgpu.config import ConfigError
-from tfgpu.training import metric_specs, results, target
-from tfgpu.training.metric_specs import Declarations, MetricSpec
+from tfgpu.metrics import metric_specs, results, target
+from tfgpu.metrics.metric_specs import Declarations, MetricSpec
 from tfgpu.runtime import run_dir
 
 TINY = ["--dataset=digits", "--model=small_cnn", "--global_batch_size=64", "--steps_per_loop=2",

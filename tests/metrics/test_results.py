@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 
 from tests.conftest import REPO
 from tfgpu.config import ConfigError
-from tfgpu.training import results
+from tfgpu.metrics import results
 from tfgpu.runtime import run_dir
 
 # A version-1 file as tfgpu wrote it before format_version (a --target classification run with
@@ -137,7 +137,7 @@ def _readers(directory: str) -> dict:
     from tfgpu import plan
     from tfgpu.reporting import report
     from tfgpu.tasks.gan import fid
-    from tfgpu.training import target
+    from tfgpu.metrics import target
 
     def tool(name):
         spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "tools", f"{name}.py"))

@@ -1,10 +1,10 @@
-"""training/metric_specs.py: which train metrics count skipped steps, and a train metric no declaration names."""
+"""metrics/metric_specs.py: which train metrics count skipped steps, and a train metric no declaration names."""
 import types
 
 import pytest
 
-from tfgpu.training import metric_specs
-from tfgpu.training.metric_specs import Declarations, MetricSpec
+from tfgpu.metrics import metric_specs
+from tfgpu.metrics.metric_specs import Declarations, MetricSpec
 
 DECLARED = Declarations((MetricSpec("loss", lower_is_better=True),
                          MetricSpec("nonfinite_steps", counts_nonfinite=True)))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfgpu.training import optimizers
+from tfgpu.tasks import optimizers
 from tfgpu.config import Config, ConfigError
 
 BASE = Config(model_dir="unused", dataset="digits", global_batch_size=1024, base_learning_rate=0.1)

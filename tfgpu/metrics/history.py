@@ -21,14 +21,14 @@ import sys
 import time
 
 from tfgpu.runtime import fileio, progress, run_dir
-from tfgpu.training import config_change
 
 log = logging.getLogger("tfgpu")
 
 # Kinds that record an event rather than a point of a curve: two may share a step (two fields changed at one
 # resume, two restarts from one checkpoint), so ``read_by_kind`` keeps every one. ``restart`` is the launcher's
 # (``runtime/supervisor.py``).
-EVENT_KINDS = (config_change.HISTORY_KIND, "restart")
+CONFIG_CHANGE = "config_change"  # a change --allow_config_change let a resume make (``training.config_change``)
+EVENT_KINDS = (CONFIG_CHANGE, "restart")
 
 
 class History:

@@ -15,7 +15,7 @@ import math
 import time
 
 from tfgpu.config import ConfigError
-from tfgpu.training import results
+from tfgpu.metrics import results
 
 log = logging.getLogger("tfgpu")
 
@@ -79,7 +79,7 @@ def parse(text: str) -> tuple:
 def eval_metrics(declarations) -> list:
     """Names of the task's eval metrics a target can name: numbers the task declares for its evaluations (not
     images, example counts or the loop's evaluation time)."""
-    from tfgpu.training.metric_specs import LOOP_METRICS
+    from tfgpu.metrics.metric_specs import LOOP_METRICS
 
     loop = {s.name for s in LOOP_METRICS}
     return [s.name for s in declarations.metrics
@@ -124,7 +124,7 @@ def sentence(result, declarations=None, best=None) -> str:
         metric, value = parse(outcome.target)
     except ConfigError:
         return f"target {outcome.target}: unreadable"
-    from tfgpu.training.metric_specs import Declarations
+    from tfgpu.metrics.metric_specs import Declarations
 
     shown = Target(metric, value, lower_is_better(metric, declarations or Declarations())).describe()
     if outcome.reached:
