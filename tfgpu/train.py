@@ -1,7 +1,7 @@
 """Entrypoint: ``python -m tfgpu.train --flagfile=configs/<job>.flags --model_dir=DIR [--flag=value ...]``.
 
 Every ``Config`` field is a flag of the same name (declared by ``tfgpu.cli`` from
-``config.py``). Sources, lowest precedence first: field defaults, ``--config`` YAML,
+``config/options.py``). Sources, lowest precedence first: field defaults, ``--config`` YAML,
 flagfiles, the command line. Flagfiles may nest (a relative path inside a
 flagfile is resolved against that file's directory first). Exit codes
 (``tfgpu.runtime.failures.EXIT_CODES``): 0 done, 1 bad flag or input, 2 too many

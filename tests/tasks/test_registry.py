@@ -20,7 +20,7 @@ def test_an_unknown_task_lists_the_known_ones():
 
 
 def test_the_task_flags_help_names_every_registered_task():
-    """config.py is a leaf and cannot read the registry: a task's name in --task's help is kept true here."""
+    """tfgpu.config is a leaf and cannot read the registry: a task's name in --task's help is kept true here."""
     import re
 
     from tfgpu.config import Config

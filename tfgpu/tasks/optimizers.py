@@ -5,7 +5,7 @@ The peak learning rate is ``base_learning_rate * global_batch_size / 256``
 one of ``SCHEDULES``: cosine decay to zero, step decay, or a constant. Warmup and
 decay points are durations (steps, epochs or examples: ``tfgpu.durations``). The optimizer is one of
 ``OPTIMIZERS`` (sgd, adam, adamw). A new schedule or optimizer is an entry here and its name among the flag's
-choices in ``config.py`` (a leaf, so it cannot read these tables); ``tests/tasks/test_optimizers.py`` ties
+choices in ``config/options.py`` (a leaf, so it cannot read these tables); ``tests/tasks/test_optimizers.py`` ties
 the two.
 """
 import dataclasses
