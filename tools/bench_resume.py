@@ -59,7 +59,7 @@ def steps_of(records: int, batch: int, workers: int = 1):
 
 def startup_record(model_dir: str) -> dict:
     """The last ``startup`` record of ``model_dir``'s history.jsonl (the run just made)."""
-    from tfgpu.training import history
+    from tfgpu.metrics import history
 
     found = [r for r in history.read(model_dir) if r.get("kind") == "startup"]
     if not found:

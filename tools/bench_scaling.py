@@ -19,7 +19,7 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)  # tfgpu from this checkout
-from tfgpu.training import results  # noqa: E402 (after the checkout is on the path)
+from tfgpu.metrics import results  # noqa: E402 (after the checkout is on the path)
 
 
 def _train_flags(args, global_batch: int, model_dir: str) -> list:

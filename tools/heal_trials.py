@@ -73,7 +73,7 @@ def _env():
 
 
 def read_history(model_dir):
-    from tfgpu.training import history
+    from tfgpu.metrics import history
 
     return history.read(model_dir)
 
@@ -81,7 +81,7 @@ def read_history(model_dir):
 def final_accuracy(model_dir):
     """The run's final val_accuracy from its metrics.json (``results.read``, the file's one reader), or None."""
     from tfgpu.config import ConfigError
-    from tfgpu.training import results
+    from tfgpu.metrics import results
 
     try:
         return results.final_metrics(results.read(model_dir)).get("val_accuracy")

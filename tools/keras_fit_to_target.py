@@ -133,7 +133,7 @@ def main(argv=None) -> int:
     import numpy as np
 
     from tfgpu.models import create_model
-    from tfgpu.training.optimizers import decays  # tfgpu's rule: kernels decay, BatchNorm and biases do not
+    from tfgpu.tasks.optimizers import decays  # tfgpu's rule: kernels decay, BatchNorm and biases do not
 
     keras.utils.set_random_seed(args.seed)
     keras.mixed_precision.set_dtype_policy(args.precision)  # float32 unless told: fit as users write it

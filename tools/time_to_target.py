@@ -35,7 +35,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)  # tfgpu from this checkout
-from tfgpu.training import results  # noqa: E402 (after the checkout is on the path)
+from tfgpu.metrics import results  # noqa: E402 (after the checkout is on the path)
 
 SIDES = ("tfgpu", "fit")
 
@@ -77,7 +77,7 @@ def parser() -> argparse.ArgumentParser:
 def check(args: argparse.Namespace) -> None:
     """Every flag checked before the first run; raises UsageError naming the flag."""
     from tfgpu.config import ConfigError
-    from tfgpu.training.target import parse
+    from tfgpu.metrics.target import parse
 
     try:
         parse(args.target)
@@ -152,7 +152,7 @@ def commands(args: argparse.Namespace, workdir: str, repeat: int) -> dict:
 
 def read_outcome(side: str, path: str) -> dict:
     """The fields both sides share, under this tool's names, from a finished run's result file (tfgpu: its
-    metrics.json, read through ``tfgpu.training.results``; fit: keras_fit_to_target.py's JSON, in these names)."""
+    metrics.json, read through ``tfgpu.metrics.results``; fit: keras_fit_to_target.py's JSON, in these names)."""
     if side == "tfgpu":
         result = results.read(os.path.dirname(path))
         outcome = result.target or results.TargetOutcome("", False)
