@@ -101,10 +101,11 @@ def test_digits_resumed_on_another_topology_reads_0_twice_and_0_never(data_cache
 
 @pytest.mark.parametrize("workers,before,shuffle_buffer", [(1, 1, 10000), (3, 2, 8)])
 def test_the_index_audit_computes_the_keys_the_real_pipelines_read(four_shards, workers, before, shuffle_buffer):
-    """audit_input's default reads no record: each worker's keys come from the epochs' orders (data.order). They
+    """audit_input's default reads no record: each worker's keys come from the epochs' orders (data.index.order). They
     must be the keys the real pipelines read, in order, across an epoch boundary and a resume on another topology."""
     from tfgpu.config import Config, DatasetConfig
-    from tfgpu.data import catalog, position, resume
+    from tfgpu.data import catalog
+    from tfgpu.data.index import position, resume
     from tfgpu.tasks.registry import input_config
 
     config = Config(model_dir="unused", data_dir=four_shards, global_batch_size=6, seed=3,

@@ -152,7 +152,7 @@ def rgb_dataset(tmp_path):
     """A converted dataset of 64 random 16x16 RGB PNGs in 4 classes (real input pipeline, decode included)."""
     import numpy as np
 
-    from tfgpu.data import tfrecord
+    from tfgpu.data.schema import tfrecord
 
     directory = str(tmp_path / "rgb")
     rng = np.random.default_rng(0)

@@ -86,7 +86,7 @@ def test_a_length_in_epochs_trains_that_many_records_whatever_batches_earlier_se
     """Segments of (steps, global batch), each resumed with --allow_config_change=global_batch_size: the run's
     --train=Nep (or Nex) ends at the first step whose records reach N epochs; it was the new batch's steps for the
     whole run (1ep after 24 -> 48 at step 10 trained 960 of 1,200 records)."""
-    from tfgpu.data import position
+    from tfgpu.data.index import position
 
     step = fed = 0
     for steps, batch in segments[:-1]:
@@ -114,7 +114,7 @@ def test_without_a_batch_change_a_resume_counts_exactly_as_an_uninterrupted_run(
                                                                                 epochs):
     """The data position's records fed, on any number of workers (an epoch leaves records % workers out), give the
     uninterrupted run's --train steps and epochs: resuming must not move the end by a step."""
-    from tfgpu.data import position
+    from tfgpu.data.index import position
 
     batch = workers * per_worker
     hypothesis.assume(records // workers >= per_worker)

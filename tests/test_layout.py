@@ -105,7 +105,7 @@ def test_tests_mirror_the_package():
 
 
 SECTIONED = {"tfgpu.runtime.distribute": "RuntimeConfig", "tfgpu.data.catalog": "DatasetConfig",
-             "tfgpu.data.pipeline": "InputConfig", "tfgpu.tasks.optimizers": "OptimizationConfig",
+             "tfgpu.data.input.pipeline": "InputConfig", "tfgpu.tasks.optimizers": "OptimizationConfig",
              "tfgpu.training.trainer": "TrainerConfig"}
 
 
@@ -186,3 +186,28 @@ def test_no_circle_among_packages():
 
 def test_the_circle_check_finds_a_circle_of_three_packages():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+
+
+def _floors_of_the_map() -> dict:
+    """Package -> floor, from the ``floor N  a, b`` block of docs/architecture.md's "Packages"."""
+    import re
+
+    text = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    floors = {}
+    for number, names in re.findall(r"^floor (\d+)  (.+)$", text, flags=re.M):
+        for name in names.split(", "):
+            assert name not in floors, f"{name} is on two floors of the map"
+            floors[name] = int(number)
+    return floors
+
+
+def test_every_import_points_down_the_map_in_docs_architecture():
+    """docs/architecture.md's map is the code's: every package (``tfgpu`` for tfgpu/__init__.py) on one floor, and
+    every import from a floor to a lower one."""
+    floors = {("tfgpu" if name == "" else name): floor for name, floor in _floors_of_the_map().items()}
+    arrows = {(a or "tfgpu", b or "tfgpu"): edges for (a, b), edges in _package_arrows().items()}
+    packages = {name for arrow in arrows for name in arrow}
+    assert sorted(packages - set(floors)) == [] and sorted(set(floors) - packages) == []
+    wrong = [f"{a} (floor {floors[a]}) imports {b} (floor {floors[b]}): {edges[0][0]} imports {edges[0][1]}"
+             for (a, b), edges in sorted(arrows.items()) if floors[a] <= floors[b]]
+    assert wrong == []

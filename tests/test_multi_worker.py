@@ -184,14 +184,15 @@ def test_sigterm_to_one_worker_stops_all_inside_a_loop_at_the_same_step(tmp_path
 
 def test_two_workers_through_the_launcher_match_mirrored_two_replicas(run_train, tmp_path, data_cache):
     """Same global batches either way, unshuffled, BatchNorm synchronized: each worker trains on a contiguous half
-    of the one train shard (tfgpu.data.pipeline.train_share), 32 records a step, so global batch k is records
+    of the one train shard (tfgpu.data.input.pipeline.train_share), 32 records a step, so global batch k is records
     32k..32k+31 of each half; the mirrored run reads a copy of the shard in that order (blocks of 32 from the two
     halves in turn), 64 records a step split over its 2 replicas.
     Tolerance: 1e-4 on per-loop losses, 1e-4 absolute + 1e-4 relative on every variable (small_cnn: see
     tests/training/test_trainer.py::test_mirrored_two_replicas_matches_one_device for why not a deeper net).
     The launched job is also the default suite's end-to-end multi-worker run: both workers train every step and
     report the same all-reduced loss, only the chief writes checkpoints, evaluation covers the split once."""
-    from tfgpu.data import builtin, tfrecord
+    from tfgpu.data.schema import tfrecord
+    from tfgpu.data.sources import builtin
 
     data = builtin.load_builtin("digits")
     images, labels = data["splits"]["train"]

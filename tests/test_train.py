@@ -11,7 +11,7 @@ from tests.conftest import read_history
 from tfgpu import train
 from tfgpu.training import experiment
 from tfgpu.config import ConfigError
-from tfgpu.data import tfrecord
+from tfgpu.data.schema import tfrecord
 from tfgpu.runtime import run_dir
 
 DIGITS = ["--dataset=digits", "--model=small_cnn"]

@@ -2,7 +2,7 @@
 [--data_service_workers=K] [--epochs=E] [--read_records] [--output_json=F] [train flags]``.
 
 Answers "does each worker see each example exactly once?" for a run's own flags: computes every worker's
-training order (``data.order``, the one ``pipeline.train_dataset_fn`` reads by, with the run's seed, batch,
+training order (``data.index.order``, the one ``pipeline.train_dataset_fn`` reads by, with the run's seed, batch,
 shuffle settings) for ``--epochs`` epochs from the shards' record index, without reading a record (seconds for
 ImageNet), and prints, per epoch, how many records of the train split were seen once, never (missing) and twice or
 more (duplicated). ``--read_records`` reads them through the real pipelines instead (as a tf.data service always
@@ -85,7 +85,7 @@ def read_keys(config, info, num_workers: int, replicas_per_worker: int, records:
     import numpy as np
     import tensorflow as tf
 
-    from tfgpu.data import pipeline
+    from tfgpu.data.input import pipeline
     from tfgpu.tasks.registry import input_config
 
     dataset_fn = pipeline.train_dataset_fn(input_config(config), info, start_step, record_keys=True, plan=plan)
@@ -100,10 +100,11 @@ def read_keys(config, info, num_workers: int, replicas_per_worker: int, records:
 
 def index_keys(inputs, info, num_workers: int, records: int, plan=None):
     """The first ``records`` record identities each worker's training pipeline feeds (resumed by ``plan``), in
-    order, computed from the epochs' orders (``data.order``) without reading a record: what ``read_keys`` reads."""
+    order, computed from the epochs' orders (``data.index.order``) without reading a record: what ``read_keys``
+    reads."""
     import numpy as np
 
-    from tfgpu.data import pipeline
+    from tfgpu.data.input import pipeline
 
     per_worker = []
     for worker in range(num_workers):
@@ -126,7 +127,7 @@ def _count_epoch(total: int, first_of_file, parts, ranges, epoch_length: int, be
     ``unreadable`` (a mask of the split) are never missing."""
     import numpy as np
 
-    from tfgpu.data import position
+    from tfgpu.data.index import position
 
     seen = np.zeros(total, np.int64)
     np.add.at(seen, np.asarray(before, np.int64), 1)
@@ -143,7 +144,7 @@ def _share_indices(info, first_of_file, num_workers: int):
     """Each worker's share of an ordinary epoch (its readable records), as split indices."""
     import numpy as np
 
-    from tfgpu.data import pipeline, records
+    from tfgpu.data.input import pipeline, records
 
     split = info.train_split
     return [np.concatenate([first_of_file[f] + records.readable_indices(info, split, f, first, n)
@@ -161,7 +162,9 @@ def audit(config, num_workers: int, replicas_per_worker: int = 1, epochs: int = 
     before plus fed after), then ``epochs`` epochs."""
     import numpy as np
 
-    from tfgpu.data import catalog, position, records, resume
+    from tfgpu.data import catalog
+    from tfgpu.data.index import position, resume
+    from tfgpu.data.input import records
     from tfgpu.tasks.registry import input_config
 
     info = catalog.prepare(DatasetConfig.of(config))
@@ -238,7 +241,7 @@ def format_report(result: dict) -> str:
 
 def _previous_topology(opts, config):
     """The interrupted run's topology from the --previous_* flags (each defaults to this run's value)."""
-    from tfgpu.data import position
+    from tfgpu.data.index import position
     from tfgpu.tasks.registry import input_config
 
     return position.Topology(opts.previous_num_workers or opts.num_workers,

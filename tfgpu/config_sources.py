@@ -158,7 +158,7 @@ def check_names(config: Config) -> Config:
             raise ConfigError("data_dir", f"{directory!r} does not exist (a directory tfgpu.convert wrote, with its "
                               "dataset.json)")
     elif not data_dir and config.dataset != "synthetic" and not config.dataset.startswith("tfds:"):
-        from tfgpu.data import builtin  # numpy only
+        from tfgpu.data.sources import builtin  # numpy only
 
         if config.dataset not in builtin.BUILTIN:
             raise ConfigError("dataset", f"unknown dataset {config.dataset!r}; use one of "

@@ -13,7 +13,7 @@ import os
 import sys
 
 from tfgpu import cli
-from tfgpu.data import source_formats
+from tfgpu.data.sources import source_formats
 from tfgpu.runtime import logs
 
 USAGE = "python -m tfgpu.convert --source=SRC --output_dir=DIR [options]"
@@ -53,8 +53,8 @@ def build_parser() -> cli.ArgumentParser:
 
 
 def parse_args(argv=None):
-    """argv (without the program name) -> tfgpu.data.convert.Options; raises ConfigError naming the flag."""
-    from tfgpu.data.convert import Options
+    """argv (without the program name) -> tfgpu.data.conversion.convert.Options; raises ConfigError naming the flag."""
+    from tfgpu.data.conversion.convert import Options
 
     args = build_parser().parse_args(argv)
     values = {k: v for k, v in vars(args).items() if k != "config_flags"}
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logs.setup()
     from tfgpu.config import ConfigError
-    from tfgpu.data import convert
+    from tfgpu.data.conversion import convert
     from tfgpu.runtime import failures
 
     try:

@@ -91,7 +91,7 @@ def _digits_arrays(total: int):
     """The built-in digits' train split scaled to -1..1 (tfgpu.train's default --input_range), tiled to ``total``."""
     import numpy as np
 
-    from tfgpu.data import builtin
+    from tfgpu.data.sources import builtin
 
     images, labels = builtin.load_builtin("digits")["splits"]["train"]
     images = images.astype("float32") / 127.5 - 1.0

@@ -42,7 +42,7 @@ BATCH = 256
 
 def _write(directory: str, records, per_shard: int, image_shape, classes: int):
     """Shards of ``per_shard`` serialized records and their manifest (``records``: an iterator)."""
-    from tfgpu.data import tfrecord
+    from tfgpu.data.schema import tfrecord
 
     os.makedirs(directory, exist_ok=True)
     shards, index, done = [], 0, False
@@ -68,7 +68,7 @@ def _write(directory: str, records, per_shard: int, image_shape, classes: int):
 
 def raw_dataset(work_dir: str, count: int) -> str:
     """``count`` random 16x16x3 raw records, 10 classes, 1,125 a shard (made once)."""
-    from tfgpu.data import tfrecord
+    from tfgpu.data.schema import tfrecord
 
     directory = os.path.join(work_dir, f"raw16-{count}")
     if os.path.exists(os.path.join(directory, tfrecord.MANIFEST)):
@@ -88,7 +88,7 @@ def jpeg_dataset(work_dir: str, count: int) -> str:
     JPEGs average about 110 KB), 10 classes, 125 a shard."""
     import tensorflow as tf
 
-    from tfgpu.data import tfrecord
+    from tfgpu.data.schema import tfrecord
 
     directory = os.path.join(work_dir, f"jpeg-q93-{count}")  # (jpeg-<count>: quality 85, about 63 KB a record)
     if os.path.exists(os.path.join(directory, tfrecord.MANIFEST)):
@@ -121,7 +121,8 @@ def tfgpu_pipeline(data_dir: str, jpeg: bool, start_step: int = 0, **overrides):
     import tensorflow as tf
 
     from tfgpu.config import DatasetConfig
-    from tfgpu.data import catalog, pipeline
+    from tfgpu.data import catalog
+    from tfgpu.data.input import pipeline
     from tfgpu.tasks.registry import input_config
 
     config = _config(data_dir, jpeg, **overrides)
@@ -134,7 +135,8 @@ def _decode(jpeg: bool):
     pipeline: the baselines' map."""
     import tensorflow as tf
 
-    from tfgpu.data import augment, tfrecord
+    from tfgpu.data.input import augment
+    from tfgpu.data.schema import tfrecord
 
     def fn(index, serialized):
         features = tf.io.parse_single_example(serialized, tfrecord.LABELLED_SPEC)
@@ -149,7 +151,7 @@ def _decode(jpeg: bool):
 
 
 def _files(data_dir: str):
-    from tfgpu.data import tfrecord
+    from tfgpu.data.schema import tfrecord
 
     manifest = tfrecord.read_manifest(data_dir)
     return [os.path.join(data_dir, s["file"]) for s in manifest["splits"]["train"]["shards"]]

@@ -120,7 +120,9 @@ def pipeline_costs(data_dir: str, cache_dir: str, steps, workers: int) -> list:
     import tensorflow as tf
 
     from tfgpu.config import Config, DatasetConfig
-    from tfgpu.data import catalog, pipeline, position, resume
+    from tfgpu.data import catalog
+    from tfgpu.data.index import position, resume
+    from tfgpu.data.input import pipeline
     from tfgpu.tasks.registry import input_config
 
     config = Config(model_dir="unused", data_dir=data_dir, global_batch_size=BATCH, data_cache_dir=cache_dir)

@@ -1,4 +1,4 @@
-"""What the shard checks (tfgpu.data.shards) cost: ``python tools/bench_shard_checks.py WORK_DIR``.
+"""What the shard checks (tfgpu.data.schema.shards) cost: ``python tools/bench_shard_checks.py WORK_DIR``.
 
 Times ``prepare`` on the built-in digits (first use of the checks, then cached; the digits are converted into
 WORK_DIR/cache first if needed) and ``shards.scan`` on two generated shards in WORK_DIR (100 MB of 1,000 records;
@@ -16,7 +16,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tfgpu.config import Config  # noqa: E402
-from tfgpu.data import catalog, shards  # noqa: E402
+from tfgpu.data import catalog
+from tfgpu.data.schema import shards  # noqa: E402
 
 
 def shard(path: str, records: int, record_bytes: int) -> str:

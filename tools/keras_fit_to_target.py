@@ -123,7 +123,7 @@ def main(argv=None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
 
-    from tfgpu.data.builtin import BUILTIN, load_builtin
+    from tfgpu.data.sources.builtin import BUILTIN, load_builtin
 
     if args.dataset not in BUILTIN:
         print(f"error: --dataset: {args.dataset!r} is not a built-in dataset ({', '.join(BUILTIN)})", file=sys.stderr)

@@ -96,7 +96,7 @@ def check(args: argparse.Namespace) -> None:
         if not flag.startswith("--") or flag.split("=")[0] in ("--target", "--model_dir", "--flagfile", "--dataset"):
             raise UsageError(f"--tfgpu_flag: expected a tfgpu.train flag other than --target, --model_dir, "
                              f"--flagfile and --dataset (e.g. --precision=float32), got {flag!r}")
-    from tfgpu.data.builtin import BUILTIN
+    from tfgpu.data.sources.builtin import BUILTIN
 
     try:
         dataset = race_dataset(args)

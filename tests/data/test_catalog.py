@@ -10,9 +10,10 @@ import pytest
 import tensorflow as tf
 
 from tests.data.conftest import _tfds_builder_class, tiny_tfds_examples
-from tests.data.test_convert import read_back
+from tests.data.conversion.test_convert import read_back
 from tfgpu.config import Config, ConfigError
-from tfgpu.data import catalog, tfrecord
+from tfgpu.data import catalog
+from tfgpu.data.schema import tfrecord
 
 
 def test_builtin_digits_is_converted_once_by_the_converter_even_when_two_runs_start_together(tmp_path, caplog):
@@ -121,7 +122,7 @@ def test_a_cache_copy_recording_other_data_is_refused_in_one_line(tfds_dir, tmp_
 
 def _keys_of_pipeline(info, start_step, pipelines, pipeline_id, num_records, batch=2):
     """The record keys (file, index) one training input pipeline yields, in order."""
-    from tfgpu.data import pipeline
+    from tfgpu.data.input import pipeline
     from tfgpu.tasks.registry import input_config
 
     config = input_config(Config(model_dir="unused", dataset=info.name, global_batch_size=batch * pipelines, seed=3))
@@ -170,7 +171,7 @@ def test_training_on_a_tfds_dataset_read_in_place(tfds_dir, tmp_path):
     import subprocess
     import sys
 
-    from tests.data.test_convert import REPO
+    from tests.data.conversion.test_convert import REPO
 
     cache, run = tmp_path / "cache", tmp_path / "run"
     subprocess.run([sys.executable, "-m", "tfgpu.train", "--dataset=tfds:tfgpu_tiny_shapes",

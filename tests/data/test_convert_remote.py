@@ -8,7 +8,7 @@ import uuid
 import numpy as np
 import pytest
 
-from tfgpu.data import convert
+from tfgpu.data.conversion import convert
 from tfgpu.runtime import fileio
 
 

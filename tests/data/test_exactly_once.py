@@ -6,7 +6,7 @@ cache on or off, shuffle buffer and tf.data service workers: epoch ``e`` of ever
 record of the split once, except at most ``pipelines - 1`` left out as the remainder. A run resumed at any
 step yields exactly the records the uninterrupted run yields from that step on (with a tf.data service, the
 same count per epoch; see pipeline._service_epoch). A run resumed inside an epoch on another number of
-pipelines (once or twice) feeds the rest of that epoch each record once, then ordinary epochs (data/resume.py).
+pipelines (once or twice) feeds the rest of that epoch each record once, then ordinary epochs (data/index/resume.py).
 
 Records are told apart by their label: each record's label is its index in the split.
 """
@@ -24,7 +24,10 @@ from hypothesis import strategies as st
 
 from tfgpu import config_sources
 from tfgpu.config import Config
-from tfgpu.data import catalog, chunks, order, pipeline, position, resume, tfrecord
+from tfgpu.data import catalog
+from tfgpu.data.index import chunks, order, position, resume
+from tfgpu.data.input import pipeline
+from tfgpu.data.schema import tfrecord
 from tfgpu.tasks.registry import input_config
 
 _DATASETS = {}

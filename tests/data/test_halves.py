@@ -1,34 +1,37 @@
 """tfgpu.data in two halves (the map in tfgpu/data/__init__.py): reading a dataset never depends on how it was
-written. The read half imports nothing of the write half, the write half nothing of the read half, directly or
-through other tfgpu.data modules; both share only the schema. Imports are parsed (ast), nothing is imported."""
+written. The read half (index/, input/) imports nothing of the write half (sources/, conversion/), the write half
+nothing of the read half, directly or through other tfgpu.data modules; both share only the schema (schema/).
+Imports are parsed (ast), nothing is imported."""
 import ast
 import pathlib
 
 DATA = pathlib.Path(__file__).resolve().parents[2] / "tfgpu" / "data"
 
 SCHEMA = {"tfrecord", "shards"}  # the record format, dataset.json and the checks of shards against it
-WRITE = {"builtin", "convert", "csvlist", "encode", "folders", "foreign", "manifest", "outdir", "source_formats", "sources", "tfds_source", "workers"}
+WRITE = {"builtin", "convert", "csvlist", "encode", "folders", "foreign", "manifest", "outdir", "source_formats",
+         "source", "tfds_source", "workers"}
 READ = {"augment", "chunks", "dataset_info", "input_position", "order", "pipeline", "position", "records", "resume"}
 BRIDGE = {"catalog"}  # which dataset a run names, converted first when it must be: above both halves
+
+
+SUBPACKAGES = {"schema", "index", "input", "sources", "conversion"}
+HALF_OF_SUBPACKAGE = {"schema": SCHEMA, "index": READ, "input": READ, "sources": WRITE, "conversion": WRITE}
 
 
 def _data_imports(source: str) -> set:
     """The tfgpu.data modules ``source`` imports, anywhere in it (an import inside a function counts too)."""
     found = set()
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ImportFrom) and node.module == "tfgpu.data":
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tfgpu.data."):
-            found.add(node.module.split(".")[2])
-        elif isinstance(node, ast.ImportFrom) and node.level == 1:
-            found.update([node.module.split(".")[0]] if node.module else [a.name for a in node.names])
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tfgpu.data"):
+            last = node.module.split(".")[-1]
+            found.update(alias.name for alias in node.names) if last in SUBPACKAGES | {"data"} else found.add(last)
         elif isinstance(node, ast.Import):
-            found.update(a.name.split(".")[2] for a in node.names if a.name.startswith("tfgpu.data."))
+            found.update(a.name.split(".")[-1] for a in node.names if a.name.startswith("tfgpu.data."))
     return found
 
 
 def _graph() -> dict:
-    return {p.stem: _data_imports(p.read_text()) - {p.stem} for p in DATA.glob("*.py") if p.stem != "__init__"}
+    return {p.stem: _data_imports(p.read_text()) - {p.stem} for p in DATA.rglob("*.py") if p.stem != "__init__"}
 
 
 def _reaches(graph: dict, start: str) -> dict:
@@ -55,6 +58,13 @@ def test_every_data_module_is_in_one_half_the_schema_or_the_bridge():
     assert set(_graph()) == set().union(*groups)
 
 
+def test_each_subpackage_holds_one_half_or_the_schema():
+    """The sub-packages follow the halves: a module of index/ or input/ reads, of sources/ or conversion/ writes."""
+    for package, half in HALF_OF_SUBPACKAGE.items():
+        stems = {p.stem for p in (DATA / package).glob("*.py") if p.stem != "__init__"}
+        assert stems and stems <= half, (package, sorted(stems - half))
+
+
 def test_the_read_half_imports_nothing_of_the_write_half():
     """Reading a converted dataset (records, pipeline, resume, ...) needs only its files and dataset.json."""
     assert _crossings(_graph(), READ, WRITE | BRIDGE) == []
@@ -72,6 +82,6 @@ def test_the_schema_imports_neither_half():
 def test_a_crossing_through_another_module_is_found_with_its_path():
     """The check follows imports transitively, inside functions too: how records once reached the converter."""
     graph = {"records": _data_imports("from tfgpu.data.catalog import DatasetInfo"),
-             "catalog": _data_imports("def f():\n    from tfgpu.data import sources"),
-             "sources": set()}
-    assert _crossings(graph, {"records"}, {"sources"}) == ["records -> catalog -> sources"]
+             "catalog": _data_imports("def f():\n    from tfgpu.data.sources import folders"),
+             "folders": set()}
+    assert _crossings(graph, {"records"}, {"folders"}) == ["records -> catalog -> folders"]

@@ -57,7 +57,7 @@ def test_one_based_labels_stop_the_run_in_one_line_naming_the_record(train_here,
     all-zero target."""
     import numpy as np
 
-    from tfgpu.data import tfrecord
+    from tfgpu.data.schema import tfrecord
 
     labels = np.arange(40) % 10 + 1
     entry = tfrecord.write_arrays(str(tmp_path / "d"), "train", np.zeros((40, 8, 8, 1), np.uint8), labels, 1)

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tfgpu.data import workers
+from tfgpu.data.conversion import workers
 from tfgpu.runtime import logs, progress
 
 

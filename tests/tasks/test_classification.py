@@ -12,7 +12,7 @@ import tensorflow as tf
 from tests.conftest import checkpoint_weights
 from tfgpu.training import experiment
 from tfgpu.config import Config, ConfigError, InputConfig
-from tfgpu.data import records
+from tfgpu.data.input import records
 from tfgpu.models import register_model
 from tfgpu.tasks.base import register_task
 from tfgpu.tasks.classification import ClassificationTask
@@ -68,7 +68,7 @@ class _WeightedClassification(ClassificationTask):
 
 def test_sample_weights_from_a_tasks_records_weight_the_loss_and_the_evaluation(base, data_cache):
     """Keras' (x, y, sample_weight): examples of weight 0 add nothing to the loss, evaluation counts the weighted."""
-    from tfgpu.data import builtin
+    from tfgpu.data.sources import builtin
 
     metrics, _ = _train(dataclasses.replace(base, task="test_weighted_classification", eval_split="val",
                                             train_steps=2, steps_per_loop=2))
@@ -188,7 +188,7 @@ def test_evaluation_before_the_first_step_equals_plain_keras_evaluate(finetune):
     loss and accuracy in tfgpu's evaluation at step 0 and in Keras' model.evaluate."""
     import tensorflow as tf
 
-    from tfgpu.data import pipeline
+    from tfgpu.data.input import pipeline
     from tfgpu.models.small_cnn import small_cnn
 
     _pretrained(finetune.init_weights)

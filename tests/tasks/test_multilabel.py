@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 
 from tests.conftest import REPO, checkpoint_weights, read_history, read_metrics
 from tfgpu.config import Config, ConfigError
-from tfgpu.data import records, tfrecord
-from tfgpu.data.dataset_info import DatasetInfo
+from tfgpu.data.input import records
+from tfgpu.data.schema import tfrecord
+from tfgpu.data.input.dataset_info import DatasetInfo
 from tfgpu.models import register_model
 from tfgpu.tasks import multilabel
 from tfgpu.training import experiment

@@ -71,7 +71,8 @@ def test_the_export_on_raw_validation_pixels_scores_the_run_s_val_accuracy(train
 
     from tests.conftest import read_metrics
     from tfgpu.config import DatasetConfig
-    from tfgpu.data import catalog, tfrecord
+    from tfgpu.data import catalog
+    from tfgpu.data.schema import tfrecord
 
     train_here("--dataset=digits", "--model=small_cnn", "--global_batch_size=64", "--train_steps=300",
                "--steps_per_loop=100", "--verbose=0", f"--model_dir={tmp_path}")

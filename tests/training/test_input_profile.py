@@ -43,7 +43,7 @@ def test_a_bad_record_met_while_profiling_is_the_same_one_line_as_in_training(tm
 
     import pytest
 
-    from tests.data.test_shards import config, example, write_dataset
+    from tests.data.schema.test_shards import config, example, write_dataset
     from tfgpu.config import ConfigError
     from tfgpu.training import experiment
 

@@ -24,7 +24,7 @@ def ram_root():
 
 def _tiny_digits(path, per_split=(40, 20)):
     """A .npz of a few dozen real digits (8x8 grayscale, 10 classes) with train and val splits."""
-    from tfgpu.data.builtin import load_builtin
+    from tfgpu.data.sources.builtin import load_builtin
 
     splits = load_builtin("digits")["splits"]
     arrays = {}
@@ -43,7 +43,7 @@ def test_convert_train_resume_evaluate_export_report_on_ram(tmp_path, ram_root, 
     import keras
 
     from tfgpu import evaluate, export, report
-    from tfgpu.data import convert
+    from tfgpu.data.conversion import convert
 
     monkeypatch.chdir(tmp_path)  # anything written through os with a "ram://" path would land here as ./ram:
     source = _tiny_digits(tmp_path / "digits.npz")
@@ -90,7 +90,7 @@ def test_convert_train_resume_evaluate_export_report_on_ram(tmp_path, ram_root, 
 
 def test_an_unavailable_scheme_fails_in_one_line_naming_the_flag(tmp_path, train_here, capsys):
     from tfgpu import evaluate, report
-    from tfgpu.data import convert
+    from tfgpu.data.conversion import convert
 
     result = train_here("--dataset=digits", "--model_dir=s3://bucket/run", check=False)
     lines = [line for line in result.output.splitlines() if line.strip()]

@@ -130,7 +130,7 @@ def test_quickstart_reaches_097(run_train, tmp_path):
 
 
 # Slow: (36 s loaded); eval exactly once per example across pipelines and padding stays in
-# tests/data/test_pipeline.py.
+# tests/data/input/test_pipeline.py.
 @pytest.mark.slow
 def test_mirrored_multiloop_eval_covers_every_example_once(run_train, tmp_path):
     """Eval under 2 replicas with a batch that does not divide the split: padding is weighted out."""

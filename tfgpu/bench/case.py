@@ -206,7 +206,8 @@ def _run_keras_fit(case: dict, config, runner: str) -> dict:
     import keras
     import tensorflow as tf
 
-    from tfgpu.data import catalog, pipeline
+    from tfgpu.data import catalog
+    from tfgpu.data.input import pipeline
     from tfgpu.models import create_model
     from tfgpu.runtime import distribute, precision
     from tfgpu.tasks.registry import input_config

@@ -6,6 +6,9 @@ from tfgpu.config.options import (PRECISIONS, STRATEGIES, Config, ConfigError, T
 from tfgpu.config.sections import (SECTIONS, DatasetConfig, InputConfig, OptimizationConfig, PrecisionConfig,
                                    RuntimeConfig, Section, TrainerConfig)
 
+# A traceback names the error where users import it from (``tfgpu.config.ConfigError``), not the module that holds it.
+ConfigError.__module__ = __name__
+
 __all__ = ["PRECISIONS", "STRATEGIES", "Config", "ConfigError", "TaskOptions", "coerce_to", "field_type", "fields",
            "option", "SECTIONS", "DatasetConfig", "InputConfig", "OptimizationConfig", "PrecisionConfig",
            "RuntimeConfig", "Section", "TrainerConfig"]

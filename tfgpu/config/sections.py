@@ -57,7 +57,7 @@ class DatasetConfig(Section):
 
 @dataclasses.dataclass(frozen=True)
 class InputConfig(Section):
-    """How the train and eval pipelines read a dataset, and how many steps make the schedule (data/pipeline.py).
+    """How the train and eval pipelines read a dataset, and how many steps make the schedule (data/input/pipeline.py).
     ``batches_per_step`` is the task's declaration (Task.batches_per_step): ``tasks.registry.input_config``."""
     seed: int
     global_batch_size: int

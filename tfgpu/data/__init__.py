@@ -1,11 +1,16 @@
-"""Datasets, in two halves that share only the schema (checked by tests/data/test_halves.py).
+"""Datasets, in two halves that share only the schema (checked by tests/data/test_halves.py), one sub-package each:
 
-- **Schema**, what a converted dataset is on disk: ``tfrecord`` (the record format, ``dataset.json``'s reader and
+- ``schema/``, what a converted dataset is on disk: ``tfrecord`` (the record format, ``dataset.json``'s reader and
   writer), ``shards`` (shards checked against their manifest).
-- **Writing** (the converter, ``python -m tfgpu.convert``): ``convert``, ``source_formats``, ``sources``, ``builtin``,
-  ``folders``, ``csvlist``, ``tfds_source``, ``foreign``, ``encode``, ``workers``, ``outdir``, ``manifest``.
-- **Reading** (a run's input): ``dataset_info`` (a converted directory described from its ``dataset.json``),
-  ``records``, ``pipeline``, ``order``, ``chunks``, ``position``, ``input_position``, ``resume``, ``augment``.
+- **Writing** (the converter, ``python -m tfgpu.convert``):
+  - ``sources/``, where examples come from: ``source_formats`` (every kind of ``--source``), ``source`` (a
+    ``Source`` and its splits), ``builtin``, ``folders``, ``csvlist``, ``tfds_source``, ``foreign``;
+  - ``conversion/``, how they are written: ``convert``, ``encode``, ``workers``, ``outdir``, ``manifest``.
+- **Reading** (a run's input):
+  - ``index/``, where a run is in its data and in which order it reads: ``order``, ``chunks``, ``position``,
+    ``input_position``, ``resume``;
+  - ``input/``, the pipelines: ``dataset_info`` (a converted directory described from its ``dataset.json``),
+    ``records``, ``augment``, ``pipeline``.
 - **Bridge**: ``catalog`` (which dataset a run names; a built-in or TFDS one converted into the cache first) imports
   both halves; neither half imports it.
 

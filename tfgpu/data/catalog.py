@@ -16,8 +16,10 @@ import logging
 import os
 
 from tfgpu.config import ConfigError, DatasetConfig
-from tfgpu.data import builtin, dataset_info, sources, tfrecord
-from tfgpu.data.dataset_info import DatasetInfo, default_cache_dir
+from tfgpu.data.input import dataset_info
+from tfgpu.data.schema import tfrecord
+from tfgpu.data.sources import builtin, source as source_lib
+from tfgpu.data.input.dataset_info import DatasetInfo, default_cache_dir
 from tfgpu.runtime import fileio
 
 log = logging.getLogger("tfgpu")
@@ -26,7 +28,7 @@ log = logging.getLogger("tfgpu")
 def _builtin_dir(config: DatasetConfig, name: str) -> str:
     """A built-in dataset converted once into the data cache by tfgpu's converter (the same shards and manifest
     as ``python -m tfgpu.convert --source=NAME --num_shards=2 --image_format=png``); returns its directory."""
-    return _cached_conversion(config, f"{name}-v{tfrecord.FORMAT_VERSION}", sources.builtin_identity(name),
+    return _cached_conversion(config, f"{name}-v{tfrecord.FORMAT_VERSION}", source_lib.builtin_identity(name),
                               source=name, num_shards="2", image_format="png")
 
 
@@ -36,7 +38,7 @@ def _tfds_dir(config: DatasetConfig) -> str:
     (``tfds_source.data_identity``). A builder whose files tfgpu cannot read as they are (``tfds_source.why_copied``)
     is converted once into the cache instead (the shards and manifest of ``python -m tfgpu.convert
     --source=tfds:NAME``), and the log says why."""
-    from tfgpu.data import tfds_source
+    from tfgpu.data.sources import tfds_source
 
     name = config.dataset[len("tfds:"):]
     data_dir = os.path.expanduser(config.tfds_data_dir)
@@ -61,7 +63,7 @@ def _tfds_references(config: DatasetConfig, label: str, identity: str, builder, 
     under the cache lock); named ``<label>-in-place-<fingerprint of identity>``."""
     import hashlib
 
-    from tfgpu.data import tfds_source
+    from tfgpu.data.sources import tfds_source
 
     key = hashlib.sha256(f"in place\0{identity}".encode()).hexdigest()
     directory = os.path.join(config.data_cache_dir or default_cache_dir(), f"{label}-in-place-{key[:16]}")
@@ -80,7 +82,7 @@ def _cached_conversion(config: DatasetConfig, label: str, identity: str, **optio
     """The cache directory of this conversion, made once: named ``<label>-<fingerprint>`` after the converter's
     fingerprint of the source ``identity`` and the ``options``, so other data or options get a new directory and
     leave the old one as it was. Its ``dataset.json`` must record that same fingerprint, or it is refused."""
-    from tfgpu.data import convert, outdir
+    from tfgpu.data.conversion import convert, outdir
 
     options = convert.Options(output_dir="", **options)
     key = outdir.fingerprint(dataclasses.asdict(options), identity)
@@ -92,7 +94,7 @@ def _cached_conversion(config: DatasetConfig, label: str, identity: str, **optio
 
 def _check_recorded(config: DatasetConfig, directory: str, key: str) -> None:
     """Refuses a cache directory whose ``dataset.json`` records another fingerprint than ``key``."""
-    from tfgpu.data import outdir
+    from tfgpu.data.conversion import outdir
 
     recorded, _ = outdir.existing_fingerprint(directory)
     if recorded != key:
@@ -129,9 +131,9 @@ def _dataset_error(config: DatasetConfig, error: ConfigError) -> ConfigError:
 
 
 def _convert_once(config: DatasetConfig, options) -> None:
-    """Converts ``--dataset`` with tfgpu's converter (``tfgpu.data.convert``, the one dataset writer) into
+    """Converts ``--dataset`` with tfgpu's converter (``tfgpu.data.conversion.convert``, the one dataset writer) into
     ``options.output_dir`` unless it is there already; the converter's errors name training's flags."""
-    from tfgpu.data import convert
+    from tfgpu.data.conversion import convert
 
     directory = options.output_dir
     if fileio.exists(os.path.join(directory, tfrecord.MANIFEST)):

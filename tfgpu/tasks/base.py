@@ -94,7 +94,7 @@ class Task(abc.ABC):
 
     def __init__(self, config: Config, info, placement, total_steps: int, global_step, resumed_examples=None):
         self.config = config
-        self.info = info  # tfgpu.data.dataset_info.DatasetInfo
+        self.info = info  # tfgpu.data.input.dataset_info.DatasetInfo
         self.placement = placement  # tfgpu.runtime.distribute.Placement
         self.total_steps = total_steps
         # (step, examples trained by it) of the checkpoint this run resumes, or None: a point given in epochs
@@ -106,10 +106,10 @@ class Task(abc.ABC):
         self.global_step = global_step
 
     def examples(self):
-        """What a record holds and how it becomes ``(x, y)``, for the input pipelines (``data.records.Examples``;
+        """What a record holds and how it becomes ``(x, y)``, for the input pipelines (``data.input.records.Examples``;
         this default: an image and one class index)."""
         from tfgpu.config import InputConfig
-        from tfgpu.data.records import Examples
+        from tfgpu.data.input.records import Examples
 
         return Examples(InputConfig.of(self.config, self.batches_per_step(self.config)), self.info)
 

@@ -70,7 +70,7 @@ class ClassificationTask(Task):
         # What the loss is computed from: the model's logits, or the logits its softmax takes, or its probabilities.
         self._forward = self.head.logits if self.head.logits is not None else self.model
         self._from_probabilities = self.head.gives_probabilities and self.head.logits is None
-        from tfgpu.data.pipeline import steps_per_epoch
+        from tfgpu.data.input.pipeline import steps_per_epoch
         from tfgpu.models.freeze import Freezer
         self.freezer = Freezer(self.model, config.freeze) if config.freeze else None
         self.num_parameters = count_params(self.model)

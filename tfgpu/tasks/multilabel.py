@@ -22,7 +22,8 @@ import numpy as np
 import tensorflow as tf
 
 from tfgpu.config import ConfigError, InputConfig
-from tfgpu.data import records, tfrecord
+from tfgpu.data.input import records
+from tfgpu.data.schema import tfrecord
 from tfgpu.models import heads
 from tfgpu.runtime import fileio
 from tfgpu.tasks.base import MetricSpec, register_task, unpack_batch
@@ -155,7 +156,7 @@ def digit_labels(digits) -> np.ndarray:
 def write_digits(directory: str, num_shards: int = 2) -> str:
     """Writes scikit-learn's digits, labelled by ``DIGIT_LABELS``, as a converted dataset in ``directory``
     (train/val as ``--dataset=digits`` splits them; PNG records; ``dataset.json`` last); returns ``directory``."""
-    from tfgpu.data.builtin import load_builtin
+    from tfgpu.data.sources.builtin import load_builtin
 
     data = load_builtin("digits")
     fileio.makedirs(directory)

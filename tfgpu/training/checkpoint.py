@@ -53,7 +53,7 @@ DATA_POSITION = "data_position"
 
 
 class DataPosition(tf.train.experimental.PythonState):
-    """The data position record (``tfgpu.data.position.to_record``) saved inside each checkpoint: ``current()``
+    """The data position record (``tfgpu.data.index.position.to_record``) saved inside each checkpoint: ``current()``
     gives the one to save; ``restored`` is the one read back (``None`` until a checkpoint holding one is restored)."""
 
     def __init__(self, current):
@@ -121,7 +121,7 @@ def recorded_fingerprint(path: str):
 
 
 def recorded_data_position(path: str):
-    """The data position record (``tfgpu.data.position.to_record``) of the checkpoint at ``path``, or None."""
+    """The data position record (``tfgpu.data.index.position.to_record``) of the checkpoint at ``path``, or None."""
     return _recorded_state(path, DATA_POSITION)
 
 

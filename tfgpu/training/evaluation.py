@@ -7,7 +7,7 @@ import time
 
 import tensorflow as tf
 
-from tfgpu.data import pipeline
+from tfgpu.data.input import pipeline
 from tfgpu.runtime import feed as feed_lib
 from tfgpu.tasks.base import EvalRun, Stopped
 from tfgpu.training import loop

@@ -18,7 +18,7 @@ from tfgpu.runtime import run_dir
 from tfgpu.metrics.history import PhaseTimer
 
 if TYPE_CHECKING:  # for Setup's field types only: these import TensorFlow, which setup() imports when it runs
-    from tfgpu.data.dataset_info import DatasetInfo
+    from tfgpu.data.input.dataset_info import DatasetInfo
     from tfgpu.runtime.distribute import Placement
     from tfgpu.tasks.base import Task
     from tfgpu.training.trainer import Trainer
@@ -85,7 +85,8 @@ def setup(config: Config, write_config: bool = True, startup: PhaseTimer | None 
 
     from tfgpu import durations
     from tfgpu.runtime import distribute, precision
-    from tfgpu.data import catalog, pipeline
+    from tfgpu.data import catalog
+    from tfgpu.data.input import pipeline
     from tfgpu.models import list_models
     from tfgpu.tasks.registry import get_task, input_config
     from tfgpu.training.loop import step_counter
@@ -169,7 +170,8 @@ def _resumed_examples(config: Config, info):
     """(step, examples trained by it) of the checkpoint this run resumes, from the data position it records (records
     fed, whatever global batch fed them), or None for a fresh run, synthetic data or a checkpoint without one:
     --train in epochs or examples then counts each segment at its own batch (``durations.train_steps``)."""
-    from tfgpu.data import position, records
+    from tfgpu.data.index import position
+    from tfgpu.data.input import records
     from tfgpu.training import checkpoint
 
     latest = checkpoint.latest(config.model_dir)
@@ -195,7 +197,7 @@ def _trainer_config(config: Config, inputs, info) -> TrainerConfig:
     """The loop's section, its checkpoint interval in steps (--checkpoint_every; its time form is the trainer's
     clock). --eval_every stays as given: the trainer places its steps (``durations.every``) after the restore."""
     from tfgpu import durations
-    from tfgpu.data import pipeline
+    from tfgpu.data.input import pipeline
 
     duration = durations.of(config, "checkpoint_every")
     steps = 0 if durations.seconds(duration) else durations.to_steps(duration, pipeline.steps_per_epoch(inputs, info),
@@ -264,7 +266,7 @@ def find_undecodable_image(info):
     record at a time."""
     import tensorflow as tf
 
-    from tfgpu.data import tfrecord
+    from tfgpu.data.schema import tfrecord
 
     channels = info.image_shape[2]
 

@@ -15,7 +15,6 @@ import tensorflow as tf
 from tfgpu.reporting.report import input_verdict
 from tfgpu.runtime.fileio import atomic_write_bytes
 from tfgpu.runtime import feed as feed_lib
-from tfgpu.training import loop
 from tfgpu.runtime import run_dir
 
 log = logging.getLogger("tfgpu")
@@ -46,7 +45,8 @@ def measure(strategy, make_iterator, dataset_fn, train_loop, checkpoint_items: d
                 tensor.numpy()  # reading what the call returns (the loop's sums, the drained total) waits for it
         return batches * examples_per_iteration / (time.perf_counter() - started)
 
-    with feed_lib.Feed(make_iterator(dataset_fn)) as pipeline:  # released off-thread, as the run's own (runtime/feed.py)
+    # released off-thread, as the run's own (runtime/feed.py)
+    with feed_lib.Feed(make_iterator(dataset_fn)) as pipeline:
         input_rate = rate(drain, pipeline.iterator, examples_per_batch)
     snapshot = tf.train.Checkpoint(**checkpoint_items)
     with tempfile.TemporaryDirectory(prefix="tfgpu-profile-") as tmp:

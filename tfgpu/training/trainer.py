@@ -1,7 +1,7 @@
 """The loop driver: trains to the last step in compiled loops (``loop``) that end at the boundaries
 (``schedule``: evaluations, checkpoints, profiling, the task's and the caller's ``hooks``), and calls the checkpoint,
 the evaluation and the logs there. Each part it drives keeps its own state behind one object, built once here:
-where the input is (``data.input_position``), how the run stops and saves (``stopping``), --target and owed
+where the input is (``data.index.input_position``), how the run stops and saves (``stopping``), --target and owed
 evaluations (``target.Tracker``), the evaluation (``evaluation``), each loop's record (``loop_log``, ``summaries``).
 How a run fails is ``failures``; metrics.json is ``results``. The Trainer reads only its ``TrainerConfig`` and hands
 the pipeline its ``InputConfig``.
@@ -14,8 +14,8 @@ import tensorflow as tf
 
 from tfgpu import durations
 from tfgpu.config import ConfigError, InputConfig, TrainerConfig
-from tfgpu.data import pipeline, records
-from tfgpu.data.input_position import InputPosition
+from tfgpu.data.input import pipeline, records
+from tfgpu.data.index.input_position import InputPosition
 from tfgpu.runtime import failures, heartbeat, precision, restarts, run_dir
 from tfgpu.runtime import feed as feed_lib
 from tfgpu.runtime.distribute import Placement

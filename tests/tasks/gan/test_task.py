@@ -13,7 +13,8 @@ from tests.conftest import REPO, checkpoint_weights, read_history, read_metrics
 from tfgpu import config_sources
 from tfgpu.runtime import precision
 from tfgpu.config import ConfigError
-from tfgpu.data import catalog, pipeline
+from tfgpu.data import catalog
+from tfgpu.data.input import pipeline
 from tfgpu.runtime.distribute import Placement
 from tfgpu.tasks.gan import task as gan_task
 from tfgpu.tasks.registry import input_config

@@ -3,7 +3,7 @@
 A GAN builder is called ``builder(image_shape, num_classes, latent_dim=..., conditional=...)``
 and returns ``GanModels(generator, discriminator)``. The generator maps a latent
 vector (and a label when conditional) to an image in [-1, 1] (tfgpu's image
-range, ``tfgpu.data.augment.to_model_range``); the discriminator maps an image
+range, ``tfgpu.data.input.augment.to_model_range``); the discriminator maps an image
 (and a label) to one logit per example. Both outputs are float32 whatever the
 dtype policy. Builders never mention precision or strategy.
 """

@@ -216,7 +216,7 @@ class GanEvaluation:
     def _read_split(self, split: str, limit: int, check_stop=None):
         """Up to ``limit`` (images in [-1, 1], labels) of ``split``, in a fixed order (host memory), read as the
         input pipelines read it (the manifest's keys, labels checked, unreadable records read around)."""
-        from tfgpu.data import pipeline
+        from tfgpu.data.input import pipeline
 
         examples = pipeline.split_examples(self.examples(), split).take(limit)
         batches = examples.map(lambda x, y, *weight: (x, y), num_parallel_calls=tf.data.AUTOTUNE).batch(512)
