@@ -96,3 +96,14 @@ def test_an_input_range_float32_cannot_hold_is_refused_naming_the_flag():
         with pytest.raises(ConfigError, match="--input_range: .*too narrow for float32"):
             Config(model_dir="unused", dataset="digits", input_range=bad).check_values()
     Config(model_dir="unused", dataset="digits", input_range=(0.0, 1e-3)).check_values()
+
+
+def test_a_config_error_crosses_a_process_as_the_same_line():
+    """Exceptions reach a parent pickled (multiprocessing): the error, and tfgpu.fit's, arrive naming the same flag."""
+    import pickle
+
+    from tfgpu.training.fit.arguments import FitError
+
+    for error in (ConfigError("data_dir", "no such directory"), FitError("epochs", "must be positive")):
+        back = pickle.loads(pickle.dumps(error))
+        assert (type(back), str(back), back.flag, back.reason) == (type(error), str(error), error.flag, error.reason)

@@ -19,6 +19,11 @@ class ConfigError(ValueError):
         self.flag = flag
         self.reason = message
 
+    def __reduce__(self):
+        """Rebuilt from its flag and reason, so the error crosses a process (a converter worker's, a spawn pool's)
+        as the same one line; the default rebuild passes the joined message alone and fails."""
+        return type(self), (self.flag, self.reason)
+
 
 def option(default, help: str, group: str, choices: tuple | None = None):
     """A field that is a flag of its own name: its default, help text, ``--help`` group and allowed values."""
