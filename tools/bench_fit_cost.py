@@ -16,8 +16,9 @@ rotates every round):
   momentum 0.9),
   run as ``python -m`` runs it (``runpy``) with ``heartbeat.beat``, which the trainer calls after every loop,
   wrapped to note the times. It cannot take the arrays: it reads the built-in digits from TFRecords (1,438 train
-  images, the same 8x8 images the arrays tile), so it measures the same model and steps per call fed by its
-  record pipeline; its default checkpoint cadence (every 1,000 steps) applies.
+  images, the same 8x8 images the arrays tile), held decoded in memory after the first pass as its pipeline does
+  for data of this size (``data.input.memory``), so it measures the same model and steps per call fed by its own
+  pipeline; its default checkpoint cadence (every 1,000 steps) applies.
 
 The arrays are the built-in digits' train split (8x8x1, scaled to -1..1 as tfgpu.train feeds them) tiled to
 ``C * S * B`` examples: every epoch is C calls of S steps. Inside each process, after every host call (a Keras

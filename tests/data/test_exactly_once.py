@@ -1,7 +1,8 @@
 """The training input's exactly-once guarantee, as a property over the shapes a multi-worker run can take.
 
-For any split (files of any sizes), number of input pipelines, replicas per pipeline, batches per step,
-cache on or off, shuffle buffer and tf.data service workers: epoch ``e`` of every pipeline is records
+For any split (files of any sizes), number of input pipelines, replicas per pipeline, batches per step, records
+read every epoch, held encoded (--cache) or held decoded in memory (data/input/memory.py), shuffle buffer and
+tf.data service workers: epoch ``e`` of every pipeline is records
 ``[e*E, (e+1)*E)`` of its stream (E = records // pipelines), and the pipelines' epochs together hold every
 record of the split once, except at most ``pipelines - 1`` left out as the remainder. A run resumed at any
 step yields exactly the records the uninterrupted run yields from that step on (with a tf.data service, the
@@ -11,6 +12,7 @@ pipelines (once or twice) feeds the rest of that epoch each record once, then or
 Records are told apart by their label: each record's label is its index in the split.
 """
 import collections
+import contextlib
 import os
 import subprocess
 import sys
@@ -21,16 +23,33 @@ import pytest
 import tensorflow as tf
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from unittest import mock
 
 from tfgpu import config_sources
 from tfgpu.config import Config
 from tfgpu.data import catalog
 from tfgpu.data.index import chunks, order, position, resume
-from tfgpu.data.input import pipeline
+from tfgpu.data.input import memory, pipeline
 from tfgpu.data.schema import tfrecord
 from tfgpu.tasks.registry import input_config
 
 _DATASETS = {}
+HELD = ("records", "encoded", "decoded")
+
+
+@contextlib.contextmanager
+def holding(held: str):
+    """Pipelines built inside read their train records every epoch (``records``), hold them encoded (``encoded``:
+    --cache, the decoded path refused) or decoded in memory (``decoded``: the GAN's examples are classification's images too)."""
+    real, built = memory.holds, []
+
+    def holds(*args, **kwargs):
+        built.append(held == "decoded" and real(*args, **kwargs))
+        return built[-1]
+
+    with mock.patch.object(memory, "holds", holds):
+        yield held == "encoded"
+    assert (built and all(built)) if held == "decoded" else not any(built), (held, built)
 
 
 def make_split(sizes) -> str:
@@ -119,8 +138,15 @@ def stream(config, info, start_step, pipelines, pipeline_id, replicas, num_recor
     return [int(label) for _, labels in batches.as_numpy_iterator() for label in labels][:num_records]
 
 
-def check_exactly_once(sizes, pipelines, replicas, per_replica, batches_per_step, cache, shuffle_buffer,
+def check_exactly_once(sizes, pipelines, replicas, per_replica, batches_per_step, held, shuffle_buffer,
                        resume_step, resumed_pipeline=0, service_target="", num_epochs=2):
+    with holding(held) as cache:
+        _check_exactly_once(sizes, pipelines, replicas, per_replica, batches_per_step, cache, shuffle_buffer,
+                            resume_step, resumed_pipeline, service_target, num_epochs)
+
+
+def _check_exactly_once(sizes, pipelines, replicas, per_replica, batches_per_step, cache, shuffle_buffer,
+                        resume_step, resumed_pipeline, service_target, num_epochs):
     info = catalog.prepare(Config(model_dir="unused", data_dir=make_split(sizes)))
     total = sum(sizes)
     epoch = total // pipelines
@@ -154,7 +180,7 @@ def check_exactly_once(sizes, pipelines, replicas, per_replica, batches_per_step
 
 SHAPES = dict(sizes=st.lists(st.integers(1, 9), min_size=1, max_size=5), pipelines=st.integers(1, 5),
               replicas=st.integers(1, 2), per_replica=st.integers(1, 3), batches_per_step=st.integers(1, 2),
-              cache=st.booleans(), shuffle_buffer=st.sampled_from([0, 4, 10000]), resume_step=st.integers(0, 7),
+              held=st.sampled_from(HELD), shuffle_buffer=st.sampled_from([0, 4, 10000]), resume_step=st.integers(0, 7),
               resumed_pipeline=st.integers(0, 4))
 
 
@@ -166,6 +192,8 @@ def _property(sizes, pipelines, replicas, per_replica, **rest):
 
 @settings(max_examples=5, deadline=None)
 @given(**SHAPES)
+@example(sizes=[5, 9, 4], pipelines=2, replicas=2, per_replica=1, batches_per_step=1, held="decoded", shuffle_buffer=4,
+         resume_step=3, resumed_pipeline=1)
 def test_every_record_once_per_epoch_and_exact_resume(**shape):
     _property(**shape)
 
@@ -180,7 +208,7 @@ def test_every_record_once_per_epoch_and_exact_resume_many_shapes(**shape):
 def test_every_record_once_per_epoch_through_two_service_workers(service):
     """ShardingPolicy.OFF made each of the 2 service workers produce the whole epoch (20 batches read held 13
     distinct); dynamic sharding hands each segment to one of them. Resume through the service: the slow test."""
-    check_exactly_once((5, 3, 4), 1, 1, 2, 1, False, 10000, resume_step=0, resumed_pipeline=None,
+    check_exactly_once((5, 3, 4), 1, 1, 2, 1, "records", 10000, resume_step=0, resumed_pipeline=None,
                        service_target=service, num_epochs=4)
 
 
@@ -223,7 +251,7 @@ def test_every_record_once_per_epoch_through_two_service_workers_many_shapes(ser
                                                                              resumed_pipeline):
     if sum(sizes) // pipelines < per_replica:
         return
-    check_exactly_once(sizes, pipelines, 1, per_replica, 1, False, 10000, resume_step, resumed_pipeline,
+    check_exactly_once(sizes, pipelines, 1, per_replica, 1, "records", 10000, resume_step, resumed_pipeline,
                        service_process)
 
 
@@ -232,7 +260,7 @@ def test_issue_layouts_train_every_record_once(sizes, pipelines):
     """The two layouts issue 12 reported, scaled down: digits' 2 shards on 3 pipelines (element sharding over
     file orders each pipeline shuffled differently: 958 of 1,438 missing); 10 equal shards on 4 workers
     (3,3,2,2 files: the smaller workers repeat theirs within an epoch)."""
-    check_exactly_once(sizes, pipelines, 1, 2, 1, False, 10000, resume_step=5)
+    check_exactly_once(sizes, pipelines, 1, 2, 1, "records", 10000, resume_step=5)
 
 
 # -- resuming on another topology -----------------------------------------------------------------------------
@@ -243,7 +271,12 @@ def _labels(config, info, start_step, plan, pipeline_id, num_records):
     return [int(label) for _, label in ds.take(num_records).as_numpy_iterator()]
 
 
-def check_transition(sizes, topologies, steps, per_replica, cache, shuffle_buffer):
+def check_transition(sizes, topologies, steps, per_replica, held, shuffle_buffer):
+    with holding(held) as cache:
+        _check_transition(sizes, topologies, steps, per_replica, cache, shuffle_buffer)
+
+
+def _check_transition(sizes, topologies, steps, per_replica, cache, shuffle_buffer):
     """A run on ``topologies[0]`` pipelines interrupted after ``steps[0]`` steps, resumed on each next number of
     pipelines for ``steps[i]`` steps, and finally on the last: the records the earlier stages consumed
     (``resume.consumed_records``, as the trainer computes them) plus those the last topology's real pipelines
@@ -280,7 +313,7 @@ def check_transition(sizes, topologies, steps, per_replica, cache, shuffle_buffe
 TRANSITIONS = dict(sizes=st.lists(st.integers(1, 9), min_size=1, max_size=4),
                    topologies=st.lists(st.integers(1, 3), min_size=2, max_size=3),
                    steps=st.lists(st.integers(0, 4), min_size=2, max_size=2), per_replica=st.integers(1, 2),
-                   cache=st.booleans(), shuffle_buffer=st.sampled_from([0, 4, 10000]))
+                   held=st.sampled_from(HELD), shuffle_buffer=st.sampled_from([0, 4, 10000]))
 
 
 def _transition_property(sizes, topologies, per_replica, **rest):
@@ -291,11 +324,12 @@ def _transition_property(sizes, topologies, per_replica, **rest):
 
 @settings(max_examples=2, deadline=None)
 @given(**TRANSITIONS)
-@example(sizes=[7, 8, 9], topologies=[2, 3, 1], steps=[1, 1], per_replica=1, cache=True, shuffle_buffer=4)
-@example(sizes=[7, 9, 8, 8], topologies=[1, 1, 3], steps=[1, 4], per_replica=1, cache=False, shuffle_buffer=0)
+@example(sizes=[7, 8, 9], topologies=[2, 3, 1], steps=[1, 1], per_replica=1, held="encoded", shuffle_buffer=4)
+@example(sizes=[7, 9, 8, 8], topologies=[1, 1, 3], steps=[1, 4], per_replica=1, held="records", shuffle_buffer=0)
+@example(sizes=[7, 8, 9], topologies=[2, 3, 1], steps=[1, 1], per_replica=1, held="decoded", shuffle_buffer=4)
 # --cache read its table interleaving two shards a record at a time, so a record sat where another key was expected:
 # a resume fed record 3 twice (found by this property after the index order landed)
-@example(sizes=[4, 3], topologies=[1, 1], steps=[1, 0], per_replica=1, cache=True, shuffle_buffer=0)
+@example(sizes=[4, 3], topologies=[1, 1], steps=[1, 0], per_replica=1, held="encoded", shuffle_buffer=0)
 def test_a_resume_on_another_topology_feeds_the_rest_of_the_epoch_each_record_once(**shape):
     _transition_property(**shape)
 

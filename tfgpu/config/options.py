@@ -171,8 +171,10 @@ class Config:
     input_range: tuple = option((-1.0, 1.0), "MIN,MAX: the pixel range images reach a classifier in (training, "
                                 "evaluation and the exported model's input), e.g. 0,1 or 0,255 for pretrained weights "
                                 "trained that way. GANs always use -1,1.", "data")
-    cache: bool = option(False, "Hold encoded train records and decoded eval images in memory after the first "
-                         "pass (datasets that fit in RAM).", "data")
+    cache: bool = option(False, "Hold the train split in memory after the first pass (decoded when --augment is "
+                         "none, flip or cifar; else its encoded records) and the decoded eval images. Without it, "
+                         "a pipeline whose decoded train images take at most 256 MiB holds them anyway (logged); "
+                         "the batches are the same either way.", "data")
     # -- model --------------------------------------------------------------
     model: str = option("resnet20", "Registered model name (see tfgpu.models.list_models()), or your own builder: "
                         "MODULE:FUNCTION or path/to/file.py:FUNCTION, a function (input_shape, num_classes, "

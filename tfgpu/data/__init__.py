@@ -10,7 +10,7 @@
   - ``index/``, where a run is in its data and in which order it reads: ``order``, ``chunks``, ``position``,
     ``input_position``, ``resume``;
   - ``input/``, the pipelines: ``dataset_info`` (a converted directory described from its ``dataset.json``),
-    ``records``, ``augment``, ``pipeline``.
+    ``records``, ``augment``, ``pipeline``, ``memory`` (a pipeline's train images held decoded in memory).
 - **Bridge**: ``catalog`` (which dataset a run names; a built-in or TFDS one converted into the cache first) imports
   both halves; neither half imports it.
 

@@ -104,9 +104,10 @@ def recommend(report: dict) -> list:
                     "(--keep_checkpoints), summaries and the export all go to --model_dir")
     memory = report.get("memory") or {}
     if memory.get("total_bytes"):
-        recs.append(f"--cache: holds the encoded train records in host memory ({_bytes(memory['total_bytes'])} "
-                    f"here, {_bytes(memory.get('available_bytes'))} available); use it when the converted "
-                    "dataset (du -sh DATA_DIR) fits with room to spare")
+        recs.append(f"--cache: holds the train split in host memory, decoded where --augment allows "
+                    f"({_bytes(memory['total_bytes'])} here, {_bytes(memory.get('available_bytes'))} available); "
+                    "use it when the decoded images (examples x height x width x channels bytes) fit with room to "
+                    "spare (up to 256 MiB a pipeline holds them without it)")
     usable, logical = cpu.get("usable_cores"), cpu.get("logical_cores")
     if usable and logical and usable < logical:
         recs.append(f"CPU: this process may use {usable} of {logical} cores (affinity or cgroup limit); "

@@ -197,6 +197,7 @@ class Trainer:
                     self.stopping.stop_at(self._steps_done)
             finally:
                 self.checkpointer.close()
+                self.summaries.close()
 
     def _train_from(self, start_step: int) -> "results.RunResult":
         config = self.config

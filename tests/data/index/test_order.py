@@ -55,6 +55,9 @@ def _every_record_once_and_resume(sizes, workers, replicas, per_replica, resume_
             seen.update(position.global_index(keys, starts).tolist())
         resumed = np.concatenate([share.keys(at.epoch, offset), share.keys(at.epoch + 1)])
         assert resumed.tolist() == np.concatenate(uninterrupted)[offset:].tolist()
+        # a pipeline holding its records in memory gathers by the keys stream_keys computes in its graph
+        streamed = [keys for keys in share.stream_keys(at.epoch, offset, epochs=2).as_numpy_iterator()]
+        assert np.concatenate(streamed).tolist() == resumed.tolist()
         # what another topology finds consumed: the same records, known from one window's plan
         assert sorted(share.first_records(at.epoch, offset).tolist()) == sorted(uninterrupted[0][:offset].tolist())
     for e, seen in enumerate(epochs):

@@ -212,7 +212,7 @@ class Order:
         counts = tf.gather(t.count, ids)
         keys, choice = keys[k:], choice[k:]
         if cached is not None:
-            return tf.data.Dataset.from_tensor_slices((keys, self._positions(keys))).map(
+            return tf.data.Dataset.from_tensor_slices((keys, self.positions(keys))).map(
                 lambda key, p: (key, tf.gather(cached, p)))
         pad = self.window - m
         ids = tf.concat([ids, tf.zeros([pad], tf.int64)], 0)
@@ -232,8 +232,9 @@ class Order:
                    tf.data.Dataset.choose_from_datasets(readers, tf.data.Dataset.from_tensor_slices(choice)))
         return tf.data.Dataset.zip(tf.data.Dataset.from_tensor_slices(keys), records)
 
-    def _positions(self, keys):
-        """Where records ``keys`` are in the table order ``table_records`` reads them in (for --cache)."""
+    def positions(self, keys):
+        """Where records ``keys`` are in the table order ``table_records`` reads them in (what a pipeline holding
+        its records in memory gathers by)."""
         starts = np.concatenate([[0], np.cumsum(self.count)[:-1]]).astype(np.int64)
         # a key's chunk: the last chunk (in key order) starting at or before it
         order = np.lexsort((self.index, self.file))
@@ -246,7 +247,7 @@ class Order:
     def _single_records(self, perm, cached):
         keys = self._single_keys(perm)
         if cached is not None:
-            return tf.data.Dataset.from_tensor_slices((keys, self._positions(keys))).map(
+            return tf.data.Dataset.from_tensor_slices((keys, self.positions(keys))).map(
                 lambda key, p: (key, tf.gather(cached, p)))
         t = self._tensors  # a record's shard name looked up as it is read: no string per record
 
@@ -304,7 +305,7 @@ class Order:
             _no_autograph(window_records))
 
     def table_records(self):
-        """Every record of the chunks once, in table order (what --cache holds in memory; ``_positions`` counts on
+        """Every record of the chunks once, in table order (what a pipeline holds in memory; ``positions`` counts on
         that order, so the chunks are read one after the other: an interleave of several chunks a record at a time
         put records where other keys expect them, and a resume then fed some twice). Read once, in the first
         epoch."""
@@ -331,6 +332,39 @@ class Order:
         everything = self.table_records().batch(max(1, int(self.count.sum()))).take(1).cache()
         return everything.flat_map(_no_autograph(lambda records: epochs_ds.flat_map(_no_autograph(
             lambda e: epoch(e, records)))))
+
+
+    def epoch_keys(self, epoch, w0=0, k0=0):
+        """The keys of ``epoch``'s order from window ``w0``, record ``k0`` into it (``locate``), to its end, as one
+        vector: the same keys ``epoch_records`` reads, computed without a record (a pipeline holding its records in
+        memory gathers a batch at a time by them)."""
+        perm = self.chunk_order(epoch)
+        if self.single:
+            return self._single_keys(perm[tf.cast(k0, tf.int64):])
+        w0, k0 = tf.cast(w0, tf.int64), tf.cast(k0, tf.int64)
+
+        def window(w, keys):
+            found = self._window_plan(epoch, perm, w)[2]
+            return w + 1, tf.concat([keys, found[tf.where(w == w0, k0, 0):]], 0)
+
+        _, keys = tf.while_loop(lambda w, _: w < self.num_windows, window, (w0, tf.zeros([0], tf.int64)),
+                                shape_invariants=(w0.shape, tf.TensorShape([None])))
+        return keys
+
+    def stream_keys(self, start_epoch: int, offset: int, epochs: int = None):
+        """The keys of ``stream``'s records, one vector an epoch (the first from record ``offset`` of
+        ``start_epoch``), ``length`` records each: ``stream`` without reading."""
+        w0, k0 = self.locate(start_epoch, offset)
+        end = (1 << 40) if epochs is None else start_epoch + epochs
+
+        def epoch(e):
+            first = tf.equal(e, start_epoch)
+            if not self.num_chunks:
+                return tf.zeros([0], tf.int64)
+            keys = self.epoch_keys(e, tf.where(first, np.int64(w0), 0), tf.where(first, np.int64(k0), 0))
+            return keys[:tf.where(first, np.int64(self.length - offset), self.length)]
+
+        return tf.data.Dataset.range(start_epoch, end).map(_no_autograph(epoch))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -137,18 +137,33 @@ def _imagenet_eval(features, image_size: int, channels: int):
 @dataclasses.dataclass(frozen=True)
 class Augmentation:
     """What --augment=NAME does to one record, before the scaling to --input_range: ``train(features, image_size,
-    channels, seed)`` and ``evaluate(features, image_size, channels)``, each giving pixels in [0, 255]."""
+    channels, seed)`` and ``evaluate(features, image_size, channels)``, each giving pixels in [0, 255].
+    ``on_decoded(image, seed)``, when set, is the random part alone: ``train`` is ``on_decoded`` of the record's
+    ``decoded`` image, so a pipeline holding decoded images in memory (``data.input.memory``) applies it to them
+    and feeds exactly what the records would give; None when training needs the record itself (``imagenet``
+    decodes only its crop window)."""
     train: Callable
     evaluate: Callable = decoded
+    on_decoded: Callable | None = None
+
+
+def unchanged(image, seed):
+    """--augment=none's random part: none."""
+    return image
+
+
+def _after_decoding(on_decoded: Callable) -> Augmentation:
+    """An augmentation that starts from the record's ``decoded`` image."""
+    return Augmentation(lambda features, size, channels, seed: on_decoded(decoded(features, size, channels), seed),
+                        on_decoded=on_decoded)
 
 
 # --augment: the training augmentation by name (Config's augment choices list the same names; a new one is an entry
 # here and its name there, tied by tests/data/input/test_augment.py).
 AUGMENTATIONS = {
-    "none": Augmentation(lambda features, size, channels, seed: decoded(features, size, channels)),
-    "flip": Augmentation(lambda features, size, channels, seed: flip(decoded(features, size, channels), seed)),
-    "cifar": Augmentation(lambda features, size, channels, seed: pad_crop_flip(decoded(features, size, channels),
-                                                                               seed)),
+    "none": _after_decoding(unchanged),
+    "flip": _after_decoding(flip),
+    "cifar": _after_decoding(pad_crop_flip),
     "imagenet": Augmentation(random_resized_crop_flip, _imagenet_eval),
 }
 

@@ -29,7 +29,7 @@ import tensorflow as tf
 from tfgpu import durations
 from tfgpu.config import ConfigError, InputConfig
 from tfgpu.data.index import order, position
-from tfgpu.data.input import augment
+from tfgpu.data.input import augment, memory
 from tfgpu.data.input.records import (Examples, Segments, _no_autograph, readable_files, readable_indices,
                                       segment_records, train_records)
 from tfgpu.data.input.dataset_info import DatasetInfo
@@ -162,10 +162,15 @@ def train_dataset_fn(config: InputConfig, info: DatasetInfo, start_step: int, re
 
         if plan is not None and plan.in_later_stage:
             later = plan.stage_order(config, info, ctx.input_pipeline_id)  # its records, from the stage's start
-            records = later.stream(start_epoch, offset, config.cache, epochs=1).concatenate(
-                ordinary.stream(start_epoch + 1, 0, config.cache))
+            stages = ((later, start_epoch, offset, 1), (ordinary, start_epoch + 1, 0, None))
         else:
-            records = ordinary.stream(start_epoch, offset, config.cache)
+            stages = ((ordinary, start_epoch, offset, None),)
+        if not record_keys and memory.holds(config, examples, [s[0] for s in stages], ctx.input_pipeline_id):
+            ds = memory.train_batches(config, examples, [(o, o.stream_keys(e, k, n)) for o, e, k, n in stages],
+                                      per_replica, consumed, seed, workers)
+            return _with_options(ds.prefetch(tf.data.AUTOTUNE), config, config.deterministic_input)
+        streams = [o.stream(e, k, config.cache, epochs=n) for o, e, k, n in stages]
+        records = streams[0] if len(streams) == 1 else streams[0].concatenate(streams[1])
         indexed = tf.data.Dataset.zip(tf.data.Dataset.counter(start=consumed), records)
         one = parse if record_keys else parse_unchecked
         ds = indexed.map(_no_autograph(lambda i, element: one(tf.stack([seed, i]), element)),

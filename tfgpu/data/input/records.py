@@ -172,6 +172,13 @@ class Examples:
             return labels
         return checked_labels(split, keys, labels, self.info.num_classes)
 
+    def holds_decoded(self) -> bool:
+        """Whether the train pipeline may hold this task's images decoded in memory (``data.input.memory``):
+        classification's own ``parse``, ``image``, ``label`` and ``example`` (a task overriding one of them is
+        called per record)."""
+        cls = type(self)
+        return self._labels_checked_per_batch() and cls.parse is Examples.parse and cls.image is Examples.image
+
     def _labels_checked_per_batch(self) -> bool:
         """Whether the train pipeline parses records itself and checks their labels a batch at a time: only for
         classification's own ``label`` and ``example`` (a task overriding either is called per record)."""
