@@ -17,8 +17,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 WORKER = """
 import json, os, sys, time
 out = sys.argv[1]
-with open(os.path.join(out, f"worker-{os.getpid()}.json"), "w") as f:
+path = os.path.join(out, f"worker-{os.getpid()}.json")
+with open(path + ".tmp", "w") as f:  # whole or absent: the test reads the directory while workers start
     json.dump({"tf_config": json.loads(os.environ["TF_CONFIG"]), "time": time.time()}, f)
+os.replace(path + ".tmp", path)
 deadline = time.time() + 120
 while not os.path.exists(os.path.join(out, "finish")) and time.time() < deadline:
     time.sleep(0.05)
