@@ -7,22 +7,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfgpu.config import Config
-from tfgpu.data import catalog
 from tfgpu.data.input import memory, pipeline, records
 from tfgpu.tasks.multilabel import MultiLabelExamples
 from tfgpu.tasks.registry import input_config
-
-
-@pytest.fixture(scope="module")
-def digits(tmp_path_factory):
-    cache = str(tmp_path_factory.mktemp("cache"))
-
-    def make(**overrides):
-        config = Config(model_dir="unused", dataset="digits", data_cache_dir=cache, **overrides)
-        return config, catalog.prepare(config)
-
-    return make
 
 
 def _batches(config, info, start_step, pipelines, pipeline_id, count):

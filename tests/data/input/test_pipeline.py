@@ -16,17 +16,6 @@ from tfgpu.data.sources import builtin
 from tfgpu.tasks.registry import input_config
 
 
-@pytest.fixture(scope="module")
-def digits(tmp_path_factory):
-    cache = str(tmp_path_factory.mktemp("cache"))
-
-    def make(**overrides):
-        config = Config(model_dir="unused", dataset="digits", data_cache_dir=cache, **overrides)
-        return config, catalog.prepare(config)
-
-    return make
-
-
 def _ctx(num_pipelines=1, pipeline_id=0, replicas=1):
     return tf.distribute.InputContext(num_pipelines, pipeline_id, replicas)
 
