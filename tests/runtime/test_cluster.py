@@ -353,16 +353,21 @@ def _executable(path, text):
     return path
 
 
-# Outside a job (no controller to ask) scontrol fails at once, as on a host without Slurm; the host's own scontrol
-# would wait about a minute per call for a controller that is not running.
+# Outside a job (no controller to ask) scontrol and sinfo fail at once, as on a host without Slurm; the host's own
+# would wait about a minute per scontrol call, and 29 s per sinfo call, for a controller that is not running.
 NO_CONTROLLER = "#!/bin/sh\necho 'slurm_load_jobs error: Unable to contact slurm controller' >&2\nexit 1\n"
+
+
+def _no_controller(bin_dir) -> None:
+    for command in ("scontrol", "sinfo"):
+        _executable(bin_dir / command, NO_CONTROLLER)
 
 
 def _sbatch(tmp_path, *args, env):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     _executable(bin_dir / "srun", FAKE_SRUN)
-    _executable(bin_dir / "scontrol", NO_CONTROLLER)
+    _no_controller(bin_dir)
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": "4242",
            "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "localhost", **env}
     return subprocess.run(["bash", os.path.join(REPO, "tools", "slurm", "train.sbatch"), *args], cwd=REPO, env=env,
@@ -396,7 +401,7 @@ def test_sbatch_template_trains_two_slurm_tasks(tmp_path, data_cache):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     _executable(bin_dir / "srun", FAKE_SRUN)
-    _executable(bin_dir / "scontrol", NO_CONTROLLER)
+    _no_controller(bin_dir)
     flags = tmp_path / "tiny.flags"
     flags.write_text("--dataset=digits\n--model=small_cnn\n--global_batch_size=64\n--train_steps=8\n"
                      "--steps_per_loop=4\n")
