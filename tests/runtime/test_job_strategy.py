@@ -5,7 +5,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
+from tfgpu.config import ConfigError
 from tfgpu.runtime import job_strategy
 
 
@@ -42,3 +45,46 @@ def test_tensorflow_started_before_import_tfgpu_is_told_to_move_the_import_up():
     proc = _script(code, {})
     assert proc.returncode == 1
     assert "put `import tfgpu` first in the script" in proc.stderr.splitlines()[-1]
+
+
+def test_cpu_replicas_are_read_and_checked_without_tensorflow():
+    assert job_strategy.cpu_replicas({}) is None and job_strategy.cpu_replicas({"TFGPU_CPU_REPLICAS": ""}) is None
+    assert job_strategy.cpu_replicas({"TFGPU_CPU_REPLICAS": "4"}) == 4
+    for bad in ("0", "-2", "two", "2.5", "65"):
+        with pytest.raises(ConfigError, match="TFGPU_CPU_REPLICAS.*from 1 to 64") as error:
+            job_strategy.cpu_replicas({"TFGPU_CPU_REPLICAS": bad})
+        assert error.value.flag == "TFGPU_CPU_REPLICAS"
+    with pytest.raises(ConfigError, match="worker 1 of 2.*unset TFGPU_CPU_REPLICAS"):
+        job_strategy.cpu_replicas({"TFGPU_CPU_REPLICAS": "2"}, {"num_workers": 2, "worker_index": 1})
+
+
+DRY_RUN = """
+import tfgpu
+import keras
+import numpy as np
+import tensorflow as tf
+from tfgpu.runtime import job_strategy
+strategy = tf.distribute.get_strategy()
+print("STRATEGY", type(strategy).__name__, strategy.num_replicas_in_sync, job_strategy.strategy() is strategy)
+x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+y = (x[:, 0] > 0).astype("int32")
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+history = tfgpu.fit(model, x, y, batch_size=16, epochs=1, verbose=0, model_dir={model_dir!r})
+print("MODEL", model.distribute_strategy is strategy, len(history.history["loss"]))
+"""
+
+
+def test_cpu_replicas_dry_run_the_gpu_path_on_logical_cpus(tmp_path):
+    proc = _script(DRY_RUN.format(model_dir=str(tmp_path / "run")), {"TFGPU_CPU_REPLICAS": "2"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "STRATEGY MirroredStrategy 2 True" in proc.stdout and "MODEL True 1" in proc.stdout, proc.stdout
+    first = next(line for line in proc.stderr.splitlines() if "tfgpu" in line)
+    assert "replicas=2" in first and "TFGPU_CPU_REPLICAS=2" in first, proc.stderr[-3000:]
+    assert "strategy=mirrored replicas=2" in proc.stderr
+
+
+def test_a_bad_cpu_replicas_value_is_one_line_naming_it():
+    proc = _script("import tfgpu", {"TFGPU_CPU_REPLICAS": "many"})
+    assert proc.returncode == 1
+    assert "TFGPU_CPU_REPLICAS" in proc.stderr.splitlines()[-1] and "'many'" in proc.stderr.splitlines()[-1]

@@ -8,6 +8,10 @@ the whole script ran inside ``strategy.scope()``: ``tfgpu.fit`` trains the user'
 Datasets, metrics and callbacks keep working before and after it (under MultiWorkerMirroredStrategy ``tfgpu``'s
 ``__init__`` also applies ``keras_fit.patch()``, so that the script's own ``model.evaluate``/``predict`` run there).
 
+``TFGPU_CPU_REPLICAS=N`` is a dry run of the N-GPU path on any machine: the import splits the CPU into N logical
+devices and makes the MirroredStrategy over them that a host of N GPUs gets (the first log line says
+``replicas=N``), so a script can be tried on several replicas before GPUs are rented.
+
 On one device nothing is made: Keras' default strategy is the one ``tfgpu.fit`` uses. tfgpu's own commands
 (``python -m tfgpu.X``, the ``tfgpu-X`` scripts) build their strategy from their flags instead (``runtime.distribute``).
 Importing this module loads no TensorFlow; ``at_import`` loads it only when there is a strategy to make.
@@ -21,6 +25,7 @@ from tfgpu.config import ConfigError
 log = logging.getLogger("tfgpu")
 
 MOVE_IMPORT_UP = "put `import tfgpu` first in the script, before anything that imports TensorFlow or Keras' objects"
+CPU_REPLICAS_ENV = "TFGPU_CPU_REPLICAS"
 _JOB = {}  # "strategy": the strategy made at import; "desc": its cluster description (None on one host)
 
 
@@ -63,25 +68,51 @@ def at_import(environ=None, argv=None):
         desc = cluster.resolve_cluster("auto", environ)
     except ValueError as e:
         raise ConfigError("cluster", str(e)) from None
+    replicas = cpu_replicas(environ, desc)
+    if replicas is not None:
+        return make(desc, cpu_replicas=replicas) if replicas > 1 else None
     if desc is None and visible_gpus_hint(environ) < 2:
         return None
     return make(desc)
 
 
-def make(desc=None):
+def cpu_replicas(environ, desc=None):
+    """The number of logical CPU replicas ``TFGPU_CPU_REPLICAS`` asks for (None: unset). A value that is not a
+    whole number from 1 to 64, or one set in a process that is one of several workers, is a ConfigError naming
+    the variable."""
+    raw = environ.get(CPU_REPLICAS_ENV)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        replicas = int(raw)
+    except ValueError:
+        replicas = 0
+    if not 1 <= replicas <= 64:
+        raise ConfigError(CPU_REPLICAS_ENV, f"must be a whole number of replicas from 1 to 64, got {raw!r}")
+    if desc is not None and desc["num_workers"] > 1:
+        raise ConfigError(CPU_REPLICAS_ENV, f"dry-runs the GPUs of one host, but this process is worker "
+                          f"{desc['worker_index']} of {desc['num_workers']}; unset {CPU_REPLICAS_ENV} in a "
+                          "multi-worker job")
+    return replicas
+
+
+def make(desc=None, cpu_replicas: int = 0):
     """Makes the job's strategy for cluster ``desc`` (None: this host alone) and sets it as the process default;
-    returns it. Once per process."""
+    returns it. Once per process. ``cpu_replicas`` > 1: a MirroredStrategy over that many logical CPU devices, as
+    over that many GPUs (``TFGPU_CPU_REPLICAS``)."""
     if _JOB:
         return _JOB["strategy"]
     import tensorflow as tf
     from tensorflow.python.eager import context
 
-    if desc is None and len(tf.config.list_physical_devices("GPU")) < 2:
+    if desc is None and not cpu_replicas and len(tf.config.list_physical_devices("GPU")) < 2:
         return None
     if context.context()._context_handle is not None:  # the runtime started: collectives can no longer be set up
         raise ConfigError("import tfgpu", f"TensorFlow started before tfgpu could make the job's strategy; "
                           f"{MOVE_IMPORT_UP}")
-    if desc is not None and desc["num_workers"] > 1:
+    if cpu_replicas > 1:
+        strategy = _on_logical_cpus(tf, cpu_replicas)
+    elif desc is not None and desc["num_workers"] > 1:
         from tfgpu.runtime import cluster
 
         log.info("%s", cluster.describe(desc))
@@ -94,6 +125,24 @@ def make(desc=None):
     keras_variables.read_as_numbers()  # float(metric.result()) as on one device
     _JOB.update(strategy=strategy, desc=desc)
     return strategy
+
+
+def _on_logical_cpus(tf, replicas: int):
+    """A MirroredStrategy over ``replicas`` logical devices split from the CPU, as a host of that many GPUs gets."""
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
+    devices = [device.name for device in tf.config.list_logical_devices("CPU")][:replicas]
+    _say(f"tfgpu: replicas={replicas} ({CPU_REPLICAS_ENV}={replicas}: {replicas} logical CPU devices stand in "
+         f"for {replicas} GPUs; MirroredStrategy as on a host of {replicas} GPUs)")
+    return tf.distribute.MirroredStrategy(devices)
+
+
+def _say(line: str) -> None:
+    """One line to the log, or to stderr when the script has set up no logging yet (at import it usually has not)."""
+    if logging.getLogger("tfgpu").handlers or logging.getLogger().handlers:
+        log.info("%s", line)
+    else:
+        print(line, file=sys.stderr, flush=True)
 
 
 def strategy():

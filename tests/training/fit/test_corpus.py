@@ -10,11 +10,13 @@ runs three ways, every one a child process in its own temporary directory with a
 - ``ported``: ``python ported.py`` on one device; it must land within TOLERANCE of plain Keras, and its after-fit
   report must have plain Keras' keys, shapes, counts and flags (its numbers finite);
 - ``ported_2_workers``: ``python -m tfgpu.launch --num_workers=2 -- python ported.py``; both workers must report,
-  with equal weight digests (one model), each within TOLERANCE of plain Keras, after-fit as above.
+  with equal weight digests (one model), each within TOLERANCE of plain Keras, after-fit as above;
+- ``ported_2_replicas``: ``TFGPU_CPU_REPLICAS=2 python ported.py``, the dry run of a host of 2 GPUs (a
+  MirroredStrategy over 2 logical CPUs); within TOLERANCE of plain Keras, after-fit as above.
 
 The plain run of a script is made once per session (``plain_results``) and shared by its three cases. The whole
 matrix is ``slow``; three scripts stay in the default suite (``DEFAULT``: the three quickest, a convnet on arrays,
-an overridden train_step, class weights on a table), their three ways each.
+an overridden train_step, class weights on a table), their three ways each, and the convnet's 2-replica dry run.
 """
 import ast
 import functools
@@ -33,9 +35,10 @@ CORPUS = os.path.join(HERE, "corpus")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 SCRIPTS = sorted(f[:-3] for f in os.listdir(CORPUS) if f.endswith(".py") and f != "corpus_report.py")
 DEFAULT = ("mnist_convnet", "image_classification_from_scratch", "imbalanced_classification")
-WAYS = ("plain", "ported", "ported_2_workers")
+WAYS = ("plain", "ported", "ported_2_workers", "ported_2_replicas")
+DEFAULT_2_REPLICAS = ("mnist_convnet",)
 RESULT = "CORPUS_RESULT "
-TIMEOUT_S = {"plain": 300, "ported": 300, "ported_2_workers": 600}
+TIMEOUT_S = {"plain": 300, "ported": 300, "ported_2_workers": 600, "ported_2_replicas": 400}
 
 FIT_CALL = re.compile(r"(\w+)\.fit\(")
 
@@ -146,6 +149,11 @@ def run_way(name, way, workdir):
         command = [sys.executable, "-m", "tfgpu.launch", "--num_workers=2", "--", sys.executable, script]
         if onednn_loses_an_empty_batch():
             extra_env["TF_ENABLE_ONEDNN_OPTS"] = "0"
+    elif way == "ported_2_replicas":
+        command = [sys.executable, script]
+        extra_env["TFGPU_CPU_REPLICAS"] = "2"
+        if onednn_loses_an_empty_batch():
+            extra_env["TF_ENABLE_ONEDNN_OPTS"] = "0"
     else:
         command = [sys.executable, script]
     code, output = run(command, workdir, TIMEOUT_S[way], extra_env)
@@ -235,7 +243,8 @@ def check_plain(name, result):
 def _cases():
     for name in SCRIPTS:
         for way in WAYS:
-            marks = () if name in DEFAULT else (pytest.mark.slow,)
+            default = name in (DEFAULT_2_REPLICAS if way == "ported_2_replicas" else DEFAULT)
+            marks = () if default else (pytest.mark.slow,)
             yield pytest.param(name, way, id=f"{name}-{way}", marks=marks)
 
 
@@ -255,7 +264,7 @@ def test_corpus(name, way, plain_results, tmp_path):
         assert sorted(result["history"]) == sorted(plain["history"]), \
             f"{who}: History keys {sorted(result['history'])}, plain Keras has {sorted(plain['history'])}"
         assert result["epochs"] == plain["epochs"], f"{who}: {result['epochs']} epochs, plain Keras {plain['epochs']}"
-        replicas = 2 if way == "ported_2_workers" else 1
+        replicas = 2 if way in ("ported_2_workers", "ported_2_replicas") else 1
         problems += [f"{who}: {p}" for p in (within(t, plain, result, replicas) for t in tolerances(
             os.path.join(CORPUS, name + ".py"))) if p]
     assert not problems, f"{name} ({way}) is not within TOLERANCE of plain Keras:\n" + "\n".join(problems)
