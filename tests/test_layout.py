@@ -211,3 +211,30 @@ def test_every_import_points_down_the_map_in_docs_architecture():
     wrong = [f"{a} (floor {floors[a]}) imports {b} (floor {floors[b]}): {edges[0][0]} imports {edges[0][1]}"
              for (a, b), edges in sorted(arrows.items()) if floors[a] <= floors[b]]
     assert wrong == []
+
+
+STRATEGIES = {"MirroredStrategy", "MultiWorkerMirroredStrategy", "OneDeviceStrategy", "TPUStrategy",
+              "ParameterServerStrategy", "CentralStorageStrategy"}
+
+
+def _strategy_constructions(tree) -> list:
+    """Line numbers where ``tree`` calls a tf.distribute strategy's constructor (``tf.distribute.X(...)``, ``X(...)``)."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            name = getattr(node.func, "attr", None) or getattr(node.func, "id", None)
+            if name in STRATEGIES:
+                lines.append(node.lineno)
+    return lines
+
+
+def test_one_module_builds_strategies():
+    """Issue 54: a strategy is built in one place, runtime/distribute.py (its settings, devices, collective options
+    and errors), whoever asks for it: a command's flags, ``import tfgpu``, ``keras_fit``, the all-reduce probe."""
+    builders = {name: lines for name, tree in _modules().items() if (lines := _strategy_constructions(tree))}
+    assert set(builders) == {"tfgpu.runtime.distribute"}, builders
+
+
+def test_the_strategy_check_finds_a_second_builder():
+    tree = ast.parse("import tensorflow as tf\ndef make():\n    return tf.distribute.MirroredStrategy()\n")
+    assert _strategy_constructions(tree) == [3]

@@ -68,9 +68,11 @@ def worker(sizes_bytes: list, repeats: int, out_path: str, dtype_name: str = "fl
     import tensorflow as tf
 
     dtype = tf.as_dtype(dtype_name)
-    options = tf.distribute.experimental.CommunicationOptions(
-        implementation=tf.distribute.experimental.CommunicationImplementation.RING)
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    from tfgpu.config import RuntimeConfig
+    from tfgpu.runtime import cluster, distribute
+
+    settings = RuntimeConfig.defaults(distribution_strategy="multi_worker_mirrored", all_reduce_alg="ring")
+    strategy = distribute.build_strategy(settings, cluster.resolve_cluster("tf_config")).strategy
     functions = []
     for size in sizes_bytes:
         n = max(1, int(size) // 4)

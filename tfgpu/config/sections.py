@@ -18,6 +18,14 @@ class Section:
         return cls(**{f.name: derived[f.name] if f.name in derived else getattr(config, f.name)
                       for f in dataclasses.fields(cls)})
 
+    @classmethod
+    def defaults(cls, **fields):
+        """The slice of the options' defaults, with ``fields`` set: the settings of a subsystem used outside a
+        command (``import tfgpu``'s strategy, ``keras_fit``, a probe), as a command with no flags would set it."""
+        from tfgpu.config.options import Config
+
+        return dataclasses.replace(cls.of(Config()), **fields)
+
 
 @dataclasses.dataclass(frozen=True)
 class RuntimeConfig(Section):

@@ -20,7 +20,7 @@ import logging
 import os
 import sys
 
-from tfgpu.config import ConfigError
+from tfgpu.config import ConfigError, RuntimeConfig
 
 log = logging.getLogger("tfgpu")
 
@@ -110,31 +110,23 @@ def make(desc=None, cpu_replicas: int = 0):
     if context.context()._context_handle is not None:  # the runtime started: collectives can no longer be set up
         raise ConfigError("import tfgpu", f"TensorFlow started before tfgpu could make the job's strategy; "
                           f"{MOVE_IMPORT_UP}")
-    if cpu_replicas > 1:
-        strategy = _on_logical_cpus(tf, cpu_replicas)
-    elif desc is not None and desc["num_workers"] > 1:
-        from tfgpu.runtime import cluster
+    from tfgpu.runtime import distribute
 
-        log.info("%s", cluster.describe(desc))
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=cluster.make_cluster_resolver(desc))
-    else:
-        strategy = tf.distribute.MirroredStrategy()
+    several_workers = desc is not None and desc["num_workers"] > 1
+    settings = RuntimeConfig.defaults(
+        distribution_strategy="multi_worker_mirrored" if several_workers else "mirrored",
+        cpu_logical_devices=cpu_replicas if cpu_replicas > 1 else 0)
+    if cpu_replicas > 1:
+        _say(f"tfgpu: replicas={cpu_replicas} ({CPU_REPLICAS_ENV}={cpu_replicas}: {cpu_replicas} logical CPU "
+             f"devices stand in for {cpu_replicas} GPUs; MirroredStrategy as on a host of {cpu_replicas} GPUs)")
+    distribute.configure_devices(settings)
+    strategy = distribute.build_strategy(settings, desc).strategy
     tf.distribute.experimental_set_strategy(strategy)
     from tfgpu.runtime import keras_variables
 
     keras_variables.read_as_numbers()  # float(metric.result()) as on one device
     _JOB.update(strategy=strategy, desc=desc)
     return strategy
-
-
-def _on_logical_cpus(tf, replicas: int):
-    """A MirroredStrategy over ``replicas`` logical devices split from the CPU, as a host of that many GPUs gets."""
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
-    devices = [device.name for device in tf.config.list_logical_devices("CPU")][:replicas]
-    _say(f"tfgpu: replicas={replicas} ({CPU_REPLICAS_ENV}={replicas}: {replicas} logical CPU devices stand in "
-         f"for {replicas} GPUs; MirroredStrategy as on a host of {replicas} GPUs)")
-    return tf.distribute.MirroredStrategy(devices)
 
 
 def _say(line: str) -> None:

@@ -239,14 +239,14 @@ def _maybe_symbolic_build(self, iterator=None, data_batch=None):
 def make_strategy(cluster: str = "auto", collective_timeout_s: float = 0.0):
     """MultiWorkerMirroredStrategy when TF_CONFIG or Slurm name several workers, else MirroredStrategy on the
     visible devices. Call before TensorFlow initialises its runtime."""
-    from tfgpu.runtime import cluster as cluster_lib
+    from tfgpu.config import RuntimeConfig
+    from tfgpu.runtime import cluster as cluster_lib, distribute
 
     desc = cluster_lib.resolve_cluster(cluster)
-    if desc is None:
-        return tf.distribute.MirroredStrategy()
-    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=collective_timeout_s or None)
-    return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=cluster_lib.make_cluster_resolver(desc),
-                                                    communication_options=options)
+    several_workers = desc is not None and desc["num_workers"] > 1
+    settings = RuntimeConfig.defaults(distribution_strategy="multi_worker_mirrored" if several_workers else "mirrored",
+                                   cluster=cluster, collective_timeout_s=collective_timeout_s)
+    return distribute.build_strategy(settings, desc).strategy
 
 
 def is_chief(strategy=None) -> bool:
