@@ -27,13 +27,13 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-
-class RendezvousError(RuntimeError):
-    """etcd cannot be reached or refused a request; the message names the endpoint."""
+from tfgpu.runtime import rendezvous_records as records
 
 
-class ForeignRecord(RendezvousError):
-    """A key under the job's prefix that is no tfgpu record: not retried (it stays until someone removes it)."""
+RendezvousError = records.RendezvousError  # etcd cannot be reached or refused a request; the message names it
+
+
+ForeignRecord = records.BadRecord  # a key under the job's prefix that is no valid tfgpu record: never retried
 
 
 def parse_endpoint(text: str) -> tuple:
@@ -165,6 +165,7 @@ class Rendezvous:
         self.host, self.address, self.workers = host, address, workers
         self.ttl_s = ttl_s
         self.lease = None
+        self.newest = 0  # the highest round number read so far: a round never goes backwards
         self._stop = threading.Event()
         self._keeper = None
 
@@ -205,16 +206,21 @@ class Rendezvous:
     def alive(self) -> dict:
         """{host: {"address", "workers"}} of every registered host."""
         start = len(self.key("hosts", ""))
-        return {k[start:]: _record(k, v) for k, v in self.etcd.get_prefix(self.key("hosts", "")).items()}
+        found = self.etcd.get_prefix(self.key("hosts", ""))
+        return {k[start:]: records.host(k, k[start:], v) for k, v in found.items()}
 
     def current(self):
         """The current Round, or None before the first."""
         value, revision = self.etcd.get(self.key("round"))
         if value is None:
+            if self.newest:
+                raise records.BadRecord(f"etcd key {self.key('round')} vanished after round {self.newest} (a round "
+                                        "is never deleted while its job runs): someone else writes under this job id")
             return None
-        data = _record(self.key("round"), value, ("round", "members"))
-        return Round(data["round"], tuple(data["members"]), data.get("restarts", 0), data.get("reason", ""),
-                     data.get("record"), revision)
+        data = records.round_(self.key("round"), value, self.newest)
+        self.newest = data["round"]
+        return Round(data["round"], tuple(data["members"]), data["restarts"], data["reason"], data["record"],
+                     revision)
 
     def propose(self, after, members, restarts: int, reason: str, record=None):
         """Writes round ``after.number + 1`` (1 when ``after`` is None) with ``members`` unless another agent
@@ -229,15 +235,26 @@ class Rendezvous:
                       lease=self.lease)
 
     def published(self, number: int) -> dict:
+        """{host: {"address", "ports"}} of the members of round ``number`` that published their ports, each as many
+        as the host registered workers."""
         start = len(self.key("rounds", number, ""))
-        return {k[start:]: _record(k, v, ("address", "ports"))
-                for k, v in self.etcd.get_prefix(self.key("rounds", number, "")).items()}
+        found = self.etcd.get_prefix(self.key("rounds", number, ""))
+        workers = {h: r["workers"] for h, r in self.alive().items()} if found else {}
+        return {k[start:]: records.ports(k, k[start:], v, workers.get(k[start:], self.workers))
+                for k, v in found.items()}
 
     def mark_done(self, number: int) -> None:
         self.etcd.put(self.key("done", number, self.host), "1")
 
-    def done(self, number: int) -> bool:
-        return bool(self.etcd.get_prefix(self.key("done", number, "")))
+    def done(self, number: int, members=None) -> bool:
+        """Whether a member of round ``number`` finished it; ``members``: the round's (default: the current one's),
+        a mark from any other name is a forged record."""
+        marks = self.etcd.get_prefix(self.key("done", number, ""))
+        if marks and members is None:
+            current = self.current()
+            members = current.members if current and current.number == number else ()
+        start = len(self.key("done", number, ""))
+        return any(records.done(k, k[start:], v, members) for k, v in marks.items())
 
     def end(self, code: int, line: str) -> None:
         """Records that the job stops unfinished; the first outcome written stays."""
@@ -245,7 +262,7 @@ class Rendezvous:
 
     def outcome(self):
         value, _ = self.etcd.get(self.key("outcome"))
-        return _record(self.key("outcome"), value, ("code", "line")) if value else None
+        return records.outcome(self.key("outcome"), value) if value is not None else None
 
 
 def wait_for_members(rdzv: Rendezvous, current: Round, timeout_s: float, poll_s: float = 0.2):
@@ -265,15 +282,3 @@ def wait_for_members(rdzv: Rendezvous, current: Round, timeout_s: float, poll_s:
         time.sleep(poll_s)
     return None
 
-
-def _record(key: str, value: str, fields=()) -> dict:
-    """A tfgpu record read from etcd key ``key``; RendezvousError naming the key when it is not one (another
-    program's keys under the job's prefix, or a hand edit)."""
-    try:
-        data = json.loads(value)
-    except ValueError:
-        data = None
-    if not isinstance(data, dict) or any(f not in data for f in fields):
-        raise ForeignRecord(f"etcd key {key} holds {value[:80]!r}, not a tfgpu rendezvous record "
-                              f"(another program's keys under this job id?): use another --rendezvous JOB_ID")
-    return data
