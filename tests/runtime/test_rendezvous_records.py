@@ -8,7 +8,7 @@ import re
 import pytest
 from hypothesis import given, strategies as st
 
-from tfgpu.runtime import rendezvous, rendezvous_records as records
+from tfgpu.runtime import etcd, rendezvous, rendezvous_records as records
 from tests.runtime.test_agent import _cleanup, _groups, _log, _start_agent, _wait
 
 KEY = "/tfgpu/j/round"
@@ -96,7 +96,7 @@ def test_a_round_that_vanishes_or_goes_back_in_etcd_ends_the_reader(etcd_url):
         a.etcd.put(a.key("round"), _round(round=1, members=["a-1"]))
         with pytest.raises(records.BadRecord, match=r"round went backwards from 2 to 1"):
             a.current()
-        a.etcd.call("/v3/kv/deleterange", {"key": rendezvous._b64(a.key("round"))})
+        a.etcd.call("/v3/kv/deleterange", {"key": etcd.b64(a.key("round"))})
         with pytest.raises(records.BadRecord, match=r"round vanished after round 2"):
             a.current()
     finally:

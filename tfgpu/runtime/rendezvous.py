@@ -1,7 +1,8 @@
 """The membership of a job that spans hosts, agreed through etcd: which hosts form each worker group ("round"), and
 the TF_CONFIG every worker of the round gets. One ``tfgpu.launch --rendezvous=etcd://HOST:PORT/JOB`` agent per host
-uses it (``runtime/agent.py``); etcd is spoken through its v3 JSON gateway with the standard library only (no
-TensorFlow, no etcd client package).
+uses it (``runtime/agent.py``); etcd is spoken through its v3 JSON gateway, over TLS with client certificates and
+with etcd's auth when the endpoint says so (``runtime/etcd.py``). Every record read is checked before use
+(``runtime/rendezvous_records.py``).
 
 Keys under ``/tfgpu/<job>/`` (values JSON):
 
@@ -18,98 +19,22 @@ Keys under ``/tfgpu/<job>/`` (values JSON):
 - ``outcome``: ``{"code", "line"}``: the job ended without finishing (below --min_workers, --max_restarts spent);
   every agent exits with that code.
 """
-import base64
 import dataclasses
 import json
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 
 from tfgpu.runtime import rendezvous_records as records
-
-
-RendezvousError = records.RendezvousError  # etcd cannot be reached or refused a request; the message names it
-
+from tfgpu.runtime.etcd import Etcd, Endpoint, RendezvousError, parse  # noqa: F401 - the rendezvous's etcd
 
 ForeignRecord = records.BadRecord  # a key under the job's prefix that is no valid tfgpu record: never retried
 
 
-def parse_endpoint(text: str) -> tuple:
-    """``etcd://HOST:PORT/JOB`` -> (``http://HOST:PORT``, JOB); ValueError naming --rendezvous otherwise."""
-    parsed = urllib.parse.urlsplit(text)
-    job = parsed.path.strip("/")
-    if parsed.scheme != "etcd" or not parsed.hostname or not job or "/" in job:
-        raise ValueError(f"--rendezvous={text!r}: expected etcd://HOST:PORT/JOB_ID (e.g. etcd://10.0.0.1:2379/run7)")
-    return f"http://{parsed.hostname}:{parsed.port or 2379}", job
-
-
-def _b64(text: str) -> str:
-    return base64.b64encode(text.encode()).decode()
-
-
-def _prefix_end(prefix: str) -> str:
-    """etcd's range_end for every key that starts with ``prefix`` (its last byte plus one)."""
-    raw = prefix.encode()
-    return base64.b64encode(raw[:-1] + bytes([raw[-1] + 1])).decode()
-
-
-class Etcd:
-    """The few etcd v3 calls a rendezvous needs, as JSON over HTTP (``/v3/kv/*``, ``/v3/lease/*``)."""
-
-    def __init__(self, url: str, timeout_s: float = 5.0):
-        self.url = url.rstrip("/")
-        self.timeout_s = timeout_s
-
-    def call(self, path: str, body: dict) -> dict:
-        request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                answer = json.loads(response.read().decode() or "{}")
-        except urllib.error.HTTPError as e:
-            raise RendezvousError(f"etcd at {self.url}{path}: HTTP {e.code}: {e.read().decode()[:200]}") from None
-        except (OSError, ValueError) as e:
-            raise RendezvousError(f"etcd at {self.url} cannot be reached ({path}): {e}") from None
-        if "error" in answer:
-            raise RendezvousError(f"etcd at {self.url}{path}: {answer.get('message', answer['error'])}")
-        return answer
-
-    def get(self, key: str):
-        """(value, mod_revision) of ``key``; (None, 0) when absent."""
-        kvs = self.call("/v3/kv/range", {"key": _b64(key)}).get("kvs", [])
-        if not kvs:
-            return None, 0
-        return base64.b64decode(kvs[0].get("value", "")).decode(), int(kvs[0]["mod_revision"])
-
-    def get_prefix(self, prefix: str) -> dict:
-        """{key: value} of every key under ``prefix``."""
-        kvs = self.call("/v3/kv/range", {"key": _b64(prefix), "range_end": _prefix_end(prefix)}).get("kvs", [])
-        return {base64.b64decode(kv["key"]).decode(): base64.b64decode(kv.get("value", "")).decode() for kv in kvs}
-
-    def put(self, key: str, value: str, lease: str | None = None) -> None:
-        body = {"key": _b64(key), "value": _b64(value)}
-        if lease:
-            body["lease"] = lease
-        self.call("/v3/kv/put", body)
-
-    def put_if(self, key: str, value: str, mod_revision: int) -> bool:
-        """Writes ``key`` only if its mod_revision is still ``mod_revision`` (0: only if absent); whether it did."""
-        return bool(self.call("/v3/kv/txn", {
-            "compare": [{"key": _b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(mod_revision)}],
-            "success": [{"request_put": {"key": _b64(key), "value": _b64(value)}}]}).get("succeeded"))
-
-    def grant(self, ttl_s: int) -> str:
-        return self.call("/v3/lease/grant", {"TTL": str(int(ttl_s))})["ID"]
-
-    def keepalive(self, lease: str) -> bool:
-        """Renews ``lease``; False when it has expired already."""
-        answer = self.call("/v3/lease/keepalive", {"ID": lease})
-        return int(answer.get("result", answer).get("TTL", 0)) > 0
-
-    def revoke(self, lease: str) -> None:
-        self.call("/v3/lease/revoke", {"ID": lease})
+def parse_endpoint(text: str, environ=None) -> tuple:
+    """``etcd://HOST:PORT/JOB[?options]`` -> (``http(s)://HOST:PORT``, JOB); ValueError naming --rendezvous (or
+    the TFGPU_ETCD_* variable) otherwise. ``endpoint`` gives the TLS and auth options too."""
+    endpoint = parse(text, environ)
+    return endpoint.url, endpoint.job
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,8 +84,8 @@ class Rendezvous:
     """One host's view of the job's membership in etcd: its registration (kept alive by a thread), the current
     round, proposals of the next one, the ports of a round's members, and the job's outcome."""
 
-    def __init__(self, url: str, job: str, host: str, address: str, workers: int, ttl_s: float = 5.0):
-        self.etcd = Etcd(url)
+    def __init__(self, url, job: str, host: str, address: str, workers: int, ttl_s: float = 5.0):
+        self.etcd = Etcd(url)  # url: an etcd.Endpoint (TLS, auth) or a plain http://HOST:PORT
         self.prefix = f"/tfgpu/{job}/"
         self.host, self.address, self.workers = host, address, workers
         self.ttl_s = ttl_s

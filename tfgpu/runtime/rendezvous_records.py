@@ -7,6 +7,7 @@ import json
 import re
 
 from tfgpu.runtime import restarts
+from tfgpu.runtime.etcd import RendezvousError
 
 MAX_TEXT = 2000  # characters of a reason or an outcome's line: a line, not a file
 MAX_RECORD_BYTES = 4096  # a restart record as JSON (restarts.restart_record's is about 400 bytes)
@@ -14,10 +15,6 @@ MAX_WORKERS = 4096  # of one host
 RESTART_FIELDS = frozenset(restarts.restart_record(
     1, restarts.Failure(0, 0, 129, ""), 1, 1, None, 0.0))
 _NAME = re.compile(r"[A-Za-z0-9._:\[\]-]{1,255}")  # a host id (runtime/agent.host_id: ADDRESS-PID) or an address
-
-
-class RendezvousError(RuntimeError):
-    """etcd cannot be reached or refused a request; the message names the endpoint."""
 
 
 class BadRecord(RendezvousError):
