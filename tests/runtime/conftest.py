@@ -113,9 +113,11 @@ def make_certificates(directory, name="job", server_names="IP:127.0.0.1,DNS:loca
              "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
              cwd=directory)
     pairs = {}
-    for who, alt in (("server", server_names), ("client", f"DNS:{name}-agent")):
+    # etcd's own certificate is a client's too: its JSON gateway connects to etcd with it (etcd 3.4)
+    for who, alt, usage in (("server", server_names, "serverAuth,clientAuth"),
+                            ("client", f"DNS:{name}-agent", "clientAuth")):
         with open(os.path.join(directory, f"{who}.ext"), "w") as f:
-            f.write(f"subjectAltName={alt}\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n"
+            f.write(f"subjectAltName={alt}\nextendedKeyUsage={usage}\nbasicConstraints=CA:FALSE\n"
                     "keyUsage=critical,digitalSignature\nsubjectKeyIdentifier=hash\n"
                     "authorityKeyIdentifier=keyid,issuer\n")
         _openssl("req", *key, "-keyout", f"{who}.key", "-out", f"{who}.csr", "-subj", f"/CN={name}-{who}",
