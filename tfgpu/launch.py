@@ -126,6 +126,9 @@ def parse_args(argv):
             rendezvous.parse_endpoint(args.rendezvous)
         except ValueError as e:
             raise LaunchError(str(e)) from None
+        if not rendezvous.records.NAME.fullmatch(args.host):
+            raise LaunchError(f"--host={args.host!r}: with --rendezvous, a host name or IP address (letters, digits, "
+                              "'.', '-', ':', '%', '[', ']'; at most 200)")
         if args.workers_per_host < 1 or args.num_workers % args.workers_per_host:
             raise LaunchError(f"--workers_per_host={args.workers_per_host} must be at least 1 and divide "
                               f"--num_workers={args.num_workers} (the job's most workers)")

@@ -14,7 +14,7 @@ MAX_RECORD_BYTES = 4096  # a restart record as JSON (restarts.restart_record's i
 MAX_WORKERS = 4096  # of one host
 RESTART_FIELDS = frozenset(restarts.restart_record(
     1, restarts.Failure(0, 0, 129, ""), 1, 1, None, 0.0))
-_NAME = re.compile(r"[A-Za-z0-9._:\[\]-]{1,255}")  # a host id (runtime/agent.host_id: ADDRESS-PID) or an address
+NAME = re.compile(r"[A-Za-z0-9._:%\[\]-]{1,200}")  # a host id (runtime/agent.host_id: ADDRESS-PID) or an address
 
 
 class BadRecord(RendezvousError):
@@ -52,9 +52,9 @@ def _text(key, field, value, pattern=None):
 
 def host(key: str, name: str, value: str) -> dict:
     """``hosts/<name>``: {"address": str, "workers": int}."""
-    _text(key, "the host name", name, _NAME)
+    _text(key, "the host name", name, NAME)
     data = _load(key, value, ("address", "workers"))
-    _text(key, "address", data["address"], _NAME)
+    _text(key, "address", data["address"], NAME)
     _int(key, "workers", data["workers"], 1, MAX_WORKERS)
     return data
 
@@ -71,7 +71,7 @@ def round_(key: str, value: str, newest: int) -> dict:
     if not isinstance(members, list) or not members or len(members) > MAX_WORKERS:
         _fail(key, f"members is {str(members)[:80]!r}, not a non-empty list of host names")
     for m in members:
-        _text(key, "a member", m, _NAME)
+        _text(key, "a member", m, NAME)
     if members != sorted(set(members)):
         _fail(key, f"members {str(members)[:80]} are not distinct host names in sorted order")
     data.setdefault("restarts", 0)
@@ -93,9 +93,9 @@ def round_(key: str, value: str, newest: int) -> dict:
 
 def ports(key: str, name: str, value: str, workers: int) -> dict:
     """``rounds/<n>/<name>``: {"address": str, "ports": [``workers`` distinct ints in 1..65535]}."""
-    _text(key, "the host name", name, _NAME)
+    _text(key, "the host name", name, NAME)
     data = _load(key, value, ("address", "ports"))
-    _text(key, "address", data["address"], _NAME)
+    _text(key, "address", data["address"], NAME)
     listed = data["ports"]
     if not isinstance(listed, list) or len(listed) != workers:
         _fail(key, f"ports is {str(listed)[:80]!r}, not a list of {workers} port(s) (one a worker of the host)")
