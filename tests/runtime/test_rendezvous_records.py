@@ -112,6 +112,8 @@ def _forge(etcd_url, key, value):
     ([("outcome", {"code": 0, "line": "done"}), ("round", {"round": 9, "members": ["z-1"]})],
      r"etcd key /tfgpu/job1/outcome: code is 0, not an integer in 1\.\.255"),
     ([("round", {"round": "7", "members": ["z-1"]})], r"etcd key /tfgpu/job1/round: round is '7'"),
+    ([("outcome", {"code": "x", "line": "stop"}), ("round", {"round": 9, "members": ["z-1"]})],
+     r"etcd key /tfgpu/job1/outcome: code is 'x'"),
 ])
 def test_a_forged_record_ends_the_agent_with_its_line_not_exit_0_and_no_traceback(etcd_url, tmp_path, forgeries,
                                                                                   line):
