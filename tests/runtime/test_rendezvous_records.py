@@ -37,7 +37,9 @@ def test_a_valid_round_passes_and_missing_optional_fields_take_their_defaults():
     ({"members": ["a/../b"]}, r"a member is 'a/\.\./b', not a host name"),
     ({"members": [7]}, r"a member is '7', not a host name"),
     ({"restarts": -2}, r"restarts is -2"),
-    ({"reason": "x" * 3000}, r"reason is 'x+', not a text of at most 2000"),
+    ({"reason": "x" * 3000}, r"reason is 'x+', not one line of at most 2000"),
+    ({"reason": "ok\nerror: forged"}, r"reason is 'ok\\nerror: forged', not one line"),
+    ({"record": {"reason": "\x1b[2J"}}, r"record holds a value that is no number, flag or line"),
     ({"record": "text"}, r"record is not a restart record"),
     ({"record": {"restart": 1, "pwned": "x"}}, r"record has fields \['pwned'\]"),
     ({"record": {"reason": "x" * 5000}}, r"record is not a restart record of at most 4096 bytes"),
@@ -74,6 +76,28 @@ def test_an_outcome_is_a_failure_code_never_zero(code):
     else:
         with pytest.raises(records.BadRecord, match=f"^etcd key {key}: code is .*, not an integer in 1..255"):
             records.outcome(key, value)
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-2 ** 70, 2 ** 70) | st.floats() | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                    max_leaves=8)
+
+
+@given(kind=st.sampled_from(["host", "round", "ports", "outcome", "done"]),
+       fields=st.dictionaries(st.sampled_from(["round", "members", "restarts", "reason", "record", "address",
+                                               "workers", "ports", "code", "line"]), JSON, max_size=10),
+       raw=st.one_of(st.none(), st.text(max_size=12)))
+def test_whatever_a_key_holds_the_check_accepts_it_or_says_one_line_never_another_exception(kind, fields, raw):
+    """The invariant behind 'no traceback': any value under any key is a record or a BadRecord naming the key."""
+    value = raw if raw is not None else json.dumps(fields)
+    key = f"/tfgpu/j/{kind}"
+    check = {"host": lambda: records.host(key, "h-1", value), "round": lambda: records.round_(key, value, 0),
+             "ports": lambda: records.ports(key, "h-1", value, 1), "outcome": lambda: records.outcome(key, value),
+             "done": lambda: records.done(key, "h-1", value, ("h-1",))}[kind]
+    try:
+        check()
+    except records.BadRecord as e:
+        assert str(e).startswith(f"etcd key {key}") and "\n" not in str(e)
 
 
 def test_hosts_and_finish_marks_are_checked():

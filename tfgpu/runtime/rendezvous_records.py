@@ -14,6 +14,7 @@ MAX_RECORD_BYTES = 4096  # a restart record as JSON (restarts.restart_record's i
 MAX_WORKERS = 4096  # of one host
 RESTART_FIELDS = frozenset(restarts.restart_record(
     1, restarts.Failure(0, 0, 129, ""), 1, 1, None, 0.0))
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 NAME = re.compile(r"[A-Za-z0-9._:%\[\]-]{1,200}")  # a host id (runtime/agent.host_id: ADDRESS-PID) or an address
 
 
@@ -44,9 +45,12 @@ def _int(key, field, value, low, high):
 
 
 def _text(key, field, value, pattern=None):
-    if not isinstance(value, str) or len(value) > MAX_TEXT or (pattern is not None and not pattern.fullmatch(value)):
+    """``value`` when it is one line of text (no control characters: it is printed and logged) or, with
+    ``pattern``, a name of that form."""
+    if not isinstance(value, str) or len(value) > MAX_TEXT or (pattern is not None and not pattern.fullmatch(value)) \
+            or _CONTROL.search(value):
         _fail(key, f"{field} is {str(value)[:80]!r}, not " + ("a host name or address" if pattern else
-                                                               f"a text of at most {MAX_TEXT} characters"))
+                                                               f"one line of at most {MAX_TEXT} characters"))
     return value
 
 
@@ -85,8 +89,8 @@ def round_(key: str, value: str, newest: int) -> dict:
             _fail(key, f"record is not a restart record of at most {MAX_RECORD_BYTES} bytes")
         if set(record) - RESTART_FIELDS:
             _fail(key, f"record has fields {sorted(set(record) - RESTART_FIELDS)} no restart record has")
-        if any(not isinstance(v, (str, int, float, bool, type(None))) or (isinstance(v, str) and len(v) > MAX_TEXT)
-               for v in record.values()):
+        if any(not isinstance(v, (str, int, float, bool, type(None)))
+               or (isinstance(v, str) and (len(v) > MAX_TEXT or _CONTROL.search(v))) for v in record.values()):
             _fail(key, "record holds a value that is no number, flag or line")
     return data
 
