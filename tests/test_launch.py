@@ -347,6 +347,10 @@ def test_cores_are_pinned_per_worker(worker_module):
     (["--num_workers=3", "--workers_per_host=2", "--rendezvous=etcd://node1/run7"],
      "--workers_per_host=2 must be at least 1 and divide --num_workers=3"),
     (["--num_workers=2", "--rendezvous=etcd://127.0.0.1:9/run7"], "etcd at http://127.0.0.1:9 cannot be reached"),
+    (["--num_workers=2", "--rendezvous=etcd://node1/run7", "--host=node 1"],
+     "--host='node 1': with --rendezvous, a host name or IP address"),
+    (["--num_workers=2", "--rendezvous=etcd://node1/run7?cert=/no/cert.pem&key=/no/key.pem"],
+     "--rendezvous: cert='/no/cert.pem' is not a readable file"),
 ])
 def test_bad_launcher_flags_exit_1_before_starting(worker_module, args, message):
     code, output = _run(worker_module, *args)

@@ -78,7 +78,10 @@ def _parser():
     p.add_argument("--rendezvous", default="",
                    help="etcd://HOST:PORT/JOB_ID: run as this host's agent of a job across hosts (one agent per "
                         "host, same value everywhere); --num_workers and --min_workers then count the whole job's "
-                        "workers, --workers_per_host this host's. See docs/multi-node.md, 'Across hosts'.")
+                        "workers, --workers_per_host this host's. Behind TLS: "
+                        "?protocol=https&cacert=CA.pem&cert=CERT.pem&key=KEY.pem[&user=NAME] (or TFGPU_ETCD_CACERT, "
+                        "TFGPU_ETCD_CERT, TFGPU_ETCD_KEY, TFGPU_ETCD_USER; the password only in TFGPU_ETCD_PASSWORD "
+                        "or TFGPU_ETCD_PASSWORD_FILE). See docs/multi-node.md, 'Across hosts' and 'Security'.")
     p.add_argument("--workers_per_host", type=int, default=1, help="With --rendezvous: workers this host starts.")
     p.add_argument("--rendezvous_ttl_s", type=float, default=5.0,
                    help="With --rendezvous: seconds after which a host whose agent stopped renewing its etcd lease "
@@ -123,6 +126,9 @@ def parse_args(argv):
             rendezvous.parse_endpoint(args.rendezvous)
         except ValueError as e:
             raise LaunchError(str(e)) from None
+        if not rendezvous.records.NAME.fullmatch(args.host):
+            raise LaunchError(f"--host={args.host!r}: with --rendezvous, a host name or IP address (letters, digits, "
+                              "'.', '-', ':', '%', '[', ']'; at most 200)")
         if args.workers_per_host < 1 or args.num_workers % args.workers_per_host:
             raise LaunchError(f"--workers_per_host={args.workers_per_host} must be at least 1 and divide "
                               f"--num_workers={args.num_workers} (the job's most workers)")
@@ -158,8 +164,8 @@ def make_launcher(args, worker_args):
         return Launcher(args, worker_args, train_batches=batches)
     from tfgpu.runtime import agent, rendezvous
 
-    url, job = rendezvous.parse_endpoint(args.rendezvous)
-    rdzv = rendezvous.Rendezvous(url, job, agent.host_id(args.host), args.host, args.workers_per_host,
+    endpoint = rendezvous.parse(args.rendezvous)
+    rdzv = rendezvous.Rendezvous(endpoint, endpoint.job, agent.host_id(args.host), args.host, args.workers_per_host,
                                  ttl_s=args.rendezvous_ttl_s)
     return agent.HostAgent(args, worker_args, rdzv, train_batches=batches)
 

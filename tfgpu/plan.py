@@ -37,7 +37,7 @@ from tfgpu.bench import cores  # noqa: E402
 from tfgpu.bench import plan_validation  # noqa: E402
 from tfgpu.bench import scaling  # noqa: E402
 from tfgpu.config import ConfigError  # noqa: E402
-from tfgpu.runtime import failures  # noqa: E402
+from tfgpu.runtime import failures, fileio  # noqa: E402
 from tfgpu.runtime import run_dir  # noqa: E402
 
 USAGE = ("python -m tfgpu.plan --flagfile=F [train flags] --num_workers=2,4,8 --bandwidth=100mbit,1gbit "
@@ -246,11 +246,9 @@ def main(argv=None) -> int:
             checked = plan_validation.validate(flags, config, opts, measured, host, rows, plan, workdir)
             code = plan_validation.print_validation(checked, opts.tolerance, per)
     if opts.output_json:
-        tmp = opts.output_json + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump({"one_replica": one, "cores_per_host": per, "link_efficiency": opts.link_efficiency,
-                       "host_probe": dataclasses.asdict(probe) if probe else None, "rows": rows}, f, indent=2)
-        os.replace(tmp, opts.output_json)
+        fileio.atomic_write_bytes(opts.output_json, json.dumps(  # a tempfile name beside it, then a rename
+            {"one_replica": one, "cores_per_host": per, "link_efficiency": opts.link_efficiency,
+             "host_probe": dataclasses.asdict(probe) if probe else None, "rows": rows}, indent=2).encode())
     return code
 
 

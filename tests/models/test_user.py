@@ -329,3 +329,23 @@ def test_a_model_that_cannot_be_saved_is_refused_before_training_and_an_unregist
         create_model(f"{path}:unregistered", (4, 4, 1), 3)
     assert (f"--model: NeedsConfig (from {path}) is not registered with @keras.saving.register_keras_serializable(); "
             "export/model.keras will load only with custom_objects={'NeedsConfig': NeedsConfig}") in caplog.text
+
+
+def test_a_builder_inside_a_directory_is_found_without_running_it(tmp_path, monkeypatch):
+    """``file_inside``: which references would import a file from inside a run directory (a file path, or a module
+    sys.path finds there), found without importing anything; a path with a scheme holds no local file."""
+    run = tmp_path / "run"
+    (run / "pkg").mkdir(parents=True)
+    (run / "evil.py").write_text("raise SystemExit('imported')\n")
+    (run / "pkg" / "__init__.py").write_text("raise SystemExit('imported')\n")
+    outside = tmp_path / "net.py"
+    outside.write_text("def build(input_shape, num_classes): pass\n")
+    (run / "link.py").symlink_to(outside)  # resolves outside the run directory
+    assert user.file_inside(f"{run}/evil.py:build", str(run)) == f"{run}/evil.py"
+    assert user.file_inside(f"{run}/../net.py:build", str(run)) == ""
+    assert user.file_inside(f"{run}/link.py:build", str(run)) == ""
+    assert user.file_inside("os:getcwd", str(run)) == ""
+    monkeypatch.syspath_prepend(str(run))  # e.g. `python -m` started inside the run directory
+    assert user.file_inside("evil:build", str(run)) == f"{run}/evil.py"
+    assert user.file_inside("pkg.sub:build", str(run)) == f"{run}/pkg/__init__.py"
+    assert user.file_inside(f"{run}/evil.py:build", "gs://bucket/run") == ""

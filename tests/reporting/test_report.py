@@ -339,3 +339,18 @@ def test_each_restart_of_the_launcher_is_one_line_even_two_from_one_checkpoint(t
     assert ("## Restarts\n\n- restart 1: worker 1 was killed by SIGKILL (exit 137) after step 120; 3 -> 2 workers, "
             "resumed from step 100 (20 steps lost)\n- restart 2: worker 1 was killed by SIGKILL (exit 137) after "
             "step 121; 2 -> 2 workers, resumed from step 100 (21 steps lost)\n") in text
+
+
+def test_a_report_section_whose_module_is_a_file_inside_the_run_directory_is_a_note_not_run(tmp_path, monkeypatch):
+    """metric_specs.json names the report's sections as module:function; a module found inside the run directory
+    (e.g. the report started there: sys.path[0] is the current directory) is not imported, and the note says so."""
+    classification_run(tmp_path)
+    (tmp_path / "planted.py").write_text("open(__file__ + '.ran', 'w').close()\ndef section(m, e): return ['x']\n")
+    declare(tmp_path, "classification")
+    declared = metric_specs.read(str(tmp_path))
+    metric_specs.write(str(tmp_path), dataclasses.replace(declared, report_sections=("planted:section",)))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    text = (tmp_path / "report.md").read_text() if report.write_report(str(tmp_path)) else ""
+    assert f"report section planted:section not run: its module is a file inside the run directory " \
+           f"({tmp_path}/planted.py)" in text
+    assert not (tmp_path / "planted.py.ran").exists()

@@ -27,8 +27,8 @@ while not os.path.exists(os.path.join(out, "finish")) and time.time() < deadline
 """
 
 
-def _start_agent(etcd_url, out, name, *flags, prefix=(), host="127.0.0.1"):
-    endpoint = "etcd://" + etcd_url.split("//", 1)[1] + "/job1"
+def _start_agent(etcd_url, out, name, *flags, prefix=(), host="127.0.0.1", query="", env=None):
+    endpoint = "etcd://" + etcd_url.split("//", 1)[1] + "/job1" + query
     log = open(os.path.join(out, f"agent-{name}.log"), "wb")
     worker = os.path.join(out, "worker.py")
     with open(worker, "w") as f:
@@ -36,7 +36,7 @@ def _start_agent(etcd_url, out, name, *flags, prefix=(), host="127.0.0.1"):
     command = [*prefix, sys.executable, "-m", "tfgpu.launch", f"--rendezvous={endpoint}", "--num_workers=2",
                "--min_workers=1", "--max_restarts=3", f"--host={host}", "--rendezvous_ttl_s=2", "--stop_grace_s=1",
                "--join_grace_s=10", *flags, "--", sys.executable, worker, out]
-    return subprocess.Popen(command, cwd=REPO, env={**os.environ, "PYTHONPATH": REPO}, stdout=log,
+    return subprocess.Popen(command, cwd=REPO, env={**os.environ, "PYTHONPATH": REPO, **(env or {})}, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -89,22 +89,39 @@ def _cleanup(procs):
 
 
 def test_a_lost_host_is_left_out_and_a_host_that_comes_back_is_taken_in(etcd_url, tmp_path):
-    out = str(tmp_path)
-    a = _start_agent(etcd_url, out, "a")
-    b = _start_agent(etcd_url, out, "b")
+    _lose_a_host_and_take_one_back(etcd_url, str(tmp_path))
+
+
+def test_the_group_heals_the_same_with_etcd_behind_tls_and_client_certificates(tls_etcd, tmp_path):
+    """The agents hold the job's certificate: a and b from the environment (as a Slurm or Kubernetes template sets
+    it), the host that comes back from --rendezvous's options."""
+    url, certificates = tls_etcd
+    env = {"TFGPU_ETCD_CACERT": certificates.ca, "TFGPU_ETCD_CERT": certificates.client[0],
+           "TFGPU_ETCD_KEY": certificates.client[1]}
+    query = f"?protocol=https&cacert={certificates.ca}&cert={certificates.client[0]}&key={certificates.client[1]}"
+    _lose_a_host_and_take_one_back(url, str(tmp_path), first={"env": env}, back={"query": query})
+
+
+def _lose_a_host_and_take_one_back(etcd_url, out, first=None, back=None):
+    """Agents a and b form a group of 2; b's host dies (a goes on alone); c comes back (a group of 2 again) and
+    they finish; an agent that joins the ended job id afterwards is refused in one line. ``first``, ``back``: how
+    a and b, and c and the late one, reach etcd (``_start_agent``'s query and env)."""
+    first, back = first or {}, back or {}
+    a = _start_agent(etcd_url, out, "a", **first)
+    b = _start_agent(etcd_url, out, "b", **first)
     procs = [a, b]
     try:
         _wait(lambda: _groups(out) == [[0, 1]], 30, "the first group of 2")
         os.killpg(b.pid, signal.SIGKILL)  # the host dies: its agent at once, its worker with it (PR_SET_PDEATHSIG)
         _wait(lambda: _groups(out)[1:] == [[0]], 30, "a group of 1 on the host left")
         assert "lost with host 127.0.0.1-" in _log(out, "a") and "2 -> 1 workers" in _log(out, "a")
-        c = _start_agent(etcd_url, out, "c")  # the host comes back (a new agent registers)
+        c = _start_agent(etcd_url, out, "c", **back)  # the host comes back (a new agent registers)
         procs.append(c)
         _wait(lambda: _groups(out)[2:] == [[0, 1]], 30, "a group of 2 again")
         open(os.path.join(out, "finish"), "w").close()
         assert a.wait(30) == 0 and c.wait(30) == 0
         assert "joined: 1 -> 2 host(s)" in _log(out, "a") + _log(out, "c")
-        late = _start_agent(etcd_url, out, "late")  # the same job id once more: refused in one line
+        late = _start_agent(etcd_url, out, "late", **back)  # the same job id once more: refused in one line
         procs.append(late)
         assert late.wait(30) == 1
         assert re.search(r"this job id already ended \(finished in round \d+\); start every agent with a new "

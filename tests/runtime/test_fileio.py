@@ -57,6 +57,31 @@ def test_a_local_atomic_write_gives_the_mode_a_plain_open_gives(tmp_path):
     assert stat.S_IMODE(os.stat(tmp_path / "a").st_mode) == 0o644
 
 
+@pytest.mark.parametrize("proc", [True, False], ids=["proc-status", "probe-file"])
+def test_the_mode_comes_from_the_umask_read_never_set(tmp_path, monkeypatch, proc):
+    """No process-wide umask change (another thread could create a world-writable file meanwhile): the umask is
+    read from /proc/self/status, or where that is missing from a probe file's mode."""
+    import builtins
+
+    umask = os.umask(0o027)
+    try:
+        if not proc:
+            def no_proc(path, *args, **kwargs):
+                if str(path).startswith("/proc/"):
+                    raise FileNotFoundError(path)
+                return builtins.open(path, *args, **kwargs)
+            monkeypatch.setattr(fileio, "open", no_proc, raising=False)
+        calls = []
+        monkeypatch.setattr(os, "umask", lambda *a: calls.append(a) or 0)
+        assert fileio.current_umask() == 0o027 and fileio.default_mode(directory=True) == 0o750
+        fileio.atomic_write_bytes(str(tmp_path / "a"), b"x")
+        assert calls == []
+    finally:
+        monkeypatch.undo()
+        os.umask(umask)
+    assert stat.S_IMODE(os.stat(tmp_path / "a").st_mode) == 0o640
+
+
 def test_a_writer_of_local_files_only_still_writes_to_a_remote_path(ram_dir):
     """Keras saves .keras files to the local disk only: atomic_local_path hands it one and copies the result."""
     path = f"{ram_dir}/export/model.keras"

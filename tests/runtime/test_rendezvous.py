@@ -126,6 +126,7 @@ def test_the_first_outcome_stays_and_done_is_per_round(etcd_url):
     a.register()
     try:
         assert a.outcome() is None and not a.done(1)
+        a.propose(None, ("a",), 0, "first")
         a.mark_done(1)
         assert a.done(1) and not a.done(2)
         a.end(129, "first")

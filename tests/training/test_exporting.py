@@ -1,6 +1,7 @@
 """tfgpu.training.exporting: what an exported model says about its input and output."""
 import dataclasses
 import json
+import os
 
 from tfgpu import config_sources
 from tfgpu.config import Config
@@ -89,3 +90,24 @@ def test_the_export_on_raw_validation_pixels_scores_the_run_s_val_accuracy(train
     accuracy = float(np.mean(np.argmax(model.predict(images, verbose=0), -1) == np.array(labels)))
     val_accuracy = read_metrics(tmp_path)["val_accuracy"]
     assert val_accuracy > 0.5 and abs(accuracy - val_accuracy) <= 0.01, (accuracy, val_accuracy)
+
+
+def test_a_saved_model_is_written_under_a_tempfile_name_and_gets_the_umasks_mode(tmp_path):
+    """The SavedModel goes to an unpredictable directory beside the target (not ``<output>.tmp-<pid>``, a name
+    another user could create first), then is renamed into place with the mode os.mkdir would give."""
+    import stat
+
+    import keras
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    output = tmp_path / "out" / "sm"
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / f"sm.tmp-{os.getpid()}").symlink_to(tmp_path / "elsewhere")  # the old name, taken
+    umask = os.umask(0o022)
+    try:
+        exporting._save_model(model, str(output))
+    finally:
+        os.umask(umask)
+    assert (output / "saved_model.pb").exists() and not (tmp_path / "elsewhere").exists()
+    assert stat.S_IMODE(output.stat().st_mode) == 0o755
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["sm", f"sm.tmp-{os.getpid()}"]

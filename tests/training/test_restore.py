@@ -33,6 +33,37 @@ def test_sample_names_the_task_of_a_run_that_is_not_a_gan(tmp_path, capsys):
 
 
 
+@pytest.mark.parametrize("name", COMMANDS)
+def test_a_builder_file_inside_the_run_directory_is_not_imported_unless_the_command_line_names_it(name, tmp_path,
+                                                                                              capsys):
+    """config.yaml names a --model file inside the run directory: whoever can write the run directory could have put
+    both there. Refused in one line (nothing imported) unless the command line passes it too."""
+    planted = tmp_path / "net.py"
+    planted.write_text(NET + "\nopen(__file__ + '.ran', 'w').close()\n")
+    reference = f"{planted}:build"
+    config_sources.save_yaml(config_lib.Config(model_dir=str(tmp_path), dataset="digits", model=reference,
+                                               task="gan" if name == "sample" else "classification"),
+                             run_dir.config_yaml(tmp_path))
+    code, err = _errors(name, [f"--model_dir={tmp_path}"], capsys)
+    assert code == 1 and err == [f"error: --model: {tmp_path}/config.yaml names {reference!r}, code inside the run "
+                                 f"directory ({planted}), which is not imported from there: pass "
+                                 f"--model={reference} if you trust it"]
+    assert not (tmp_path / "net.py.ran").exists()
+
+
+def test_a_builder_file_inside_the_run_directory_passed_on_the_command_line_is_imported(tmp_path):
+    from tfgpu.training import restore
+
+    planted = tmp_path / "net.py"
+    planted.write_text(NET)
+    reference = f"{planted}:build"
+    config_sources.save_yaml(config_lib.Config(model_dir=str(tmp_path), dataset="digits", model=reference),
+                             run_dir.config_yaml(tmp_path))
+    parser = restore.parser("tfgpu.evaluate", "", "", "to evaluate")
+    assert restore.run_config(str(tmp_path), parser.parse_args([f"--model_dir={tmp_path}",
+                                                                f"--model={reference}"])).model == reference
+
+
 @pytest.mark.slow  # a run and three restores (13 s loaded); the refusal's line runs by default in test_config_change.py
 def test_evaluate_and_export_refuse_a_model_that_is_not_the_checkpoints_until_allowed(train_here, tmp_path,
                                                                                        monkeypatch, capsys):

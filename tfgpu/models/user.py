@@ -42,6 +42,29 @@ def is_reference(name: str) -> bool:
     return ":" in name
 
 
+def file_inside(reference: str, directory: str) -> str:
+    """The file ``reference`` (``path/to/file.py:FUNCTION`` or ``MODULE:FUNCTION``, the module found without
+    running it) would import when it lies inside the local ``directory`` (a run directory, whose names are not to
+    be run as code: whoever can write it could have put that file there); "" otherwise."""
+    target = reference.rpartition(":")[0]
+    if not target or "://" in directory:
+        return ""
+    if target.endswith(".py"):
+        path = os.path.abspath(target)
+    else:
+        try:
+            spec = importlib.util.find_spec(target.split(".")[0])  # a top-level spec: found, not executed
+        except (ImportError, ValueError):
+            return ""
+        locations = list(spec.submodule_search_locations or []) if spec else []
+        path = (spec.origin if spec and spec.origin not in (None, "built-in", "frozen") else "") or \
+            (locations[0] if locations else "")
+    if not path:
+        return ""
+    real, root = os.path.realpath(path), os.path.realpath(directory)
+    return path if os.path.commonpath([real, root]) == root else ""
+
+
 def absolute(reference: str) -> str:
     """``reference`` with a relative ``file.py`` made absolute against the current directory, so a saved config
     names the same file from anywhere; module references and anything else come back unchanged."""

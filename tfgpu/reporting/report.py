@@ -161,11 +161,18 @@ def _images(specs, history: dict, model_dir: str) -> list:
     return lines
 
 
-def _sections(names, metrics: dict, evals: list, notes: list) -> list:
+def _sections(names, metrics: dict, evals: list, notes: list, model_dir: str = "") -> list:
     """The markdown lines of the task's declared report sections ("module:function"); one that fails to load
-    or run becomes a note instead of costing the report."""
+    or run becomes a note instead of costing the report, and so does one whose module is a file inside the run
+    directory (metric_specs.json names it: whoever can write the run directory could have put both there)."""
+    from tfgpu.models import user
+
     lines = []
     for name in names:
+        inside = user.file_inside(name, model_dir) if model_dir else ""
+        if inside:
+            notes.append(f"report section {name} not run: its module is a file inside the run directory ({inside})")
+            continue
         try:
             module, function = name.split(":")
             lines += getattr(importlib.import_module(module), function)(metrics, evals)
@@ -304,7 +311,8 @@ def render(model_dir: str, history: dict, bad_lines: int, result, config, profil
         lines += _table(final, ("metric", "value")) + [""]
 
     lines += _best(declared.metrics, evals)
-    lines += _sections(declared.report_sections, result.values if result is not None else {}, evals, notes)
+    lines += _sections(declared.report_sections, result.values if result is not None else {}, evals, notes,
+                       model_dir)
     if plots:
         lines += ["## Plots", ""]
         for path, title in plots:

@@ -88,8 +88,8 @@ class HostAgent(Launcher):
         """A job id whose job ended (finished, or stopped unfinished) in etcd cannot be joined again: its keys
         would end this agent at once. LaunchError naming --rendezvous, before anything starts."""
         outcome, current = self.rdzv.outcome(), self.rdzv.current()
-        ended = outcome["line"] if outcome else (f"finished in round {current.number}"
-                                                 if current and self.rdzv.done(current.number) else None)
+        finished = current is not None and self.rdzv.done(current.number, current.members)
+        ended = outcome["line"] if outcome else (f"finished in round {current.number}" if finished else None)
         if ended:
             raise LaunchError(f"--rendezvous={self.args.rendezvous}: this job id already ended ({ended}); start "
                               "every agent with a new JOB_ID (the run resumes from --model_dir all the same)")
@@ -143,7 +143,7 @@ class HostAgent(Launcher):
                 record = latest.record and {**latest.record, "workers_after": len(members) * self.local}
                 self._propose(latest, latest.restarts, "a member left while the group formed", members, record)
             return enough_since
-        if current is not None and self.rdzv.done(current.number):
+        if current is not None and self.rdzv.done(current.number, current.members):
             self.say(f"the job finished in round {current.number} without this host")
             return exit_codes.OK
         members, _ = self._members(alive)
@@ -185,7 +185,7 @@ class HostAgent(Launcher):
                 return RoundChanged(current.number if current else 0)
             alive = self.rdzv.alive()
             lost = tuple(m for m in self.round.members if m not in alive)
-            if lost and not self.rdzv.done(self.round.number):
+            if lost and not self.rdzv.done(self.round.number, self.round.members):
                 return HostsLost(lost)
         except rendezvous.ForeignRecord:
             raise

@@ -217,11 +217,27 @@ def fsync_dir(path):
             os.close(fd)
 
 
-def _default_mode() -> int:
-    """The mode a plain open() would give a new file (0666 less the umask); mkstemp's is 0600."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
+def current_umask() -> int:
+    """This process's umask, read without changing it (``os.umask`` can only set it: setting it to 0 for a moment
+    would let another thread create a world-writable file): Linux's /proc/self/status, else the mode a probe
+    file in a private temporary directory gets."""
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    with tempfile.TemporaryDirectory(prefix="tfgpu-umask-") as private:
+        fd = os.open(os.path.join(private, "probe"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o777)
+        try:
+            return 0o777 & ~os.fstat(fd).st_mode
+        finally:
+            os.close(fd)
+
+
+def default_mode(directory: bool = False) -> int:
+    """The mode a plain open() (``directory``: os.mkdir) would give: 0666 (0777) less the umask; mkstemp's is
+    0600, mkdtemp's 0700."""
+    return (0o777 if directory else 0o666) & ~current_umask()
 
 
 @contextlib.contextmanager
@@ -240,7 +256,7 @@ def atomic_path(path: str, suffix: str = ".tmp"):
         yield tmp
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
-        os.chmod(tmp, _default_mode())
+        os.chmod(tmp, default_mode())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -1,7 +1,8 @@
 """The membership of a job that spans hosts, agreed through etcd: which hosts form each worker group ("round"), and
 the TF_CONFIG every worker of the round gets. One ``tfgpu.launch --rendezvous=etcd://HOST:PORT/JOB`` agent per host
-uses it (``runtime/agent.py``); etcd is spoken through its v3 JSON gateway with the standard library only (no
-TensorFlow, no etcd client package).
+uses it (``runtime/agent.py``); etcd is spoken through its v3 JSON gateway, over TLS with client certificates and
+with etcd's auth when the endpoint says so (``runtime/etcd.py``). Every record read is checked before use
+(``runtime/rendezvous_records.py``).
 
 Keys under ``/tfgpu/<job>/`` (values JSON):
 
@@ -18,98 +19,22 @@ Keys under ``/tfgpu/<job>/`` (values JSON):
 - ``outcome``: ``{"code", "line"}``: the job ended without finishing (below --min_workers, --max_restarts spent);
   every agent exits with that code.
 """
-import base64
 import dataclasses
 import json
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
+
+from tfgpu.runtime import rendezvous_records as records
+from tfgpu.runtime.etcd import Etcd, Endpoint, RendezvousError, parse  # noqa: F401 - the rendezvous's etcd
+
+ForeignRecord = records.BadRecord  # a key under the job's prefix that is no valid tfgpu record: never retried
 
 
-class RendezvousError(RuntimeError):
-    """etcd cannot be reached or refused a request; the message names the endpoint."""
-
-
-class ForeignRecord(RendezvousError):
-    """A key under the job's prefix that is no tfgpu record: not retried (it stays until someone removes it)."""
-
-
-def parse_endpoint(text: str) -> tuple:
-    """``etcd://HOST:PORT/JOB`` -> (``http://HOST:PORT``, JOB); ValueError naming --rendezvous otherwise."""
-    parsed = urllib.parse.urlsplit(text)
-    job = parsed.path.strip("/")
-    if parsed.scheme != "etcd" or not parsed.hostname or not job or "/" in job:
-        raise ValueError(f"--rendezvous={text!r}: expected etcd://HOST:PORT/JOB_ID (e.g. etcd://10.0.0.1:2379/run7)")
-    return f"http://{parsed.hostname}:{parsed.port or 2379}", job
-
-
-def _b64(text: str) -> str:
-    return base64.b64encode(text.encode()).decode()
-
-
-def _prefix_end(prefix: str) -> str:
-    """etcd's range_end for every key that starts with ``prefix`` (its last byte plus one)."""
-    raw = prefix.encode()
-    return base64.b64encode(raw[:-1] + bytes([raw[-1] + 1])).decode()
-
-
-class Etcd:
-    """The few etcd v3 calls a rendezvous needs, as JSON over HTTP (``/v3/kv/*``, ``/v3/lease/*``)."""
-
-    def __init__(self, url: str, timeout_s: float = 5.0):
-        self.url = url.rstrip("/")
-        self.timeout_s = timeout_s
-
-    def call(self, path: str, body: dict) -> dict:
-        request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                answer = json.loads(response.read().decode() or "{}")
-        except urllib.error.HTTPError as e:
-            raise RendezvousError(f"etcd at {self.url}{path}: HTTP {e.code}: {e.read().decode()[:200]}") from None
-        except (OSError, ValueError) as e:
-            raise RendezvousError(f"etcd at {self.url} cannot be reached ({path}): {e}") from None
-        if "error" in answer:
-            raise RendezvousError(f"etcd at {self.url}{path}: {answer.get('message', answer['error'])}")
-        return answer
-
-    def get(self, key: str):
-        """(value, mod_revision) of ``key``; (None, 0) when absent."""
-        kvs = self.call("/v3/kv/range", {"key": _b64(key)}).get("kvs", [])
-        if not kvs:
-            return None, 0
-        return base64.b64decode(kvs[0].get("value", "")).decode(), int(kvs[0]["mod_revision"])
-
-    def get_prefix(self, prefix: str) -> dict:
-        """{key: value} of every key under ``prefix``."""
-        kvs = self.call("/v3/kv/range", {"key": _b64(prefix), "range_end": _prefix_end(prefix)}).get("kvs", [])
-        return {base64.b64decode(kv["key"]).decode(): base64.b64decode(kv.get("value", "")).decode() for kv in kvs}
-
-    def put(self, key: str, value: str, lease: str | None = None) -> None:
-        body = {"key": _b64(key), "value": _b64(value)}
-        if lease:
-            body["lease"] = lease
-        self.call("/v3/kv/put", body)
-
-    def put_if(self, key: str, value: str, mod_revision: int) -> bool:
-        """Writes ``key`` only if its mod_revision is still ``mod_revision`` (0: only if absent); whether it did."""
-        return bool(self.call("/v3/kv/txn", {
-            "compare": [{"key": _b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(mod_revision)}],
-            "success": [{"request_put": {"key": _b64(key), "value": _b64(value)}}]}).get("succeeded"))
-
-    def grant(self, ttl_s: int) -> str:
-        return self.call("/v3/lease/grant", {"TTL": str(int(ttl_s))})["ID"]
-
-    def keepalive(self, lease: str) -> bool:
-        """Renews ``lease``; False when it has expired already."""
-        answer = self.call("/v3/lease/keepalive", {"ID": lease})
-        return int(answer.get("result", answer).get("TTL", 0)) > 0
-
-    def revoke(self, lease: str) -> None:
-        self.call("/v3/lease/revoke", {"ID": lease})
+def parse_endpoint(text: str, environ=None) -> tuple:
+    """``etcd://HOST:PORT/JOB[?options]`` -> (``http(s)://HOST:PORT``, JOB); ValueError naming --rendezvous (or
+    the TFGPU_ETCD_* variable) otherwise. ``endpoint`` gives the TLS and auth options too."""
+    endpoint = parse(text, environ)
+    return endpoint.url, endpoint.job
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,12 +84,13 @@ class Rendezvous:
     """One host's view of the job's membership in etcd: its registration (kept alive by a thread), the current
     round, proposals of the next one, the ports of a round's members, and the job's outcome."""
 
-    def __init__(self, url: str, job: str, host: str, address: str, workers: int, ttl_s: float = 5.0):
-        self.etcd = Etcd(url)
+    def __init__(self, url, job: str, host: str, address: str, workers: int, ttl_s: float = 5.0):
+        self.etcd = Etcd(url)  # url: an etcd.Endpoint (TLS, auth) or a plain http://HOST:PORT
         self.prefix = f"/tfgpu/{job}/"
         self.host, self.address, self.workers = host, address, workers
         self.ttl_s = ttl_s
         self.lease = None
+        self.newest = 0  # the highest round number read so far: a round never goes backwards
         self._stop = threading.Event()
         self._keeper = None
 
@@ -205,16 +131,21 @@ class Rendezvous:
     def alive(self) -> dict:
         """{host: {"address", "workers"}} of every registered host."""
         start = len(self.key("hosts", ""))
-        return {k[start:]: _record(k, v) for k, v in self.etcd.get_prefix(self.key("hosts", "")).items()}
+        found = self.etcd.get_prefix(self.key("hosts", ""))
+        return {k[start:]: records.host(k, k[start:], v) for k, v in found.items()}
 
     def current(self):
         """The current Round, or None before the first."""
         value, revision = self.etcd.get(self.key("round"))
         if value is None:
+            if self.newest:
+                raise records.BadRecord(f"etcd key {self.key('round')} vanished after round {self.newest} (a round "
+                                        "is never deleted while its job runs): someone else writes under this job id")
             return None
-        data = _record(self.key("round"), value, ("round", "members"))
-        return Round(data["round"], tuple(data["members"]), data.get("restarts", 0), data.get("reason", ""),
-                     data.get("record"), revision)
+        data = records.round_(self.key("round"), value, self.newest)
+        self.newest = data["round"]
+        return Round(data["round"], tuple(data["members"]), data["restarts"], data["reason"], data["record"],
+                     revision)
 
     def propose(self, after, members, restarts: int, reason: str, record=None):
         """Writes round ``after.number + 1`` (1 when ``after`` is None) with ``members`` unless another agent
@@ -229,15 +160,26 @@ class Rendezvous:
                       lease=self.lease)
 
     def published(self, number: int) -> dict:
+        """{host: {"address", "ports"}} of the members of round ``number`` that published their ports, each as many
+        as the host registered workers."""
         start = len(self.key("rounds", number, ""))
-        return {k[start:]: _record(k, v, ("address", "ports"))
-                for k, v in self.etcd.get_prefix(self.key("rounds", number, "")).items()}
+        found = self.etcd.get_prefix(self.key("rounds", number, ""))
+        workers = {h: r["workers"] for h, r in self.alive().items()} if found else {}
+        return {k[start:]: records.ports(k, k[start:], v, workers.get(k[start:], self.workers))
+                for k, v in found.items()}
 
     def mark_done(self, number: int) -> None:
         self.etcd.put(self.key("done", number, self.host), "1")
 
-    def done(self, number: int) -> bool:
-        return bool(self.etcd.get_prefix(self.key("done", number, "")))
+    def done(self, number: int, members=None) -> bool:
+        """Whether a member of round ``number`` finished it; ``members``: the round's (default: the current one's),
+        a mark from any other name is a forged record."""
+        marks = self.etcd.get_prefix(self.key("done", number, ""))
+        if marks and members is None:
+            current = self.current()
+            members = current.members if current and current.number == number else ()
+        start = len(self.key("done", number, ""))
+        return any(records.done(k, k[start:], v, members) for k, v in marks.items())
 
     def end(self, code: int, line: str) -> None:
         """Records that the job stops unfinished; the first outcome written stays."""
@@ -245,7 +187,7 @@ class Rendezvous:
 
     def outcome(self):
         value, _ = self.etcd.get(self.key("outcome"))
-        return _record(self.key("outcome"), value, ("code", "line")) if value else None
+        return records.outcome(self.key("outcome"), value) if value is not None else None
 
 
 def wait_for_members(rdzv: Rendezvous, current: Round, timeout_s: float, poll_s: float = 0.2):
@@ -265,15 +207,3 @@ def wait_for_members(rdzv: Rendezvous, current: Round, timeout_s: float, poll_s:
         time.sleep(poll_s)
     return None
 
-
-def _record(key: str, value: str, fields=()) -> dict:
-    """A tfgpu record read from etcd key ``key``; RendezvousError naming the key when it is not one (another
-    program's keys under the job's prefix, or a hand edit)."""
-    try:
-        data = json.loads(value)
-    except ValueError:
-        data = None
-    if not isinstance(data, dict) or any(f not in data for f in fields):
-        raise ForeignRecord(f"etcd key {key} holds {value[:80]!r}, not a tfgpu rendezvous record "
-                              f"(another program's keys under this job id?): use another --rendezvous JOB_ID")
-    return data

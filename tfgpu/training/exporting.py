@@ -127,8 +127,16 @@ def _save_model(model, output: str) -> None:
         return
     import shutil
 
-    tmp = output.rstrip("/") + f".tmp-{os.getpid()}"
-    model.export(tmp, format="tf_saved_model", verbose=False)
-    if os.path.exists(output):
-        shutil.rmtree(output)
-    os.replace(tmp, output)
+    # an unpredictable name beside the target (tempfile), not one another user could create first
+    parent, name = os.path.split(os.path.abspath(output.rstrip("/")))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=parent, prefix=f".{name}.tmp-")
+    try:
+        model.export(tmp, format="tf_saved_model", verbose=False)
+        os.chmod(tmp, fileio.default_mode(directory=True))  # mkdtemp's 0700 -> what os.mkdir would give
+        if os.path.exists(output):
+            shutil.rmtree(output)
+        os.replace(tmp, output)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

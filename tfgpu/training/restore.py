@@ -2,7 +2,7 @@
 flags, the run's saved config with the flags given as overrides, and its model at the latest or a given
 checkpoint, with the same one-line errors in all three."""
 
-from tfgpu import cli
+from tfgpu import cli, config_sources
 from tfgpu.config import ConfigError
 from tfgpu.runtime import fileio, run_dir
 
@@ -23,7 +23,26 @@ def run_config(model_dir: str, namespace):
     saved = run_dir.config_yaml(model_dir)
     if not fileio.exists(saved):
         raise ConfigError("model_dir", f"{saved} not found: {model_dir!r} is not a tfgpu run directory")
-    return cli.resolve(namespace, saved, model_dir=model_dir)
+    config = cli.resolve(namespace, saved, references=False, model_dir=model_dir)
+    _refuse_code_inside(config, namespace, model_dir, saved)
+    return config_sources.check_references(config)
+
+
+def _refuse_code_inside(config, namespace, model_dir: str, saved: str) -> None:
+    """ConfigError when config.yaml names a builder (--model, --generator, --discriminator) whose file lies inside
+    the run directory and the command line did not name it too: whoever can write a run directory could have
+    put both there, and importing it would run their code as this user."""
+    from tfgpu.models import user
+
+    named = config.options()
+    for flag in user.FLAGS:
+        reference = named.get(flag, "")
+        if flag in namespace.config_flags or not reference or not user.is_reference(reference):
+            continue
+        inside = user.file_inside(reference, model_dir)
+        if inside:
+            raise ConfigError(flag, f"{saved} names {reference!r}, code inside the run directory ({inside}), "
+                              f"which is not imported from there: pass --{flag}={reference} if you trust it")
 
 
 def restore(config, checkpoint: str, use: str = "use"):

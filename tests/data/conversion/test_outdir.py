@@ -112,3 +112,21 @@ def test_a_full_device_is_recognised_as_each_writer_reports_it_and_nothing_else_
     for error in (OSError(errno.EIO, "Input/output error"), PermissionError(13, "Permission denied"),
                   tf.errors.InternalError(None, None, "x"), MemoryError(), ValueError("ResourceExhaustedError")):
         assert not outdir.is_out_of_space(error), error
+
+
+def test_a_written_shard_gets_the_umasks_mode_without_the_umask_changing(tmp_path, monkeypatch):
+    """Temporary files are created 0600; a finished shard is meant to be shared: 0666 less the umask, read, never
+    set (a moment of umask 0 could make another thread's files world-writable)."""
+    import stat
+
+    path = tmp_path / "shard"
+    path.write_bytes(b"x")
+    path.chmod(0o600)
+    umask = os.umask(0o002)
+    try:
+        monkeypatch.setattr(os, "umask", lambda *a: pytest.fail("the process umask was set"))
+        outdir.make_readable(str(path))
+    finally:
+        monkeypatch.undo()
+        os.umask(umask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o664

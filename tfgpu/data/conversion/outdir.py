@@ -173,10 +173,8 @@ def make_readable(path: str):
     a path with a scheme has no modes)."""
     if fileio.has_scheme(path):
         return
-    umask = os.umask(0)
-    os.umask(umask)
     with contextlib.suppress(OSError):
-        os.chmod(path, 0o666 & ~umask)
+        os.chmod(path, fileio.default_mode())
 
 
 @contextlib.contextmanager
