@@ -117,8 +117,11 @@ def worker_module(tmp_path):
 
 
 def _start(worker_dir, *args, mode="ok", module="tiny_worker", env=None):
+    # TFGPU_NO_JOB_STRATEGY: the heal stand-in imports tfgpu.runtime.heartbeat, and ``import tfgpu`` in a script
+    # with a TF_CONFIG of several workers would start TensorFlow and a MultiWorkerMirroredStrategy that waits for
+    # its peers (tens of seconds on 2 cores, past the tests' timeouts); the stand-in is a worker without TensorFlow
     env = {**os.environ, "PYTHONPATH": f"{worker_dir}{os.pathsep}{REPO}", "TINY_MODE": mode,
-           "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+           "TF_CPP_MIN_LOG_LEVEL": "2", "TFGPU_NO_JOB_STRATEGY": "1", **(env or {})}
     return subprocess.Popen([sys.executable, "-m", "tfgpu.launch", f"--module={module}", *args], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

@@ -380,7 +380,9 @@ def test_sbatch_template_starts_each_slurm_task_with_its_own_worker_address(tmp_
     fake = _executable(tmp_path / "python", FAKE_PYTHON.format(python=sys.executable, repo=REPO))
     flags, model_dir = tmp_path / "tiny.flags", tmp_path / "run"
     flags.write_text("--dataset=digits\n")
-    env = {"TFGPU_PYTHON": str(fake), "TFGPU_SLURM_PORT_BASE": "23456"}
+    # FAKE_PYTHON is a script that imports tfgpu in a Slurm job of 2 tasks: without TFGPU_NO_JOB_STRATEGY, that
+    # import would start TensorFlow and a MultiWorkerMirroredStrategy waiting for its peer in every fake task
+    env = {"TFGPU_PYTHON": str(fake), "TFGPU_SLURM_PORT_BASE": "23456", "TFGPU_NO_JOB_STRATEGY": "1"}
     proc = _sbatch(tmp_path, str(flags), str(model_dir), "--eval_split=none", env=env)
     assert proc.returncode == 0 and "tfgpu: finished" in proc.stdout, proc.stdout[-4000:]
     tasks = {int(rank): json.loads(task) for rank, task in re.findall(r"^(\d): TASK (.*)$", proc.stdout, re.M)}

@@ -16,7 +16,12 @@ runs three ways, every one a child process in its own temporary directory with a
 
 The plain run of a script is made once per session (``plain_results``) and shared by its three cases. The whole
 matrix is ``slow``; three scripts stay in the default suite (``DEFAULT``: the three quickest, a convnet on arrays,
-an overridden train_step, class weights on a table), their three ways each, and the convnet's 2-replica dry run.
+an image folder with BatchNormalization, class weights on a table), run ``ported_2_workers`` only: that case makes
+the plain run and checks it as ``plain`` does (``check_plain``), then makes every check ``ported`` makes on each
+worker, and that both end with one model. Their ``plain`` and ``ported`` cases are slow (a Keras start-up and
+training each, about a minute on a loaded 2-core host); tfgpu.fit against model.fit on one device is proved by
+default in-process (tests/training/fit/test_arrays.py, test_datasets.py, test_inputs.py). The convnet also runs
+``ported_2_replicas`` by default (``DEFAULT_2_REPLICAS``).
 """
 import ast
 import functools
@@ -243,7 +248,8 @@ def check_plain(name, result):
 def _cases():
     for name in SCRIPTS:
         for way in WAYS:
-            default = name in (DEFAULT_2_REPLICAS if way == "ported_2_replicas" else DEFAULT)
+            default = name in DEFAULT_2_REPLICAS if way == "ported_2_replicas" else \
+                name in DEFAULT and way == "ported_2_workers"
             marks = () if default else (pytest.mark.slow,)
             yield pytest.param(name, way, id=f"{name}-{way}", marks=marks)
 
