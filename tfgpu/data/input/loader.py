@@ -98,8 +98,11 @@ class Records:
         order = self.order
         if self.in_memory:
             self.held()
-            keys = order.stream_keys(epoch, offset, epochs=1).unbatch().batch(self.batch_size)
-            return keys.map(_no_autograph(lambda k: (k, order.positions(k))))
+            if isinstance(epoch, int):  # computed here (Order.keys, compiled once): no per-epoch graph to trace
+                keys = tf.data.Dataset.from_tensor_slices(self.epoch_keys(epoch)[offset:])
+            else:
+                keys = order.stream_keys(epoch, offset, epochs=1).unbatch()
+            return keys.batch(self.batch_size).map(_no_autograph(lambda k: (k, order.positions(k))))
         return order.stream(epoch, offset, epochs=1).batch(self.batch_size)
 
     def fetch(self, keys, payload):
