@@ -101,10 +101,11 @@ def val_records(digits_dir):
     return loader.records_of(loader.load(digits_dir, "val", shuffle=True))
 
 
-def _property(val_records, batch, before, after, local, seed, epoch, data):
+def _property(val_records, batch, before, after, local, seed, epoch, held, data):
     base = val_records
-    data_input = records.RecordsInput(loader.Records(base.info, dataclasses.replace(base.config, seed=seed), batch,
-                                                     held=base.held()))
+    chosen = loader.Records(base.info, dataclasses.replace(base.config, seed=seed), batch, held=base.held())
+    chosen.in_memory = held  # False: every global batch read from the shards, then cut in the graph
+    data_input = records.RecordsInput(chosen)
     order = data_input.records.epoch_keys(epoch)
     steps = arrays.num_steps(len(order), batch)
     k = data.draw(st.integers(0, steps))
@@ -120,17 +121,17 @@ def _property(val_records, batch, before, after, local, seed, epoch, data):
 
 
 SHAPES = dict(batch=st.integers(24, 200), before=st.integers(1, 3), after=st.integers(1, 3), local=st.integers(1, 2),
-              seed=st.integers(0, 2**20), epoch=st.integers(0, 3), data=st.data())
+              seed=st.integers(0, 2**20), epoch=st.integers(0, 3), held=st.booleans(), data=st.data())
 
 
-@settings(max_examples=5, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(**SHAPES)
 def test_every_record_once_per_epoch_and_the_same_global_batches_on_resume_on_another_topology(val_records, **shape):
     _property(val_records, **shape)
 
 
-@pytest.mark.slow  # the same property over many more shapes: about a minute on 2 cores
-@settings(max_examples=60, deadline=None)
+@pytest.mark.slow  # the same property over many more shapes: 60 took 434 s on 2 cores at load 7-9
+@settings(max_examples=30, deadline=None)
 @given(**SHAPES)
 def test_every_record_once_per_epoch_and_the_same_global_batches_many_shapes(val_records, **shape):
     _property(val_records, **shape)

@@ -13,6 +13,7 @@ records and decodes its own parts.
 """
 import tensorflow as tf
 
+from tfgpu.training.fit import arrays
 from tfgpu.training.fit.arguments import FitError
 
 
@@ -46,6 +47,7 @@ class RecordsInput:
         self.records = records
         self.batch_size, self.num_examples = records.batch_size, records.num_examples
         full = records.num_steps
+        self._fetch = None  # (the Records, its fetch as a tf.function)
         self.steps_per_epoch = min(full, int(steps_per_epoch)) if steps_per_epoch else full
 
     @property
@@ -72,8 +74,19 @@ class RecordsInput:
 
     def parts(self, epoch: int, first_step: int, num_replicas: int, replica_ids):
         """``(keys, payload)`` of this worker's parts of epoch ``epoch`` from ``first_step`` on, step by step,
-        replica by replica (``Records.fetch`` makes each one a batch)."""
-        batches = self.records.global_batches(epoch, first_step).take(max(0, self.steps_per_epoch - first_step))
+        replica by replica (``Records.fetch`` makes each one a batch). Held in memory: cut here as arrays are
+        (``arrays.worker_parts`` over the epoch's keys), the payload the parts' places in memory; else each global
+        batch read, then cut in the graph (``part_bounds``)."""
+        records, batch = self.records, self.batch_size
+        if records.in_memory:
+            keys = records.epoch_keys(epoch)[:self.steps_per_epoch * batch]
+            indices, offsets = arrays.worker_parts(keys, batch, first_step, num_replicas, replica_ids)
+            with tf.device("/cpu:0"):
+                positions = records.order.positions(tf.constant(indices))
+                parts = [tf.RaggedTensor.from_row_splits(values, tf.constant(offsets), validate=False)
+                         for values in (tf.constant(indices), positions)]
+            return tf.data.Dataset.from_tensor_slices(tuple(parts))
+        batches = records.global_batches(epoch, first_step).take(max(0, self.steps_per_epoch - first_step))
         replica_ids = list(replica_ids)
 
         def split(keys, payload):
@@ -85,8 +98,12 @@ class RecordsInput:
 
     def epoch_dataset(self, epoch: int, first_step: int, num_replicas: int, replica_ids):
         """The tf.data pipeline of this worker's parts of epoch ``epoch`` from ``first_step`` on."""
+        if self._fetch is None or self._fetch[0] is not self.records:  # traced once a Records, not every epoch
+            spec = tf.TensorSpec([None], tf.int64)
+            self._fetch = (self.records, tf.function(self.records.fetch, input_signature=[spec, spec if
+                           self.records.in_memory else tf.TensorSpec([None], tf.string)], autograph=False))
         dataset = self.parts(epoch, first_step, num_replicas, replica_ids).map(
-            tf.autograph.experimental.do_not_convert(self.records.fetch)).prefetch(2)
+            self._fetch[1], num_parallel_calls=arrays.PARALLEL_GATHERS, deterministic=True).prefetch(2)
         options = tf.data.Options()
         options.autotune.enabled = False  # as arrays: an autotuned pipeline's iterator is slow to delete
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
