@@ -81,6 +81,11 @@ def test_model_fit_trains_on_it(digits_dir):
     assert history.history["val_accuracy"][-1] > 0.8  # 10 classes: chance is 0.1
 
 
+def test_image_size_resizes_as_the_flag_does(digits_dir):
+    images, _ = next(iter(loader.load(digits_dir, "val", batch_size=8, image_size=4)))
+    assert images.shape == (8, 4, 4, 1) and images.dtype == tf.uint8
+
+
 def test_only_the_datasets_load_made_are_its_own(digits_dir):
     dataset = loader.load(digits_dir, "val", batch_size=64)
     assert loader.records_of(dataset) is not None
@@ -89,7 +94,7 @@ def test_only_the_datasets_load_made_are_its_own(digits_dir):
 
 @pytest.mark.parametrize("kwargs, named", [
     (dict(batch_size=0), "batch_size"), (dict(batch_size=True), "batch_size"), (dict(split="tets"), "split"),
-    (dict(seed=-1), "seed"), (dict(shuffle="yes"), "shuffle")])
+    (dict(seed=-1), "seed"), (dict(shuffle="yes"), "shuffle"), (dict(image_size=-2), "image_size")])
 def test_a_bad_argument_is_one_line_naming_it(digits_dir, kwargs, named):
     with pytest.raises(ConfigError) as raised:
         loader.load(digits_dir, **kwargs)

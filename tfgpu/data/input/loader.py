@@ -19,6 +19,7 @@ a Dataset like any other.
 import dataclasses
 import functools
 import math
+import os
 import weakref
 
 import tensorflow as tf
@@ -39,7 +40,7 @@ class LoadError(ConfigError):
 
 
 # describe's flags in load's words
-_ARGUMENT_OF_FLAG = {"train_split": "split", "image_size": "data_dir", "num_classes": "data_dir"}
+_ARGUMENT_OF_FLAG = {"train_split": "split", "num_classes": "data_dir"}
 
 
 class Records:
@@ -54,6 +55,7 @@ class Records:
         self.num_examples = int(self.order.length)  # the split's readable records
         self.in_memory = held is not None or memory.holds(config, self.examples, [self.order], 0)
         self._held = held
+        self.iterations = None  # the iterations of ``dataset()`` begun: the next one's epoch
 
     @property
     def seed(self) -> int:
@@ -132,15 +134,16 @@ class Records:
 
 
 def load(data_dir, split: str = "train", batch_size: int = 32, *, shuffle=None, seed: int = 42,
-         cache: bool = False) -> tf.data.Dataset:
+         cache: bool = False, image_size: int = 0) -> tf.data.Dataset:
     """Split ``split`` of the dataset ``python -m tfgpu.convert`` wrote to ``data_dir``, as a Dataset of batches
     ``(images, labels)`` of ``batch_size`` (uint8 images as stored: the model rescales them).
 
     ``shuffle`` (default: True for the train split only) draws a new order each epoch from ``seed`` (42, as
     ``python -m tfgpu.train --seed``); False reads the records in shard order. ``cache``: hold the split's images
-    decoded in memory whatever their size (as --cache; without it, up to 256 MiB are). A bad argument raises
-    ``tfgpu.ConfigError`` naming it before anything is read."""
-    for name, value in (("batch_size", batch_size), ("seed", seed)):
+    decoded in memory whatever their size (as --cache; without it, up to 256 MiB are). ``image_size``: images
+    resized to ``image_size`` squared, as --image_size (0: as stored; images of several sizes need one). A bad
+    argument raises ``tfgpu.ConfigError`` naming it before anything is read."""
+    for name, value in (("batch_size", batch_size), ("seed", seed), ("image_size", image_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "batch_size" else 0):
             raise LoadError(name, f"must be a {'positive' if name == 'batch_size' else 'non-negative'} integer, "
                             f"got {value!r}")
@@ -150,13 +153,12 @@ def load(data_dir, split: str = "train", batch_size: int = 32, *, shuffle=None, 
     if shuffle not in (True, False) or cache not in (True, False):
         raise LoadError("shuffle" if shuffle not in (True, False) else "cache", "must be True or False")
     try:
-        import os
-
         data_dir = os.fspath(data_dir)
     except TypeError:
         raise LoadError("data_dir", f"must be a directory path, got {data_dir!r}") from None
     config = Config(model_dir="unused", data_dir=data_dir, train_split=split, eval_split="none", seed=seed,
-                    global_batch_size=batch_size, cache=cache, **({} if shuffle else {"shuffle_buffer": 1}))
+                    global_batch_size=batch_size, cache=cache, image_size=image_size,
+                    **({} if shuffle else {"shuffle_buffer": 1}))
     try:
         info = dataset_info.describe(DatasetConfig.of(config), data_dir, "data_dir")
     except ConfigError as e:
