@@ -8,8 +8,9 @@ Global batch ``k`` of an epoch is the loader's batch ``k``, so on one device ``t
 replicas in contiguous, nearly equal parts (``arrays.replica_bounds``), and each worker's pipeline yields its
 replicas' parts, step by step, replica by replica: the parts of all workers are the global batch, whatever the
 topology, so a run resumed at (epoch, step) on other workers trains on the global batches the run it continues
-would have. A worker reads its parts only from memory; reading records, every worker reads each global batch's
-records and decodes its own parts.
+would have. Held in memory, a worker gathers only its parts; read from the shards, every worker reads each global
+batch's records and decodes only its parts (a tf.data service does not read them: --data_service is the flag
+command's alone so far).
 """
 import tensorflow as tf
 
