@@ -8,6 +8,9 @@ attributes below load TensorFlow only when first used.
 - ``tfgpu.fit(model, x=None, y=None, batch_size=None, epochs=1, ..., model_dir=None, ...)``: ``model.fit`` on every
   device of the job, the model's own ``train_step`` in tfgpu's loop (``model.fit(`` -> ``tfgpu.fit(model, ``);
   returns the ``keras.callbacks.History`` (``tfgpu.training.fit``, docs/from-model-fit.md).
+- ``tfgpu.data.load(data_dir, split="train", batch_size=32)``: a directory ``python -m tfgpu.convert`` wrote, as a
+  ``tf.data.Dataset`` of ``(images, labels)`` batches (uint8 images as stored) for ``model.fit`` or ``tfgpu.fit``,
+  which reads it by index: every example once per epoch on any topology, exact resume (``tfgpu.data.input.loader``).
 - ``tfgpu.ConfigError``: what a bad option or argument raises; ``.flag`` names it.
 - ``tfgpu.Preempted``: what ``fit`` raises after a SIGTERM or a Ctrl-C, once the checkpoint is saved
   (``.step``); a Ctrl-C's is also a ``KeyboardInterrupt``.
@@ -23,6 +26,7 @@ _LAZY = {
     "ConfigError": ("tfgpu.config", "ConfigError"),
     "Preempted": ("tfgpu.runtime.failures", "Preempted"),
     "keras_fit": ("tfgpu.training.keras_fit", None),
+    "data": ("tfgpu.data", None),
 }
 
 

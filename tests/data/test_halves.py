@@ -10,8 +10,8 @@ DATA = pathlib.Path(__file__).resolve().parents[2] / "tfgpu" / "data"
 SCHEMA = {"tfrecord", "shards"}  # the record format, dataset.json and the checks of shards against it
 WRITE = {"builtin", "convert", "csvlist", "encode", "folders", "foreign", "manifest", "outdir", "source_formats",
          "source", "tfds_source", "workers"}
-READ = {"augment", "chunks", "dataset_info", "input_position", "memory", "order", "pipeline", "position", "records",
-        "resume"}
+READ = {"augment", "chunks", "dataset_info", "input_position", "loader", "memory", "order", "pipeline", "position",
+        "records", "resume"}
 BRIDGE = {"catalog"}  # which dataset a run names, converted first when it must be: above both halves
 
 

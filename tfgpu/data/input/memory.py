@@ -45,6 +45,14 @@ def holds(config, examples: Examples, orders, pipeline_id: int) -> bool:
     return True
 
 
+def decoded(config, examples: Examples, serialized):
+    """One record's ``(image, label)`` as held in memory: the image decoded (uint8, resized to --image_size when it
+    has another size), the label unchecked (``Examples.check_batch`` checks a batch of them)."""
+    h, w, c = examples.info.image_shape
+    features = examples.parse(serialized)
+    return tf.ensure_shape(augment.decoded(features, config.image_size, c), [h, w, c]), features[tfrecord.LABEL]
+
+
 def train_batches(config, examples: Examples, stages, per_replica: int, consumed: int, seed: int, workers):
     """Per-replica ``(x, y)`` batches of the keys ``stages`` give: ((order, key vectors of its epochs), ...), the
     stages one after the other (a later stage of an interrupted epoch, then the ordinary epochs). Example ``i`` of
@@ -54,9 +62,7 @@ def train_batches(config, examples: Examples, stages, per_replica: int, consumed
     on_decoded = augment.augmentation(config.augment).on_decoded
 
     def decode(serialized):
-        features = examples.parse(serialized)
-        image = tf.ensure_shape(augment.decoded(features, config.image_size, c), [h, w, c])
-        return image, features[tfrecord.LABEL]
+        return decoded(config, examples, serialized)
 
     tables, keyed, base = [], None, 0
     for order, keys in stages:  # one table of every stage's records; a key's position offset by its stage's

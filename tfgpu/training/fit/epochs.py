@@ -15,7 +15,7 @@ import logging
 import tensorflow as tf
 
 from tfgpu.runtime import failures, heartbeat
-from tfgpu.training.fit import placement as placement_lib
+from tfgpu.training.fit import inputs, placement as placement_lib
 from tfgpu.training.fit.steps import StepLoop
 
 log = logging.getLogger("tfgpu")
@@ -70,7 +70,7 @@ class Epochs:
         self.callbacks.on_epoch_begin(epoch)
         self.train.on_epoch_begin()
         # arrays: exactly this many steps; a Dataset: until it ends (or Keras' steps_per_epoch), as every worker agrees
-        steps = self.train.steps_per_epoch if self.train.kind == "arrays" else self.train.fixed_steps
+        steps = self.train.steps_per_epoch if self.train.kind in inputs.BY_INDEX else self.train.fixed_steps
         known = getattr(self.train, "num_batches", None) if self.train.kind == "dataset" and steps else None
         if known:  # Keras' epoch iterator: the epoch ends where the pipeline does (a warning), the next one reruns it
             if steps > known - self.running_seen:
@@ -148,7 +148,7 @@ class Epochs:
         val.on_epoch_begin()
         iterator = placement_lib.iterator(self.placement, val, 0, 0)
         logs, step = {}, 0
-        steps = val.steps_per_epoch if val.kind == "arrays" else val.fixed_steps
+        steps = val.steps_per_epoch if val.kind in inputs.BY_INDEX else val.fixed_steps
         while steps is None or step < steps:
             count = self.steps_per_call if steps is None else min(self.steps_per_call, steps - step)
             self.callbacks.on_test_batch_begin(step)

@@ -8,6 +8,7 @@ the job's strategy lives outside it: refused in one line saying to move the impo
 from tfgpu.config import ConfigError
 from tfgpu.runtime import job_strategy
 from tfgpu.runtime.distribute import Placement
+from tfgpu.training.fit import inputs
 
 
 def of_model(model) -> Placement:
@@ -80,6 +81,6 @@ def _distributed(placement: Placement, data, epoch: int, first_step: int):
 
     if single(placement):
         return dataset()
-    if data.kind == "arrays":
+    if data.kind in inputs.BY_INDEX:
         return placement.strategy.distribute_datasets_from_function(dataset)
     return placement.strategy.experimental_distribute_dataset(dataset())

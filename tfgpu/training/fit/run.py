@@ -50,7 +50,7 @@ def fit(model, loop: arguments.LoopOptions, *, x, y, batch_size, epochs, verbose
     model_dir = loop.model_dir or backup_dir or arguments.new_run_dir(_job_name(placement))
     if placement.is_chief and not loop.model_dir and not backup_dir:
         print(f"tfgpu.fit: run directory {model_dir}", flush=True)
-    position = state_lib.Position(epoch=initial_epoch, seed=seed, kind=train.kind,
+    position = state_lib.Position(epoch=initial_epoch, seed=getattr(train, "seed", seed), kind=train.kind,
                                   examples=getattr(train, "num_examples", -1), batch_size=_batch_size(train))
     state = state_lib.RunState(model, placement, model_dir, position, loop.checkpoint_every_s)
     outputs = callbacks_lib.ChiefOutputs(user_callbacks, placement.is_chief)

@@ -13,6 +13,7 @@ eagerly, one per call, as Keras does. A training call ends by averaging the weig
 import tensorflow as tf
 
 from tfgpu.training import keras_fit, replica_local
+from tfgpu.training.fit import inputs
 
 
 def _is_multi_worker(strategy) -> bool:
@@ -79,7 +80,7 @@ class StepLoop:
 
     def run_on(self, data, iterator, num_steps: int):
         """``run`` for arrays (their length is known on every worker), ``run_until_end`` for a pipeline."""
-        if data.kind == "arrays":
+        if data.kind in inputs.BY_INDEX:
             return self.run(iterator, num_steps)
         return self.run_until_end(iterator, num_steps)
 
