@@ -426,3 +426,19 @@ def test_sbatch_template_rejects_a_missing_flagfile(tmp_path):
                            str(tmp_path / "run")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=30)
     assert proc.returncode == 1 and "error: flagfile" in proc.stdout
+
+
+def test_a_taken_port_is_refused_before_tensorflow_starts():
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        env = {"TF_CONFIG": json.dumps({"cluster": {"worker": [f"localhost:{port}", "localhost:1"]},
+                                        "task": {"type": "worker", "index": 0}})}
+        with pytest.raises(ConfigError, match=f"cannot serve on localhost:{port}: port {port} is in use") as error:
+            cluster.resolve_for_run("auto", "auto", env)
+        assert error.value.flag == "cluster"
+    free = portpicker.pick_unused_port()
+    env["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"localhost:{port}", f"localhost:{free}"]},
+                                   "task": {"type": "worker", "index": 1}})
+    assert cluster.resolve_for_run("auto", "auto", env)["worker_index"] == 1  # only this worker's own port

@@ -78,7 +78,30 @@ def resolve_for_run(source: str, distribution_strategy: str, environ=None):
                 f"{other['task_type']} {other['task_id']} of {other['num_workers']} workers: they would train "
                 f"{other['num_workers']} independent models into one --model_dir; pass "
                 f"--cluster={other['source']} (or auto), or {_how_to_train_alone(other)}"))
+    if desc is not None and desc["num_workers"] > 1:
+        check_own_port(desc)
     return desc
+
+
+def check_own_port(desc) -> None:
+    """ConfigError when this worker's port is already taken on this host, before TensorFlow starts (its gRPC
+    server fails there too, but only after the runtime has started: tens of seconds on a loaded host).
+    SO_REUSEADDR, as a server binds: a port a restarted worker's predecessor left in TIME_WAIT is free."""
+    import errno
+    import socket
+
+    address = desc["cluster_spec"][desc["task_type"]][desc["task_id"]]
+    port = address.rsplit(":", 1)[-1]
+    if not port.isdigit():
+        return  # TensorFlow's own check names it
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("", int(port)))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise ConfigError("cluster", f"this worker cannot serve on {address}: port {port} is in use on "
+                                  "this host (another job, or a worker of this one still running?)") from None
 
 
 def _describer(desc, environ) -> str:

@@ -68,6 +68,8 @@ def at_import(environ=None, argv=None):
         desc = cluster.resolve_cluster("auto", environ)
     except ValueError as e:
         raise ConfigError("cluster", str(e)) from None
+    if desc is not None and desc["num_workers"] > 1:
+        cluster.check_own_port(desc)  # before TensorFlow starts
     replicas = cpu_replicas(environ, desc)
     if replicas is not None:
         return make(desc, cpu_replicas=replicas) if replicas > 1 else None
