@@ -239,3 +239,78 @@ def test_run_eagerly_is_honoured(data, tmp_path, run_eagerly):
     else:  # traced, not run step by step
         assert not any(plain.model.eager_record) and not any(ours.model.eager_record)
         assert 0 < len(ours.model.eager_record) < 10
+
+
+class OwnStep(keras.Model):
+    """A model with no ``call`` of its own whose ``train_step`` drives its part (as keras.io's VAE or GAN), recording
+    ``tf.executing_eagerly()`` each time the step runs or is traced."""
+
+    def __init__(self, eager_record):
+        super().__init__()
+        self.note = eager_record.append  # a list attribute would be tracked as a copy
+        self.part = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10, activation="softmax")])
+        self.tracker = keras.metrics.Mean(name="loss")
+
+    @property
+    def metrics(self):
+        return [self.tracker]
+
+    def train_step(self, data):
+        self.note(tf.executing_eagerly())
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = keras.losses.sparse_categorical_crossentropy(y, self.part(x))
+        self.optimizer.apply(tape.gradient(loss, self.part.trainable_weights), self.part.trainable_weights)
+        self.tracker.update_state(loss)
+        return {"loss": self.tracker.result()}
+
+
+def eager_models(kind):
+    """(a run_eagerly model whose loss or step records ``tf.executing_eagerly()`` each call, its record)."""
+    keras.utils.set_random_seed(0)
+    record = []
+    if kind == "own train_step":
+        model = OwnStep(record)
+        model.compile(optimizer=keras.optimizers.SGD(0.1), run_eagerly=True)
+        return model, record
+
+    def loss(y_true, y_pred):
+        record.append(tf.executing_eagerly())
+        return keras.losses.sparse_categorical_crossentropy(y_true, y_pred)
+
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10, activation="softmax")])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss, run_eagerly=True)
+    return model, record
+
+
+@pytest.mark.parametrize("kind", ["compiled loss", "own train_step"])
+def test_run_eagerly_runs_nothing_of_the_step_in_graph_mode(data, tmp_path, kind):
+    """model.fit on one device runs a run_eagerly model's first step eagerly, which builds it: its loss's (or
+    step's) Python code sees ``tf.executing_eagerly()`` True every call. tfgpu.fit built it symbolically first."""
+    x, y = data
+    records = []
+
+    def model():
+        m, record = eager_models(kind)
+        records.append(record)
+        return m
+
+    plain, ours = both(model, lambda r: ((x, y), dict(batch_size=64, epochs=2, shuffle=False, verbose=0)), tmp_path)
+    assert records[0] == records[1] == [True] * 10
+
+
+def test_a_run_eagerly_run_resumes_from_its_checkpoint(data, tmp_path):
+    """A resumed run_eagerly run builds the model before restoring into it (one symbolic build, as for any resume)
+    and ends where an uninterrupted run ends."""
+    import tfgpu
+
+    x, y = data
+    whole, _ = eager_models("compiled loss")
+    tfgpu.fit(whole, x, y, batch_size=64, epochs=3, shuffle=False, verbose=0, model_dir=str(tmp_path / "whole"))
+    first, record = eager_models("compiled loss")
+    tfgpu.fit(first, x, y, batch_size=64, epochs=2, shuffle=False, verbose=0, model_dir=str(tmp_path / "cut"))
+    resumed, _ = eager_models("compiled loss")
+    tfgpu.fit(resumed, x, y, batch_size=64, epochs=3, shuffle=False, verbose=0, model_dir=str(tmp_path / "cut"))
+    assert record == [True] * 10
+    assert int(resumed.optimizer.iterations.numpy()) == 15
+    helpers.assert_same_weights(whole, resumed)
