@@ -374,7 +374,10 @@ def noisy_vae():
 def test_a_train_step_that_samples_noise_trains_as_under_model_fit_bit_for_bit(data, tmp_path, source):
     """Issue 53, item 6 (keras.io's VAE trained worse under tfgpu.fit): the same seed, the same noise, the same
     batches give model.fit's weights and losses bit for bit, with several steps a host call, epoch after epoch. The
-    total's tracker alone may differ in its last bit: it does between two model.fit runs of this model too."""
+    total's tracker alone may differ in its last bit: it does between two model.fit runs of this model too.
+    What is left between the two fits on shuffled arrays is the order (tfgpu's permutation of the indices, Keras'
+    its own): one random order against another, no gap over seeds; a 2-d latent VAE sometimes ends with its KL
+    term collapsed and a worse reconstruction, under either fit."""
     from tensorflow.python.framework import config
 
     x, _ = data
