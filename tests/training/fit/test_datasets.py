@@ -243,3 +243,26 @@ def test_image_dataset_from_directory_trains_as_under_model_fit_bit_for_bit(tmp_
 
     plain, ours = both(model, args, tmp_path / "fit", tol=0)
     assert ours.iterations == plain.iterations == 40
+
+
+def test_a_resumed_run_on_a_reshuffling_dataset_trains_the_uninterrupted_runs_orders(data, tmp_path,
+                                                                                   deterministic_ops):
+    """Three epochs, or one and then two more in a fresh process-like run (the script seeded alike): the resumed
+    run makes the iterators the first one made, so its epochs 2 and 3 see the uninterrupted run's orders (training
+    and validation) and it ends with the same weights, bit for bit."""
+    import tfgpu
+
+    x, y = data
+
+    def trained(model_dir, epochs):
+        model = helpers.classifier()
+        keras.utils.set_random_seed(1)
+        tfgpu.fit(model, reshuffled(x, y).batch(32), validation_data=reshuffled(x[:96], y[:96], 64).batch(32),
+                  epochs=epochs, verbose=0, model_dir=str(model_dir))
+        return model
+
+    whole = trained(tmp_path / "whole", 3)
+    trained(tmp_path / "split", 1)
+    resumed = trained(tmp_path / "split", 3)
+    assert int(resumed.optimizer.iterations.numpy()) == 30
+    helpers.assert_same_weights(whole, resumed, tol=0)

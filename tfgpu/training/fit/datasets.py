@@ -9,7 +9,8 @@ On several replicas the pipeline is split as tf.distribute splits it (``experime
 batch is cut into per-replica batches; across workers its auto-shard policy applies, files when the pipeline reads
 several files, else each worker keeps its share of the elements). A resumed epoch runs the pipeline again from its
 start and skips the batches already trained (``Dataset.skip``): the same batches as the run it continues when the
-pipeline's order does not depend on unseeded randomness.
+pipeline's order does not depend on unseeded randomness (a seeded reshuffling one included: the resumed run first
+makes the iterators the run it continues made).
 """
 import logging
 

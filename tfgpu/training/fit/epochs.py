@@ -38,10 +38,12 @@ class Epochs:
         self.held = None  # the iterator Keras' epoch iterator holds (with steps_per_epoch it runs on across epochs)
         self.running_seen = 0  # batches the held iterator gave (a pipeline of known length: Keras' _steps_seen)
 
-    def run(self, epochs: int):
-        """Trains from the state's position to the end of epoch ``epochs - 1``; returns the model's History."""
+    def run(self, epochs: int, initial_epoch: int = 0):
+        """Trains from the state's position to the end of epoch ``epochs - 1``; returns the model's History.
+        ``initial_epoch``: Keras' argument, where the run this one may resume began."""
         model, position = self.model, self.state.position
         model.stop_training = False
+        self._replay_iterators(position.epoch - initial_epoch)
         # Keras' fit resets its epoch iterator after the model's build, which calls the data adapter's on_epoch_end
         # once before the first epoch: a PyDataset that reshuffles there (the documented pattern) starts its first
         # epoch reshuffled under model.fit, so it must here too.
@@ -138,6 +140,21 @@ class Epochs:
             return self.held
         self.held = placement_lib.iterator(self.placement, self.train, epoch, self.state.position.step)
         return self.held
+
+    def _replay_iterators(self, epochs_done: int) -> None:
+        """On a resume after ``epochs_done`` whole epochs: makes and drops the iterators the run it continues made in
+        them (as many as Keras' epoch iterator makes: two an epoch of a pipeline of known length, else one; a
+        validation pipeline's at each validation), so that a reshuffling pipeline seeded as before gives the resumed
+        epochs the orders of the uninterrupted run. Not for a Dataset with ``steps_per_epoch``, whose one iterator
+        runs on across epochs (its resume reruns the pipeline as before)."""
+        if epochs_done <= 0:
+            return
+        validations = sum(1 for epoch in range(epochs_done) if (epoch + 1) % self.validation_freq == 0)
+        for data, times in ((self.train, epochs_done), (self.val, validations)):
+            if data is None or data.kind != "dataset" or (data is self.train and data.fixed_steps):
+                continue
+            for _ in range(times * (2 if data.num_batches else 1)):
+                placement_lib.iterator(self.placement, data, 0, 0)
 
     def _pipeline_ran_to_its_end(self, data, steps_run: int, stopped: bool = False) -> bool:
         """Whether Keras' epoch iterator, on an epoch of ``data``, a pipeline of known length (for training: without

@@ -68,7 +68,7 @@ def fit(model, loop: arguments.LoopOptions, *, x, y, batch_size, epochs, verbose
                                                     placement.is_chief)
         run = epochs_lib.Epochs(model, placement, train, val, callback_list, state, stopping, steps_per_call,
                                 validation_freq, model_dir)
-        return run.run(epochs)
+        return run.run(epochs, initial_epoch)
     finally:
         outputs.close()
         state.close()
