@@ -166,3 +166,103 @@ def test_a_pipeline_may_end_with_a_smaller_batch_unless_it_drops_the_remainder()
     rows = tf.data.Dataset.from_tensor_slices((np.zeros((10, 2), "float32"), np.zeros((10,), "int64")))
     assert inputs.make(rows.batch(4)).last_batch_smaller()
     assert not inputs.make(rows.batch(4, drop_remainder=True)).last_batch_smaller()
+
+
+@pytest.fixture
+def deterministic_ops():
+    """``tf.config.experimental.enable_op_determinism()``, as a script that wants bit-for-bit runs sets it."""
+    from tensorflow.python.framework import config
+
+    was = config.is_op_determinism_enabled()
+    config.enable_op_determinism()
+    yield
+    if not was:
+        config.disable_op_determinism()
+
+
+def reshuffled(x, y, buffer=128, **shuffle):
+    return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(buffer, **shuffle)
+
+
+@pytest.mark.parametrize("steps_per_execution", [1, 2, 3])
+def test_a_reshuffling_dataset_gives_model_fits_history_bit_for_bit_every_epoch(data, tmp_path, deterministic_ops,
+                                                                             steps_per_execution):
+    """Making an iterator draws a reshuffling pipeline's next order: Keras makes one at each epoch's start and one
+    more at the end of each epoch that ran out its pipeline (10 batches: with 1 or 2 steps a host call; with 3 its
+    last call runs out instead). Epochs 2 and 3 trained on other orders than under model.fit before."""
+    x, y = data
+
+    def args(record):
+        noisy = lambda image, label: (image + tf.random.uniform(tf.shape(image), 0.0, 0.2), label)  # noqa: E731
+        return (reshuffled(x, y).batch(32),), dict(
+            epochs=4, verbose=0, validation_data=reshuffled(x[:96], y[:96], 64).map(noisy).batch(32))
+
+    plain, ours = both(lambda: helpers.classifier(steps_per_execution=steps_per_execution), args, tmp_path, tol=0)
+    assert ours.iterations == plain.iterations == 40
+
+
+def test_a_shuffled_randomly_mapped_dataset_trains_as_under_model_fit_bit_for_bit(data, tmp_path, deterministic_ops):
+    x, y = data
+
+    def args(record):
+        def noisy(image, label):
+            return image + tf.random.uniform(tf.shape(image), 0.0, 0.3), label
+
+        pipeline = reshuffled(x, y, 64, seed=3).map(noisy, num_parallel_calls=2).batch(32).prefetch(2)
+        return (pipeline,), dict(epochs=3, verbose=0)
+
+    both(helpers.classifier, args, tmp_path, tol=0)
+
+
+def digit_folder(root, per_class=16):
+    """sklearn's digits as a folder of 8x8 grayscale PNGs, one subfolder per class, as a photo script reads them."""
+    from PIL import Image
+
+    x, y = helpers.digits()
+    for label in range(10):
+        (root / str(label)).mkdir(parents=True)
+        for i, image in enumerate(x[y == label][:per_class]):
+            Image.fromarray((image.reshape(8, 8) * 255).astype("uint8")).save(root / str(label) / f"{i}.png")
+    return root
+
+
+def test_image_dataset_from_directory_trains_as_under_model_fit_bit_for_bit(tmp_path, deterministic_ops):
+    folder = digit_folder(tmp_path / "digits")
+
+    def model():
+        keras.utils.set_random_seed(0)
+        m = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Rescaling(1 / 255), keras.layers.Flatten(),
+                              keras.layers.Dense(16, activation="relu"), keras.layers.Dense(10, activation="softmax")])
+        m.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+        return m
+
+    def args(record):
+        images = keras.utils.image_dataset_from_directory(folder, image_size=(8, 8), color_mode="grayscale",
+                                                          batch_size=16, seed=7, verbose=False)
+        return (images,), dict(epochs=4, verbose=0)
+
+    plain, ours = both(model, args, tmp_path / "fit", tol=0)
+    assert ours.iterations == plain.iterations == 40
+
+
+def test_a_resumed_run_on_a_reshuffling_dataset_trains_the_uninterrupted_runs_orders(data, tmp_path,
+                                                                                   deterministic_ops):
+    """Three epochs, or one and then two more in a fresh process-like run (the script seeded alike): the resumed
+    run makes the iterators the first one made, so its epochs 2 and 3 see the uninterrupted run's orders (training
+    and validation) and it ends with the same weights, bit for bit."""
+    import tfgpu
+
+    x, y = data
+
+    def trained(model_dir, epochs):
+        model = helpers.classifier()
+        keras.utils.set_random_seed(1)
+        tfgpu.fit(model, reshuffled(x, y).batch(32), validation_data=reshuffled(x[:96], y[:96], 64).batch(32),
+                  epochs=epochs, verbose=0, model_dir=str(model_dir))
+        return model
+
+    whole = trained(tmp_path / "whole", 3)
+    trained(tmp_path / "split", 1)
+    resumed = trained(tmp_path / "split", 3)
+    assert int(resumed.optimizer.iterations.numpy()) == 30
+    helpers.assert_same_weights(whole, resumed, tol=0)

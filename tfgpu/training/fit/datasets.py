@@ -2,12 +2,15 @@
 
 Keras' own data adapter takes the object (``class_weight`` included), so it means what it means under
 ``model.fit``: each epoch iterates the pipeline again from its start (its random maps drawn again, its order as the
-user wrote it: shuffled only where the user shuffles), a PyDataset's ``on_epoch_end`` runs after each epoch.
+user wrote it: shuffled only where the user shuffles), a PyDataset's ``on_epoch_end`` runs after each epoch. Its
+iterators are made when Keras' epoch iterator makes them (``epochs.Epochs``), so a reshuffling pipeline gives each
+epoch the order it has under ``model.fit``.
 On several replicas the pipeline is split as tf.distribute splits it (``experimental_distribute_dataset``: each global
 batch is cut into per-replica batches; across workers its auto-shard policy applies, files when the pipeline reads
 several files, else each worker keeps its share of the elements). A resumed epoch runs the pipeline again from its
 start and skips the batches already trained (``Dataset.skip``): the same batches as the run it continues when the
-pipeline's order does not depend on unseeded randomness.
+pipeline's order does not depend on unseeded randomness (a seeded reshuffling one included: the resumed run first
+makes the iterators the run it continues made).
 """
 import logging
 
@@ -27,7 +30,6 @@ class DatasetInput:
         known = adapter.num_batches
         self.num_batches = int(known) if known is not None and known >= 0 else None  # the pipeline's length, if known
         self.steps_per_epoch = self.fixed_steps or self.num_batches
-        self.running = None  # with steps_per_epoch: the iterator that runs on across epochs
 
     def describe(self) -> str:
         name = type(self.adapter).__name__.replace("Adapter", "")

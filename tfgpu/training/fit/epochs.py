@@ -35,13 +35,15 @@ class Epochs:
         self.steps_per_call, self.validation_freq, self.model_dir = steps_per_call, validation_freq, model_dir
         self.train_steps = StepLoop(model, placement.strategy, "train", stopping.flag)
         self.test_steps = StepLoop(model, placement.strategy, "test")
-        self.running = None  # a Dataset with steps_per_epoch: the iterator that runs on across epochs
-        self.running_seen = 0  # batches the running iterator gave (a pipeline of known length: Keras' _steps_seen)
+        self.held = None  # the iterator Keras' epoch iterator holds (with steps_per_epoch it runs on across epochs)
+        self.running_seen = 0  # batches the held iterator gave (a pipeline of known length: Keras' _steps_seen)
 
-    def run(self, epochs: int):
-        """Trains from the state's position to the end of epoch ``epochs - 1``; returns the model's History."""
+    def run(self, epochs: int, initial_epoch: int = 0):
+        """Trains from the state's position to the end of epoch ``epochs - 1``; returns the model's History.
+        ``initial_epoch``: Keras' argument, where the run this one may resume began."""
         model, position = self.model, self.state.position
         model.stop_training = False
+        self._replay_iterators(position.epoch - initial_epoch)
         # Keras' fit resets its epoch iterator after the model's build, which calls the data adapter's on_epoch_end
         # once before the first epoch: a PyDataset that reshuffles there (the documented pattern) starts its first
         # epoch reshuffled under model.fit, so it must here too.
@@ -91,7 +93,7 @@ class Epochs:
                 if self.train.fixed_steps:
                     log.warning("%s", RAN_OUT)
                     model.stop_training = True
-                    self.running = None
+                    self.held = None
                 break
             logs = step_logs
             position.step += ran
@@ -109,7 +111,9 @@ class Epochs:
         if known:
             self.running_seen += position.step
             if self.running_seen >= known:  # a pipeline of known length that ended: rerun from its start
-                self.running, self.running_seen = None, 0
+                self.held, self.running_seen = placement_lib.iterator(self.placement, self.train, epoch + 1, 0), 0
+        elif self._pipeline_ran_to_its_end(self.train, position.step, stopped):
+            self.held = placement_lib.iterator(self.placement, self.train, epoch + 1, 0)
         # As Keras' epoch iterator: the adapter's on_epoch_end after every epoch that ran to its end, also when the
         # iterator runs on across epochs (steps_per_epoch; a PyDataset's next on_epoch_begin refuses to come
         # without it), not after an epoch that stop_training broke off.
@@ -130,11 +134,38 @@ class Epochs:
         return steps - 1
 
     def _iterator(self, epoch: int):
-        if self.train.kind == "dataset" and self.train.fixed_steps:
-            if self.running is None:
-                self.running = placement_lib.iterator(self.placement, self.train, epoch, self.state.position.step)
-            return self.running
-        return placement_lib.iterator(self.placement, self.train, epoch, self.state.position.step)
+        """The epoch's iterator, made when Keras' epoch iterator makes it: with a Dataset's ``steps_per_epoch``, the
+        one held from before (made at the end of the epoch its pipeline ended in); else a new one every epoch."""
+        if self.train.kind == "dataset" and self.train.fixed_steps and self.held is not None:
+            return self.held
+        self.held = placement_lib.iterator(self.placement, self.train, epoch, self.state.position.step)
+        return self.held
+
+    def _replay_iterators(self, epochs_done: int) -> None:
+        """On a resume after ``epochs_done`` whole epochs: makes and drops the iterators the run it continues made in
+        them (as many as Keras' epoch iterator makes: two an epoch of a pipeline of known length, else one; a
+        validation pipeline's at each validation), so that a reshuffling pipeline seeded as before gives the resumed
+        epochs the orders of the uninterrupted run. Not for a Dataset with ``steps_per_epoch``, whose one iterator
+        runs on across epochs (its resume reruns the pipeline as before)."""
+        if epochs_done <= 0:
+            return
+        validations = sum(1 for epoch in range(epochs_done) if (epoch + 1) % self.validation_freq == 0)
+        for data, times in ((self.train, epochs_done), (self.val, validations)):
+            if data is None or data.kind != "dataset" or (data is self.train and data.fixed_steps):
+                continue
+            for _ in range(times * (2 if data.num_batches else 1)):
+                placement_lib.iterator(self.placement, data, 0, 0)
+
+    def _pipeline_ran_to_its_end(self, data, steps_run: int, stopped: bool = False) -> bool:
+        """Whether Keras' epoch iterator, on an epoch of ``data``, a pipeline of known length (for training: without
+        ``steps_per_epoch``), would reach its end: then it makes the next epoch's iterator at once and drops it unused
+        when the next epoch makes its own. That iterator must be made here too: making an iterator draws a
+        reshuffling pipeline's next order (``Dataset.shuffle``, ``image_dataset_from_directory``), so without it every
+        epoch from the second on sees another order than under ``model.fit``. Keras gets there unless a
+        ``stop_training`` broke the epoch off (also when its last host call of ``steps_per_execution`` steps ran out
+        of batches: that error reaches it only after its loop)."""
+        known = getattr(data, "num_batches", None) if data.kind == "dataset" else None
+        return bool(known) and not stopped and steps_run >= known
 
     def evaluate(self) -> dict:
         """The validation data through the model's ``test_step`` (Keras' ``evaluate`` inside ``fit``): every worker's
@@ -157,6 +188,8 @@ class Epochs:
                 break
             logs, step = step_logs, step + ran
             self.callbacks.on_test_batch_end(step - 1, logs)
+        if self._pipeline_ran_to_its_end(val, step):  # made and dropped unused, as Keras' (see there)
+            placement_lib.iterator(self.placement, val, 0, 0)
         val.on_epoch_end()
         from keras.src.utils.python_utils import pythonify_logs
 

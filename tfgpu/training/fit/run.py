@@ -38,7 +38,8 @@ def fit(model, loop: arguments.LoopOptions, *, x, y, batch_size, epochs, verbose
     if validation_data is not None:
         val_x, val_y, val_weight = data_adapter_utils.unpack_x_y_sample_weight(validation_data)
         val = inputs.make(val_x, val_y, val_weight, validation_batch_size or batch_size, validation_steps)
-    if not _build(model, placement, train):
+    model_dir = loop.model_dir or backup_dir or arguments.new_run_dir(_job_name(placement))
+    if not _first_step_builds(model, model_dir) and not _build(model, placement, train):
         from tfgpu.training.fit.steps import StepLoop
 
         StepLoop(model, placement.strategy, "train").trace_first_step(placement_lib.batch_spec(placement, train))
@@ -47,7 +48,6 @@ def fit(model, loop: arguments.LoopOptions, *, x, y, batch_size, epochs, verbose
     from tfgpu.training import loop as loop_lib, stopping as stopping_lib
     from tfgpu.training.fit import epochs as epochs_lib, state as state_lib
 
-    model_dir = loop.model_dir or backup_dir or arguments.new_run_dir(_job_name(placement))
     if placement.is_chief and not loop.model_dir and not backup_dir:
         print(f"tfgpu.fit: run directory {model_dir}", flush=True)
     position = state_lib.Position(epoch=initial_epoch, seed=getattr(train, "seed", seed), kind=train.kind,
@@ -68,10 +68,20 @@ def fit(model, loop: arguments.LoopOptions, *, x, y, batch_size, epochs, verbose
                                                     placement.is_chief)
         run = epochs_lib.Epochs(model, placement, train, val, callback_list, state, stopping, steps_per_call,
                                 validation_freq, model_dir)
-        return run.run(epochs)
+        return run.run(epochs, initial_epoch)
     finally:
         outputs.close()
         state.close()
+
+
+def _first_step_builds(model, model_dir: str) -> bool:
+    """Whether the model is left to its first step to build, as ``model.fit`` leaves a ``run_eagerly`` model made
+    outside any strategy: that step runs eagerly, so nothing of the model, its losses or its step runs in graph mode
+    (a symbolic build calls them on symbolic tensors). Not when a checkpoint waits to be restored into the model."""
+    from tfgpu.training import checkpoint
+
+    return bool(model.run_eagerly) and getattr(model, "_distribute_strategy", None) is None and \
+        checkpoint.latest(model_dir) is None
 
 
 def _build(model, placement, train) -> bool:
