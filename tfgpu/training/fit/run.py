@@ -5,7 +5,7 @@ import logging
 
 import numpy as np
 
-from tfgpu.training.fit import arguments, callbacks as callbacks_lib, inputs, placement as placement_lib
+from tfgpu.training.fit import arguments, callbacks as callbacks_lib, inputs, labels, placement as placement_lib
 from tfgpu.training.fit.arguments import FitError
 
 log = logging.getLogger("tfgpu")
@@ -29,6 +29,7 @@ def fit(model, loop: arguments.LoopOptions, *, x, y, batch_size, epochs, verbose
         raise FitError("run_eagerly", "compile(run_eagerly=True) runs on one worker: each worker's steps must be "
                        "compiled to meet in the same collectives")
     user_callbacks, backup_dir = callbacks_lib.prepare(callbacks)
+    validation_named = "y" if validation_split and validation_data is None else "validation_data"
     if validation_split and validation_data is None:  # Keras' own cut: the last fraction, before shuffling
         (x, y, sample_weight), validation_data = array_slicing.train_validation_split(
             (x, y, sample_weight), validation_split=validation_split)
@@ -42,6 +43,9 @@ def fit(model, loop: arguments.LoopOptions, *, x, y, batch_size, epochs, verbose
         from tfgpu.training.fit.steps import StepLoop
 
         StepLoop(model, placement.strategy, "train").trace_first_step(placement_lib.batch_spec(placement, train))
+    labels.check_arrays(model, train)
+    if val is not None:
+        labels.check_arrays(model, val, validation_named)
     log.info("tfgpu.fit: %s; %s", placement.describe(), train.describe())
 
     from tfgpu.training import loop as loop_lib, stopping as stopping_lib
@@ -68,7 +72,8 @@ def fit(model, loop: arguments.LoopOptions, *, x, y, batch_size, epochs, verbose
                                                     placement.is_chief)
         run = epochs_lib.Epochs(model, placement, train, val, callback_list, state, stopping, steps_per_call,
                                 validation_freq, model_dir)
-        return run.run(epochs)
+        with labels.explained(model):
+            return run.run(epochs)
     finally:
         outputs.close()
         state.close()
