@@ -5,7 +5,8 @@ import logging
 
 import numpy as np
 
-from tfgpu.training.fit import arguments, callbacks as callbacks_lib, inputs, labels, placement as placement_lib
+from tfgpu.training.fit import arguments, batch_norm, callbacks as callbacks_lib, inputs, labels, \
+    placement as placement_lib
 from tfgpu.training.fit.arguments import FitError
 
 log = logging.getLogger("tfgpu")
@@ -44,6 +45,7 @@ def fit(model, loop: arguments.LoopOptions, *, x, y, batch_size, epochs, verbose
 
         StepLoop(model, placement.strategy, "train").trace_first_step(placement_lib.batch_spec(placement, train))
     labels.check_arrays(model, train)
+    batch_norm.note_small_batches(model, placement, train)
     if val is not None:
         labels.check_arrays(model, val, validation_named)
     log.info("tfgpu.fit: %s; %s", placement.describe(), train.describe())
