@@ -158,9 +158,9 @@ class Epochs:
             logs, step = step_logs, step + ran
             self.callbacks.on_test_batch_end(step - 1, logs)
         val.on_epoch_end()
-        from keras.src.utils.python_utils import pythonify_logs
+        from tfgpu.runtime.keras_internals import internal
 
-        logs = pythonify_logs(model._get_metrics_result_or_logs(logs))
+        logs = internal("python_utils").pythonify_logs(model._get_metrics_result_or_logs(logs))
         self.callbacks.on_test_end(logs)
         return logs
 

@@ -10,7 +10,9 @@ from tfgpu.training.fit.datasets import DatasetInput
 def make(x, y=None, sample_weight=None, batch_size=None, steps=None, shuffle=False, class_weight=None, seed=0):
     """The input for ``model.fit``-style data arguments; ``steps``: Keras' ``steps_per_epoch`` (or
     ``validation_steps``)."""
-    from keras.src.trainers.data_adapters import array_data_adapter, get_data_adapter
+    from tfgpu.runtime.keras_internals import internal
+
+    array_data_adapter, get_data_adapter = internal("array_data_adapter"), internal("data_adapters").get_data_adapter
 
     if array_data_adapter.can_convert_arrays((x, y, sample_weight)):
         adapter = array_data_adapter.ArrayDataAdapter(x, y, sample_weight=sample_weight, batch_size=batch_size,

@@ -15,7 +15,9 @@ log = logging.getLogger("tfgpu")
 def fit(model, loop: arguments.LoopOptions, *, x, y, batch_size, epochs, verbose, callbacks, validation_split,
         validation_data, shuffle, class_weight, sample_weight, initial_epoch, steps_per_epoch, validation_steps,
         validation_batch_size, validation_freq):
-    from keras.src.trainers.data_adapters import array_slicing, data_adapter_utils
+    from tfgpu.runtime.keras_internals import internal
+
+    array_slicing, data_adapter_utils = internal("array_slicing"), internal("data_adapter_utils")
 
     if not logging.getLogger("tfgpu").handlers:  # the lines fit says (how the data is split, a resume) are seen
         from tfgpu.runtime import logs
@@ -26,6 +28,11 @@ def fit(model, loop: arguments.LoopOptions, *, x, y, batch_size, epochs, verbose
         from tfgpu.runtime import keras_variables
 
         keras_variables.read_as_numbers()  # the script's float(metric.result()) after fit, as on one device
+        from tfgpu.runtime import replica_batches
+        from tfgpu.training import keras_fit
+
+        keras_fit.patch()  # the script's own predict/evaluate after fit, as on one device: built from one replica's
+        replica_batches.patch()  # batch, and no replica handed an empty batch
     if model.run_eagerly and placement.num_workers > 1:
         raise FitError("run_eagerly", "compile(run_eagerly=True) runs on one worker: each worker's steps must be "
                        "compiled to meet in the same collectives")
