@@ -34,10 +34,12 @@ def _make_job_strategy():
     from tfgpu.runtime import job_strategy
 
     strategy = job_strategy.at_import()
-    if strategy is not None and job_strategy.cluster_desc() is not None:  # the script's own model.evaluate/predict
-        from tfgpu.training import keras_fit                              # under MultiWorkerMirroredStrategy
+    if strategy is not None:  # the script's own model.evaluate/predict on the job's replicas, as on one device
+        from tfgpu.runtime import replica_batches
+        from tfgpu.training import keras_fit
 
         keras_fit.patch()
+        replica_batches.patch()
 
 
 _make_job_strategy()

@@ -141,8 +141,10 @@ def test_guard_rejects_unverified_keras(monkeypatch):
     from tfgpu.training import keras_fit
 
     monkeypatch.setattr(keras, "__version__", "3.16.0")
-    with pytest.raises(keras_fit.KerasInternalsChanged, match=r"supports Keras 3.12 up to \(not including\) 3.16, "
-                                                               r"found 3.16.0"):
+    from tfgpu.runtime import keras_internals
+
+    with pytest.raises(keras_internals.KerasUnsupported, match=r"Keras 3.16.0 is installed; tfgpu supports Keras "
+                                                               r"3.12.4 up to \(not including\) 3.16"):
         keras_fit.patch()
     monkeypatch.undo()
 

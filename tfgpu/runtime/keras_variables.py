@@ -11,7 +11,9 @@ script (``job_strategy.make``) and by ``tfgpu.fit``; idempotent, and a no-op for
 
 def read_as_numbers() -> None:
     """Gives Keras' TensorFlow variables ``__float__`` and ``__int__`` through ``numpy()``."""
-    from keras.src.backend.tensorflow.core import Variable
+    from tfgpu.runtime.keras_internals import internal
+
+    Variable = internal("tensorflow_core").Variable
 
     if getattr(Variable, "_tfgpu_reads_as_numbers", False):
         return

@@ -17,7 +17,8 @@ users who outgrow one device:
   (element-wise, as Keras does on one machine) instead of ``axis=0``.
 
 ``patch()`` replaces exactly those two methods of ``TensorFlowTrainer`` after checking the
-installed Keras: its version must be in ``SUPPORTED_KERAS`` and the source of both methods
+installed Keras: its version must be in the tested range (``runtime.keras_internals.SUPPORTED``; outside it
+``KerasUnsupported``, one line) and the source of both methods
 must be one tfgpu was verified against (``VERIFIED_SOURCES``); otherwise it raises
 ``KerasInternalsChanged`` naming what changed. Usage::
 
@@ -42,9 +43,10 @@ import tempfile
 import keras
 import tensorflow as tf
 
+from tfgpu.runtime import keras_internals
+
 log = logging.getLogger("tfgpu")
 
-SUPPORTED_KERAS = ((3, 12), (3, 16))  # [low, high): verified on 3.12.4, 3.13.2, 3.14.1 and 3.15.1
 # sha256 of inspect.getsource() of each replaced method, for every Keras release it was verified against.
 VERIFIED_SOURCES = {
     "_make_function": {
@@ -77,8 +79,7 @@ class KerasInternalsChanged(RuntimeError):
 
 
 def _trainer_class():
-    from keras.src.backend.tensorflow import trainer as trainer_module
-    return trainer_module.TensorFlowTrainer
+    return keras_internals.tensorflow_trainer()
 
 
 def source_fingerprint(fn) -> str:
@@ -94,13 +95,7 @@ def check_keras(allow_unverified: bool = False) -> None:
     if keras.config.backend() != "tensorflow":
         raise KerasInternalsChanged(f"tfgpu.training.keras_fit needs the TensorFlow backend, KERAS_BACKEND is "
                                     f"{keras.config.backend()!r}")
-    version = tuple(int(p) for p in keras.__version__.split(".")[:2] if p.isdigit())
-    low, high = SUPPORTED_KERAS
-    if not low <= version < high:
-        raise KerasInternalsChanged(
-            f"tfgpu.training.keras_fit supports Keras {'.'.join(map(str, low))} up to (not including) "
-            f"{'.'.join(map(str, high))}, found {keras.__version__}: re-verify the patch against this release "
-            "(tests/training/test_keras_fit.py) before widening SUPPORTED_KERAS")
+    keras_internals.check()  # the tested releases (runtime/keras_internals.py): else one line, no traceback
     try:
         trainer = _trainer_class()
     except ImportError as e:
@@ -167,8 +162,7 @@ def _reduce_logs(outputs, strategy):
     if _is_multi_worker(strategy):
         # Keras uses axis=0 here, which fails on scalar logs and would average vector logs over their entries.
         return tf.nest.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), outputs)
-    from keras.src.backend.tensorflow import trainer as trainer_module
-    return trainer_module.reduce_per_replica(outputs, strategy, reduction="auto")
+    return keras_internals.internal("tensorflow_trainer").reduce_per_replica(outputs, strategy, reduction="auto")
 
 
 def _make_function(self, step_function):

@@ -65,8 +65,10 @@ class ArrayInput:
 
     def __init__(self, packed, batch_size: int, shuffle: bool, seed: int, steps_per_epoch=None):
         import tensorflow as tf
-        from keras.src import tree
-        from keras.src.trainers.data_adapters import array_slicing
+
+        from tfgpu.runtime.keras_internals import internal
+
+        tree, array_slicing = internal("tree"), internal("array_slicing")
 
         arrays = array_slicing.convert_to_sliceable(packed, target_backend="tensorflow")
         with tf.device("/cpu:0"):
@@ -90,16 +92,20 @@ class ArrayInput:
     def element_spec(self):
         """A batch's structure, for Keras' symbolic build: shapes with a free batch dimension."""
         import tensorflow as tf
-        from keras.src import tree
 
+        from tfgpu.runtime.keras_internals import internal
+
+        tree = internal("tree")
         return tree.map_structure(lambda t: None if t is None else tf.TensorSpec([None, *t.shape[1:]], t.dtype),
                                   self.tensors)
 
     def epoch_dataset(self, epoch: int, first_step: int, num_replicas: int, replica_ids):
         """The tf.data pipeline of this worker's parts of epoch ``epoch`` from ``first_step`` on."""
         import tensorflow as tf
-        from keras.src import tree
 
+        from tfgpu.runtime.keras_internals import internal
+
+        tree = internal("tree")
         order = epoch_order(self.num_examples, epoch, self.seed, self.shuffle)
         order = order[:self.steps_per_epoch * self.batch_size]
         indices, offsets = worker_parts(order, self.batch_size, first_step, num_replicas, replica_ids)

@@ -55,7 +55,9 @@ def prepare(callbacks):
 def acts_on_batches(callbacks) -> bool:
     """Whether a callback does something after single batches (Keras' ``ProgbarLogger`` aside, which draws what it
     is given): then a host call runs ``steps_per_execution`` steps, as under ``model.fit``."""
-    from keras.src import utils
+    from tfgpu.runtime.keras_internals import internal
+
+    utils = internal("utils")
 
     return any(_kind(c) != "ProgbarLogger" and not all(utils.is_default(getattr(c, hook)) for hook in BATCH_HOOKS)
                for c in callbacks)

@@ -191,9 +191,9 @@ class Epochs:
         if self._pipeline_ran_to_its_end(val, step):  # made and dropped unused, as Keras' (see there)
             placement_lib.iterator(self.placement, val, 0, 0)
         val.on_epoch_end()
-        from keras.src.utils.python_utils import pythonify_logs
+        from tfgpu.runtime.keras_internals import internal
 
-        logs = pythonify_logs(model._get_metrics_result_or_logs(logs))
+        logs = internal("python_utils").pythonify_logs(model._get_metrics_result_or_logs(logs))
         self.callbacks.on_test_end(logs)
         return logs
 

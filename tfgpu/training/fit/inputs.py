@@ -13,7 +13,9 @@ BY_INDEX = ("arrays", "records")  # inputs read by index: an epoch's length know
 def make(x, y=None, sample_weight=None, batch_size=None, steps=None, shuffle=False, class_weight=None, seed=0):
     """The input for ``model.fit``-style data arguments; ``steps``: Keras' ``steps_per_epoch`` (or
     ``validation_steps``)."""
-    from keras.src.trainers.data_adapters import array_data_adapter, get_data_adapter
+    from tfgpu.runtime.keras_internals import internal
+
+    array_data_adapter, get_data_adapter = internal("array_data_adapter"), internal("data_adapters").get_data_adapter
 
     from tfgpu.data.input import loader
 

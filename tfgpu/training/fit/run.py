@@ -5,7 +5,8 @@ import logging
 
 import numpy as np
 
-from tfgpu.training.fit import arguments, callbacks as callbacks_lib, inputs, placement as placement_lib
+from tfgpu.training.fit import arguments, batch_norm, callbacks as callbacks_lib, inputs, labels, \
+    placement as placement_lib
 from tfgpu.training.fit.arguments import FitError
 
 log = logging.getLogger("tfgpu")
@@ -14,7 +15,9 @@ log = logging.getLogger("tfgpu")
 def fit(model, loop: arguments.LoopOptions, *, x, y, batch_size, epochs, verbose, callbacks, validation_split,
         validation_data, shuffle, class_weight, sample_weight, initial_epoch, steps_per_epoch, validation_steps,
         validation_batch_size, validation_freq):
-    from keras.src.trainers.data_adapters import array_slicing, data_adapter_utils
+    from tfgpu.runtime.keras_internals import internal
+
+    array_slicing, data_adapter_utils = internal("array_slicing"), internal("data_adapter_utils")
 
     if not logging.getLogger("tfgpu").handlers:  # the lines fit says (how the data is split, a resume) are seen
         from tfgpu.runtime import logs
@@ -25,10 +28,16 @@ def fit(model, loop: arguments.LoopOptions, *, x, y, batch_size, epochs, verbose
         from tfgpu.runtime import keras_variables
 
         keras_variables.read_as_numbers()  # the script's float(metric.result()) after fit, as on one device
+        from tfgpu.runtime import replica_batches
+        from tfgpu.training import keras_fit
+
+        keras_fit.patch()  # the script's own predict/evaluate after fit, as on one device: built from one replica's
+        replica_batches.patch()  # batch, and no replica handed an empty batch
     if model.run_eagerly and placement.num_workers > 1:
         raise FitError("run_eagerly", "compile(run_eagerly=True) runs on one worker: each worker's steps must be "
                        "compiled to meet in the same collectives")
     user_callbacks, backup_dir = callbacks_lib.prepare(callbacks)
+    validation_named = "y" if validation_split and validation_data is None else "validation_data"
     if validation_split and validation_data is None:  # Keras' own cut: the last fraction, before shuffling
         (x, y, sample_weight), validation_data = array_slicing.train_validation_split(
             (x, y, sample_weight), validation_split=validation_split)
@@ -43,6 +52,10 @@ def fit(model, loop: arguments.LoopOptions, *, x, y, batch_size, epochs, verbose
         from tfgpu.training.fit.steps import StepLoop
 
         StepLoop(model, placement.strategy, "train").trace_first_step(placement_lib.batch_spec(placement, train))
+    labels.check_arrays(model, train)
+    batch_norm.note_small_batches(model, placement, train)
+    if val is not None:
+        labels.check_arrays(model, val, validation_named)
     log.info("tfgpu.fit: %s; %s", placement.describe(), train.describe())
 
     from tfgpu.training import loop as loop_lib, stopping as stopping_lib
@@ -68,7 +81,8 @@ def fit(model, loop: arguments.LoopOptions, *, x, y, batch_size, epochs, verbose
                                                     placement.is_chief)
         run = epochs_lib.Epochs(model, placement, train, val, callback_list, state, stopping, steps_per_call,
                                 validation_freq, model_dir)
-        return run.run(epochs, initial_epoch)
+        with labels.explained(model):
+            return run.run(epochs, initial_epoch)
     finally:
         outputs.close()
         state.close()

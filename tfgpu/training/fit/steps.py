@@ -12,6 +12,7 @@ eagerly, one per call, as Keras does. A training call ends by averaging the weig
 """
 import tensorflow as tf
 
+from tfgpu.runtime import replica_batches
 from tfgpu.training import keras_fit, replica_local
 from tfgpu.training.fit import inputs
 
@@ -31,6 +32,8 @@ class StepLoop:
         self.eager = bool(model.run_eagerly)
         if model.jit_compile is True and not self.eager:
             step_fn = tf.function(step_fn, jit_compile=True, reduce_retracing=True)
+        if step == "test" and strategy.num_replicas_in_sync > 1:  # a last batch smaller than the replicas
+            step_fn = replica_batches.guard(model, step_fn, "test")
         self.step_fn = lambda batch: keras_fit.logs_as_tensors(step_fn(batch))
         self.training = step == "train"
         self._known = self._optional = self._single = None
@@ -39,7 +42,9 @@ class StepLoop:
         outputs = self.strategy.run(self.step_fn, args=(batch,))
         if _is_multi_worker(self.strategy):  # Keras' axis=0 fails on scalar logs across workers
             return tf.nest.map_structure(lambda v: self.strategy.reduce("MEAN", v, axis=None), outputs)
-        from keras.src.backend.tensorflow import trainer as keras_trainer
+        from tfgpu.runtime.keras_internals import internal
+
+        keras_trainer = internal("tensorflow_trainer")
 
         return keras_trainer.reduce_per_replica(outputs, self.strategy,
                                                 reduction=getattr(self.model, "_distribute_reduction_method", None) or "auto")
