@@ -157,3 +157,20 @@ def preempted(args, model_dir, train_lines: int = 1, env=None, timeout: float = 
     finally:
         proc.kill()
     return subprocess.CompletedProcess(args, proc.returncode, output)
+
+
+def results_of_script(directory, source: str, name: str, timeout: float = 300) -> dict:
+    """The dict a script prints last as ``RESULTS <json>``: ``source`` written to ``directory/name`` and run in a
+    fresh Python (its own TensorFlow: logical devices can only be set up in a new process), alone (no TF_CONFIG,
+    no job strategy), with ``directory/runs`` as its argument. A failed run fails the test with its output."""
+    script = directory / name
+    script.write_text(source)
+    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "TF_CPP_MIN_LOG_LEVEL": "2", "TFGPU_NO_JOB_STRATEGY": "1"}
+    env.pop("TF_CONFIG", None)
+    proc = subprocess.run([sys.executable, str(script), str(directory / "runs")], cwd=directory, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULTS ")]
+    assert proc.returncode == 0 and lines, f"exit {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return json.loads(lines[-1][len("RESULTS "):])
+

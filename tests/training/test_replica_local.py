@@ -2,15 +2,11 @@
 replica, are the one device's (given the same weights) after a 2-replica MirroredStrategy run (both replicas' copies bit-identical), and
 ``steps_per_loop`` does not change them (an average of moving averages is taken once per call). Logical devices must
 be set before TensorFlow starts: the runs happen in one subprocess, which prints its results as JSON."""
-import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import results_of_script
 
 SCRIPT = r'''
 import json, sys
@@ -72,17 +68,7 @@ print("RESULTS " + json.dumps(results))
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("replica_local")
-    script = tmp / "bn.py"
-    script.write_text(SCRIPT)
-    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "TF_CPP_MIN_LOG_LEVEL": "2", "TFGPU_NO_JOB_STRATEGY": "1"}
-    env.pop("TF_CONFIG", None)
-    proc = subprocess.run([sys.executable, str(script), str(tmp / "runs")], cwd=tmp, env=env, capture_output=True,
-                          text=True, timeout=300)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULTS ")]
-    assert proc.returncode == 0 and lines, f"exit {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    return json.loads(lines[-1][len("RESULTS "):])
+    return results_of_script(tmp_path_factory.mktemp("replica_local"), SCRIPT, "bn.py")
 
 
 def test_copies_already_equal_stay_bit_identical(results):

@@ -1,17 +1,13 @@
 """The log line of a BatchNormalization that normalizes fewer than 16 examples a replica: on a 2-replica
 MirroredStrategy over two logical CPUs (in a subprocess: logical devices are set before TensorFlow starts), once,
 naming the layers, the replica's batch and ``synchronized=True``; never on one replica or at 16 a replica."""
-import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from tests.conftest import results_of_script
 from tfgpu.training.fit import batch_norm
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 SCRIPT = r'''
 import json, logging, sys
@@ -64,17 +60,7 @@ print("RESULTS " + json.dumps(results))
 
 @pytest.fixture(scope="module")
 def said(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("batch_norm")
-    script = tmp / "cases.py"
-    script.write_text(SCRIPT)
-    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "TF_CPP_MIN_LOG_LEVEL": "2", "TFGPU_NO_JOB_STRATEGY": "1"}
-    env.pop("TF_CONFIG", None)
-    proc = subprocess.run([sys.executable, str(script), str(tmp / "runs")], cwd=tmp, env=env, capture_output=True,
-                          text=True, timeout=300)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULTS ")]
-    assert proc.returncode == 0 and lines, f"exit {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    return json.loads(lines[-1][len("RESULTS "):])
+    return results_of_script(tmp_path_factory.mktemp("batch_norm"), SCRIPT, "cases.py")
 
 
 def test_eight_examples_a_replica_are_said_once_with_the_layers_and_synchronized(said):

@@ -4,16 +4,11 @@ trackers, a random map drawn each epoch, stop_training in a batch hook, class_we
 ``model.fit`` on one device; histories and weights agree within 1e-4 (global batches split evenly, so the replicas'
 averaged gradients are the one device's). Logical devices must be set before TensorFlow starts: the runs happen in
 one subprocess, which prints its results as JSON."""
-import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests.conftest import results_of_script
 
 SCRIPT = r'''
 import json, sys
@@ -85,17 +80,7 @@ print("RESULTS " + json.dumps(results))
 
 @pytest.fixture(scope="module")
 def mirrored_results(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("mirrored")
-    script = tmp / "cases.py"
-    script.write_text(SCRIPT)
-    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "TF_CPP_MIN_LOG_LEVEL": "2", "TFGPU_NO_JOB_STRATEGY": "1"}
-    env.pop("TF_CONFIG", None)
-    proc = subprocess.run([sys.executable, str(script), str(tmp / "runs")], cwd=tmp, env=env, capture_output=True,
-                          text=True, timeout=600)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULTS ")]
-    assert proc.returncode == 0 and lines, f"exit {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    return json.loads(lines[-1][len("RESULTS "):])
+    return results_of_script(tmp_path_factory.mktemp("mirrored"), SCRIPT, "cases.py", timeout=600)
 
 
 def assert_agree(result, tol=1e-4):

@@ -16,6 +16,17 @@ import numpy as np
 PARALLEL_GATHERS = 2  # fixed, not autotuned: an autotuned pipeline's iterator can take up to a minute to delete
 
 
+def as_read_by_index(dataset):
+    """``dataset`` (a worker's gathered parts) with the options every input read by index runs with: not autotuned
+    (see PARALLEL_GATHERS) and never auto-sharded (it holds this worker's replicas' parts already)."""
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return dataset.with_options(options)
+
+
 def epoch_order(num_examples: int, epoch: int, seed: int, shuffle: bool) -> np.ndarray:
     """The example indices of epoch ``epoch`` in training order: a permutation drawn from (seed, epoch), so every
     worker and every resumed run draws the same one; ``arange`` without shuffling."""
@@ -118,10 +129,7 @@ class ArrayInput:
             parts = tf.RaggedTensor.from_row_splits(tf.constant(indices), tf.constant(offsets), validate=False)
         dataset = tf.data.Dataset.from_tensor_slices(parts).map(
             self._gather, num_parallel_calls=PARALLEL_GATHERS, deterministic=True).prefetch(2)
-        options = tf.data.Options()
-        options.autotune.enabled = False
-        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-        return dataset.with_options(options)
+        return as_read_by_index(dataset)
 
     def on_epoch_begin(self) -> None:
         pass

@@ -105,10 +105,7 @@ class RecordsInput:
                            self.records.in_memory else tf.TensorSpec([None], tf.string)], autograph=False))
         dataset = self.parts(epoch, first_step, num_replicas, replica_ids).map(
             self._fetch[1], num_parallel_calls=arrays.PARALLEL_GATHERS, deterministic=True).prefetch(2)
-        options = tf.data.Options()
-        options.autotune.enabled = False  # as arrays: an autotuned pipeline's iterator is slow to delete
-        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-        return dataset.with_options(options)
+        return arrays.as_read_by_index(dataset)
 
     def on_epoch_begin(self) -> None:
         pass
