@@ -238,3 +238,10 @@ def test_one_module_builds_strategies():
 def test_the_strategy_check_finds_a_second_builder():
     tree = ast.parse("import tensorflow as tf\ndef make():\n    return tf.distribute.MirroredStrategy()\n")
     assert _strategy_constructions(tree) == [3]
+
+
+def test_one_place_says_whether_a_strategy_spans_several_workers():
+    """Issue 54: ``runtime.distribute.is_multi_worker`` alone reads the strategy's private multi-worker mode."""
+    readers = {name for name, tree in _modules().items() for node in ast.walk(tree)
+               if isinstance(node, ast.Attribute) and node.attr == "_in_multi_worker_mode"}
+    assert readers == {"tfgpu.runtime.distribute"}, readers

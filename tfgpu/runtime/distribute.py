@@ -137,6 +137,13 @@ def _multi_worker(config: RuntimeConfig, cluster_desc, num_workers: int) -> Plac
                      tuple(local), False)
 
 
+def is_multi_worker(strategy) -> bool:
+    """Whether ``strategy`` spans several worker processes (a MultiWorkerMirroredStrategy made for a cluster; one
+    made on a lone host runs as a local strategy)."""
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and \
+        strategy.extended._in_multi_worker_mode()
+
+
 def worker_dir(model_dir: str, placement: Placement) -> str:
     """Where this worker writes files every worker must write (checkpoints): the real dir on the chief,
     a fresh temporary dir elsewhere (the caller deletes it)."""

@@ -43,7 +43,7 @@ import tempfile
 import keras
 import tensorflow as tf
 
-from tfgpu.runtime import keras_internals
+from tfgpu.runtime import distribute, keras_internals
 
 log = logging.getLogger("tfgpu")
 
@@ -147,10 +147,6 @@ def unpatch() -> None:
 
 # -- the replacements ---------------------------------------------------------------------------------------------
 
-def _is_multi_worker(strategy) -> bool:
-    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and strategy.extended._in_multi_worker_mode()
-
-
 def logs_as_tensors(logs):
     """A step's logs as tensors made on its replica: a log may be a variable (a custom metric's ``result()`` returning
     its own state), which cannot be reduced across workers as it is."""
@@ -159,7 +155,7 @@ def logs_as_tensors(logs):
 
 def _reduce_logs(outputs, strategy):
     """Per-replica step outputs → one value each, the same on every worker."""
-    if _is_multi_worker(strategy):
+    if distribute.is_multi_worker(strategy):
         # Keras uses axis=0 here, which fails on scalar logs and would average vector logs over their entries.
         return tf.nest.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), outputs)
     return keras_internals.internal("tensorflow_trainer").reduce_per_replica(outputs, strategy, reduction="auto")
@@ -234,7 +230,7 @@ def make_strategy(cluster: str = "auto", collective_timeout_s: float = 0.0):
     """MultiWorkerMirroredStrategy when TF_CONFIG or Slurm name several workers, else MirroredStrategy on the
     visible devices. Call before TensorFlow initialises its runtime."""
     from tfgpu.config import RuntimeConfig
-    from tfgpu.runtime import cluster as cluster_lib, distribute
+    from tfgpu.runtime import cluster as cluster_lib
 
     desc = cluster_lib.resolve_cluster(cluster)
     several_workers = desc is not None and desc["num_workers"] > 1
@@ -249,7 +245,7 @@ def is_chief(strategy=None) -> bool:
 
     strategy = strategy or tf.distribute.get_strategy()
     resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is None or not _is_multi_worker(strategy):
+    if resolver is None or not distribute.is_multi_worker(strategy):
         return True
     return cluster_lib.is_chief_task(resolver.cluster_spec().as_dict(), resolver.task_type, resolver.task_id)
 
@@ -352,7 +348,7 @@ class ChiefBackupAndRestore(keras.callbacks.Callback):
 
     def _check_all_workers_agree(self, strategy, epoch):
         """Every worker must resume from the same epoch, or their collectives would never line up."""
-        if not _is_multi_worker(strategy):
+        if not distribute.is_multi_worker(strategy):
             return
         value = tf.constant([float(epoch), float(epoch) ** 2, 1.0])
 

@@ -6,7 +6,7 @@ Keras' default (one device). ``tfgpu.fit`` trains there and nowhere else. A mode
 the job's strategy lives outside it: refused in one line saying to move the import up.
 """
 from tfgpu.config import ConfigError
-from tfgpu.runtime import job_strategy
+from tfgpu.runtime import distribute, job_strategy
 from tfgpu.runtime.distribute import Placement
 from tfgpu.training.fit import inputs
 
@@ -22,7 +22,7 @@ def of_model(model) -> Placement:
                           f"{type(job).__name__}, so it cannot train on the job's devices; "
                           f"{job_strategy.MOVE_IMPORT_UP}")
     strategy = made_in or tf.distribute.get_strategy()
-    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and strategy.extended._in_multi_worker_mode():
+    if distribute.is_multi_worker(strategy):
         return _multi_worker(strategy)
     replicas = strategy.num_replicas_in_sync
     try:

@@ -12,14 +12,9 @@ eagerly, one per call, as Keras does. A training call ends by averaging the weig
 """
 import tensorflow as tf
 
-from tfgpu.runtime import replica_batches
+from tfgpu.runtime import distribute, replica_batches
 from tfgpu.training import keras_fit, replica_local
 from tfgpu.training.fit import inputs
-
-
-def _is_multi_worker(strategy) -> bool:
-    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and \
-        strategy.extended._in_multi_worker_mode()
 
 
 class StepLoop:
@@ -40,7 +35,7 @@ class StepLoop:
 
     def _one_step(self, batch):
         outputs = self.strategy.run(self.step_fn, args=(batch,))
-        if _is_multi_worker(self.strategy):  # Keras' axis=0 fails on scalar logs across workers
+        if distribute.is_multi_worker(self.strategy):  # Keras' axis=0 fails on scalar logs across workers
             return tf.nest.map_structure(lambda v: self.strategy.reduce("MEAN", v, axis=None), outputs)
         from tfgpu.runtime.keras_internals import internal
 
