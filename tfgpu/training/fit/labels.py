@@ -15,6 +15,9 @@ from tfgpu.training.fit.arguments import FitError
 
 SPARSE_LOSS = "sparse_categorical_crossentropy"
 KERAS_OUT_OF_RANGE = re.compile(r"Received a label value of (-?\d+) which is outside the valid range of \[0, (\d+)\)")
+# The same error from the deterministic kernel (tf.config.experimental.enable_op_determinism: a GatherV2 of the
+# logits), recognised only in the sparse cross-entropy's own node.
+DETERMINISTIC_OUT_OF_RANGE = re.compile(r"indices\[\d+\] = (-?\d+) is not in \[0, (\d+)\)")
 
 
 def _is_sparse(loss) -> bool:
@@ -105,6 +108,15 @@ def check_arrays(model, data, argument: str = "y") -> None:
                            f"{name!r}: {SPARSE_LOSS} takes labels 0 to {classes - 1}")
 
 
+def out_of_range(message: str):
+    """The (label, classes) match in the error a sparse cross-entropy gives for a label outside the classes, from
+    either kernel; None for any other error."""
+    match = KERAS_OUT_OF_RANGE.search(message)
+    if match is None and "sparse_categorical_crossentropy" in message:
+        match = DETERMINISTIC_OUT_OF_RANGE.search(message)
+    return match
+
+
 @contextlib.contextmanager
 def explained(model):
     """Keras' error for a Dataset's label outside the classes, with a line naming the label and the classes."""
@@ -113,7 +125,7 @@ def explained(model):
     try:
         yield
     except tf.errors.InvalidArgumentError as e:
-        match = KERAS_OUT_OF_RANGE.search(e.message or "")
+        match = out_of_range(e.message or "")
         if match:
             value, classes = int(match.group(1)), int(match.group(2))
             names = [name for _, name, n, _ in sparse_outputs(model) if n == classes]
