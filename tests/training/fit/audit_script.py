@@ -8,13 +8,13 @@ Prints ``AUDIT <json>``: how many examples were trained on 0, 1, 2, ... times. E
 """
 import tfgpu
 import json
-import os
-import signal
 import sys
 
 import keras
 import numpy as np
 import tensorflow as tf
+
+import helpers  # tests/training/fit/helpers.py, beside this script
 
 NUM_EXAMPLES = 203  # not a multiple of the batch: the last batch of an epoch is partial
 model_dir, epochs = sys.argv[1], int(sys.argv[2])
@@ -42,20 +42,11 @@ class Counting(keras.Model):
         return super().train_step(data)
 
 
-class SigtermAt(keras.callbacks.Callback):
-    def on_epoch_begin(self, epoch, logs=None):
-        self.epoch = epoch
-
-    def on_train_batch_end(self, batch, logs=None):
-        if f"{self.epoch}:{batch}" == stop_at:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-
 model = Counting()
 model.compile(optimizer="sgd", loss=keras.losses.BinaryCrossentropy(from_logits=True))
 try:
-    tfgpu.fit(model, x, y, batch_size=16, epochs=epochs, verbose=0, callbacks=[SigtermAt()] if stop_at else None,
-              model_dir=model_dir)
+    tfgpu.fit(model, x, y, batch_size=16, epochs=epochs, verbose=0,
+              callbacks=[helpers.sigterm_at(stop_at)] if stop_at else None, model_dir=model_dir)
 except tfgpu.Preempted:
     sys.exit(143)
 counts = np.asarray(tf.convert_to_tensor(model.counts)).astype(int)

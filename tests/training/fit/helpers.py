@@ -105,3 +105,21 @@ def both(make_model, make_args, tmp_path, tol=TOL, seed=0, **options):
 def weights_changed(before, model):
     return any(not np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
 
+
+
+def sigterm_at(stop_at: str):
+    """A Keras callback that sends SIGTERM to its own process after batch ``"epoch:batch"`` (the audit scripts'
+    preemption; run after ``import tfgpu``, which installs the handler that makes it a stop)."""
+    import signal
+
+    import keras
+
+    class SigtermAt(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            if f"{self.epoch}:{batch}" == stop_at:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    return SigtermAt()

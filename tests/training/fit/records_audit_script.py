@@ -9,13 +9,13 @@ trained kernel. Exits 143 when preempted.
 """
 import tfgpu
 import json
-import os
-import signal
 import sys
 
 import keras
 import numpy as np
 import tensorflow as tf
+
+import helpers  # tests/training/fit/helpers.py, beside this script
 
 NUM_RECORDS, BATCH = 203, 16  # not a multiple of the batch: the last batch of an epoch is partial
 data_dir, model_dir, epochs = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -44,20 +44,11 @@ class Counting(keras.Model):
         return super().train_step(data)
 
 
-class SigtermAt(keras.callbacks.Callback):
-    def on_epoch_begin(self, epoch, logs=None):
-        self.epoch = epoch
-
-    def on_train_batch_end(self, batch, logs=None):
-        if f"{self.epoch}:{batch}" == stop_at:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-
 model = Counting()
 model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 try:
     tfgpu.fit(model, tfgpu.data.load(data_dir, batch_size=BATCH, seed=5), epochs=epochs, verbose=0,
-              callbacks=[SigtermAt()] if stop_at else None, model_dir=model_dir, steps_per_loop=4)
+              callbacks=[helpers.sigterm_at(stop_at)] if stop_at else None, model_dir=model_dir, steps_per_loop=4)
 except tfgpu.Preempted:
     sys.exit(143)
 seen = np.asarray(tf.convert_to_tensor(model.seen)).astype(int)
