@@ -123,3 +123,23 @@ def sigterm_at(stop_at: str):
                 os.kill(os.getpid(), signal.SIGTERM)
 
     return SigtermAt()
+
+
+def audits(script: str, args, cwd, launch_workers=0, expect=0, timeout=900):
+    """The ``AUDIT <json>`` lines of an audit script beside this file (``audit_script.py``,
+    ``records_audit_script.py``) run with ``args`` in a fresh Python, or under ``tfgpu.launch`` on
+    ``launch_workers`` workers (one line each); asserts the exit code is ``expect``."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), script)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
+    command = [sys.executable, path, *args]
+    if launch_workers:
+        command = [sys.executable, "-m", "tfgpu.launch", f"--num_workers={launch_workers}", "--", "python", path, *args]
+    proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == expect, (proc.stdout + proc.stderr)[-4000:]
+    return [json.loads(line.split("AUDIT ", 1)[1]) for line in proc.stdout.splitlines() if "AUDIT " in line]

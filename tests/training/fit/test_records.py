@@ -18,6 +18,7 @@ from tfgpu.config import ConfigError
 from tfgpu.data.conversion import convert
 from tfgpu.data.input import loader
 from tfgpu.training.fit import arrays, inputs, records
+from tests.training.fit import helpers
 
 
 @pytest.fixture(scope="module")
@@ -169,9 +170,6 @@ def test_what_the_dataset_holds_is_not_given_again(digits_dir, argument):
     assert raised.value.flag == argument and "tfgpu.data.load" in str(raised.value)
 
 
-AUDIT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "records_audit_script.py")
-
-
 def _audit_data(directory) -> str:
     """203 records in 3 shards (tfgpu's writer) whose 2x2 images carry their index, 10 classes."""
     from tfgpu.data.schema import tfrecord
@@ -186,21 +184,8 @@ def _audit_data(directory) -> str:
     return str(directory)
 
 
-def _audits(args, cwd, launch_workers=0, expect=0):
-    import json
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO
-
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
-    command = [sys.executable, AUDIT, *args]
-    if launch_workers:
-        command = [sys.executable, "-m", "tfgpu.launch", f"--num_workers={launch_workers}", "--", "python", AUDIT,
-                   *args]
-    proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == expect, (proc.stdout + proc.stderr)[-4000:]
-    return [json.loads(line.split("AUDIT ", 1)[1]) for line in proc.stdout.splitlines() if "AUDIT " in line]
+def _audits(args, cwd, **options):
+    return helpers.audits("records_audit_script.py", args, cwd, **options)
 
 
 @pytest.mark.slow  # four runs, on 1, 2, 2 and 3 workers: minutes on 2 cores

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO
+from tests.training.fit import helpers
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fit_script.py")
 
@@ -69,18 +70,8 @@ def test_the_launcher_heals_a_fit_script_to_the_uninterrupted_weights(tmp_path):
     assert healed[0]["iterations"] == 69 and healed[0]["epochs"] == [1, 2]
 
 
-AUDIT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "audit_script.py")
-
-
-def _audits(args, cwd, launch_workers=0, expect=0):
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
-    command = [sys.executable, AUDIT, *args]
-    if launch_workers:
-        command = [sys.executable, "-m", "tfgpu.launch", f"--num_workers={launch_workers}", "--", "python", AUDIT,
-                   *args]
-    proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == expect, (proc.stdout + proc.stderr)[-4000:]
-    return [json.loads(line.split("AUDIT ", 1)[1]) for line in proc.stdout.splitlines() if "AUDIT " in line]
+def _audits(args, cwd, **options):
+    return helpers.audits("audit_script.py", args, cwd, **options)
 
 
 @pytest.mark.slow  # three runs, two of them on two workers: minutes on 2 cores
