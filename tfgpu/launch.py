@@ -81,7 +81,7 @@ def _parser():
                         "workers, --workers_per_host this host's. Behind TLS: "
                         "?protocol=https&cacert=CA.pem&cert=CERT.pem&key=KEY.pem[&user=NAME] (or TFGPU_ETCD_CACERT, "
                         "TFGPU_ETCD_CERT, TFGPU_ETCD_KEY, TFGPU_ETCD_USER; the password only in TFGPU_ETCD_PASSWORD "
-                        "or TFGPU_ETCD_PASSWORD_FILE). See docs/multi-node.md, 'Across hosts' and 'Security'.")
+                        "or TFGPU_ETCD_PASSWORD_FILE). See docs/healing.md, 'Across hosts' and 'Security'.")
     p.add_argument("--workers_per_host", type=int, default=1, help="With --rendezvous: workers this host starts.")
     p.add_argument("--rendezvous_ttl_s", type=float, default=5.0,
                    help="With --rendezvous: seconds after which a host whose agent stopped renewing its etcd lease "

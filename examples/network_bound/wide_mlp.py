@@ -1,6 +1,6 @@
 """A model with many parameters and little compute, so that the network decides a multi-worker step: two wide
 Dense layers on the flattened image (about 4.3 M parameters, 17 MB of float32 gradients per step on 8x8 digits,
-a few milliseconds of compute). ``tfgpu.plan`` and docs/multi-node.md use it to check the cost model where the
+a few milliseconds of compute). ``tfgpu.plan`` and docs/benchmarks.md use it to check the cost model where the
 wire dominates:
 
     python -m tfgpu.plan --flagfile=configs/quickstart.flags --model=examples/network_bound/wide_mlp.py:build_model \\

@@ -103,7 +103,7 @@ def _openssl(*args, cwd):
 
 def make_certificates(directory, name="job", server_names="IP:127.0.0.1,DNS:localhost") -> Certificates:
     """A fresh CA in ``directory`` (the ``openssl`` command line; P-256 keys, a day's validity) and a server and a
-    client certificate it signed: the recipe docs/multi-node.md 'Security' gives."""
+    client certificate it signed: the recipe docs/healing.md 'Security' gives."""
     if not shutil.which("openssl"):
         pytest.skip("the openssl command is not installed")
     directory = str(directory)

@@ -10,15 +10,16 @@ workers: weak scaling), or, on one host, the step of N workers computing at once
 measures it). ``h_fixed`` and ``h_byte`` are the host's own cost of the all-reduce, measured with no link limit
 (``tfgpu.bench.allreduce_probe``; ``h_fixed`` per (N−1), as two workers pay it once). ``S_wire`` are the gradient
 bytes as they cross the wire (``--allreduce_dtype``), ``B`` the link bandwidth, ``efficiency`` the share of it a
-gRPC ring all-reduce gets (docs/multi-node.md). tfgpu all-reduces after the backward pass, so compute and
-all-reduce add; but the hosts' per-byte work streams with the wire, so of those two the slower sets the pace
+gRPC ring all-reduce gets (docs/benchmarks.md, 'Multi-node: scaling and the all-reduce'). tfgpu all-reduces after
+the backward pass, so compute and all-reduce add; but the hosts' per-byte work streams with the wire, so of those
+two the slower sets the pace
 (measured: 2 workers of a 17.4 MB gradient took 490 ms a step at 1 Gbit/s and 527 ms with no link limit).
 """
 import dataclasses
 import re
 
 WIRE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-LINK_EFFICIENCY = 0.88  # B_eff / B of a RING all-reduce over the emulated cluster, 1-64 MB (docs/multi-node.md)
+LINK_EFFICIENCY = 0.88  # B_eff / B of a RING all-reduce over the emulated cluster, 1-64 MB (docs/benchmarks.md)
 STEP_OVERHEAD_S = 0.002  # per ring step, when the host was not probed: gRPC's message handling, one host
 TERMS = ("compute", "host all-reduce", "wire")
 

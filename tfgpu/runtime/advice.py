@@ -126,7 +126,7 @@ def _numa_advice(gpus: list) -> list:
         return [f"NUMA: every GPU is on node {node}; run numactl --cpunodebind={node} --membind={node} "
                 "python -m tfgpu.train ... so input threads and pinned host buffers stay next to the GPUs"]
     out = [f"NUMA: the GPUs span nodes {', '.join(map(str, nodes))}. One process driving all of them should stay "
-           "unbound; a worker that drives some of them (one task per GPU or per node, docs/multi-node.md) belongs "
+           "unbound; a worker that drives some of them (one task per GPU or per node, docs/slurm.md) belongs "
            "on their node:"]
     for g in known:
         cpus = f", CPUs {g['numa_cpus']}" if g.get("numa_cpus") else ""

@@ -24,7 +24,7 @@ class BadRecord(RendezvousError):
 
 def _fail(key, what):
     raise BadRecord(f"etcd key {key}: {what}; someone else writes under this job id (use another --rendezvous "
-                    f"JOB_ID, and see docs/multi-node.md, 'Security')")
+                    f"JOB_ID, and see docs/healing.md, 'Security')")
 
 
 def _load(key: str, value: str, fields) -> dict:
