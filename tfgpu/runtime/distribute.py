@@ -145,8 +145,9 @@ def is_multi_worker(strategy) -> bool:
 
 
 def worker_dir(model_dir: str, placement: Placement) -> str:
-    """Where this worker writes files every worker must write (checkpoints): the real dir on the chief,
-    a fresh temporary dir elsewhere (the caller deletes it)."""
+    """Where this worker writes files every worker must write (checkpoints, a user callback's files): the real dir
+    on the chief, a fresh temporary dir elsewhere (the caller deletes it). The one chief-only output scheme of both
+    doors (``training.checkpoint.Checkpointer``, ``training.fit.callbacks.ChiefOutputs``)."""
     if placement.is_chief:
         return model_dir
     return tempfile.mkdtemp(prefix=f"tfgpu-worker{placement.worker_index}-")

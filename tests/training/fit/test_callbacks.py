@@ -1,12 +1,15 @@
 """Keras' callbacks on tfgpu.fit's loop (callbacks.py): EarlyStopping restoring the best weights, ModelCheckpoint
 writing the best model, a callback's own Keras metric. Each test compares with plain ``model.fit`` on the same seeded
 model and data."""
+import os
+
 import keras
 import numpy as np
 import pytest
 
 from tests.training.fit import helpers
 from tests.training.fit.helpers import both
+from tfgpu.training.fit import callbacks as callbacks_lib
 
 
 @pytest.fixture(scope="module")
@@ -87,3 +90,24 @@ def test_a_callbacks_own_metric_made_before_fit_works_in_and_after_it(data, tmp_
     mine.mean.update_state(1.0)  # still usable after fit
     keras_own.mean.update_state(1.0)
     assert float(mine.mean.result()) == pytest.approx(float(keras_own.mean.result()), abs=1e-5)
+
+
+def test_a_worker_that_is_not_the_chief_writes_its_callbacks_files_to_its_own_directory(tmp_path):
+    """ModelCheckpoint's and CSVLogger's files go, off the chief, to the worker's temporary directory (the one its
+    checkpoints use, distribute.worker_dir), deleted with the paths put back at the end; no progress bar there. On
+    the chief nothing moves."""
+    import types
+
+    real = {"checkpoint": str(tmp_path / "best.keras"), "csv": str(tmp_path / "log.csv")}
+    given = [keras.callbacks.ModelCheckpoint(real["checkpoint"]), keras.callbacks.CSVLogger(real["csv"]),
+             keras.callbacks.ProgbarLogger()]
+    worker = callbacks_lib.ChiefOutputs(given, types.SimpleNamespace(is_chief=False, worker_index=1))
+    assert worker.callbacks == given[:2]
+    moved = [given[0].filepath, given[1].filename]
+    assert all(os.path.dirname(path) == worker.scratch for path in moved)
+    assert os.path.basename(worker.scratch).startswith("tfgpu-worker1-") and os.path.isdir(worker.scratch)
+    worker.close()
+    assert (given[0].filepath, given[1].filename) == (real["checkpoint"], real["csv"])
+    assert not os.path.exists(worker.scratch)
+    chief = callbacks_lib.ChiefOutputs(given, types.SimpleNamespace(is_chief=True, worker_index=0))
+    assert chief.callbacks == given and chief.scratch is None and given[0].filepath == real["checkpoint"]

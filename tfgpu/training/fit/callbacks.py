@@ -9,7 +9,6 @@ chief alone: on the other workers the path is a temporary directory deleted when
 import logging
 import os
 import shutil
-import tempfile
 
 from tfgpu.training.fit.arguments import FitError
 
@@ -64,18 +63,22 @@ def acts_on_batches(callbacks) -> bool:
 
 
 class ChiefOutputs:
-    """On a worker that is not the chief, points each file-writing callback at a temporary directory (restored and
-    deleted by ``close``); drops a ``ProgbarLogger`` there."""
+    """On a worker that is not the chief, points each file-writing callback at this worker's temporary directory
+    (``distribute.worker_dir``, as its checkpoints; restored and deleted by ``close``); drops a ``ProgbarLogger``
+    there."""
 
-    def __init__(self, callbacks, chief: bool):
+    def __init__(self, callbacks, placement):
+        from tfgpu.runtime import distribute
+
         self.callbacks, self.moved, self.scratch = [], [], None
+        chief = placement.is_chief
         for callback in callbacks:
             kind = _kind(callback)
             if not chief and kind == "ProgbarLogger":
                 continue
             if not chief and kind in FILE_ATTRIBUTES:
                 if self.scratch is None:
-                    self.scratch = tempfile.mkdtemp(prefix="tfgpu-fit-worker-")
+                    self.scratch = distribute.worker_dir("", placement)
                 attribute = FILE_ATTRIBUTES[kind]
                 real = getattr(callback, attribute)
                 self.moved.append((callback, attribute, real))

@@ -66,7 +66,7 @@ def fit(model, loop: arguments.LoopOptions, *, x, y, batch_size, epochs, verbose
     position = state_lib.Position(epoch=initial_epoch, seed=getattr(train, "seed", seed), kind=train.kind,
                                   examples=getattr(train, "num_examples", -1), batch_size=_batch_size(train))
     state = state_lib.RunState(model, placement, model_dir, position, loop.checkpoint_every_s)
-    outputs = callbacks_lib.ChiefOutputs(user_callbacks, placement.is_chief)
+    outputs = callbacks_lib.ChiefOutputs(user_callbacks, placement)
     try:
         if state.restore() is not None:
             train.seed = position.seed
