@@ -44,6 +44,7 @@ import keras
 import tensorflow as tf
 
 from tfgpu.runtime import distribute, keras_internals
+from tfgpu.training import loop
 
 log = logging.getLogger("tfgpu")
 
@@ -175,24 +176,18 @@ def _make_function(self, step_function):
         one_step_on_data = tf.function(one_step_on_data, reduce_retracing=True, jit_compile=self.jit_compile)
     one_step_on_data = self._autoconvert_optionals(one_step_on_data)
 
+    def step(data, outputs):
+        outputs = one_step_on_data(data)
+        return outputs, tf.nest.flatten(outputs)
+
     @tf.autograph.experimental.do_not_convert
     def multi_step_on_iterator(iterator):
         # The first step is outside the loop; an exhausted iterator raises OutOfRangeError here, which Keras'
         # epoch iterator turns into the end of the epoch (as it does for Keras' own empty Optional).
-        outputs = one_step_on_data(iterator.get_next())
+        first = iterator.get_next()
         if self.steps_per_execution == 1:
-            return outputs
-
-        def more(step, outputs, next_inputs):
-            return tf.logical_and(step < self.steps_per_execution, next_inputs.has_value())
-
-        def step_once(step, outputs, next_inputs):
-            outputs = one_step_on_data(next_inputs.get_value())
-            next_inputs = tf.cond(step + 1 < self.steps_per_execution, iterator.get_next_as_optional,
-                                  lambda: next_inputs)
-            return step + 1, outputs, next_inputs
-
-        _, outputs, _ = tf.while_loop(more, step_once, [tf.constant(1), outputs, iterator.get_next_as_optional()])
+            return one_step_on_data(first)
+        _, _, outputs = loop.run_steps(step, self.steps_per_execution, None, iterator=iterator, first=first)
         return outputs
 
     if not self.run_eagerly:
