@@ -230,7 +230,7 @@ def _strategy_constructions(tree) -> list:
 
 def test_one_module_builds_strategies():
     """Issue 54: a strategy is built in one place, runtime/distribute.py (its settings, devices, collective options
-    and errors), whoever asks for it: a command's flags, ``import tfgpu``, ``keras_fit``, the all-reduce probe."""
+    and errors), whoever asks for it: a command's flags, ``import tfgpu``, the all-reduce probe."""
     builders = {name: lines for name, tree in _modules().items() if (lines := _strategy_constructions(tree))}
     assert set(builders) == {"tfgpu.runtime.distribute"}, builders
 

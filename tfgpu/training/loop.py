@@ -3,7 +3,7 @@
 ``while i < n: strategy.run(step, (next(iterator),))`` (a tf.while_loop) is what Keras 3 ``fit`` cannot do under
 MirroredStrategy with ``steps_per_execution > 1`` or under MultiWorkerMirroredStrategy. ``run_steps`` runs it for
 the flag command (``build_loop`` below), for ``tfgpu.fit`` (``fit/steps.py``: the model's own train/test step) and for
-the script's own ``model.evaluate``/``predict`` under a job strategy (``keras_fit``'s replacement of Keras'
+the script's own ``model.evaluate``/``predict`` under a job strategy (``keras_adapter``'s replacement of Keras'
 ``_make_function``): n steps per host call, an input of known length or one that may end, a stop request
 (``StopFlag``: Ctrl-C, SIGTERM) ending a call after the step in flight, which says how many steps it ran.
 ``build_loop``'s steps add their metric shares per replica to sync-on-read variables, which the same call reads as

@@ -14,7 +14,7 @@ eagerly, one per call, as Keras does. A training call ends by averaging the weig
 import tensorflow as tf
 
 from tfgpu.runtime import distribute, replica_batches
-from tfgpu.training import keras_fit, loop as loop_lib, replica_local
+from tfgpu.training import keras_adapter, loop as loop_lib, replica_local
 from tfgpu.training.fit import inputs
 
 
@@ -30,7 +30,7 @@ class StepLoop:
             step_fn = tf.function(step_fn, jit_compile=True, reduce_retracing=True)
         if step == "test" and strategy.num_replicas_in_sync > 1:  # a last batch smaller than the replicas
             step_fn = replica_batches.guard(model, step_fn, "test")
-        self.step_fn = lambda batch: keras_fit.logs_as_tensors(step_fn(batch))
+        self.step_fn = lambda batch: keras_adapter.logs_as_tensors(step_fn(batch))
         self.training = step == "train"
         self._known = self._optional = self._single = None
 
