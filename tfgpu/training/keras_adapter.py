@@ -184,7 +184,7 @@ def _make_function(self, step_function):
         log.warning("tfgpu.training.keras_adapter ignores unrolled_steps_per_execution=%d",
                     self.unrolled_steps_per_execution)
 
-    @tf.autograph.experimental.do_not_convert  # as Keras does: explicit tf.while_loop/tf.cond below, no autograph
+    @tf.autograph.experimental.do_not_convert  # as Keras does: an explicit loop (loop.run_steps), no autograph
     def one_step_on_data(data):
         outputs = self.distribute_strategy.run(lambda batch: logs_as_tensors(step_function(batch)), args=(data,))
         return _reduce_logs(outputs, self.distribute_strategy)

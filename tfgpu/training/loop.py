@@ -222,14 +222,14 @@ def run_steps(step, num_steps, carried=(), *, next_batch=None, iterator=None, fi
     without it the loop starts by reading ``stop`` (a ``StopFlag``: a request made between calls runs no step).
     Returns ``(steps run, whether a stop was asked for, carried)`` as tensors."""
     num_steps = tf.convert_to_tensor(num_steps)
-    steps_run = tf.zeros([], num_steps.dtype)
+    steps_run = tf.constant(0 if first is None else 1, num_steps.dtype)
 
     def stopping_after(done):
         return stop.after_step(done) if stop is not None else tf.constant(False)
 
     if first is not None:
         carried, done = step(first, carried)
-        steps_run, stopping = steps_run + 1, stopping_after(done)
+        stopping = stopping_after(done)
     else:
         stopping = stop.at_start() if stop is not None else tf.constant(False)
 
