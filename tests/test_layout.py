@@ -230,7 +230,7 @@ def _strategy_constructions(tree) -> list:
 
 def test_one_module_builds_strategies():
     """Issue 54: a strategy is built in one place, runtime/distribute.py (its settings, devices, collective options
-    and errors), whoever asks for it: a command's flags, ``import tfgpu``, ``keras_fit``, the all-reduce probe."""
+    and errors), whoever asks for it: a command's flags, ``import tfgpu``, the all-reduce probe."""
     builders = {name: lines for name, tree in _modules().items() if (lines := _strategy_constructions(tree))}
     assert set(builders) == {"tfgpu.runtime.distribute"}, builders
 
@@ -245,3 +245,27 @@ def test_one_place_says_whether_a_strategy_spans_several_workers():
     readers = {name for name, tree in _modules().items() for node in ast.walk(tree)
                if isinstance(node, ast.Attribute) and node.attr == "_in_multi_worker_mode"}
     assert readers == {"tfgpu.runtime.distribute"}, readers
+
+
+# A loop that is not over training or test steps: the index order's loop over windows of the data.
+WHILE_LOOPS_NOT_OVER_STEPS = {"tfgpu.data.index.order"}
+
+
+def _while_loop_calls(tree) -> list:
+    """Line numbers where ``tree`` calls ``tf.while_loop`` (or a bare ``while_loop``)."""
+    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and (getattr(node.func, "attr", None) or getattr(node.func, "id", None)) == "while_loop"]
+
+
+def test_one_module_loops_over_steps():
+    """Issue 54: the compiled loop over steps (``training.loop.run_steps``: steps per call, the stop flag, an input
+    that may end) is written once; the flag command, tfgpu.fit and the Keras adapter build on it."""
+    loops = {name: lines for name, tree in _modules().items() if (lines := _while_loop_calls(tree))}
+    assert set(loops) - WHILE_LOOPS_NOT_OVER_STEPS == {"tfgpu.training.loop"}, loops
+    assert len(loops["tfgpu.training.loop"]) == 1, loops  # one while_loop, whatever the input
+
+
+def test_the_loop_check_finds_a_second_loop():
+    tree = ast.parse("import tensorflow as tf\ndef run(n):\n    return tf.while_loop(lambda i: i < n, "
+                     "lambda i: i + 1, [0])\n")
+    assert _while_loop_calls(tree) == [3]

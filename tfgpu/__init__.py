@@ -14,8 +14,11 @@ attributes below load TensorFlow only when first used.
 - ``tfgpu.ConfigError``: what a bad option or argument raises; ``.flag`` names it.
 - ``tfgpu.Preempted``: what ``fit`` raises after a SIGTERM or a Ctrl-C, once the checkpoint is saved
   (``.step``); a Ctrl-C's is also a ``KeyboardInterrupt``.
-- ``tfgpu.keras_fit``: stock ``model.fit`` under multi-worker strategies (``tfgpu.training.keras_fit``), for code
-  that keeps ``model.fit``: no exact resume, no stop at the step in flight.
+
+Under the job's strategy the script's own ``model.evaluate``/``predict`` work as on one device
+(``tfgpu.training.keras_adapter``); a ``model.fit`` that stock Keras 3 cannot run there (several workers, or several
+GPUs with ``steps_per_execution > 1``) stops in one line naming ``tfgpu.fit``. ``tfgpu.keras_fit`` (stock
+``model.fit`` under multi-worker strategies) has ended: ``tfgpu.fit`` is the door.
 """
 
 __version__ = "0.1.0"
@@ -25,7 +28,6 @@ _LAZY = {
     "fit": ("tfgpu.training.fit", "fit"),
     "ConfigError": ("tfgpu.config", "ConfigError"),
     "Preempted": ("tfgpu.runtime.failures", "Preempted"),
-    "keras_fit": ("tfgpu.training.keras_fit", None),
     "data": ("tfgpu.data", None),
 }
 
@@ -36,16 +38,35 @@ def _make_job_strategy():
     strategy = job_strategy.at_import()
     if strategy is not None:  # the script's own model.evaluate/predict on the job's replicas, as on one device
         from tfgpu.runtime import replica_batches
-        from tfgpu.training import keras_fit
+        from tfgpu.training import keras_adapter
 
-        keras_fit.patch()
+        keras_adapter.patch()
         replica_batches.patch()
 
 
 _make_job_strategy()
 
 
+# Ended doors: attribute -> the one line that says what to call instead.
+_ENDED = {
+    "keras_fit": "tfgpu.keras_fit has ended: train with tfgpu.fit, same arguments (`model.fit(` -> "
+                 "`tfgpu.fit(model, `); after `import tfgpu` the script's own model.evaluate/predict work under the "
+                 "job's strategy as they are (docs/from-model-fit.md)",
+}
+
+
+class DoorEnded(RuntimeError, SystemExit):
+    """A tfgpu attribute that has ended: one line saying what to call instead (``from tfgpu import keras_fit`` too), an
+    error to a caller that catches it and, uncaught, the process's exit (its message, exit 1, no traceback)."""
+
+    def __init__(self, name: str):
+        RuntimeError.__init__(self, _ENDED[name])
+        self.code = f"tfgpu: {self}"
+
+
 def __getattr__(name):
+    if name in _ENDED:
+        raise DoorEnded(name)
     if name in _LAZY:
         import importlib
 

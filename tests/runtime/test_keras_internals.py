@@ -81,7 +81,7 @@ def test_setup_cfg_pins_the_tested_range():
 
 FIT_TESTS = ["tests/training/fit/test_steps.py", "tests/training/fit/test_labels.py", "tests/training/fit/test_inputs.py",
              "tests/training/fit/test_run.py::test_two_workers_train_one_model_and_the_scripts_objects_work_after_fit",
-             "tests/training/test_keras_fit.py::test_guard_rejects_unverified_keras",
+             "tests/training/test_keras_adapter.py::test_guard_rejects_unverified_keras",
              "tests/runtime/test_replica_batches.py"]
 
 

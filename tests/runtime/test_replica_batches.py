@@ -62,7 +62,7 @@ tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfigur
 ''', 1) + r'''
 import tfgpu
 from tfgpu.runtime import replica_batches
-from tfgpu.training import keras_fit
+from tfgpu.training import keras_adapter
 
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 with strategy.scope():
@@ -72,7 +72,7 @@ history = tfgpu.fit(model, x[:8], y[:8], batch_size=4, epochs=2, verbose=0, vali
 result = {"guarded": after_fit(model), "history": history.history,
           "weights": [w.tolist() for w in model.get_weights()]}
 replica_batches.unpatch()
-keras_fit.unpatch()
+keras_adapter.unpatch()
 with strategy.scope():
     plain = conv_model()
 result["unguarded"] = after_fit(plain)

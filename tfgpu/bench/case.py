@@ -218,6 +218,9 @@ def _run_keras_fit(case: dict, config, runner: str) -> dict:
     placement = baseline_placement(config, runner, case.get("keras_one_device_strategy", False))
     if runner == "keras_fit_strategy" and placement.kind == "one_device":
         return {"status": "skipped", "reason": "the strategy is one_device: keras_fit measures the same thing"}
+    if runner == "keras_fit_strategy" and placement.num_workers > 1:
+        return {"status": "skipped", "reason": "model.fit cannot train under MultiWorkerMirroredStrategy in Keras 3 "
+                "(tfgpu.fit is the call there): the tfgpu run is the measure"}
     replicas = placement.num_replicas if placement else 1
     # MirroredStrategy fails with steps_per_execution > 1 (keras-team/keras#19246); XLA cannot span logical CPUs.
     steps_per_execution = {"keras_fit": case["keras_steps_per_execution"], "keras_fit_spe": config.steps_per_loop,

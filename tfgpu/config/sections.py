@@ -21,7 +21,7 @@ class Section:
     @classmethod
     def defaults(cls, **fields):
         """The slice of the options' defaults, with ``fields`` set: the settings of a subsystem used outside a
-        command (``import tfgpu``'s strategy, ``keras_fit``, a probe), as a command with no flags would set it."""
+        command (``import tfgpu``'s strategy, a probe), as a command with no flags would set it."""
         from tfgpu.config.options import Config
 
         return dataclasses.replace(cls.of(Config()), **fields)

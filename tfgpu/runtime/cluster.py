@@ -1,7 +1,7 @@
 """Who is in a multi-worker job and which task this process is, from TF_CONFIG or Slurm.
 
 ``resolve_cluster`` reads the environment once and returns a plain dict that the
-rest of tfgpu (``distribute.py``, ``keras_fit.py``) and the logs can use; it has
+rest of tfgpu (``distribute.py``, ``job_strategy.py``) and the logs can use; it has
 no side effects. ``make_cluster_resolver`` turns that dict into the
 ``ClusterResolver`` that ``MultiWorkerMirroredStrategy`` takes. Malformed
 environments raise ``ValueError`` with a one-line message naming the variable.

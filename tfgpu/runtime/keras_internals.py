@@ -1,7 +1,7 @@
 """The one door to Keras' internals (``keras.src``): which ones tfgpu reads, and the Keras releases it was tested on.
 
 ``tfgpu.fit`` packs arrays with Keras' own adapters and reduces logs as Keras' trainer does, ``import tfgpu`` makes
-Keras' variables read as numbers under a strategy, ``training.keras_fit`` and ``runtime.replica_batches`` patch
+Keras' variables read as numbers under a strategy, ``training.keras_adapter`` and ``runtime.replica_batches`` patch
 Keras' TensorFlow trainer: all of it through ``internal(name)`` (``INTERNALS``: every ``keras.src`` module tfgpu
 imports). The first call checks the installed Keras once against ``SUPPORTED`` (the range the fit tests passed on:
 ``tests/runtime/test_keras_internals.py``'s slow test installs its two ends; setup.cfg's ``keras`` pin is the same
@@ -17,7 +17,7 @@ from tfgpu.config import ConfigError
 
 # [lowest tested, first untested). Measured 2026-12-07 with each release beside TensorFlow 2.21 (pip install --no-deps
 # --target DIR keras==X; PYTHONPATH=DIR:. python -m pytest -m "not slow" tests/training/fit/
-# tests/training/test_keras_fit.py): 3.12.4, 3.13.2, 3.14.1, 3.15.1 all passed (97 each); 3.10.0 and 3.11.3 fail the
+# tests/training/test_keras_adapter.py): 3.12.4, 3.13.2, 3.14.1, 3.15.1 all passed (97 each); 3.10.0 and 3.11.3 fail the
 # multi-worker patch's check (no TensorFlowTrainer._autoconvert_optionals; other _make_function source).
 SUPPORTED = ((3, 12, 4), (3, 16))
 # name -> the keras.src module, and what tfgpu reads from it
@@ -31,7 +31,7 @@ INTERNALS = {
     "array_data_adapter": ("keras.src.trainers.data_adapters.array_data_adapter",
                            "can_convert_arrays, ArrayDataAdapter (training/fit/inputs.py)"),
     "tensorflow_trainer": ("keras.src.backend.tensorflow.trainer",
-                           "TensorFlowTrainer, reduce_per_replica (training/fit/steps.py, training/keras_fit.py, "
+                           "TensorFlowTrainer, reduce_per_replica (training/fit/steps.py, training/keras_adapter.py, "
                            "runtime/replica_batches.py)"),
     "tensorflow_core": ("keras.src.backend.tensorflow.core", "Variable (runtime/keras_variables.py)"),
     "python_utils": ("keras.src.utils.python_utils", "pythonify_logs (training/fit/epochs.py)"),

@@ -89,7 +89,7 @@ def _guarded_maker(name: str, step_name: str, kind: str):
 
     original = _ORIGINALS[name]
 
-    @functools.wraps(original)  # its source stays Keras' to inspect (keras_fit's checks of the calls it relies on)
+    @functools.wraps(original)  # its source stays Keras' to inspect (keras_adapter's checks of the calls it relies on)
     def make(self, force=False):
         if not _needs_guard(self) or (getattr(self, name.replace("make_", ""), None) is not None and not force):
             return original(self, force)

@@ -1,11 +1,14 @@
-"""The compiled part of the training loop: one ``tf.function`` runs n replica steps in one host call.
+"""The compiled loop over steps, one for every door: ``run_steps`` is tfgpu's one ``tf.while_loop`` over steps.
 
 ``while i < n: strategy.run(step, (next(iterator),))`` (a tf.while_loop) is what Keras 3 ``fit`` cannot do under
-MirroredStrategy with ``steps_per_execution > 1`` or under MultiWorkerMirroredStrategy. Each step's metric
-shares are added per replica to sync-on-read variables, which the same call reads as their sum over replicas
-and zeroes, and returns: one host call per loop, no eager op between loops; a run of consecutive skipped
-(non-finite) steps is counted across loops. A stop request (``StopFlag``: Ctrl-C, SIGTERM) ends a loop after the
-step in flight, and the loop says how many steps it ran.
+MirroredStrategy with ``steps_per_execution > 1`` or under MultiWorkerMirroredStrategy. ``run_steps`` runs it for
+the flag command (``build_loop`` below), for ``tfgpu.fit`` (``fit/steps.py``: the model's own train/test step) and for
+the script's own ``model.evaluate``/``predict`` under a job strategy (``keras_adapter``'s replacement of Keras'
+``_make_function``): n steps per host call, an input of known length or one that may end, a stop request
+(``StopFlag``: Ctrl-C, SIGTERM) ending a call after the step in flight, which says how many steps it ran.
+``build_loop``'s steps add their metric shares per replica to sync-on-read variables, which the same call reads as
+their sum over replicas and zeroes, and returns: one host call per loop, no eager op between loops; a run of
+consecutive skipped (non-finite) steps is counted across loops.
 """
 import contextlib
 import threading
@@ -204,12 +207,53 @@ class StopFlag:
             return total[0] > 0
 
 
+def run_steps(step, num_steps, carried=(), *, next_batch=None, iterator=None, first=None, stop=None):
+    """The one ``tf.while_loop`` over steps (issue 54: every compiled step loop of tfgpu is this one), in a
+    tf.function's graph: runs ``step`` while fewer than ``num_steps`` ran, no stop was asked for and, on an input
+    that may end, a next batch exists. ``step(batch, carried)`` runs one step (its ``strategy.run``) and returns
+    ``(carried, done)``: the state carried from step to step (a nested structure: the last step's logs) and the
+    tensors a stop waits for.
+
+    Batches come from ``next_batch()`` (an input that holds ``num_steps`` batches: drawn in the loop's body) or
+    from ``iterator`` (one that may end: read as an Optional, the next drawn only while more steps are due, so none
+    is drawn and dropped at the end of a count). With ``first`` (a batch) the first step runs on it before the loop,
+    so that the loop's carried state starts as that step's (its structure is the step's logs: Keras' own) and
+    ``strategy.run`` is never under a ``tf.cond`` (MirroredStrategy cannot run it there: keras-team/keras#19246);
+    without it the loop starts by reading ``stop`` (a ``StopFlag``: a request made between calls runs no step).
+    Returns ``(steps run, whether a stop was asked for, carried)`` as tensors."""
+    num_steps = tf.convert_to_tensor(num_steps)
+    steps_run = tf.constant(0 if first is None else 1, num_steps.dtype)
+
+    def stopping_after(done):
+        return stop.after_step(done) if stop is not None else tf.constant(False)
+
+    if first is not None:
+        carried, done = step(first, carried)
+        stopping = stopping_after(done)
+    else:
+        stopping = stop.at_start() if stop is not None else tf.constant(False)
+
+    def more(i, stopping, carried, upcoming):
+        going = tf.logical_and(i < num_steps, tf.logical_not(stopping))
+        return going if iterator is None else tf.logical_and(going, upcoming.has_value())
+
+    def one_step(i, stopping, carried, upcoming):
+        carried, done = step(next_batch() if iterator is None else upcoming.get_value(), carried)
+        if iterator is not None:  # the next batch only while more steps are due: none is drawn and dropped
+            upcoming = tf.cond(i + 1 < num_steps, iterator.get_next_as_optional, lambda: upcoming)
+        return i + 1, stopping_after(done), carried, upcoming
+
+    ran, stopped, carried, _ = tf.while_loop(more, one_step, (steps_run, stopping, carried, () if iterator is None
+                                                              else iterator.get_next_as_optional()))
+    return ran, stopped, carried
+
+
 def build_loop(strategy, step_fn, sums: dict, counter=None, batches_per_step: int = 1, skipped_run=None,
                nonfinite_names=(), stop=None, models=()):
     """A tf.function ``loop(iterator, num_steps)`` running ``num_steps`` replica steps of ``step_fn`` in one
-    host call, adding each step's metric shares to ``sums`` (and 1 to ``counter``). With ``batches_per_step``
-    > 1 a step gets a tuple of that many consecutive batches, so every replica holds its rows of the same
-    global batches as one device would. ``skipped_run`` counts consecutive steps whose share of any of
+    host call (``run_steps``), adding each step's metric shares to ``sums`` (and 1 to ``counter``). With
+    ``batches_per_step`` > 1 a step gets a tuple of that many consecutive batches, so every replica holds its rows
+    of the same global batches as one device would. ``skipped_run`` counts consecutive steps whose share of any of
     ``nonfinite_names`` (metrics declared ``counts_nonfinite``) is non-zero (skipped). With ``stop`` (a
     ``StopFlag``) the loop ends after the step during which a stop was requested. The call ends by averaging the
     weights of ``models`` (Keras models) that Keras 3 leaves replica-local (``replica_local``: BatchNormalization's
@@ -235,17 +279,16 @@ def build_loop(strategy, step_fn, sums: dict, counter=None, batches_per_step: in
     # 2.0 s without, on a 2-core CPU; the graph runs the same steps.
     @tf.function(autograph=False)
     def loop(iterator, num_steps):
-        def one_step(i, stopping):
-            batch = next(iterator) if batches_per_step == 1 else \
-                tuple(next(iterator) for _ in range(batches_per_step))
+        def one_step(batch, carried):
             done = strategy.experimental_local_results(strategy.run(replica_step, args=(batch,)))
             if counter is not None:
                 counter.assign_add(1)
-            return i + 1, (stop.after_step(done) if stop is not None else stopping)
+            return carried, done
 
-        steps_run, _ = tf.while_loop(lambda i, stopping: tf.logical_and(i < num_steps, tf.logical_not(stopping)),
-                                     one_step, (tf.zeros([], num_steps.dtype),
-                                                stop.at_start() if stop is not None else tf.constant(False)))
+        def next_batch():
+            return next(iterator) if batches_per_step == 1 else tuple(next(iterator) for _ in range(batches_per_step))
+
+        steps_run, _, _ = run_steps(one_step, num_steps, next_batch=next_batch, stop=stop)
         replica_local.average_over_replicas(strategy, replica_local.replica_local_weights_of(models, strategy))
         return take_sums(sums), (skipped_run.take_longest() if skipped_run is not None else None), steps_run
 

@@ -2,8 +2,9 @@
 
 Keras 3's ``fit`` cannot run several steps per call under MirroredStrategy (its loop calls ``strategy.run`` inside a
 ``tf.cond``) nor start under MultiWorkerMirroredStrategy; this loop does neither: the call's first step runs before
-a ``tf.while_loop`` of the rest, whose condition checks the stop flag (``training.loop.StopFlag``: a Ctrl-C or SIGTERM
-ends the call after the step in flight) and, for an input of unknown length, whether a next batch exists. Each step
+the loop of the rest (``training.loop.run_steps``, tfgpu's one loop over steps), whose condition checks the stop
+flag (``training.loop.StopFlag``: a Ctrl-C or SIGTERM ends the call after the step in flight) and, for an input of
+unknown length, whether a next batch exists. Each step
 is the model's own (its ``compute_loss``, compiled losses and metrics, ``add_loss``, loss scaling, a GAN's two
 optimizers); its logs are reduced over replicas as Keras reduces them (``model.distribute_reduction_method``; over
 workers element-wise). ``jit_compile=True`` compiles the replica step with XLA; ``run_eagerly=True`` runs each step
@@ -13,7 +14,7 @@ eagerly, one per call, as Keras does. A training call ends by averaging the weig
 import tensorflow as tf
 
 from tfgpu.runtime import distribute, replica_batches
-from tfgpu.training import keras_fit, replica_local
+from tfgpu.training import keras_adapter, loop as loop_lib, replica_local
 from tfgpu.training.fit import inputs
 
 
@@ -29,7 +30,7 @@ class StepLoop:
             step_fn = tf.function(step_fn, jit_compile=True, reduce_retracing=True)
         if step == "test" and strategy.num_replicas_in_sync > 1:  # a last batch smaller than the replicas
             step_fn = replica_batches.guard(model, step_fn, "test")
-        self.step_fn = lambda batch: keras_fit.logs_as_tensors(step_fn(batch))
+        self.step_fn = lambda batch: keras_adapter.logs_as_tensors(step_fn(batch))
         self.training = step == "train"
         self._known = self._optional = self._single = None
 
@@ -111,19 +112,16 @@ class StepLoop:
     def _with_stop(self, logs):
         return logs, self._stopping(logs)
 
+    def _step(self, batch, logs):
+        """One step for ``loop.run_steps``: its logs are what the loop carries, and what a stop waits for."""
+        logs = self._one_step(batch)
+        return logs, tf.nest.flatten(logs)
+
     def _compile_known(self):
         @tf.function(autograph=False, reduce_retracing=True)
         def loop(iterator, num_steps):
-            logs = self._one_step(next(iterator))
-
-            def more(i, stopping, logs):
-                return tf.logical_and(i < num_steps, tf.logical_not(stopping))
-
-            def step(i, stopping, logs):
-                logs = self._one_step(next(iterator))
-                return i + 1, self._stopping(logs), logs
-
-            ran, stopped, logs = tf.while_loop(more, step, (tf.constant(1, tf.int64), self._stopping(logs), logs))
+            ran, stopped, logs = loop_lib.run_steps(self._step, num_steps, None, next_batch=lambda: next(iterator),
+                                                    first=next(iterator), stop=self.stop)
             self._end_of_call()
             return logs, ran, stopped
 
@@ -132,21 +130,8 @@ class StepLoop:
     def _compile_optional(self):
         @tf.function(autograph=False, reduce_retracing=True)
         def loop(first, iterator, num_steps):
-            logs = self._one_step(first)
-
-            def fetch(done, current):  # the next batch only while more steps are due: none is drawn and dropped
-                return tf.cond(done < num_steps, iterator.get_next_as_optional, lambda: current)
-
-            def more(done, stopping, logs, upcoming):
-                return tf.logical_and(tf.logical_and(done < num_steps, tf.logical_not(stopping)),
-                                      upcoming.has_value())
-
-            def step(done, stopping, logs, upcoming):
-                logs = self._one_step(upcoming.get_value())
-                return done + 1, self._stopping(logs), logs, fetch(done + 1, upcoming)
-
-            ran, stopped, logs, _ = tf.while_loop(more, step, (tf.constant(1, tf.int64), self._stopping(logs), logs,
-                                                               iterator.get_next_as_optional()))
+            ran, stopped, logs = loop_lib.run_steps(self._step, num_steps, None, iterator=iterator, first=first,
+                                                    stop=self.stop)
             self._end_of_call()
             return logs, ran, stopped
 
