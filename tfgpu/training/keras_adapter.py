@@ -11,7 +11,7 @@ script ported to tfgpu evaluates and predicts as on one device. Two bugs in Kera
   across workers with ``axis=None`` (element-wise, as Keras does on one machine) instead of ``axis=0``.
 * ``steps_per_execution > 1`` under MirroredStrategy fails with "You must feed a value for placeholder tensor
   'while/.../Placeholder'" (keras-team/keras#19246): ``_make_function`` calls ``strategy.run`` inside a ``tf.cond``
-  inside a ``tf.while_loop``. Fix: the test and predict steps run on tfgpu's one compiled loop
+  inside a ``tf.while_loop``. Fix: evaluate's test steps run on tfgpu's one compiled loop
   (``training.loop.run_steps``: the first step outside the loop, ``strategy.run`` never under a cond).
 
 Training is the engine's, through ``tfgpu.fit`` (the model's own ``train_step``, exact resume, the stop at the step in
@@ -173,8 +173,9 @@ def where_keras_cannot_train(model):
 
 
 def _make_function(self, step_function):
-    """Replaces TensorFlowTrainer._make_function: test and predict steps on tfgpu's one loop, no ``strategy.run`` under
-    ``tf.cond``; a train function is Keras' own where Keras can train, else ``FitNeedsTfgpu``."""
+    """Replaces TensorFlowTrainer._make_function: test steps on tfgpu's one loop (predict has a function of its own),
+    no ``strategy.run`` under ``tf.cond``; a train function is Keras' own where Keras can train, else
+    ``FitNeedsTfgpu``."""
     if step_function == self.train_step:
         where = where_keras_cannot_train(self)
         if where is not None:
