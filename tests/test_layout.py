@@ -278,3 +278,18 @@ def test_one_scheme_keeps_a_workers_outputs_off_the_real_run_directory():
     makers = {name for name, tree in _modules().items() if name.startswith("tfgpu.training")
               for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr == "mkdtemp"}
     assert makers == {"tfgpu.training.exporting"}, makers
+
+
+def test_one_module_writes_and_restores_checkpoints():
+    """Issue 54: both doors save and resume through ``training.checkpoint.Checkpointer`` (tfgpu.fit's run state,
+    ``fit/state.py``, and the flag command's trainer): no other module makes a ``CheckpointManager`` or a
+    ``tf.train.Checkpoint`` (``input_profile``'s is a snapshot of the trainer's state in a temporary directory, read
+    back after the profiled steps: never a checkpoint of the run)."""
+    def makes(tree, name):
+        return any(isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == name
+                   for node in ast.walk(tree))
+
+    managers = {name for name, tree in _modules().items() if makes(tree, "CheckpointManager")}
+    checkpoints = {name for name, tree in _modules().items() if makes(tree, "Checkpoint")}
+    assert managers == {"tfgpu.training.checkpoint"}, managers
+    assert checkpoints == {"tfgpu.training.checkpoint", "tfgpu.training.input_profile"}, checkpoints
