@@ -182,7 +182,7 @@ def test_sigterm_to_one_worker_stops_all_inside_a_loop_at_the_same_step(tmp_path
     assert took < 60, took
 
 
-def test_two_workers_through_the_launcher_match_mirrored_two_replicas(run_train, tmp_path, data_cache):
+def test_two_workers_through_the_launcher_match_mirrored_two_replicas(run_train, train_here, tmp_path, data_cache):
     """Same global batches either way, unshuffled, BatchNorm synchronized: each worker trains on a contiguous half
     of the one train shard (tfgpu.data.input.pipeline.train_share), 32 records a step, so global batch k is records
     32k..32k+31 of each half; the mirrored run reads a copy of the shard in that order (blocks of 32 from the two
@@ -234,8 +234,9 @@ def test_two_workers_through_the_launcher_match_mirrored_two_replicas(run_train,
     for name in expected:
         np.testing.assert_allclose(actual[name], expected[name], rtol=1e-4, atol=1e-4, err_msg=name)
     # The job requeued on one worker (issue 29): it says so and goes on from record 512 of the epoch, the rest of
-    # which it reads each once (tests/data/test_exactly_once.py::test_a_resume_on_another_topology_...).
-    resumed = run_train(*common, "--train_steps=12", f"--data_dir={one_shard}", f"--model_dir={tmp_path / 'workers'}")
+    # which it reads each once (tests/data/test_exactly_once.py::test_a_resume_on_another_topology_...). One device:
+    # in this process (a TensorFlow start-up saved).
+    resumed = train_here(*common, "--train_steps=12", f"--data_dir={one_shard}", f"--model_dir={tmp_path / 'workers'}")
     assert ("topology changed: 2 workers x 1 replica -> 1 worker x 1 replica (global batch 64 kept, 64 per replica"
             in resumed.output and "resuming epoch 1 at record 512 of 1,438" in resumed.output), resumed.output[-3000:]
     [change] = read_history(tmp_path / "workers", "topology")
