@@ -182,11 +182,12 @@ def test_sigterm_to_one_worker_stops_all_inside_a_loop_at_the_same_step(tmp_path
     assert took < 60, took
 
 
-def test_two_workers_through_the_launcher_match_mirrored_two_replicas(run_train, tmp_path, data_cache):
+def test_two_workers_through_the_launcher_match_mirrored_two_replicas(run_train, train_here, tmp_path, data_cache):
     """Same global batches either way, unshuffled, BatchNorm synchronized: each worker trains on a contiguous half
     of the one train shard (tfgpu.data.input.pipeline.train_share), 32 records a step, so global batch k is records
     32k..32k+31 of each half; the mirrored run reads a copy of the shard in that order (blocks of 32 from the two
-    halves in turn), 64 records a step split over its 2 replicas.
+    halves in turn), 64 records a step split over its 2 replicas; one device reads the same copy, 64 a step, and
+    trains what the 2 replicas train (the default suite's mirrored-equals-one-device check, issue 54).
     Tolerance: 1e-4 on per-loop losses, 1e-4 absolute + 1e-4 relative on every variable (small_cnn: see
     tests/training/test_trainer.py::test_mirrored_two_replicas_matches_one_device for why not a deeper net).
     The launched job is also the default suite's end-to-end multi-worker run: both workers train every step and
@@ -211,6 +212,8 @@ def test_two_workers_through_the_launcher_match_mirrored_two_replicas(run_train,
               "--verbose=2"]
     run_train(*common, f"--data_dir={interleaved}", "--cpu_logical_devices=2", "--distribution_strategy=mirrored",
               f"--model_dir={tmp_path / 'mirrored'}")
+    train_here(*common, f"--data_dir={interleaved}", "--distribution_strategy=one_device",
+               f"--model_dir={tmp_path / 'one'}")
     env = {**os.environ, "TFGPU_DATA_CACHE": data_cache, "TF_CPP_MIN_LOG_LEVEL": "2"}
     launch = subprocess.run([sys.executable, "-m", "tfgpu.launch", "--num_workers=2", "--", *common,
                              f"--data_dir={one_shard}", f"--model_dir={tmp_path / 'workers'}"], cwd=REPO, env=env,
@@ -227,15 +230,21 @@ def test_two_workers_through_the_launcher_match_mirrored_two_replicas(run_train,
         [run_dir.CHECKPOINT_PREFIX + "4.index", run_dir.CHECKPOINT_PREFIX + "8.index"]
     assert read_history(tmp_path / "workers", "eval")[-1]["val_examples"] == 359
     mirrored, workers = read_history(tmp_path / "mirrored"), read_history(tmp_path / "workers")
-    assert [r["step"] for r in workers] == [4, 8] and workers[-1]["loss"] < workers[0]["loss"] + 0.5
+    one = read_history(tmp_path / "one")
+    assert [r["step"] for r in workers] == [r["step"] for r in one] == [4, 8] and one[-1]["loss"] < one[0]["loss"]
+    assert workers[-1]["loss"] < workers[0]["loss"] + 0.5
     np.testing.assert_allclose([r["loss"] for r in workers], [r["loss"] for r in mirrored], atol=1e-4)
+    np.testing.assert_allclose([r["loss"] for r in mirrored], [r["loss"] for r in one], atol=1e-4)
     expected, actual = _weights(tmp_path / "mirrored"), _weights(tmp_path / "workers")
-    assert expected.keys() == actual.keys()
+    on_one_device = _weights(tmp_path / "one")
+    assert expected.keys() == actual.keys() == on_one_device.keys() and len(expected) > 10
     for name in expected:
         np.testing.assert_allclose(actual[name], expected[name], rtol=1e-4, atol=1e-4, err_msg=name)
+        np.testing.assert_allclose(expected[name], on_one_device[name], rtol=1e-4, atol=1e-4, err_msg=name)
     # The job requeued on one worker (issue 29): it says so and goes on from record 512 of the epoch, the rest of
-    # which it reads each once (tests/data/test_exactly_once.py::test_a_resume_on_another_topology_...).
-    resumed = run_train(*common, "--train_steps=12", f"--data_dir={one_shard}", f"--model_dir={tmp_path / 'workers'}")
+    # which it reads each once (tests/data/test_exactly_once.py::test_a_resume_on_another_topology_...). One device:
+    # in this process (a TensorFlow start-up saved).
+    resumed = train_here(*common, "--train_steps=12", f"--data_dir={one_shard}", f"--model_dir={tmp_path / 'workers'}")
     assert ("topology changed: 2 workers x 1 replica -> 1 worker x 1 replica (global batch 64 kept, 64 per replica"
             in resumed.output and "resuming epoch 1 at record 512 of 1,438" in resumed.output), resumed.output[-3000:]
     [change] = read_history(tmp_path / "workers", "topology")

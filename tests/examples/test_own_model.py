@@ -3,9 +3,10 @@
 Default suite: the example's flagfile trains a few steps on one device in this process (float32; its logits and
 a step under mixed_bfloat16 are in tests/models/test_user.py), the run records what it imported, ``tfgpu.export``
 rebuilds it from another directory, and both .keras files load in a process where tfgpu cannot be imported; the
-CLI's one-line error for a builder that returns no keras.Model (in-process). Marked slow: the same model under
-MirroredStrategy on 2 logical CPUs and on 2 workers through tfgpu.launch, in float32 and mixed_bfloat16, a GAN
-with a user's generator and discriminator, and the CLI error through a ``python -m tfgpu.train`` subprocess.
+CLI's one-line error for a builder that returns no keras.Model (in-process). Marked slow: its exports after
+mixed-precision training, the same model under MirroredStrategy on 2 logical CPUs and on 2 workers through
+tfgpu.launch, in float32 and mixed_bfloat16, a GAN with a user's generator and discriminator, and the CLI error
+through a ``python -m tfgpu.train`` subprocess.
 """
 import json
 import os
@@ -43,7 +44,12 @@ np.save({str(out_path)!r}, np.stack([np.asarray(keras.saving.load_model(p)(batch
     return np.load(out_path)
 
 
-@pytest.mark.parametrize("precision", ["mixed_bfloat16", pytest.param("mixed_float16", marks=pytest.mark.slow)])
+# Slow (21 s loaded; issue 54): by default tests/runtime/test_precision.py::
+# test_mixed_precision_trains_with_float32_logits[mixed_float16] finds both exports of a mixed-precision run float32,
+# the test below loads this example's export in a process without tfgpu, and tests/training/test_exporting.py::
+# test_the_export_on_raw_validation_pixels_scores_the_run_s_val_accuracy feeds the pixel-taking export raw pixels.
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["mixed_bfloat16", "mixed_float16"])
 def test_an_export_trained_in_mixed_precision_is_a_float32_model_that_loads_anywhere(
         train_here, tmp_path, monkeypatch, precision):
     """The custom layer's model trained under a mixed policy: both exports are float32 (rebuilt with the trained

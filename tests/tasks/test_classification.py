@@ -28,12 +28,16 @@ def _mlp(input_shape, num_classes, **_):
     return keras.Model(inputs, keras.layers.Dense(num_classes)(x))
 
 
-@pytest.fixture
-def base(tmp_path, data_cache):
-    return Config(model_dir=str(tmp_path / "a"), dataset="digits", data_cache_dir=data_cache,
+def _base(model_dir, data_cache):
+    return Config(model_dir=model_dir, dataset="digits", data_cache_dir=data_cache,
                   model="test_mlp_without_bn", global_batch_size=64, train_steps=6, steps_per_loop=3,
                   deterministic=True, eval_split="none", tensorboard=False, verbose=0, lr_schedule="constant",
                   weight_decay=1e-3)
+
+
+@pytest.fixture
+def base(tmp_path, data_cache):
+    return _base(str(tmp_path / "a"), data_cache)
 
 
 def _train(config):
@@ -44,8 +48,16 @@ def _train(config):
     return metrics, weights
 
 
-def test_gradient_accumulation_equals_the_full_batch_step(base, tmp_path):
-    full_metrics, full = _train(base)
+@pytest.fixture(scope="module")
+def plain_step(tmp_path_factory, data_cache):
+    """(metrics, weights, model_dir) of ``base`` trained with the plain step, once per module: the deterministic run
+    the accumulated, XLA-compiled and clipped steps are compared with (issue 54: each trained it again)."""
+    config = _base(str(tmp_path_factory.mktemp("plain") / "a"), data_cache)
+    return (*_train(config), config.model_dir)
+
+
+def test_gradient_accumulation_equals_the_full_batch_step(base, plain_step, tmp_path):
+    full_metrics, full, _ = plain_step
     accum_metrics, accum = _train(dataclasses.replace(base, model_dir=str(tmp_path / "b"), grad_accum_steps=4))
     assert accum_metrics["train_loss"] == pytest.approx(full_metrics["train_loss"], rel=1e-5)
     for name in full:
@@ -78,9 +90,9 @@ def test_sample_weights_from_a_tasks_records_weight_the_loss_and_the_evaluation(
 
 
 @pytest.mark.parametrize("grad_accum_steps", [1, 4])
-def test_the_xla_step_trains_as_the_plain_step(base, tmp_path, grad_accum_steps):
+def test_the_xla_step_trains_as_the_plain_step(base, plain_step, tmp_path, grad_accum_steps):
     """--jit_compile=true compiles the forward and backward pass, micro-batches included, into the same step."""
-    plain_metrics, plain = _train(base)
+    plain_metrics, plain, _ = plain_step
     xla_metrics, xla = _train(dataclasses.replace(base, model_dir=str(tmp_path / "b"), jit_compile=True,
                                                   grad_accum_steps=grad_accum_steps))
     assert xla_metrics["train_loss"] == pytest.approx(plain_metrics["train_loss"], rel=1e-4)
@@ -89,13 +101,13 @@ def test_the_xla_step_trains_as_the_plain_step(base, tmp_path, grad_accum_steps)
         np.testing.assert_allclose(xla[name], plain[name], rtol=1e-4, atol=1e-5, err_msg=name)
 
 
-def test_global_norm_clipping_limits_the_update(base, tmp_path):
-    _, free = _train(base)
+def test_global_norm_clipping_limits_the_update(base, plain_step, tmp_path):
+    _, free, free_dir = plain_step
     metrics, clipped = _train(dataclasses.replace(base, model_dir=str(tmp_path / "b"), grad_clip_norm=0.05))
     assert metrics["train_grad_norm"] > 0.05  # the measured norm is the unclipped one
     kernels = [k for k in free if "_trainable_variables" in k]
     assert any(not np.allclose(free[k], clipped[k], atol=1e-4) for k in kernels)
-    with open(f"{base.model_dir}/history.jsonl") as f:
+    with open(f"{free_dir}/history.jsonl") as f:
         assert all("grad_norm" not in json.loads(line) for line in f)  # only measured when clipping
 
 
