@@ -153,12 +153,15 @@ def logs_as_tensors(logs):
     return tf.nest.map_structure(lambda value: value if value is None else tf.identity(value), logs)
 
 
-def _reduce_logs(outputs, strategy):
-    """Per-replica step outputs → one value each, the same on every worker."""
+def run_step(strategy, step_function, batch, reduction: str):
+    """``step_function`` on every replica of ``strategy``, its logs reduced to one value each, the same on every
+    worker, as Keras reduces them (``reduction``: ``reduce_per_replica``'s). The one replica step of tfgpu.fit's loop
+    (``fit/steps.py``) and of the adapter's test function."""
+    outputs = strategy.run(lambda data: logs_as_tensors(step_function(data)), args=(batch,))
     if distribute.is_multi_worker(strategy):
         # Keras uses axis=0 here, which fails on scalar logs and would average vector logs over their entries.
         return tf.nest.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), outputs)
-    return keras_internals.internal("tensorflow_trainer").reduce_per_replica(outputs, strategy, reduction="auto")
+    return keras_internals.internal("tensorflow_trainer").reduce_per_replica(outputs, strategy, reduction=reduction)
 
 
 def where_keras_cannot_train(model):
@@ -187,8 +190,7 @@ def _make_function(self, step_function):
 
     @tf.autograph.experimental.do_not_convert  # as Keras does: an explicit loop (loop.run_steps), no autograph
     def one_step_on_data(data):
-        outputs = self.distribute_strategy.run(lambda batch: logs_as_tensors(step_function(batch)), args=(data,))
-        return _reduce_logs(outputs, self.distribute_strategy)
+        return run_step(self.distribute_strategy, step_function, data, "auto")  # as Keras' own
 
     if not self.run_eagerly:
         one_step_on_data = tf.function(one_step_on_data, reduce_retracing=True, jit_compile=self.jit_compile)

@@ -13,7 +13,7 @@ eagerly, one per call, as Keras does. A training call ends by averaging the weig
 """
 import tensorflow as tf
 
-from tfgpu.runtime import distribute, replica_batches
+from tfgpu.runtime import replica_batches
 from tfgpu.training import keras_adapter, loop as loop_lib, replica_local
 from tfgpu.training.fit import inputs
 
@@ -30,20 +30,13 @@ class StepLoop:
             step_fn = tf.function(step_fn, jit_compile=True, reduce_retracing=True)
         if step == "test" and strategy.num_replicas_in_sync > 1:  # a last batch smaller than the replicas
             step_fn = replica_batches.guard(model, step_fn, "test")
-        self.step_fn = lambda batch: keras_adapter.logs_as_tensors(step_fn(batch))
+        self.step_fn = step_fn
         self.training = step == "train"
         self._known = self._optional = self._single = None
 
     def _one_step(self, batch):
-        outputs = self.strategy.run(self.step_fn, args=(batch,))
-        if distribute.is_multi_worker(self.strategy):  # Keras' axis=0 fails on scalar logs across workers
-            return tf.nest.map_structure(lambda v: self.strategy.reduce("MEAN", v, axis=None), outputs)
-        from tfgpu.runtime.keras_internals import internal
-
-        keras_trainer = internal("tensorflow_trainer")
-
-        return keras_trainer.reduce_per_replica(outputs, self.strategy,
-                                                reduction=getattr(self.model, "_distribute_reduction_method", None) or "auto")
+        return keras_adapter.run_step(self.strategy, self.step_fn, batch,
+                                      getattr(self.model, "_distribute_reduction_method", None) or "auto")
 
     def trace_first_step(self, batch_spec) -> None:
         """Traces one step on batches of ``batch_spec`` without running it, so that what the model's first step
