@@ -273,7 +273,7 @@ def test_the_loop_check_finds_a_second_loop():
 
 def test_one_scheme_keeps_a_workers_outputs_off_the_real_run_directory():
     """Issue 54: what every worker must write but only the chief keeps (checkpoints, a callback's files) goes, off the
-    chief, to ``runtime.distribute.worker_dir``; no module of the doors (training/) makes a temporary directory of its
+    chief, to ``runtime.distribute.scratch_dir``; no module of the doors (training/) makes a temporary directory of its
     own, but the export's, which is an atomic write beside its target."""
     makers = {name for name, tree in _modules().items() if name.startswith("tfgpu.training")
               for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr == "mkdtemp"}

@@ -145,9 +145,13 @@ def is_multi_worker(strategy) -> bool:
 
 
 def worker_dir(model_dir: str, placement: Placement) -> str:
-    """Where this worker writes files every worker must write (checkpoints, a user callback's files): the real dir
-    on the chief, a fresh temporary dir elsewhere (the caller deletes it). The one chief-only output scheme of both
-    doors (``training.checkpoint.Checkpointer``, ``training.fit.callbacks.ChiefOutputs``)."""
-    if placement.is_chief:
-        return model_dir
+    """Where this worker writes files every worker must write (checkpoints): the real dir on the chief,
+    ``scratch_dir`` elsewhere."""
+    return model_dir if placement.is_chief else scratch_dir(placement)
+
+
+def scratch_dir(placement: Placement) -> str:
+    """A fresh temporary dir where a worker that is not the chief writes what every worker must write but only the
+    chief keeps (checkpoints, a user callback's files): the one chief-only output scheme of both doors
+    (``training.checkpoint.Checkpointer``, ``training.fit.callbacks.ChiefOutputs``); the caller deletes it."""
     return tempfile.mkdtemp(prefix=f"tfgpu-worker{placement.worker_index}-")

@@ -94,7 +94,7 @@ def test_a_callbacks_own_metric_made_before_fit_works_in_and_after_it(data, tmp_
 
 def test_a_worker_that_is_not_the_chief_writes_its_callbacks_files_to_its_own_directory(tmp_path):
     """ModelCheckpoint's and CSVLogger's files go, off the chief, to the worker's temporary directory (the one its
-    checkpoints use, distribute.worker_dir), deleted with the paths put back at the end; no progress bar there. On
+    checkpoints use, distribute.scratch_dir), deleted with the paths put back at the end; no progress bar there. On
     the chief nothing moves."""
     import types
 

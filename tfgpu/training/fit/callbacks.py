@@ -64,7 +64,7 @@ def acts_on_batches(callbacks) -> bool:
 
 class ChiefOutputs:
     """On a worker that is not the chief, points each file-writing callback at this worker's temporary directory
-    (``distribute.worker_dir``, as its checkpoints; restored and deleted by ``close``); drops a ``ProgbarLogger``
+    (``distribute.scratch_dir``, as its checkpoints; restored and deleted by ``close``); drops a ``ProgbarLogger``
     there."""
 
     def __init__(self, callbacks, placement):
@@ -78,7 +78,7 @@ class ChiefOutputs:
                 continue
             if not chief and kind in FILE_ATTRIBUTES:
                 if self.scratch is None:
-                    self.scratch = distribute.worker_dir("", placement)
+                    self.scratch = distribute.scratch_dir(placement)
                 attribute = FILE_ATTRIBUTES[kind]
                 real = getattr(callback, attribute)
                 self.moved.append((callback, attribute, real))
