@@ -25,10 +25,21 @@ def free_port():
 def start_etcd(data_dir, address="127.0.0.1", prefix=(), tls=None, flags=()):
     """Starts etcd serving clients on ``address``:<free port> (``prefix``: a command to run it under, e.g. ``ip
     netns exec NS``; ``tls``: a ``Certificates`` whose server certificate it serves and whose CA must have signed
-    every client's); returns (process, client URL) once it answers."""
+    every client's); returns (process, client URL) once it answers. A port another process took between
+    ``free_port`` and etcd's bind (tests run two at a time) is retried on new ports, up to three times."""
+    for attempt in range(3):
+        attempt_dir = str(data_dir) if attempt == 0 else f"{data_dir}-{attempt}"
+        started = _start_etcd_once(attempt_dir, address, prefix, tls, flags)
+        if started is not None:
+            return started
+    raise RuntimeError(f"etcd did not start in 3 tries, each on a port taken: {open(attempt_dir + '.log').read()[-1000:]}")
+
+
+def _start_etcd_once(data_dir, address, prefix, tls, flags):
+    """(process, URL), or None when etcd could not bind its ports; raises on any other failure."""
     client, peer = free_port(), free_port()
     url = f"{'https' if tls else 'http'}://{address}:{client}"
-    command = [*prefix, "etcd", "--name", "t", "--data-dir", str(data_dir), "--listen-client-urls", url,
+    command = [*prefix, "etcd", "--name", "t", "--data-dir", data_dir, "--listen-client-urls", url,
                "--advertise-client-urls", url, "--listen-peer-urls", f"http://127.0.0.1:{peer}",
                "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
                "--initial-cluster", f"t=http://127.0.0.1:{peer}", *flags]
@@ -39,8 +50,9 @@ def start_etcd(data_dir, address="127.0.0.1", prefix=(), tls=None, flags=()):
         context = ssl.create_default_context(cafile=tls.ca)
         context.check_hostname = False  # the probe asks whether it is up; the tests check its names
         context.load_cert_chain(*tls.client)
-    log = open(os.path.join(str(data_dir) + ".log"), "wb")
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    log_path = data_dir + ".log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     probe = f"import urllib.request; urllib.request.urlopen({url + '/health'!r}, timeout=1).read()"
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -57,7 +69,10 @@ def start_etcd(data_dir, address="127.0.0.1", prefix=(), tls=None, flags=()):
             break
         time.sleep(0.1)
     stop_etcd(proc)
-    raise RuntimeError(f"etcd did not start: {open(str(data_dir) + '.log').read()[-1000:]}")
+    output = open(log_path).read()
+    if "address already in use" in output:
+        return None
+    raise RuntimeError(f"etcd did not start: {output[-1000:]}")
 
 
 def stop_etcd(proc):
