@@ -37,11 +37,9 @@ def _make_job_strategy():
 
     strategy = job_strategy.at_import()
     if strategy is not None:  # the script's own model.evaluate/predict on the job's replicas, as on one device
-        from tfgpu.runtime import replica_batches
         from tfgpu.training import keras_adapter
 
-        keras_adapter.patch()
-        replica_batches.patch()
+        keras_adapter.adapt_script()
 
 
 _make_job_strategy()

@@ -6,7 +6,7 @@ trains under (MultiWorkerMirroredStrategy, or MirroredStrategy over the local GP
 (``tf.distribute.experimental_set_strategy``). So every Keras object the script makes afterwards lives in it, as if
 the whole script ran inside ``strategy.scope()``: ``tfgpu.fit`` trains the user's own model object, and the script's
 Datasets, metrics and callbacks keep working before and after it (``tfgpu``'s ``__init__`` also applies
-``keras_adapter.patch()`` and ``replica_batches.patch()``, so that the script's own ``model.evaluate``/``predict`` run
+``keras_adapter.adapt_script()``, as ``tfgpu.fit`` does, so that the script's own ``model.evaluate``/``predict`` run
 there and give one device's answer for any batch size).
 
 ``TFGPU_CPU_REPLICAS=N`` is a dry run of the N-GPU path on any machine: the import splits the CPU into N logical

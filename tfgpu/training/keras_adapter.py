@@ -137,6 +137,16 @@ def patch(allow_unverified: bool = False) -> None:
     trainer._maybe_symbolic_build = _maybe_symbolic_build
 
 
+def adapt_script() -> None:
+    """What the script's own Keras calls need once a strategy spans several replicas or workers, the one place both
+    doors ask for it (``import tfgpu``'s job strategy, ``tfgpu.fit``): ``model.evaluate``/``predict`` through this
+    adapter (``patch``), and no replica handed an empty batch (``runtime.replica_batches``)."""
+    from tfgpu.runtime import replica_batches
+
+    patch()
+    replica_batches.patch()
+
+
 def unpatch() -> None:
     """Restores Keras' own methods."""
     trainer = _trainer_class()

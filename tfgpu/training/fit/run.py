@@ -28,11 +28,9 @@ def fit(model, loop: arguments.LoopOptions, *, x, y, batch_size, epochs, verbose
         from tfgpu.runtime import keras_variables
 
         keras_variables.read_as_numbers()  # the script's float(metric.result()) after fit, as on one device
-        from tfgpu.runtime import replica_batches
         from tfgpu.training import keras_adapter
 
-        keras_adapter.patch()  # the script's own predict/evaluate after fit, as on one device: built from one replica's
-        replica_batches.patch()  # batch, and no replica handed an empty batch
+        keras_adapter.adapt_script()  # the script's own predict/evaluate after fit, as on one device
     if model.run_eagerly and placement.num_workers > 1:
         raise FitError("run_eagerly", "compile(run_eagerly=True) runs on one worker: each worker's steps must be "
                        "compiled to meet in the same collectives")
