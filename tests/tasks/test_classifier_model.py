@@ -127,6 +127,33 @@ def test_the_flag_commands_task_hands_out_its_step_as_a_keras_model(tmp_path, da
         keras.backend.clear_session(free_memory=False)
 
 
+def test_the_multilabel_task_hands_out_its_step_too_scored_per_label(tmp_path):
+    """``MultiLabelTask.keras_model()``: trains under ``model.fit``; its evaluation gives the loss (binary
+    cross-entropy averaged over the labels), the per-label accuracy and the exact match of the network's logits."""
+    from tfgpu.config import Config
+    from tfgpu.tasks import multilabel
+    from tfgpu.training import experiment
+
+    data_dir = multilabel.write_digits(str(tmp_path / "data"))
+    config = Config(model_dir=str(tmp_path / "run"), task="multilabel", data_dir=data_dir, model="small_cnn",
+                    global_batch_size=32, train_steps=4, steps_per_loop=4, deterministic=True, eval_split="none",
+                    tensorboard=False, verbose=0, lr_schedule="constant")
+    try:
+        model = experiment.setup(config).task.keras_model()
+        x, digits = helpers.digits(128)
+        x, labels = x.reshape(-1, 8, 8, 1), multilabel.digit_labels(digits)
+        history = model.fit(x, labels, batch_size=32, shuffle=False, verbose=0).history
+        assert set(history) == {"loss", "accuracy", "nonfinite_steps"} and history["nonfinite_steps"] == [0.0]
+        logs = model.evaluate(x, labels, batch_size=64, verbose=0, return_dict=True)
+        logits = model.network.predict(x, verbose=0).astype("float64")
+        losses = np.maximum(logits, 0) - logits * labels + np.log1p(np.exp(-np.abs(logits)))
+        right = (logits > 0) == (labels == 1)
+        assert logs == pytest.approx({"loss": losses.mean(), "accuracy": right.mean(),
+                                      "exact_match": right.all(-1).mean()}, rel=1e-5)
+    finally:
+        keras.backend.clear_session(free_memory=False)
+
+
 TWO_REPLICAS = r'''
 import json, sys
 import tensorflow as tf
