@@ -77,6 +77,26 @@ def test_its_evaluation_weighs_as_keras_compiled_loss_and_metrics():
         assert ours[name] == pytest.approx(theirs[name], rel=1e-5), name
 
 
+def test_a_network_ending_in_a_softmax_trains_from_the_logits_under_it():
+    """A Keras tutorial's network (softmax at the end) trains as the same network giving logits, and still gives
+    probabilities."""
+    x, y = helpers.digits(256)
+
+    def trained(activation):
+        keras.utils.set_random_seed(0)
+        network = keras.Sequential([keras.Input((64,)), keras.layers.Dense(16, activation="relu"),
+                                    keras.layers.Dense(10, activation=activation)])
+        model = classifier_model.for_network(network, keras.optimizers.SGD(0.1), label_smoothing=0.1)
+        return network, model.fit(x, y, batch_size=64, shuffle=False, verbose=0).history
+
+    softmax, softmax_history = trained("softmax")
+    logits, logits_history = trained(None)
+    assert softmax_history == pytest.approx(logits_history, rel=1e-6)
+    for a, b in zip(softmax.get_weights(), logits.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(softmax.predict(x[:4], verbose=0).sum(-1), 1.0, rtol=1e-5)
+
+
 def test_skipped_non_finite_steps_leave_every_variable_bit_identical():
     """Poisoned batches through the model's own train_step: every variable of the network and the optimizer
     (weights, BatchNorm statistics, momentum, iterations) stays bit-identical, the steps are counted, and the next
