@@ -3,7 +3,9 @@
 Losses are summed over the replica's examples and divided by the global batch,
 so the optimizer's all-reduce (a sum) yields the mean gradient of the global
 batch whatever the replica count. With --grad_accum_steps=k each replica's
-batch is cut into k micro-batches whose gradients are summed before one update.
+batch is cut into k micro-batches whose gradients are summed before one update. The step itself is
+``classifier_model.ClassifierStep``, defined once: this task's replica steps call it for the flag command's
+loop, and ``keras_model()`` gives it as the ``train_step``/``test_step`` of a Keras model ``tfgpu.fit`` runs.
 
 Fine-tuning: --init_weights loads a local Keras weights file into the built model (``models.weights``)
 when no checkpoint was restored; --freeze keeps the matching layers out of training (``models.freeze``)
@@ -29,8 +31,8 @@ from tfgpu.tasks import optimizers
 from tfgpu.metrics import results
 from tfgpu.models import batch_norm, create_model, get_spec, heads, model_options, random_states
 from tfgpu.models.summary import count_params
-from tfgpu.tasks import classifier_head
 from tfgpu.tasks.base import MetricSpec, Task, register_task, unpack_batch
+from tfgpu.tasks.classifier_model import ClassifierStep, ClassifierTraining, SoftmaxScoring
 from tfgpu.tasks.classifier_head import check_model
 
 log = logging.getLogger("tfgpu")
@@ -68,7 +70,6 @@ class ClassificationTask(Task):
                                   output=self.model_output, **model_options(config))
         self.head = self.check_head(self.model)
         # What the loss is computed from: the model's logits, or the logits its softmax takes, or its probabilities.
-        self._forward = self.head.logits if self.head.logits is not None else self.model
         self._from_probabilities = self.head.gives_probabilities and self.head.logits is None
         from tfgpu.data.input.pipeline import steps_per_epoch
         from tfgpu.models.freeze import Freezer
@@ -91,19 +92,30 @@ class ClassificationTask(Task):
         if self.freezer:
             self.freezer.freeze()
         self.num_trainable_while_frozen = count_params(self.model)
-        self._trace_gradients()
+        # The step both doors run: this task's replica steps and the Keras model of keras_model().
+        self.step = ClassifierStep(self.model, self.optimizer, self.scoring(), forward=self.head.logits,
+                                   global_batch_size=config.global_batch_size,
+                                   grad_accum_steps=config.grad_accum_steps,
+                                   l2=optimizers.l2_coefficient(optimization), grad_clip_norm=config.grad_clip_norm,
+                                   jit_compile=self.jit_compile)
+        self._keras_model = None
 
     def check_head(self, model) -> heads.Head:
         """The head of the built model, once this task can train it (``check_model``); ConfigError otherwise."""
         return check_model(model, self.config.model, self.info.num_classes, self.config.input_range)
 
-    def _trace_gradients(self):
-        """A fresh gradient function: a traced one keeps the trainable variables it was traced with."""
-        # XLA compiles the forward and backward pass; the all-reduce and the update stay outside it. No
-        # autograph, as in the train loop (loop.build_loop): it converted the model's every call again inside
-        # this nested function, about a fifth of the train loop's tracing (ResNet-20, cProfile).
-        self._grads_fn = (tf.function(self._gradients, jit_compile=True, autograph=False) if self.jit_compile
-                          else self._gradients)
+    def scoring(self) -> SoftmaxScoring:
+        """How the outputs are scored (loss, accuracy, the evaluation's extras): one softmax over the classes."""
+        return SoftmaxScoring(self.info.num_classes, self.config.label_smoothing, self._from_probabilities)
+
+    def keras_model(self) -> ClassifierTraining:
+        """The model in training as a ``keras.Model`` whose ``train_step``/``test_step`` are this task's step and
+        which advances the run's step counter (``classifier_model.ClassifierTraining``), made once, in the strategy's
+        scope. It wraps ``self.model`` (what is checkpointed and exported) and ``self.optimizer``."""
+        if self._keras_model is None:
+            with self.placement.strategy.scope():
+                self._keras_model = ClassifierTraining(self.step, self.global_step, name=f"{self.model.name}_training")
+        return self._keras_model
 
     def check_fine_tuning(self, loads_initial_weights):
         if self.config.init_weights and loads_initial_weights:
@@ -132,7 +144,7 @@ class ClassificationTask(Task):
         if not (self.freezer and self.freezer.frozen and at and step >= at):
             return False
         self.freezer.unfreeze()
-        self._trace_gradients()
+        self.step.retrace()
         log.info("step %d: --unfreeze_at_step=%d: every layer trains now (%s trainable parameters)", step, at,
                  f"{count_params(self.model):,}")
         return True
@@ -157,56 +169,8 @@ class ClassificationTask(Task):
     def checkpoint_items(self):
         return {"model": self.model, "optimizer": self.optimizer, **random_states.items(self.model)}
 
-    def per_example_loss(self, labels, outputs):
-        """Cross-entropy in float32 of ``outputs``: logits, or probabilities when the softmax is not separable."""
-        outputs = tf.cast(outputs, tf.float32)
-        return classifier_head.softmax_cross_entropy(labels, outputs, self.info.num_classes, self.config.label_smoothing,
-                                                     self._from_probabilities)
-
-    def per_example_accuracy(self, labels, outputs):
-        """The train "accuracy" of each example, 0..1: top-1 correct."""
-        return tf.cast(tf.equal(tf.argmax(outputs, -1), labels), tf.float32)
-
-    def _gradients(self, images, labels, weights=None):
-        """Gradients of the (loss-scaled) global-batch loss share, summed over micro-batches; ``weights``: the
-        batch's sample weights (None: each example counts once)."""
-        config = self.config
-        variables = self.model.trainable_variables
-        num_replicas = self.placement.num_replicas
-        k = config.grad_accum_steps
-        if weights is None:
-            weights = tf.ones(tf.shape(labels)[:1], tf.float32)
-        # One micro-batch: the batch itself, no split nor zero-initialized sums (fewer kernels per step).
-        micro = zip(*(tf.split(t, k) for t in (images, labels, weights))) if k > 1 else [(images, labels, weights)]
-        grads = loss_sum = correct = None
-        for i, (x, y, sample_weight) in enumerate(micro):
-            with tf.GradientTape() as tape:
-                outputs = self._forward(x, training=True)
-                summed = tf.reduce_sum(self.per_example_loss(y, outputs) * sample_weight)
-                loss = summed / config.global_batch_size
-                if i == 0:  # the L2 term counts once per step
-                    loss += optimizers.l2_penalty(self.optimization, variables, num_replicas)
-                scaled = precision.scale_loss(self.optimizer, loss)
-            micro_grads = [tf.cast(m, v.dtype) for m, v in zip(tape.gradient(scaled, variables), variables)]
-            grads = micro_grads if grads is None else [g + m for g, m in zip(grads, micro_grads)]
-            hits = tf.reduce_sum(self.per_example_accuracy(y, tf.cast(outputs, tf.float32)) * sample_weight)
-            loss_sum, correct = (summed, hits) if i == 0 else (loss_sum + summed, correct + hits)
-        return grads, loss_sum / config.global_batch_size, correct / config.global_batch_size
-
     def train_step(self, batch):
-        images, labels, weights = unpack_batch(batch)
-        state = self.model.non_trainable_variables  # BatchNorm statistics: a skipped step puts them back
-        saved = [tf.identity(v.value) for v in state]
-        grads, loss, accuracy = self._grads_fn(images, labels, weights)
-        num_replicas = self.placement.num_replicas
-        finite, norm = precision.apply_if_finite(self.optimizer, loss, grads, self.model.trainable_variables,
-                                                 self.config.grad_clip_norm, num_replicas)
-        precision.restore_if_not_finite(finite, state, saved)
-        metrics = {"loss": loss, "accuracy": accuracy}
-        if norm is not None:
-            metrics["grad_norm"] = norm / num_replicas
-        metrics["nonfinite_steps"] = tf.cast(tf.logical_not(finite), tf.float32) / num_replicas
-        return metrics
+        return self.step.train_shares(batch)
 
     def eval_metric_names(self):
         return ("loss_sum", "correct", "correct_top5", "count", "weight_sum")
@@ -214,14 +178,12 @@ class ClassificationTask(Task):
     def eval_step(self, batch):
         images, labels, carried = unpack_batch(batch)
         weights = real = tf.cast(carried, tf.float32)  # the eval pipeline's padding weighs 0
-        outputs = tf.cast(self._forward(images, training=False), tf.float32)
-        loss = self.per_example_loss(labels, outputs)
-        top1 = self.per_example_accuracy(labels, outputs)
-        top5 = tf.cast(tf.nn.in_top_k(labels, outputs, min(5, self.info.num_classes)), tf.float32)
+        _, values = self.step.eval_values(images, labels)
         # val_loss as Keras reduces it: sum(loss * weight) over the examples divided by their number; the
         # accuracies are weighted means
-        return {"loss_sum": tf.reduce_sum(loss * weights), "correct": tf.reduce_sum(top1 * weights),
-                "correct_top5": tf.reduce_sum(top5 * weights), "count": tf.reduce_sum(real),
+        return {"loss_sum": tf.reduce_sum(values["loss"] * weights),
+                "correct": tf.reduce_sum(values["accuracy"] * weights),
+                "correct_top5": tf.reduce_sum(values["top5_accuracy"] * weights), "count": tf.reduce_sum(real),
                 "weight_sum": tf.reduce_sum(weights)}
 
     def evaluate(self, run_eval, step, model_dir):

@@ -23,9 +23,17 @@ def softmax_cross_entropy(labels, outputs, num_classes: int, smoothing: float, f
 
 
 def check_model(model, name: str, num_classes: int, input_range) -> heads.Head:
+    """The head of classifier ``name`` (``softmax_head``), once the model's first layer takes --input_range:
+    ``ConfigError(input_range)`` when the model begins with a Rescaling that expects 0..255 pixels and
+    --input_range is not 0,255."""
+    head = softmax_head(model, name, num_classes)
+    check_input_range(model, name, input_range)
+    return head
+
+
+def softmax_head(model, name: str, num_classes: int) -> heads.Head:
     """The head of classifier ``name`` (``heads.output_head``), after one INFO line when it is a softmax;
-    ``ConfigError(model)`` for a sigmoid head, ``ConfigError(input_range)`` when the model begins with a
-    Rescaling that expects 0..255 pixels and --input_range is not 0,255."""
+    ``ConfigError(model)`` for a sigmoid head."""
     head = heads.output_head(model)
     where = f"(layer {head.layer!r})"
     if head.gives_probabilities and head.activation != "softmax":
@@ -38,7 +46,6 @@ def check_model(model, name: str, num_classes: int, input_range) -> heads.Head:
                "separated from the layer)")
         log.info("model %s ends in a softmax %s: it gives probabilities (as its export does); the loss is computed "
                  "%s (metrics.json: model_output=probabilities)", name, where, how)
-    check_input_range(model, name, input_range)
     return head
 
 

@@ -16,6 +16,7 @@ annotations of the image: ``DIGIT_LABELS`` (even; 5 or more; prime; a closed loo
 ``--task=multilabel --data_dir=DIR``.
 """
 import argparse
+import dataclasses
 import os
 
 import numpy as np
@@ -61,6 +62,33 @@ class MultiLabelExamples(records.Examples):
         return rng.integers(0, 2, (count, self.info.num_classes)).astype(np.int64)
 
 
+@dataclasses.dataclass(frozen=True)
+class SigmoidScoring:
+    """How a multi-label model's logits are scored (``classifier_model.ClassifierStep``'s scoring): each example's
+    binary cross-entropy averaged over its labels (each target smoothed toward 0.5 by ``label_smoothing``), the share
+    of its labels right, and at evaluation whether every label is right (``exact_match``)."""
+    label_smoothing: float = 0.0
+    extra_names = ("exact_match",)
+
+    def loss(self, labels, outputs):
+        targets = tf.cast(labels, tf.float32)
+        if self.label_smoothing:
+            targets = targets * (1.0 - self.label_smoothing) + 0.5 * self.label_smoothing
+        losses = tf.nn.sigmoid_cross_entropy_with_logits(targets, tf.cast(outputs, tf.float32))
+        return tf.reduce_mean(losses, -1)
+
+    def accuracy(self, labels, outputs):
+        return tf.reduce_mean(_right(labels, outputs), -1)
+
+    def eval_extras(self, labels, outputs) -> dict:
+        return {"exact_match": tf.reduce_min(_right(labels, outputs), -1)}
+
+
+def _right(labels, logits):
+    """1 where a label's logit is on the side of 0 its 0/1 value is, per label."""
+    return tf.cast(tf.equal(tf.cast(logits > 0, tf.int64), tf.cast(labels, tf.int64)), tf.float32)
+
+
 def _classification_specs(*names):
     """Classification's declarations of ``names``, in that order."""
     by_name = {spec.name: spec for spec in ClassificationTask.metrics}
@@ -101,33 +129,20 @@ class MultiLabelTask(ClassificationTask):
         check_input_range(model, self.config.model, self.config.input_range)
         return head
 
-    def per_example_loss(self, labels, outputs):
-        targets = tf.cast(labels, tf.float32)
-        if self.config.label_smoothing:
-            targets = targets * (1.0 - self.config.label_smoothing) + 0.5 * self.config.label_smoothing
-        losses = tf.nn.sigmoid_cross_entropy_with_logits(targets, tf.cast(outputs, tf.float32))
-        return tf.reduce_mean(losses, -1)
-
-    def per_example_accuracy(self, labels, outputs):
-        return tf.reduce_mean(self._right(labels, outputs), -1)
-
-    @staticmethod
-    def _right(labels, logits):
-        """1 where a label's logit is on the side of 0 its 0/1 value is, per label."""
-        return tf.cast(tf.equal(tf.cast(logits > 0, tf.int64), tf.cast(labels, tf.int64)), tf.float32)
+    def scoring(self):
+        return SigmoidScoring(self.config.label_smoothing)
 
     def eval_metric_names(self):
         return ("loss_sum", "right", "exact", "true_positives", "predicted", "actual", "count")
 
     def eval_step(self, batch):
         images, labels, weights = unpack_batch(batch)
-        logits = tf.cast(self._forward(images, training=False), tf.float32)
-        right = self._right(labels, logits)
+        logits, values = self.step.eval_values(images, labels)
         predicted, actual = tf.cast(logits > 0, tf.float32), tf.cast(labels, tf.float32)
         per_label = weights[:, None]
-        return {"loss_sum": tf.reduce_sum(self.per_example_loss(labels, logits) * weights),
-                "right": tf.reduce_sum(tf.reduce_mean(right, -1) * weights),
-                "exact": tf.reduce_sum(tf.reduce_min(right, -1) * weights),
+        return {"loss_sum": tf.reduce_sum(values["loss"] * weights),
+                "right": tf.reduce_sum(values["accuracy"] * weights),
+                "exact": tf.reduce_sum(values["exact_match"] * weights),
                 "true_positives": tf.reduce_sum(predicted * actual * per_label),
                 "predicted": tf.reduce_sum(predicted * per_label), "actual": tf.reduce_sum(actual * per_label),
                 "count": tf.reduce_sum(weights)}

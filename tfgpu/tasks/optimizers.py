@@ -145,10 +145,22 @@ def exclude_from_decay(optimizer, variables) -> None:
         inner.exclude_from_weight_decay(var_list=[v for v in variables if not decays(v)])
 
 
-def l2_penalty(config: OptimizationConfig, variables, num_replicas: int):
-    """0.5 * wd * sum(w^2) over decayed variables, divided by the replicas (their gradients are summed),
-    so each weight's gradient gains exactly ``weight_decay * w``. Zero for adamw (decoupled)."""
+def l2_coefficient(config: OptimizationConfig) -> float:
+    """The weight decay the task's loss carries as an L2 term: --weight_decay, 0 for adamw (decoupled)."""
     if not config.weight_decay or optimizer_kind(config).decoupled_decay:
+        return 0.0
+    return config.weight_decay
+
+
+def l2_penalty(config: OptimizationConfig, variables, num_replicas: int):
+    """``l2_term`` of the config's ``l2_coefficient``."""
+    return l2_term(l2_coefficient(config), variables, num_replicas)
+
+
+def l2_term(coefficient: float, variables, num_replicas: int):
+    """0.5 * coefficient * sum(w^2) over decayed variables, divided by the replicas (their gradients are summed),
+    so each weight's gradient gains exactly ``coefficient * w``; a constant 0 when the coefficient is 0."""
+    if not coefficient:
         return tf.constant(0.0)
     squares = [tf.reduce_sum(tf.square(tf.cast(v, tf.float32))) for v in variables if decays(v)]
-    return 0.5 * config.weight_decay * tf.add_n(squares) / num_replicas
+    return 0.5 * coefficient * tf.add_n(squares) / num_replicas
