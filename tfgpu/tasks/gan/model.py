@@ -92,7 +92,8 @@ class GAN(keras.Model):
         self.latent_dim = int(latent_dim or _input_width(generator))
         self.conditional, self.num_classes = bool(conditional), max(int(num_classes), 1)
         self.gan_loss, self.n_critic = gan_loss, int(n_critic)
-        self.gradient_penalty, self.r1_gamma, self.ema_decay = float(gradient_penalty), float(r1_gamma), float(ema_decay)
+        self.gradient_penalty, self.r1_gamma = float(gradient_penalty), float(r1_gamma)
+        self.ema_decay = float(ema_decay)
         self.augment_policy = augment_ops.parse_policy(diffaugment)
         self.seed, self.global_batch_size = int(seed), global_batch_size
         # The flag command's loop advances the run's counter it passes; a model that made its own advances it.
