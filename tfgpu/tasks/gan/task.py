@@ -17,7 +17,7 @@ from tfgpu.config import ConfigError, PrecisionConfig
 from tfgpu.models import get_spec
 from tfgpu.tasks.base import MetricSpec, Task, register_task
 from tfgpu.tasks.gan.evaluation import GanEvaluation
-from tfgpu.tasks.gan.model import GAN, GanState  # noqa: F401  (GanState: re-exported, where checkpoints knew it)
+from tfgpu.tasks.gan.model import GAN
 from tfgpu.tasks.gan.options import GanOptions
 
 log = logging.getLogger("tfgpu")
