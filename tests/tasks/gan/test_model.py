@@ -142,6 +142,8 @@ def test_bad_input_is_refused_by_name():
         make_gan(conditional=True, num_classes=1)
     with pytest.raises(ValueError, match="n_critic"):
         make_gan(n_critic=0)
+    with pytest.raises(ValueError, match="no optimizer=.*g_optimizer="):
+        make_gan().compile(optimizer="adam")
     x, _ = digits(16)
     with pytest.raises(ValueError, match=r"conditional GAN trains on \(images, labels\)"):
         make_gan(conditional=True).fit(x, batch_size=16, verbose=0)

@@ -125,6 +125,10 @@ class GAN(keras.Model):
         non-finite guard of ``precision_config`` (Keras' global policy's when not given), and builds them, so that
         a checkpoint restores into them before the first step; ``grad_clip_norm`` > 0 clips each network's global
         gradient. ``kwargs``: Keras' (``steps_per_execution``, ``jit_compile``, ``run_eagerly``)."""
+        for name in ("optimizer", "loss", "metrics"):
+            if name in kwargs:
+                raise ValueError(f"GAN.compile takes no {name}=: its step has two optimizers (g_optimizer=, "
+                                 "d_optimizer=) and its own losses (the GAN's gan_loss) and logs")
         config = precision_config or default_precision()
         self._penalty_precision = Float32Forward(self.discriminator) if config.precision == "mixed_float16" else None
         self.grad_clip_norm = float(grad_clip_norm)
