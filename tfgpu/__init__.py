@@ -11,6 +11,9 @@ attributes below load TensorFlow only when first used.
 - ``tfgpu.data.load(data_dir, split="train", batch_size=32)``: a directory ``python -m tfgpu.convert`` wrote, as a
   ``tf.data.Dataset`` of ``(images, labels)`` batches (uint8 images as stored) for ``model.fit`` or ``tfgpu.fit``,
   which reads it by index: every example once per epoch on any topology, exact resume (``tfgpu.data.input.loader``).
+- ``tfgpu.GAN(generator, discriminator, ...)``: a ``keras.Model`` whose ``train_step`` trains both networks (the
+  flag command's ``--task=gan`` step: n_critic, penalties, DiffAugment, EMA, the non-finite guard), for
+  ``tfgpu.fit(gan, images, batch_size=64)`` or ``gan.fit`` (``tfgpu.tasks.gan.model``, docs/own-model.md).
 - ``tfgpu.ConfigError``: what a bad option or argument raises; ``.flag`` names it.
 - ``tfgpu.Preempted``: what ``fit`` raises after a SIGTERM or a Ctrl-C, once the checkpoint is saved
   (``.step``); a Ctrl-C's is also a ``KeyboardInterrupt``.
@@ -26,6 +29,7 @@ __version__ = "0.1.0"
 # attribute -> (module, name in it), or the module itself when the name is None
 _LAZY = {
     "fit": ("tfgpu.training.fit", "fit"),
+    "GAN": ("tfgpu.tasks.gan.model", "GAN"),
     "ConfigError": ("tfgpu.config", "ConfigError"),
     "Preempted": ("tfgpu.runtime.failures", "Preempted"),
     "data": ("tfgpu.data", None),

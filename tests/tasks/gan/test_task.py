@@ -16,7 +16,7 @@ from tfgpu.config import ConfigError
 from tfgpu.data import catalog
 from tfgpu.data.input import pipeline
 from tfgpu.runtime.distribute import Placement
-from tfgpu.tasks.gan import task as gan_task
+from tfgpu.tasks.gan import model as gan_model
 from tfgpu.tasks.registry import input_config
 from tfgpu.tasks.gan.task import GanTask
 from tfgpu.training.loop import step_counter
@@ -124,8 +124,8 @@ def test_skipped_updates_leave_their_network_optimizer_and_ema_bit_identical(mak
     updates, which draw fakes in training mode); a skipped critic update leaves the discriminator (weights and
     statistics) and its optimizer bit-identical. The first finite step trains both networks again."""
     poison = tf.Variable(1.0)
-    original = gan_task.generator_loss
-    monkeypatch.setattr(gan_task, "generator_loss", lambda kind, logits: original(kind, logits) * poison)
+    original = gan_model.generator_loss
+    monkeypatch.setattr(gan_model, "generator_loss", lambda kind, logits: original(kind, logits) * poison)
     task, step = make_task(precision=precision_name, ema_decay=0.99)
     step(_batch(seed=0))  # trained once: the EMA and the optimizers' slots are no longer at their start
     g_vars = task.generator.trainable_weights + task.g_optimizer.variables + list(task.state.ema)
@@ -200,9 +200,9 @@ def test_each_critic_update_learns_from_its_own_real_batch(make_task):
 def test_latents_differ_between_replicas_but_follow_the_global_batch(make_task):
     task, _ = make_task()
     seed = tf.constant([1, 2], tf.int64)
-    whole, _ = task._latents(seed, 0, 8)
-    first, _ = task._latents(seed, 0, 4)
-    second, _ = task._latents(seed, 4, 4)
+    whole, _ = task.model.latents(seed, 0, 8, 8)
+    first, _ = task.model.latents(seed, 0, 4, 8)
+    second, _ = task.model.latents(seed, 4, 4, 8)
     np.testing.assert_array_equal(np.concatenate([first, second]), whole.numpy())
     assert not np.allclose(first.numpy(), second.numpy())
 
@@ -216,7 +216,7 @@ def test_conditional_gradient_penalty_interpolates_within_one_class(make_task, m
     mixes in is generated with that label too (the reference code's recipe), not with a random one."""
     task, _ = make_task(model="wgan_gp", gan_loss="wasserstein", gradient_penalty=10.0, conditional=True)
     generated, penalized = [], []
-    generate, gradient_norms = task._generate, task._input_gradient_norms
+    generate, gradient_norms = task.model.generate_with, task.model.input_gradient_norms
 
     def spy_generate(generator, z, labels, training):
         images = generate(generator, z, labels, training)
@@ -227,10 +227,11 @@ def test_conditional_gradient_penalty_interpolates_within_one_class(make_task, m
         penalized.append((images.numpy(), labels.numpy()))
         return gradient_norms(images, labels)
 
-    monkeypatch.setattr(task, "_generate", spy_generate)
-    monkeypatch.setattr(task, "_input_gradient_norms", spy_norms)
+    monkeypatch.setattr(task.model, "generate_with", spy_generate)
+    monkeypatch.setattr(task.model, "input_gradient_norms", spy_norms)
     real, labels = _batch()
-    task.placement.strategy.run(task._discriminator_step, args=(real, labels, tf.constant([1, 2], tf.int64), 0))
+    task.placement.strategy.run(task.model._discriminator_step,
+                                args=(real, labels, tf.constant([1, 2], tf.int64), (0, 8, 8)))
     (fake_labels, fake), = generated
     mixed, mixed_labels = penalized[0]
     np.testing.assert_array_equal(mixed_labels, labels.numpy())

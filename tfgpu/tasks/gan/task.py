@@ -1,67 +1,26 @@
-"""GAN training: a generator and a discriminator, two optimizers, one replica step.
+"""GAN training under the flag command (``--task=gan``): the GAN model of ``model.py`` built from the flags, its
+step's shares handed to the flag command's loop, FID/KID and samples (``evaluation.py``), the export.
 
-One ``train_step`` is ``--n_critic`` discriminator updates, each on a fresh
-real batch (the trainer hands the step ``n_critic`` consecutive batches),
-followed by one generator update, unrolled in Python (``optimizer.apply``
-cannot run inside a ``tf.cond`` in replica context). Every loss is summed
-over the replica's examples and divided by the global batch, so the
-optimizers' all-reduce (a sum) gives the gradient of the global batch mean on
-any number of replicas.
-
-Randomness is stateless: latents, fake labels, DiffAugment and gradient-penalty
-mixing weights are drawn for the *global* batch from a seed of (--seed, step,
-purpose) and each replica takes its own rows, so replicas get distinct latents
-and a mirrored run draws exactly what one device would (and a resumed run what
-an uninterrupted one would).
-
-Both optimizers are wrapped in a LossScaleOptimizer: the dynamic float16 loss
-scale under mixed_float16 (``tfgpu.runtime.precision``), otherwise a fixed scale of 1
-that still skips non-finite updates. Finiteness is decided over all replicas
-(an all-reduce), and a non-finite loss or gradient poisons every replica's
-gradient so all of them skip the same update. Skipped steps are counted in
-``nonfinite_steps``; the trainer stops after --max_nonfinite_steps in a row.
-
-Under mixed_float16 the gradient penalty and R1 run the discriminator in float32:
-their gradient of a gradient overflows float16 at the usual loss scales (2^15
-gave NaN at initialisation, so the first updates were skipped) and underflows
-without one (R1 of a smooth critic lost 99% of its gradient). Only that extra
-forward pass pays float32's cost; the real and fake logits stay in float16.
-
-The losses and that float32 forward pass live in ``losses.py``; evaluation (FID/KID on the chief, sample
-grids, the EMA generator's own BatchNorm statistics) in ``evaluation.py``.
+The step itself (``n_critic`` critic updates, each on a fresh real batch: the trainer hands the step ``n_critic``
+consecutive batches; the generator update; penalties, DiffAugment, EMA, the non-finite guard; stateless draws from
+(--seed, step, purpose) that follow the run's one step counter) is ``model.GAN.step_shares``, the same that
+``GAN.train_step`` runs under ``model.fit`` and ``tfgpu.fit``. The checkpoint keeps its layout: generator,
+discriminator, g_optimizer, d_optimizer, gan_state.
 """
-import contextlib
 import logging
 
 import keras
-import tensorflow as tf
 
 from tfgpu.runtime import fileio, precision
 from tfgpu.tasks.gan import diffaugment, network_checks
 from tfgpu.config import ConfigError, PrecisionConfig
 from tfgpu.models import get_spec
-from tfgpu.tasks.base import MetricSpec, Task, register_task, unpack_batch
+from tfgpu.tasks.base import MetricSpec, Task, register_task
 from tfgpu.tasks.gan.evaluation import GanEvaluation
-from tfgpu.tasks.gan.losses import Float32Forward, discriminator_loss, generator_loss
+from tfgpu.tasks.gan.model import GAN
 from tfgpu.tasks.gan.options import GanOptions
 
 log = logging.getLogger("tfgpu")
-
-_ONLY_FIRST = tf.VariableAggregation.ONLY_FIRST_REPLICA
-
-
-class GanState(tf.Module):
-    """What a GAN run checkpoints besides the networks and optimizers: the EMA of the generator's weights and the
-    untrained generator's FID. (Its random draws follow the run's one step counter, ``Task.global_step``;
-    checkpoints written before it kept a copy here as ``step``, which a restore leaves unread.)"""
-
-    def __init__(self, generator: keras.Model):
-        super().__init__(name="gan_state")
-        self.fid_initial = tf.Variable(-1.0, trainable=False, aggregation=_ONLY_FIRST, name="fid_initial")
-        # One slot per generator weight: trainable weights averaged, BatchNorm statistics copied from the
-        # generator (they belong to its weights; GanTask.generator_weights recomputes them for the EMA ones).
-        self.ema = [tf.Variable(w.numpy(), trainable=False, aggregation=_ONLY_FIRST, name=f"ema_{i}")
-                    for i, w in enumerate(generator.weights)]
 
 
 @register_task("gan")
@@ -164,17 +123,18 @@ class GanTask(GanEvaluation, Task):
                  for flag in ("generator", "discriminator")}
         self.generator_head = network_checks.check_generator(self.generator, *named["generator"])
         network_checks.check_discriminator(self.discriminator, *named["discriminator"], options.gan_loss)
-        self.g_optimizer = self._optimizer(options.g_learning_rate, "generator_adam")
-        self.d_optimizer = self._optimizer(options.d_learning_rate, "discriminator_adam")
-        self.g_optimizer.build(self.generator.trainable_variables)
-        self.d_optimizer.build(self.discriminator.trainable_variables)
-        self.state = GanState(self.generator)
+        self.model = GAN(self.generator, self.discriminator, options.latent_dim, conditional=options.conditional,
+                         num_classes=max(self.info.num_classes, 1), gan_loss=options.gan_loss,
+                         n_critic=options.n_critic, gradient_penalty=options.gradient_penalty,
+                         r1_gamma=options.r1_gamma, diffaugment=options.diffaugment, ema_decay=options.ema_decay,
+                         seed=config.seed, global_batch_size=config.global_batch_size,
+                         step_counter=self.global_step, name="gan")
+        self.model.compile(self._optimizer(options.g_learning_rate, "generator_adam"),
+                           self._optimizer(options.d_learning_rate, "discriminator_adam"),
+                           precision_config=PrecisionConfig.of(config), grad_clip_norm=config.grad_clip_norm)
+        self.g_optimizer, self.d_optimizer = self.model.g_optimizer, self.model.d_optimizer  # guarded, built
+        self.state = self.model.state
         self._initial_generator_weights = [w.numpy() for w in self.generator.weights]  # for fid_initial
-        self._trainable_mask = [any(w is t for t in self.generator.trainable_weights) for w in self.generator.weights]
-        self._augment_policy = diffaugment.parse_policy(options.diffaugment)
-        # The penalties' gradient of a gradient needs float32's range (module docstring).
-        self._penalty_precision = (Float32Forward(self.discriminator) if config.precision == "mixed_float16"
-                                   else contextlib.nullcontext())
 
     def _networks(self, which) -> list:
         """The networks named in ``which`` ("generator", "discriminator"): the user's builder where --generator or
@@ -200,167 +160,28 @@ class GanTask(GanEvaluation, Task):
         return nets
 
     def _optimizer(self, learning_rate, name):
-        config = self.config
         options = self.options
-        inner = keras.optimizers.Adam(learning_rate, beta_1=options.adam_beta1, beta_2=options.adam_beta2, name=name)
-        return precision.wrap_optimizer(inner, PrecisionConfig.of(config))
+        return keras.optimizers.Adam(learning_rate, beta_1=options.adam_beta1, beta_2=options.adam_beta2, name=name)
 
     @property
     def train_metric_names(self):
-        names = ["d_loss", "g_loss", "d_real", "d_fake"]
-        if self.options.gradient_penalty:
-            names.append("gradient_penalty")
-        if self.options.r1_gamma:
-            names.append("r1_penalty")
-        return tuple(names) + ("nonfinite_steps",)
+        return self.model.share_names
 
     def checkpoint_items(self):
         return {"generator": self.generator, "discriminator": self.discriminator, "g_optimizer": self.g_optimizer,
                 "d_optimizer": self.d_optimizer, "gan_state": self.state}
 
-    # -- randomness ---------------------------------------------------------------------
-    def _seed(self, *purpose):
-        seed = tf.random.experimental.stateless_fold_in(tf.constant([self.config.seed, 0], tf.int64),
-                                                        self.global_step)
-        for p in purpose:
-            seed = tf.random.experimental.stateless_fold_in(seed, p)
-        return seed
-
-    def _latents(self, seed, offset, batch):
-        """This replica's rows of the global batch's latents and labels."""
-        total = self.config.global_batch_size
-        seeds = tf.random.experimental.stateless_split(seed, 2)
-        z = tf.random.stateless_normal([total, self.options.latent_dim], seeds[0])[offset:offset + batch]
-        labels = tf.random.stateless_uniform([total], seeds[1], minval=0, maxval=max(self.info.num_classes, 1),
-                                             dtype=tf.int32)[offset:offset + batch]
-        return z, labels
-
-    @property
-    def _per_replica_batch(self) -> int:
-        """Rows of each global batch one replica holds (static, whatever shape the input pipeline reports)."""
-        return self.config.global_batch_size // self.placement.num_replicas
-
-    def _augment(self, images, seed, offset):
-        return diffaugment.diff_augment(images, self._augment_policy, seed, offset, self.config.global_batch_size)
-
-    # -- networks -------------------------------------------------------------------------
     def _generate(self, generator, z, labels, training):
-        return generator([z, labels] if self.options.conditional else z, training=training)
-
-    def _discriminate(self, images, labels, training=True):
-        return tf.reshape(self.discriminator([images, labels] if self.options.conditional else images,
-                                             training=training), [-1])
-
-    def _input_gradient_norms(self, images, labels):
-        """Per-example |d D(x) / d x|^2 (computed inside the caller's tape, so it is differentiable), with the
-        discriminator in float32 under mixed_float16."""
-        with tf.GradientTape() as tape, self._penalty_precision:
-            tape.watch(images)
-            total = tf.reduce_sum(self._discriminate(images, labels))
-        grads = tf.cast(tape.gradient(total, images), tf.float32)
-        return tf.reduce_sum(tf.square(grads), axis=[1, 2, 3])
-
-    # -- the step --------------------------------------------------------------------------
-    def _apply(self, optimizer, loss, grads, variables):
-        """Applies ``grads`` unless the loss or any gradient on any replica is non-finite; returns ``finite``."""
-        finite, _ = precision.apply_if_finite(optimizer, loss, grads, variables, self.config.grad_clip_norm,
-                                              self.placement.num_replicas)
-        return finite
-
-    def _discriminator_step(self, images, labels, seed, offset):
-        config = self.config
-        options = self.options
-        global_batch = config.global_batch_size
-        batch = self._per_replica_batch
-        seeds = tf.random.experimental.stateless_split(seed, 4)
-        z, fake_labels = self._latents(seeds[0], offset, batch)
-        if options.conditional and options.gradient_penalty:
-            # WGAN-GP's reference code draws the critic's fakes with the real batch's labels, so each
-            # interpolate mixes two images of one class and is scored with that class.
-            fake_labels = labels
-        fake = tf.stop_gradient(self._generate(self.generator, z, fake_labels, training=True))
-        variables = self.discriminator.trainable_variables
-        metrics = {}
-        with tf.GradientTape() as tape:
-            real_logits = self._discriminate(self._augment(images, seeds[1], offset), labels)
-            fake_logits = self._discriminate(self._augment(fake, seeds[2], offset), fake_labels)
-            loss = tf.reduce_sum(discriminator_loss(options.gan_loss, real_logits, fake_logits)) / global_batch
-            metrics["d_loss"] = loss
-            if options.gradient_penalty:
-                mix = tf.random.stateless_uniform([global_batch, 1, 1, 1], seeds[3])[offset:offset + batch]
-                mixed = mix * images + (1.0 - mix) * fake
-                penalty = tf.square(tf.sqrt(self._input_gradient_norms(mixed, labels) + 1e-12) - 1.0)
-                metrics["gradient_penalty"] = tf.reduce_sum(penalty) / global_batch
-                loss += options.gradient_penalty * metrics["gradient_penalty"]
-            if options.r1_gamma:
-                metrics["r1_penalty"] = tf.reduce_sum(self._input_gradient_norms(images, labels)) / global_batch
-                loss += 0.5 * options.r1_gamma * metrics["r1_penalty"]
-            scaled = precision.scale_loss(self.d_optimizer, loss)
-        grads = tape.gradient(scaled, variables)
-        finite = self._apply(self.d_optimizer, loss, grads, variables)
-        metrics["d_real"] = tf.reduce_sum(real_logits) / global_batch
-        metrics["d_fake"] = tf.reduce_sum(fake_logits) / global_batch
-        return metrics, finite
-
-    def _generator_step(self, seed, offset, batch):
-        config = self.config
-        options = self.options
-        z, fake_labels = self._latents(seed, offset, batch)
-        variables = self.generator.trainable_variables
-        augment_seed = tf.random.experimental.stateless_fold_in(seed, 1)
-        with tf.GradientTape() as tape:
-            fake = self._generate(self.generator, z, fake_labels, training=True)
-            fake_logits = self._discriminate(self._augment(fake, augment_seed, offset), fake_labels)
-            loss = tf.reduce_sum(generator_loss(options.gan_loss, fake_logits)) / config.global_batch_size
-            scaled = precision.scale_loss(self.g_optimizer, loss)
-        grads = tape.gradient(scaled, variables)
-        return loss, self._apply(self.g_optimizer, loss, grads, variables)
-
-    def _update_ema(self, applied):
-        """EMA of the generator's weights with warm-up: decay min(d, (1 + t) / (10 + t)) at step t; unchanged
-        when the generator's update was skipped (``applied`` false on every replica alike)."""
-        t = tf.cast(self.global_step, tf.float32)
-        decay = tf.minimum(self.options.ema_decay, (1.0 + t) / (10.0 + t))
-        for ema, weight, trainable in zip(self.state.ema, self.generator.weights, self._trainable_mask):
-            value = tf.cast(weight.value, ema.dtype)
-            ema.assign(tf.where(applied, decay * ema + (1.0 - decay) * value if trainable else value, ema))
+        return self.model.generate_with(generator, z, labels, training)
 
     def train_step(self, batch):
-        config = self.config
-        options = self.options
-        real_batches = batch if self.batches_per_step(config) > 1 else (batch,)  # one per critic update (loop.build_loop)
-        per_replica = self._per_replica_batch
-        replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-        offset = tf.cast(replica, tf.int32) * per_replica
-        totals = {name: tf.constant(0.0) for name in self.train_metric_names if name not in ("g_loss",
-                                                                                              "nonfinite_steps")}
-        # The guard is per network update: a skipped critic update leaves the discriminator (weights, optimizer,
-        # BatchNorm statistics, spectral-norm vectors) as it was, a skipped generator update the generator and
-        # its EMA. Forward passes change both networks' state, so each phase puts back what it changed.
-        state = self.generator.non_trainable_weights + self.discriminator.non_trainable_weights
-        d_finite = tf.constant(True)
-        for k, real in enumerate(real_batches):  # unrolled: each update is its own optimizer.apply
-            images, labels, _ = unpack_batch(real)
-            saved = [tf.identity(w.value) for w in state]
-            metrics, finite = self._discriminator_step(tf.cast(images, tf.float32), tf.cast(labels, tf.int32),
-                                                       self._seed(1, k), offset)
-            precision.restore_if_not_finite(finite, state, saved)
-            totals = {name: totals[name] + metrics[name] / options.n_critic for name in totals}
-            d_finite = tf.logical_and(d_finite, finite)
-        saved = [tf.identity(w.value) for w in state]
-        g_loss, g_finite = self._generator_step(self._seed(2), offset, per_replica)
-        precision.restore_if_not_finite(g_finite, state, saved)
-        if options.ema_decay:
-            self._update_ema(g_finite)
-        all_finite = tf.logical_and(d_finite, g_finite)
-        num_replicas = self.placement.num_replicas
-        return {**totals, "g_loss": g_loss,
-                "nonfinite_steps": tf.cast(tf.logical_not(all_finite), tf.float32) / num_replicas}
+        """The GAN's step on this replica's ``n_critic`` real batches (one, not in a tuple, when n_critic is 1): its
+        shares, for the flag command's loop, which advances the run's step counter."""
+        return self.model.step_shares(batch if self.options.n_critic > 1 else (batch,))
 
     # -- evaluation, samples, export -------------------------------------------------------------
     def eval_metric_names(self):
         return ()
-
 
     def learning_rates(self):
         return {"learning_rate_g": self.options.g_learning_rate, "learning_rate_d": self.options.d_learning_rate}
