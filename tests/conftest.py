@@ -43,6 +43,19 @@ def run_train(data_cache):
 
 
 @pytest.fixture(autouse=True)
+def _no_report_plots(monkeypatch):
+    """Runs write their report without its PNG plots (TFGPU_REPORT_PLOTS=0, inherited by subprocesses): drawing
+    them costs a second of CPU a run; tests of the plots ask for ``report_plots``."""
+    monkeypatch.setenv("TFGPU_REPORT_PLOTS", "0")
+
+
+@pytest.fixture
+def report_plots(monkeypatch):
+    """The run report with its PNG plots, as a user gets it."""
+    monkeypatch.delenv("TFGPU_REPORT_PLOTS")
+
+
+@pytest.fixture(autouse=True)
 def _tfgpu_logger_as_python_leaves_it():
     """Every test starts with tfgpu's logger as Python leaves it (no handler, propagating to the root, where
     caplog listens) and leaves it so: a test that ran a command's main() (logs.setup) must not mute the next

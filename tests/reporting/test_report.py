@@ -18,6 +18,8 @@ from tfgpu.runtime import run_dir
 
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.usefixtures("report_plots")  # the plots drawn, as for a user (the suite leaves them out)
+
 
 def write_lines(path, records):
     with open(path, "w") as f:
@@ -219,6 +221,19 @@ def test_missing_and_partial_files(tmp_path):
     report.write_report(str(third))
     assert sorted(os.listdir(third / "plots")) == ["loss.png"]
     check_png(third / "plots" / "loss.png")
+
+
+def test_report_plots_0_writes_the_report_without_its_plots_and_another_value_is_refused(tmp_path, monkeypatch):
+    declare(tmp_path, "classification")
+    write_lines(tmp_path / "history.jsonl", [{"kind": "train", "step": s, "loss": 1.0 / s} for s in (10, 20, 30)])
+    monkeypatch.setenv("TFGPU_REPORT_PLOTS", "0")
+    report.write_report(str(tmp_path))
+    text = (tmp_path / "report.md").read_text()
+    assert not (tmp_path / "plots").exists() and "## Plots" not in text
+    assert "| loss | 0.0333 |" in text  # the rest of the report as ever
+    monkeypatch.setenv("TFGPU_REPORT_PLOTS", "no")
+    with pytest.raises(ValueError, match=r"^TFGPU_REPORT_PLOTS must be 0 \(no plots\) or 1, got 'no'$"):
+        report.write_report(str(tmp_path))
 
 
 def test_the_plots_follow_the_declarations_and_an_older_run_falls_back_to_its_task(tmp_path):

@@ -1,17 +1,12 @@
 """--allreduce_dtype: gradients cross the wire in bfloat16/float16 and the step guard stays exact.
 
-One subprocess (two logical CPU devices must be set before TensorFlow starts) runs every case under a
+tests/logical_cpus.py's subprocess (logical CPU devices must be set before TensorFlow starts) runs every case under a
 MirroredStrategy of 2 replicas with SGD(learning_rate=1), so a weight after a step is minus the gradient sum the
 optimizer applied.
 """
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
-from tests.conftest import REPO
+from tests import logical_cpus
 
 SCRIPT = r"""
 import json, sys
@@ -67,12 +62,7 @@ print("RESULTS " + json.dumps(results))
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=240)
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS ")), None)
-    assert proc.returncode == 0 and line, proc.stdout[-3000:]
-    return json.loads(line[len("RESULTS "):])
+    return logical_cpus.results(tmp_path_factory, __name__)
 
 
 def test_bfloat16_gradients_are_summed_on_the_wire_in_bfloat16_once(results):

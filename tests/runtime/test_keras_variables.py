@@ -1,12 +1,7 @@
 """runtime/keras_variables: a Keras metric's state made under a MirroredStrategy reads as a Python number (float and
 int), as on one device; without the change the same line raises TypeError. Logical devices must be set before
-TensorFlow starts, so the check runs in one subprocess."""
-import json
-import os
-import subprocess
-import sys
-
-from tests.conftest import REPO
+TensorFlow starts, so the check runs in a process of its own (forked by tests/logical_cpus.py)."""
+from tests import logical_cpus
 
 SCRIPT = r'''
 import json
@@ -34,10 +29,7 @@ print("RESULT " + json.dumps(result))
 '''
 
 
-def test_a_metric_made_under_a_strategy_reads_as_a_number():
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO, "TFGPU_NO_JOB_STRATEGY": "1"}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.split("RESULT ", 1)[1])
+def test_a_metric_made_under_a_strategy_reads_as_a_number(tmp_path_factory):
+    result = logical_cpus.results(tmp_path_factory, __name__)
     assert result["kind"] == "SyncOnReadVariable" and result["before"] == "TypeError"
     assert (result["as_float"], result["as_int"], result["one_device"]) == (6.0, 6, 2.5)

@@ -2,7 +2,7 @@
 script's own ``model.predict``/``model.evaluate`` of fewer examples than replicas give one device's answer, and no
 layer is handed an empty batch. The model's first layer refuses an empty batch, as oneDNN's Conv2D mishandles one on
 some CPUs (docs/multi-node.md, "Faults"): without the guard the same calls fail. Logical devices must be set before
-TensorFlow starts, so the runs happen in subprocesses."""
+TensorFlow starts, so the runs happen in subprocesses (on two logical CPUs, tests/logical_cpus.py's)."""
 import json
 import os
 import subprocess
@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 
+from tests import logical_cpus
 from tests.conftest import REPO
 
 EXAMPLES = 9
@@ -56,7 +57,7 @@ def after_fit(model):
     return out
 ''' % EXAMPLES
 
-MIRRORED = COMMON.replace("import tensorflow as tf\n", '''import tensorflow as tf
+SCRIPT = COMMON.replace("import tensorflow as tf\n", '''import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 ''', 1) + r'''
@@ -119,15 +120,8 @@ def assert_one_device(got, expected):
             np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-def test_predict_and_evaluate_of_fewer_examples_than_replicas_give_one_devices_answer(tmp_path):
-    script = tmp_path / "mirrored.py"
-    script.write_text(MIRRORED)
-    env = {**_env(), "TFGPU_NO_JOB_STRATEGY": "1"}
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "run")], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
-    results = _results(proc.stdout)
-    assert proc.returncode == 0 and results, f"exit {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    result = results[0]
+def test_predict_and_evaluate_of_fewer_examples_than_replicas_give_one_devices_answer(tmp_path_factory):
+    result = logical_cpus.results(tmp_path_factory, __name__)
     assert len(result["history"]["val_loss"]) == 2  # tfgpu.fit's validation took a last batch of 1 on 2 replicas
     assert_one_device(result["guarded"], one_device(result["weights"]))
     assert result["unguarded"]["predict_1"].startswith("failed")  # what the guard prevents

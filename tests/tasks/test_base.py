@@ -88,7 +88,7 @@ def _records(model_dir, kind):
         return [r for r in map(json.loads, f) if r["kind"] == kind]
 
 
-def test_a_third_task_trains_logs_and_reports_its_declared_metrics(toy, capsys):
+def test_a_third_task_trains_logs_and_reports_its_declared_metrics(report_plots, toy, capsys):
     assert input_config(toy).batches_per_step == 2 and input_config(toy).examples_per_step == 32  # the task's declaration
     final = experiment.run(toy)
     train, evals = _records(toy.model_dir, "train"), _records(toy.model_dir, "eval")

@@ -1,12 +1,13 @@
 """tfgpu.training.replica_local through tfgpu.fit: BatchNormalization's moving statistics, which Keras 3 keeps per
 replica, are the one device's (given the same weights) after a 2-replica MirroredStrategy run (both replicas' copies bit-identical), and
 ``steps_per_loop`` does not change them (an average of moving averages is taken once per call). Logical devices must
-be set before TensorFlow starts: the runs happen in one subprocess, which prints its results as JSON."""
+be set before TensorFlow starts: the runs happen in tests/logical_cpus.py's subprocess (three logical CPUs), which
+prints the results as JSON."""
 
 import numpy as np
 import pytest
 
-from tests.conftest import results_of_script
+from tests import logical_cpus
 
 SCRIPT = r'''
 import json, sys
@@ -68,7 +69,7 @@ print("RESULTS " + json.dumps(results))
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    return results_of_script(tmp_path_factory.mktemp("replica_local"), SCRIPT, "bn.py")
+    return logical_cpus.results(tmp_path_factory, __name__)
 
 
 def test_copies_already_equal_stay_bit_identical(results):

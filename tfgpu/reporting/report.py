@@ -9,7 +9,8 @@ report names no task and no metric: its plots, image links, best scores, task
 sections and task options come from the declarations the trainer wrote to
 ``metric_specs.json`` (``tfgpu.metrics.metric_specs``); for a run older than that file
 they come from the registered task named in ``config.yaml``. The plots are
-drawn by ``tfgpu.reporting.plots``. The chief writes the report at the end of every run.
+drawn by ``tfgpu.reporting.plots``; ``TFGPU_REPORT_PLOTS=0`` leaves them out (a second of CPU a run: the test
+suite sets it, its tests of the plots unset it). The chief writes the report at the end of every run.
 ``model_dir`` may be any path TensorFlow opens (``gs://``, ``ram://``: ``tfgpu.runtime.fileio``).
 """
 import importlib
@@ -356,8 +357,16 @@ def write_report(model_dir: str) -> str:
     config = _read_yaml(run_dir.config_yaml(model_dir))
     profile = _read_json(run_dir.input_profile(model_dir))
     declared = declarations(model_dir, config, needed=bool(history or result))
-    plots = write_plots(model_dir, history, declared.metrics)
+    plots = write_plots(model_dir, history, declared.metrics) if _plots_wanted() else []
     text = render(model_dir, history, bad, result, config, profile, plots, declared, unreadable)
     path = run_dir.report(model_dir)
     atomic_write_bytes(path, text.encode())
     return path
+
+
+def _plots_wanted() -> bool:
+    """False when ``TFGPU_REPORT_PLOTS=0``; unset or 1 draws the plots."""
+    value = os.environ.get("TFGPU_REPORT_PLOTS", "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"TFGPU_REPORT_PLOTS must be 0 (no plots) or 1, got {value!r}")
+    return value == "1"

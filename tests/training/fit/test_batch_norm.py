@@ -1,11 +1,12 @@
 """The log line of a BatchNormalization that normalizes fewer than 16 examples a replica: on a 2-replica
-MirroredStrategy over two logical CPUs (in a subprocess: logical devices are set before TensorFlow starts), once,
+MirroredStrategy over two logical CPUs (in the subprocess of tests/logical_cpus.py: logical devices are set before
+TensorFlow starts), once,
 naming the layers, the replica's batch and ``synchronized=True``; never on one replica or at 16 a replica."""
 
 import numpy as np
 import pytest
 
-from tests.conftest import results_of_script
+from tests import logical_cpus
 from tfgpu.training.fit import batch_norm
 
 
@@ -60,7 +61,7 @@ print("RESULTS " + json.dumps(results))
 
 @pytest.fixture(scope="module")
 def said(tmp_path_factory):
-    return results_of_script(tmp_path_factory.mktemp("batch_norm"), SCRIPT, "cases.py")
+    return logical_cpus.results(tmp_path_factory, __name__)
 
 
 def test_eight_examples_a_replica_are_said_once_with_the_layers_and_synchronized(said):
