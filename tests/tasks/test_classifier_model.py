@@ -119,8 +119,9 @@ def test_skipped_non_finite_steps_leave_every_variable_bit_identical():
 
 
 def test_a_keras_loss_scale_optimizer_is_refused_by_name():
+    network = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(10)])
     with pytest.raises(ValueError, match="LossScaleOptimizer"):
-        classifier_model.guarded(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()))
+        classifier_model.for_network(network, keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()))
 
 
 def test_the_flag_commands_task_hands_out_its_step_as_a_keras_model(tmp_path, data_cache):

@@ -201,6 +201,20 @@ def wrap_optimizer(optimizer: keras.optimizers.Optimizer, config: PrecisionConfi
     return GuardedOptimizer(optimizer, initial_scale=1.0, dynamic=False, allreduce_dtype=config.allreduce_dtype)
 
 
+def guard(optimizer: keras.optimizers.Optimizer, config: PrecisionConfig | None = None) -> GuardedOptimizer:
+    """``optimizer`` behind the non-finite step guard, for the Keras models of tfgpu's tasks (``tfgpu.GAN``, the
+    classifier's): as it is when it is a ``GuardedOptimizer`` already; else ``wrap_optimizer`` with ``config``, by
+    default the options' defaults under Keras' global dtype policy. A Keras ``LossScaleOptimizer`` is refused: the
+    guard scales the loss itself, and Keras' scale would back off to 0 after enough skipped steps."""
+    if isinstance(optimizer, GuardedOptimizer):
+        return optimizer
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        raise ValueError("optimizer: give the inner optimizer, not a keras LossScaleOptimizer (tfgpu wraps it in its "
+                         "non-finite guard, with loss scaling under mixed_float16)")
+    return wrap_optimizer(optimizer, config or PrecisionConfig.defaults(
+        precision=keras.mixed_precision.global_policy().name))
+
+
 def all_reduce_in(dtype: str, ctx, grads) -> list:
     """The cross-replica sum of ``grads`` with each gradient cast to ``dtype`` on the wire and back to its own
     dtype after: the same values on every replica, half the bytes for bfloat16/float16. A float16 sum beyond

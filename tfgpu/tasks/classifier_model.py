@@ -190,24 +190,10 @@ class ClassifierTraining(keras.Model):
         return self.eval_logs.update(values, weights)
 
 
-def guarded(optimizer) -> precision.GuardedOptimizer:
-    """``optimizer`` behind the non-finite step guard: as it is when it is a ``GuardedOptimizer``; else wrapped, with
-    dynamic loss scaling under a mixed_float16 policy and none otherwise. A Keras ``LossScaleOptimizer`` is refused:
-    its scale would back off to 0 after enough skipped steps (``precision.GuardedOptimizer``)."""
-    if isinstance(optimizer, precision.GuardedOptimizer):
-        return optimizer
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        raise ValueError("optimizer: give the inner optimizer, not a keras LossScaleOptimizer (the classifier wraps it "
-                         "in tfgpu's guard, with loss scaling under mixed_float16)")
-    if keras.config.dtype_policy().name == "mixed_float16":
-        return precision.GuardedOptimizer(optimizer)
-    return precision.GuardedOptimizer(optimizer, initial_scale=1.0, dynamic=False)
-
-
 def for_network(network, optimizer, *, num_classes=None, label_smoothing=0.0, weight_decay=0.0, grad_accum_steps=1,
                 grad_clip_norm=0.0, jit_compile=False, **kwargs) -> ClassifierTraining:
-    """``network`` (a classifier giving logits, or ending in a softmax) in training with ``optimizer`` (``guarded``),
-    as the flag command trains it: ``weight_decay`` as an L2 term in the loss (--weight_decay with sgd or adam),
+    """``network`` (a classifier giving logits, or ending in a softmax) in training with ``optimizer`` behind the
+    non-finite guard (``precision.guard``), as the flag command trains it: ``weight_decay`` as an L2 term in the loss (--weight_decay with sgd or adam),
     ``grad_accum_steps`` micro-batches (each replica's batch must divide by it), ``grad_clip_norm`` on the global
     gradient, ``jit_compile`` for the forward and backward pass. ``num_classes``: default the network's last output
     dimension. Make it inside the strategy's scope that is to run it; ``kwargs`` go to ``keras.Model``."""
@@ -215,7 +201,8 @@ def for_network(network, optimizer, *, num_classes=None, label_smoothing=0.0, we
         num_classes = int(network.outputs[0].shape[-1])
     head = classifier_head.softmax_head(network, network.name, num_classes)
     from_probabilities = head.gives_probabilities and head.logits is None
-    step = ClassifierStep(network, guarded(optimizer), SoftmaxScoring(num_classes, label_smoothing, from_probabilities),
+    step = ClassifierStep(network, precision.guard(optimizer),
+                          SoftmaxScoring(num_classes, label_smoothing, from_probabilities),
                           forward=head.logits, grad_accum_steps=grad_accum_steps,
                           l2=weight_decay, grad_clip_norm=grad_clip_norm, jit_compile=jit_compile)
     return ClassifierTraining(step, **kwargs)

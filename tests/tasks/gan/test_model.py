@@ -140,6 +140,8 @@ def test_bad_input_is_refused_by_name():
         make_gan(n_critic=0)
     with pytest.raises(ValueError, match="no optimizer=.*g_optimizer="):
         make_gan().compile(optimizer="adam")
+    with pytest.raises(ValueError, match="LossScaleOptimizer"):
+        make_gan().compile(g_optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam()))
     x, _ = digits(16)
     with pytest.raises(ValueError, match=r"conditional GAN trains on \(images, labels\)"):
         make_gan(conditional=True).fit(x, batch_size=16, verbose=0)

@@ -27,7 +27,6 @@ import contextlib
 import keras
 import tensorflow as tf
 
-from tfgpu.config import PrecisionConfig
 from tfgpu.runtime import precision
 from tfgpu.tasks.base import unpack_batch
 from tfgpu.tasks.gan import diffaugment as augment_ops
@@ -50,13 +49,6 @@ class GanState(tf.Module):
         # generator (they belong to its weights; the flag command recomputes them for the EMA ones).
         self.ema = [tf.Variable(w.numpy(), trainable=False, aggregation=_ONLY_FIRST, name=f"ema_{i}")
                     for i, w in enumerate(generator.weights)]
-
-
-def default_precision() -> PrecisionConfig:
-    """The guard of Keras' global dtype policy: float16's dynamic loss scale under mixed_float16 (the flag command's
-    defaults), no scale otherwise."""
-    return PrecisionConfig(precision=keras.mixed_precision.global_policy().name, allreduce_dtype="float32",
-                                     initial_loss_scale=2.0 ** 15, loss_scale_growth_steps=2000)
 
 
 class GAN(keras.Model):
@@ -129,12 +121,13 @@ class GAN(keras.Model):
             if name in kwargs:
                 raise ValueError(f"GAN.compile takes no {name}=: its step has two optimizers (g_optimizer=, "
                                  "d_optimizer=) and its own losses (the GAN's gan_loss) and logs")
-        config = precision_config or default_precision()
-        self._penalty_precision = Float32Forward(self.discriminator) if config.precision == "mixed_float16" else None
+        policy = precision_config.precision if precision_config else keras.mixed_precision.global_policy().name
+        self._penalty_precision = Float32Forward(self.discriminator) if policy == "mixed_float16" else None
         self.grad_clip_norm = float(grad_clip_norm)
         with self.distribute_strategy.scope():
             self.g_optimizer, self.d_optimizer = (
-                _guarded(optimizer or keras.optimizers.Adam(2e-4, beta_1=0.5, name=f"{name}_adam"), config)
+                precision.guard(optimizer or keras.optimizers.Adam(2e-4, beta_1=0.5, name=f"{name}_adam"),
+                                precision_config)
                 for optimizer, name in ((g_optimizer, "generator"), (d_optimizer, "discriminator")))
             self.g_optimizer.build(self.generator.trainable_variables)
             self.d_optimizer.build(self.discriminator.trainable_variables)
@@ -313,11 +306,6 @@ class GAN(keras.Model):
 def _over(value, total):
     """``value`` divided by the global batch ``total`` (a Python int, or a tensor the batch's shape gave)."""
     return value / (tf.cast(total, value.dtype) if tf.is_tensor(total) else total)
-
-
-def _guarded(optimizer, config):
-    return optimizer if isinstance(optimizer, precision.GuardedOptimizer) else precision.wrap_optimizer(optimizer,
-                                                                                                        config)
 
 
 def _input_width(generator) -> int:
