@@ -82,8 +82,8 @@ def test_every_registered_optimizer_builds_and_moves_a_weight_against_its_gradie
     optimizer.apply_gradients([(tf.ones((2, 2)), weight)])
     assert np.all(weight.numpy() < 1.0)
     decoupled = optimizers.OPTIMIZERS[name].decoupled_decay
-    assert float(optimizers.l2_penalty(config, [weight], 1)) == (0.0 if decoupled else pytest.approx(
-        0.5 * 1e-4 * float(tf.reduce_sum(tf.square(weight)))))
+    penalty = optimizers.l2_term(optimizers.l2_coefficient(config), [weight], 1)
+    assert float(penalty) == (0.0 if decoupled else pytest.approx(0.5 * 1e-4 * float(tf.reduce_sum(tf.square(weight)))))
 
 
 def test_an_unknown_optimizer_name_raises_naming_the_flag():
@@ -92,18 +92,19 @@ def test_an_unknown_optimizer_name_raises_naming_the_flag():
         optimizers.create_optimizer(dataclasses.replace(BASE, optimizer="lamb"), 0.1)
 
 
-def test_l2_penalty_adds_wd_times_w_to_kernels_only():
+def test_the_l2_term_adds_wd_times_w_to_kernels_only():
     config = dataclasses.replace(BASE, weight_decay=1e-2)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.BatchNormalization()])
     with tf.GradientTape() as tape:
-        penalty = optimizers.l2_penalty(config, model.trainable_variables, num_replicas=2)
+        penalty = optimizers.l2_term(optimizers.l2_coefficient(config), model.trainable_variables, num_replicas=2)
     grads = tape.gradient(penalty, model.trainable_variables)
     for var, grad in zip(model.trainable_variables, grads):
         if len(var.shape) > 1:
             np.testing.assert_allclose(2 * grad, 1e-2 * var.numpy(), rtol=1e-6)  # summed over 2 replicas
         else:
             assert grad is None  # bias, BN gamma and beta never decay
-    assert float(optimizers.l2_penalty(dataclasses.replace(config, optimizer="adamw"), model.variables, 1)) == 0
+    adamw = optimizers.l2_coefficient(dataclasses.replace(config, optimizer="adamw"))
+    assert float(optimizers.l2_term(adamw, model.variables, 1)) == 0
 
 
 def test_adamw_excludes_bn_and_bias_from_decoupled_decay():

@@ -110,7 +110,7 @@ def decays(variable) -> bool:
 @dataclasses.dataclass(frozen=True)
 class OptimizerKind:
     """What --optimizer=NAME builds: ``build(config, learning_rate)`` -> the inner Keras optimizer, and whether it
-    decays weights itself (decoupled) or takes L2 through ``l2_penalty`` in the task's loss."""
+    decays weights itself (decoupled) or takes L2 through ``l2_term`` in the task's loss."""
     build: Callable
     decoupled_decay: bool = False
 
@@ -134,7 +134,7 @@ def optimizer_kind(config: OptimizationConfig) -> OptimizerKind:
 
 def create_optimizer(config: OptimizationConfig, learning_rate) -> keras.optimizers.Optimizer:
     """The inner optimizer (before loss-scale wrapping). Only a decoupled one (adamw) decays weights itself; sgd
-    and adam get L2 through ``l2_penalty`` in the task's loss."""
+    and adam get L2 through ``l2_term`` in the task's loss."""
     return optimizer_kind(config).build(config, learning_rate)
 
 
@@ -150,11 +150,6 @@ def l2_coefficient(config: OptimizationConfig) -> float:
     if not config.weight_decay or optimizer_kind(config).decoupled_decay:
         return 0.0
     return config.weight_decay
-
-
-def l2_penalty(config: OptimizationConfig, variables, num_replicas: int):
-    """``l2_term`` of the config's ``l2_coefficient``."""
-    return l2_term(l2_coefficient(config), variables, num_replicas)
 
 
 def l2_term(coefficient: float, variables, num_replicas: int):
