@@ -125,10 +125,11 @@ def sigterm_at(stop_at: str):
     return SigtermAt()
 
 
-def audits(script: str, args, cwd, launch_workers=0, expect=0, timeout=900):
-    """The ``AUDIT <json>`` lines of an audit script beside this file (``audit_script.py``,
-    ``records_audit_script.py``) run with ``args`` in a fresh Python, or under ``tfgpu.launch`` on
-    ``launch_workers`` workers (one line each); asserts the exit code is ``expect``."""
+def printed(script: str, marker: str, args, cwd, launch_workers=0, expect=0, timeout=900, launch_args=()):
+    """The JSON after ``marker`` (``"AUDIT"``, ``"RESULT"``) on each line a script beside this file (``fit_script.py``,
+    ``audit_script.py``, ``records_audit_script.py``) prints, run with ``args`` in a fresh Python, or under
+    ``tfgpu.launch`` on ``launch_workers`` workers (``launch_args`` its flags; one line each); asserts the exit code
+    is ``expect``."""
     import json
     import subprocess
     import sys
@@ -139,7 +140,8 @@ def audits(script: str, args, cwd, launch_workers=0, expect=0, timeout=900):
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
     command = [sys.executable, path, *args]
     if launch_workers:
-        command = [sys.executable, "-m", "tfgpu.launch", f"--num_workers={launch_workers}", "--", "python", path, *args]
+        command = [sys.executable, "-m", "tfgpu.launch", f"--num_workers={launch_workers}", *launch_args, "--",
+                   "python", path, *args]
     proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == expect, (proc.stdout + proc.stderr)[-4000:]
-    return [json.loads(line.split("AUDIT ", 1)[1]) for line in proc.stdout.splitlines() if "AUDIT " in line]
+    return [json.loads(line.split(f"{marker} ", 1)[1]) for line in proc.stdout.splitlines() if f"{marker} " in line]

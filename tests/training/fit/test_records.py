@@ -185,7 +185,7 @@ def _audit_data(directory) -> str:
 
 
 def _audits(args, cwd, **options):
-    return helpers.audits("records_audit_script.py", args, cwd, **options)
+    return helpers.printed("records_audit_script.py", "AUDIT", args, cwd, **options)
 
 
 @pytest.mark.slow  # four runs, on 1, 2, 2 and 3 workers: minutes on 2 cores

@@ -17,15 +17,7 @@ SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fit_script.py
 
 
 def _run(args, cwd, launch_workers=0, expect=0, timeout=600, launch_args=()):
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
-    command = [sys.executable, SCRIPT, *args]
-    if launch_workers:
-        command = [sys.executable, "-m", "tfgpu.launch", f"--num_workers={launch_workers}", *launch_args, "--",
-                   "python", SCRIPT, *args]
-    proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == expect, output[-4000:]
-    return [json.loads(line.split("RESULT ", 1)[1]) for line in proc.stdout.splitlines() if "RESULT " in line]
+    return helpers.printed("fit_script.py", "RESULT", args, cwd, launch_workers, expect, timeout, launch_args)
 
 
 def _run_here(args, monkeypatch, capsys):
@@ -82,7 +74,7 @@ def test_the_launcher_heals_a_fit_script_to_the_uninterrupted_weights(tmp_path):
 
 
 def _audits(args, cwd, **options):
-    return helpers.audits("audit_script.py", args, cwd, **options)
+    return helpers.printed("audit_script.py", "AUDIT", args, cwd, **options)
 
 
 @pytest.mark.slow  # three runs, two of them on two workers: minutes on 2 cores
